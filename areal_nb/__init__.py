@@ -1,0 +1,12 @@
+"""areal_nb: Jupyter-first agentic reinforcement learning of language models."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `Session` pulls in torch, transformers and the proxy; import it only when asked for.
+    if name == "Session":
+        from areal_nb.session import Session
+
+        return Session
+    raise AttributeError(f"module 'areal_nb' has no attribute {name!r}")

@@ -1,0 +1,153 @@
+"""Request/response types shared by every layer (engine, client, proxy, trainer).
+
+Semantics follow AReaL's `io_struct` (see shared/reference/areal-agentic-semantics.md §1),
+with one deliberate difference: a generation that stopped on a user stop *string* has no
+trailing EOS, and `output_tokens_without_stop` returns it unchanged instead of raising.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+STOP_REASONS = ("stop", "length", "tool_calls", "abort")
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling parameters for one request (AReaL's `GenerationHyperparameters`)."""
+
+    n_samples: int = 1
+    max_new_tokens: int = 16384
+    min_new_tokens: int = 0
+    max_tokens: int = 32768  # cap on prompt + generated tokens
+    greedy: bool = False
+    top_p: float = 1.0
+    top_k: int = int(1e8)
+    temperature: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    def new(self, **kwargs: Any) -> GenerationConfig:
+        """A copy with some fields replaced."""
+        unknown = set(kwargs) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown GenerationConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **kwargs)
+
+    def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationConfig:
+        ids = list(self.stop_token_ids)
+        for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+            if tid is not None and tid not in ids:
+                ids.append(tid)
+        return self.new(stop_token_ids=ids)
+
+    def to_openai_args_dict(self, api_format: str = "completions") -> dict[str, Any]:
+        """Keyword arguments for an OpenAI-style `create` call.
+
+        `api_format` is "completions", "responses" or "openai-agents"; keys that the
+        OpenAI API has no equivalent for (greedy, top_k, stop_token_ids, ...) are dropped.
+        """
+        out: dict[str, Any] = {
+            "n": self.n_samples,
+            "temperature": 0.0 if self.greedy else self.temperature,
+            "top_p": self.top_p,
+        }
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.frequency_penalty:
+            out["frequency_penalty"] = self.frequency_penalty
+        key = {
+            "completions": "max_completion_tokens",
+            "responses": "max_output_tokens",
+            "openai-agents": "max_tokens",
+        }.get(api_format)
+        if key is None:
+            raise ValueError(f"unknown api_format {api_format!r}")
+        out[key] = self.max_new_tokens
+        if api_format == "responses":
+            out.pop("n")
+            out.pop("stop", None)
+        return out
+
+
+@dataclass
+class ModelRequest:
+    """One generation request: exact prompt token ids plus sampling parameters."""
+
+    input_ids: list[int]
+    gconfig: GenerationConfig = field(default_factory=GenerationConfig)
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+
+    def copy(self) -> ModelRequest:
+        return ModelRequest(
+            input_ids=list(self.input_ids),
+            gconfig=self.gconfig.new(),
+            rid=self.rid,
+            metadata=dict(self.metadata),
+            tokenizer=self.tokenizer,
+        )
+
+
+@dataclass
+class ModelResponse:
+    """What the engine produced: one log-prob and one policy version per output token."""
+
+    input_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)
+    stop_reason: str = "stop"
+    latency: float = 0.0
+    ttft: float = 0.0
+    tokenizer: Any = None
+    # ids that count as "end of sequence" when stripping; filled from the tokenizer if empty
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_tokens)
+
+    def _stop_ids(self) -> set[int]:
+        ids = set(self.eos_token_ids)
+        if self.tokenizer is not None:
+            for tid in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id):
+                if tid is not None:
+                    ids.add(tid)
+        if not ids:
+            raise ValueError("ModelResponse needs a tokenizer or eos_token_ids to know its stop tokens")
+        return ids
+
+    @property
+    def end_with_stop(self) -> bool:
+        return bool(self.output_tokens) and self.output_tokens[-1] in self._stop_ids()
+
+    @property
+    def output_tokens_without_stop(self) -> list[int]:
+        """Output tokens with the trailing run of EOS/pad tokens removed.
+
+        Truncated ("length"/"abort") outputs and outputs that stopped on a stop string
+        (no trailing EOS) are returned unchanged.
+        """
+        if self.stop_reason in ("length", "abort") or not self.output_tokens:
+            return list(self.output_tokens)
+        stop_ids = self._stop_ids()
+        end = len(self.output_tokens)
+        while end > 0 and self.output_tokens[end - 1] in stop_ids:
+            end -= 1
+        return list(self.output_tokens[:end])
