@@ -1,0 +1,40 @@
+"""The `areal-nb` command: `demo` (the main job), `proxy` (standalone proxy server),
+`train` (a batch run from a YAML config)."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: areal-nb <command> [options]
+
+commands:
+  demo     train the multi-turn math agent on the built-in tiny model (the main job)
+  proxy    serve the OpenAI/Anthropic-compatible proxy with the embedded engine
+  train    run GRPO training from a YAML config (areal-nb train --config FILE key=value ...)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        from areal_nb.demo import main as demo_main
+
+        return demo_main(rest) or 0
+    if command == "proxy":
+        from areal_nb.proxy.serve import main as proxy_main
+
+        return proxy_main(rest) or 0
+    if command == "train":
+        from areal_nb.train_job import main as train_main
+
+        return train_main(rest) or 0
+    print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+import pytest
+
+from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+
+EOS, PAD = 2, 0
+
+
+def response(tokens, stop_reason="stop"):
+    return ModelResponse(input_tokens=[5, 6], output_tokens=tokens, stop_reason=stop_reason,
+                         eos_token_ids=[EOS, PAD])
+
+
+def test_without_stop_strips_trailing_eos_and_pad_run():
+    assert response([7, 8, EOS]).output_tokens_without_stop == [7, 8]
+    assert response([7, 8, EOS, PAD, PAD]).output_tokens_without_stop == [7, 8]
+
+
+def test_stop_string_output_without_eos_does_not_raise():
+    # AReaL raises here (reference §12 item 1); a stop string ends text without EOS.
+    assert response([7, 8, 9]).output_tokens_without_stop == [7, 8, 9]
+
+
+def test_truncated_output_kept_as_is():
+    assert response([7, EOS, 8], "length").output_tokens_without_stop == [7, EOS, 8]
+    assert response([7], "abort").output_tokens_without_stop == [7]
+
+
+def test_all_eos_output_becomes_empty_reply():
+    assert response([EOS]).output_tokens_without_stop == []
+    assert response([]).output_tokens_without_stop == []
+
+
+def test_end_with_stop_and_lengths():
+    r = response([7, EOS])
+    assert r.end_with_stop and r.input_len == 2 and r.output_len == 2
+    assert not response([7]).end_with_stop
+
+
+def test_response_without_stop_ids_is_a_clear_error():
+    with pytest.raises(ValueError, match="tokenizer or eos_token_ids"):
+        ModelResponse(output_tokens=[1]).output_tokens_without_stop
+
+
+def test_generation_config_new_and_openai_args():
+    g = GenerationConfig(max_new_tokens=32, temperature=0.7, stop="###")
+    assert g.stop == ["###"]
+    assert g.new(greedy=True).greedy and not g.greedy
+    with pytest.raises(TypeError, match="max_new_tokenz"):
+        g.new(max_new_tokenz=3)
+    assert g.to_openai_args_dict() == {
+        "n": 1, "temperature": 0.7, "top_p": 1.0, "stop": ["###"], "max_completion_tokens": 32}
+    assert g.to_openai_args_dict("responses") == {"temperature": 0.7, "top_p": 1.0, "max_output_tokens": 32}
+    assert g.new(greedy=True).to_openai_args_dict("openai-agents")["temperature"] == 0.0
+    with pytest.raises(ValueError):
+        g.to_openai_args_dict("grpc")
+
+
+def test_stop_and_pad_ids_from_tokenizer():
+    class Tok:
+        eos_token_id, pad_token_id = EOS, PAD
+
+    assert GenerationConfig(stop_token_ids=[9]).new_with_stop_and_pad_token_ids(Tok()).stop_token_ids == [9, PAD, EOS]
+
+
+def test_request_copy_is_independent():
+    r = ModelRequest(input_ids=[1, 2], metadata={"a": 1})
+    c = r.copy()
+    c.input_ids.append(3)
+    c.metadata["b"] = 2
+    assert r.input_ids == [1, 2] and r.metadata == {"a": 1} and c.rid == r.rid
