@@ -1,0 +1,201 @@
+"""RolloutExecutor: runs episodes (one asyncio task per prompt × sample) under staleness control.
+
+Groups (the `group_size` samples of one prompt) start together and are handed out in
+submission order, so the staleness bound of `StalenessManager` holds for every trained token.
+An episode that raises, times out, or returns nothing is *rejected*: it is counted, its reason
+kept, and training goes on without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_nb.api import InferenceEngine, RolloutWorkflow
+
+from .staleness import StalenessManager
+
+logger = logging.getLogger(__name__)
+
+
+class StalenessLimitError(RuntimeError):
+    """More rollouts were asked for than the staleness bound allows before the next training step."""
+
+
+@dataclass
+class Episode:
+    data: dict
+    group_id: int
+    sample_id: int
+    version_submitted: int
+    interactions: dict | None = None  # {interaction_id: InteractionWithTokenLogpReward}
+    rejection_reason: str | None = None
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.interactions is not None and self.rejection_reason is None
+
+
+@dataclass
+class _Group:
+    group_id: int
+    data: dict
+    episodes: list[Episode] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    started: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.started and all(t.done() for t in self.tasks)
+
+
+class RolloutExecutor:
+    """Must be used from one asyncio loop (the Session's background loop)."""
+
+    def __init__(
+        self,
+        workflow: RolloutWorkflow,
+        engine: InferenceEngine,
+        *,
+        group_size: int,
+        batch_size: int,
+        max_head_offpolicyness: int,
+        max_concurrent: int,
+        episode_timeout: float | None = None,
+    ) -> None:
+        if max_concurrent < group_size:
+            raise ValueError(
+                f"max_concurrent_rollouts ({max_concurrent}) must be >= group_size ({group_size}): "
+                "a group starts all its samples together"
+            )
+        self.workflow = workflow
+        self.engine = engine
+        self.group_size = group_size
+        self.episode_timeout = episode_timeout
+        self.staleness = StalenessManager(max_concurrent, max_head_offpolicyness, batch_size * group_size)
+        self._groups: deque[_Group] = deque()  # submitted (started or waiting), FIFO
+        self._next_group_id = 0
+        self._changed = asyncio.Event()
+        self._feeder: Iterator[dict] | None = None
+        self.rejection_reasons: list[str] = []
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, data: dict) -> int:
+        group = _Group(self._next_group_id, data)
+        self._next_group_id += 1
+        self._groups.append(group)
+        self._pump()
+        return group.group_id
+
+    def set_feeder(self, feeder: Iterator[dict] | None) -> None:
+        """With a feeder, new groups are started whenever the staleness bound allows (async RL)."""
+        self._feeder = feeder
+        self._pump()
+
+    def _pump(self) -> None:
+        version = self.engine.get_version()
+        for group in self._groups:
+            if group.started:
+                continue
+            if self.staleness.capacity(version) < self.group_size:
+                return
+            self._start(group, version)
+        while self._feeder is not None and self.staleness.capacity(version) >= self.group_size:
+            try:
+                data = next(self._feeder)
+            except StopIteration:
+                self._feeder = None
+                return
+            group = _Group(self._next_group_id, data)
+            self._next_group_id += 1
+            self._groups.append(group)
+            self._start(group, version)
+
+    def _start(self, group: _Group, version: int) -> None:
+        group.started = True
+        self.staleness.on_submit(self.group_size)
+        for i in range(self.group_size):
+            ep = Episode(data=group.data, group_id=group.group_id, sample_id=i, version_submitted=version)
+            group.episodes.append(ep)
+            group.tasks.append(asyncio.ensure_future(self._run_episode(ep)))
+
+    async def _run_episode(self, ep: Episode) -> None:
+        accepted = False
+        try:
+            coro = self.workflow.arun_episode(self.engine, copy.deepcopy(ep.data))
+            result = await asyncio.wait_for(coro, self.episode_timeout) if self.episode_timeout else await coro
+            if result is None:
+                reason = getattr(self.workflow, "last_rejection_reason", None) or "workflow returned None"
+                ep.rejection_reason = str(reason)
+            elif not isinstance(result, dict) or not result:
+                ep.rejection_reason = f"episode produced no interactions ({type(result).__name__})"
+            else:
+                ep.interactions = result
+                accepted = True
+        except asyncio.CancelledError:
+            ep.rejection_reason = "cancelled"
+            raise
+        except asyncio.TimeoutError:
+            ep.rejection_reason = f"episode timed out after {self.episode_timeout} s"
+        except Exception as e:  # an agent bug must never stop training
+            ep.rejection_reason = f"{type(e).__name__}: {e}"
+        finally:
+            ep.finished_at = time.time()
+            if ep.rejection_reason != "cancelled":
+                self.staleness.on_finish(accepted)
+                if not accepted:
+                    self.rejection_reasons.append(ep.rejection_reason)
+                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id,
+                                   ep.rejection_reason)
+            self._changed.set()
+
+    # ------------------------------------------------------------------ consumption
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._groups)
+
+    def on_version_change(self) -> None:
+        """Call after the engine's version moved: more rollouts may start now."""
+        self._pump()
+
+    async def wait_groups(self, n: int) -> list[list[Episode]]:
+        """The `n` oldest groups, once every episode in them has finished."""
+        if n > len(self._groups) and self._feeder is None:
+            raise ValueError(f"asked for {n} groups but only {len(self._groups)} were submitted")
+        while True:
+            self._pump()
+            if len(self._groups) >= n and all(g.done for g in list(self._groups)[:n]):
+                out = [self._groups.popleft().episodes for _ in range(n)]
+                return out
+            head = list(self._groups)[:n]
+            if any(not g.started for g in head) and self.staleness.running == 0:
+                raise StalenessLimitError(
+                    "these rollouts would exceed rollout.max_head_offpolicyness="
+                    f"{self.staleness.max_staleness} at policy version {self.engine.get_version()}: "
+                    "train on the batches you have first (session.train_step) or raise the limit"
+                )
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def cancel_all(self) -> None:
+        """Cancel running episodes and forget waiting groups (KeyboardInterrupt in a cell)."""
+        self._feeder = None
+        tasks = [t for g in self._groups for t in g.tasks if not t.done()]
+        running = len(tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.staleness.on_cancel(running)
+        self._groups.clear()
+        self._changed.set()
