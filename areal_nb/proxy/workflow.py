@@ -1,0 +1,339 @@
+"""`OpenAIProxyWorkflow`: runs an unmodified agent against the proxy as one RL episode.
+
+The six steps of seed 000: grant capacity → start session → `agent.run` → rewards →
+end session → export. The agent's return value says where rewards go:
+
+- a number (int or float, not bool, finite) → the session's last completed call;
+- `dict[interaction_id, number]` → those calls;
+- anything else, an exception, a timeout, or an episode without LLM calls → the trajectory
+  is rejected: `arun_episode` returns None, logs the reason and counts it in
+  `self.rejections` (`last_rejection_reason` has the latest message). The session is still
+  ended and exported (and the export discarded) so the proxy forgets it.
+
+Modes: `inline` awaits `agent.run(data, base_url=<proxy>/v1, api_key=<session key>,
+http_client=<shared httpx.AsyncClient>)` in the caller's loop; `subproc` runs
+`asyncio.run(agent.run(data))` in a spawn-context process pool with `OPENAI_BASE_URL`,
+`OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` set, so sync SDK code works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import inspect
+import logging
+import math
+import multiprocessing
+import numbers
+import os
+import uuid
+import weakref
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import httpx
+
+from areal_nb.api import InferenceEngine, RolloutWorkflow
+
+from .client import OpenAIProxyClient, ProxyRequestError
+
+logger = logging.getLogger(__name__)
+
+MODES = ("inline", "subproc")
+EXPORT_STYLES = ("individual", "concat")
+SUBPROC_ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
+
+
+class EpisodeRejected(Exception):
+    """Internal: the episode ran but its trajectory must not be trained on."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+def _run_agent_in_subprocess(agent: Any, data: dict[str, Any], env: dict[str, str]) -> Any:
+    """Pool worker entry: set the session's env, run the agent, restore the env.
+
+    Workers are reused across episodes, so the previous episode's key must not linger.
+    """
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        result = agent.run(data)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_await(result))
+        return result
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def validate_reward(value: Any) -> float | dict[str, float]:
+    """The agent's return value as a reward, or EpisodeRejected saying what is wrong with it."""
+    if _is_number(value):
+        reward = float(value)
+        if not math.isfinite(reward):
+            raise EpisodeRejected("invalid_reward", f"agent returned a non-finite reward {value!r}")
+        return reward
+    if isinstance(value, dict):
+        if not value:
+            raise EpisodeRejected("invalid_reward", "agent returned an empty reward dict")
+        out: dict[str, float] = {}
+        for key, reward in value.items():
+            if not isinstance(key, str):
+                raise EpisodeRejected("invalid_reward", f"reward dict key {key!r} is not an interaction id string")
+            if not _is_number(reward) or not math.isfinite(float(reward)):
+                raise EpisodeRejected(
+                    "invalid_reward", f"reward for {key!r} must be a finite int or float, got {reward!r}"
+                )
+            out[key] = float(reward)
+        return out
+    raise EpisodeRejected(
+        "invalid_reward",
+        f"agent.run must return a number or a dict {{interaction_id: number}}, got {type(value).__name__}: {value!r:.200}",
+    )
+
+
+class OpenAIProxyWorkflow(RolloutWorkflow):
+    def __init__(
+        self,
+        mode: str = "inline",
+        agent: Any = None,
+        proxy_addr: str = "",
+        admin_api_key: str = "",
+        discount: float = 1.0,
+        export_style: str = "individual",
+        discount_mode: str = "tree",
+        subproc_max_workers: int = 4,
+        agent_timeout: float | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if agent is None:
+            raise ValueError("OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)")
+        run = getattr(agent, "run", None)
+        if not callable(run):
+            raise TypeError(f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method")
+        if mode == "inline" and not inspect.iscoroutinefunction(run):
+            raise TypeError(
+                f"{type(agent).__name__}.run must be `async def` in inline mode (use mode='subproc' for sync code)"
+            )
+        if not proxy_addr:
+            raise ValueError("OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)")
+        if not admin_api_key:
+            raise ValueError("OpenAIProxyWorkflow needs the proxy's admin_api_key")
+        if export_style not in EXPORT_STYLES:
+            raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"discount must be in [0, 1], got {discount}")
+        if subproc_max_workers < 1:
+            raise ValueError(f"subproc_max_workers must be >= 1, got {subproc_max_workers}")
+        if agent_timeout is not None and agent_timeout <= 0:
+            raise ValueError(f"agent_timeout must be positive or None, got {agent_timeout}")
+        self.mode = mode
+        self.agent = agent
+        self.proxy_addr = proxy_addr.rstrip("/").removesuffix("/v1")
+        self.admin_api_key = admin_api_key
+        self.discount = discount
+        self.export_style = export_style
+        self.discount_mode = discount_mode
+        self.subproc_max_workers = subproc_max_workers
+        self.agent_timeout = agent_timeout
+        # Why episodes were rejected, by kind ("agent_error", "agent_timeout", "invalid_reward",
+        # "no_interactions", "proxy_error", "subproc_crash"); read by executors and dashboards.
+        self.rejections: collections.Counter[str] = collections.Counter()
+        self.accepted = 0
+        self._last_reason: str | None = None
+        # Reason per asyncio task, so a caller awaiting arun_episode reads its own episode's
+        # reason even while other episodes are rejected concurrently.
+        self._task_reasons: weakref.WeakKeyDictionary[asyncio.Task, str] = weakref.WeakKeyDictionary()
+        self._pool: ProcessPoolExecutor | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
+
+    # ----------------------------------------------------------------- resources
+    def _http_client(self) -> httpx.AsyncClient:
+        """One client per event loop: httpx connections are bound to the loop that made them."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop or self._http.is_closed:
+            # The old client's loop is gone or different; its sockets die with it.
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(600.0, connect=10.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+            self._http_loop = loop
+        return self._http
+
+    def _process_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.subproc_max_workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        """A worker is stuck in agent code: kill the pool's processes; the next episode gets a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for proc in processes:
+            if proc.is_alive():
+                proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.join(timeout=5)
+
+    def close(self) -> None:
+        """Shut the process pool and drop the shared HTTP client."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        http, self._http = self._http, None
+        if http is not None and not http.is_closed:
+            loop = self._http_loop
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not None and running is loop:
+                running.create_task(http.aclose())
+            elif loop is not None and not loop.is_closed() and not loop.is_running():
+                loop.run_until_complete(http.aclose())
+            # Otherwise the loop is gone; its sockets were closed with it.
+        self._http_loop = None
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._http_loop is asyncio.get_running_loop():
+            await self._http.aclose()
+        self._http = None
+        self.close()
+
+    # ----------------------------------------------------------------- the episode
+    async def _run_agent(self, session_api_key: str, data: dict[str, Any]) -> Any:
+        if self.mode == "inline":
+            coro = self.agent.run(
+                data,
+                base_url=f"{self.proxy_addr}/v1",
+                api_key=session_api_key,
+                http_client=self._http_client(),
+            )
+            try:
+                return await asyncio.wait_for(coro, self.agent_timeout)
+            except TimeoutError as exc:
+                raise EpisodeRejected(
+                    "agent_timeout", f"agent did not finish within agent_timeout={self.agent_timeout}s"
+                ) from exc
+        env = {
+            "OPENAI_BASE_URL": f"{self.proxy_addr}/v1",
+            "OPENAI_API_KEY": session_api_key,
+            "ANTHROPIC_BASE_URL": self.proxy_addr,
+            "ANTHROPIC_API_KEY": session_api_key,
+        }
+        pool = self._process_pool()
+        future = asyncio.get_running_loop().run_in_executor(pool, _run_agent_in_subprocess, self.agent, data, env)
+        try:
+            return await asyncio.wait_for(future, self.agent_timeout)
+        except TimeoutError as exc:
+            if self._pool is pool:
+                self._kill_pool()
+            raise EpisodeRejected(
+                "agent_timeout",
+                f"subprocess agent did not finish within agent_timeout={self.agent_timeout}s; its worker pool was killed",
+            ) from exc
+        except BrokenProcessPool as exc:
+            if self._pool is pool:
+                self._pool = None
+            raise EpisodeRejected("subproc_crash", f"agent worker process died: {exc}") from exc
+
+    async def _assign_rewards(self, client: OpenAIProxyClient, reward: float | dict[str, float]) -> None:
+        try:
+            if isinstance(reward, dict):
+                for interaction_id, value in reward.items():
+                    await client.set_reward(interaction_id, value)
+            else:
+                await client.set_last_reward(reward)
+        except ProxyRequestError as exc:
+            if exc.status in (400, 404):
+                # Unknown interaction id, or no call was made that a reward could go to.
+                raise EpisodeRejected("invalid_reward", f"reward could not be assigned: {exc.detail}") from exc
+            raise
+
+    @property
+    def last_rejection_reason(self) -> str | None:
+        """Why the current task's last episode was rejected (else the latest rejection anywhere)."""
+        task = asyncio.current_task() if _loop_running() else None
+        if task is not None and task in self._task_reasons:
+            return self._task_reasons[task]
+        return self._last_reason
+
+    def _reject(self, task_id: str, kind: str, message: str) -> None:
+        self.rejections[kind] += 1
+        reason = f"{kind}: {message}"
+        self._last_reason = reason
+        task = asyncio.current_task()
+        if task is not None:
+            self._task_reasons[task] = reason
+        logger.warning("episode %s rejected (%s): %s", task_id, kind, message)
+
+    async def arun_episode(
+        self, engine: InferenceEngine | None, data: dict[str, Any], task_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """One episode; `engine` is unused (the proxy owns the engine), kept for the interface."""
+        task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
+        current = asyncio.current_task()
+        if current is not None:
+            self._task_reasons.pop(current, None)
+        http = self._http_client()
+        client = OpenAIProxyClient(self.proxy_addr, self.admin_api_key, task_id, http_client=http)
+        rejection: EpisodeRejected | None = None
+        try:
+            await client.grant_capacity()
+            async with client:
+                try:
+                    # Agents mutate their input (messages.append ...); never share it (AReaL #432).
+                    result = await self._run_agent(client.session_api_key, copy.deepcopy(data))
+                    await self._assign_rewards(client, validate_reward(result))
+                except EpisodeRejected as exc:
+                    rejection = exc
+                except ProxyRequestError:
+                    raise
+                except Exception as exc:  # the agent's own failure, whatever it is
+                    rejection = EpisodeRejected("agent_error", f"agent raised {type(exc).__name__}: {exc}")
+            # Export even a rejected episode: it is the step that frees the session on the proxy.
+            interactions = await client.export_interactions(self.discount, self.export_style, self.discount_mode)
+        except ProxyRequestError as exc:
+            self._reject(task_id, "proxy_error", str(exc))
+            if client._session_id is not None and not client.session_ended:
+                logger.error("session %s may be left on the proxy until its stale sweep", client._session_id)
+            return None
+        if rejection is not None:
+            self._reject(task_id, rejection.kind, str(rejection))
+            return None
+        if not interactions:
+            self._reject(task_id, "no_interactions", "the agent made no LLM call through the proxy")
+            return None
+        self.accepted += 1
+        return interactions
