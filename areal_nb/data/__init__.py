@@ -1,0 +1,23 @@
+"""Task data: generated GSM8K-format arithmetic problems, real GSM8K, math-verify scoring."""
+
+from .gsm8k import load_gsm8k
+from .problems import (
+    CORRECTION_PROMPT,
+    TaskConfig,
+    generate_problems,
+    make_problem,
+    reference_reply,
+    split_of,
+)
+from .scoring import score_answer
+
+__all__ = [
+    "CORRECTION_PROMPT",
+    "TaskConfig",
+    "generate_problems",
+    "load_gsm8k",
+    "make_problem",
+    "reference_reply",
+    "score_answer",
+    "split_of",
+]

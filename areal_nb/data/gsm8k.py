@@ -1,0 +1,68 @@
+"""Real GSM8K: from a local JSONL file (or a folder of `<split>.jsonl`), or from the hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .problems import make_problem
+
+HUB_NAMES = ("openai/gsm8k", "gsm8k")
+
+
+def load_gsm8k(path_or_name: str, split: str = "train") -> list[dict]:
+    """GSM8K problems in the same dict shape as `generate_problems`.
+
+    `path_or_name` is a JSONL file with "question" and "answer" fields per line, a folder
+    holding `<split>.jsonl`, or the hub dataset "openai/gsm8k" (needs `datasets` and network).
+    """
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        path = path / f"{split}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"no {split}.jsonl in GSM8K folder {path_or_name!r}")
+    if path.is_file():
+        return _load_jsonl(path)
+    if path_or_name in HUB_NAMES:
+        return _load_from_hub(split)
+    raise FileNotFoundError(
+        f"{path_or_name!r} is neither a local JSONL file, a folder with {split}.jsonl, "
+        f"nor one of the hub names {HUB_NAMES}"
+    )
+
+
+def _load_jsonl(path: Path) -> list[dict]:
+    problems = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+                raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+            try:
+                problems.append(make_problem(str(row["question"]), str(row["answer"])))
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from e
+    return problems
+
+
+def _load_from_hub(split: str) -> list[dict]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(
+            "loading GSM8K from the hub needs the `datasets` package (pip install datasets); "
+            "or pass a local JSONL file"
+        ) from e
+    try:
+        rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
+    except Exception as e:
+        raise RuntimeError(
+            f"could not load openai/gsm8k split {split!r} from the hub (offline?): {e}; "
+            "pass a local JSONL file instead"
+        ) from e
+    return [make_problem(r["question"], r["answer"]) for r in rows]

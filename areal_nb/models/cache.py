@@ -1,0 +1,62 @@
+"""On-disk cache for built artifacts: one folder per recipe hash, built atomically.
+
+Concurrent processes (parallel test workers, a notebook and a CLI) may ask for the same
+artifact at once: an exclusive file lock serialises the builders, each build goes to a
+temporary folder first, and an atomic rename publishes it, so nobody sees half a build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def cache_root() -> Path:
+    """`$AREAL_NB_CACHE`, else `~/.cache/areal_nb`."""
+    env = os.environ.get("AREAL_NB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "areal_nb"
+
+
+def recipe_hash(recipe: dict[str, Any], source_files: list[Path]) -> str:
+    """Short hash of a build recipe and the code that executes it (so code changes rebuild)."""
+    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
+    for path in source_files:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@contextmanager
+def _locked(lock_path: Path):
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cached_build(final_dir: Path, build: Callable[[Path], None]) -> Path:
+    """Return `final_dir`, running `build(tmp_dir)` and publishing it first if it is missing."""
+    if final_dir.is_dir():
+        return final_dir
+    with _locked(final_dir.with_name(final_dir.name + ".lock")):
+        if final_dir.is_dir():  # another process built it while we waited
+            return final_dir
+        tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + ".tmp-", dir=final_dir.parent))
+        try:
+            build(tmp)
+            os.rename(tmp, final_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final_dir

@@ -1,0 +1,73 @@
+"""Model names → local folders: the built-in `tiny-math`, local folders, Hugging Face ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cache import cache_root, cached_build, recipe_hash
+
+TINY_MATH = "tiny-math"
+_HERE = Path(__file__).parent
+_DATA = _HERE.parent / "data"
+
+
+def tiny_math_tokenizer_dir() -> Path:
+    """The cached tokenizer-only folder (built in well under a second, no model needed)."""
+    from .tokenizer import TOKENIZER_RECIPE, build_tokenizer
+
+    key = recipe_hash(TOKENIZER_RECIPE, _tokenizer_sources())
+    final = cache_root() / TINY_MATH / f"tokenizer-{key}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return cached_build(final, lambda tmp: build_tokenizer(tmp))
+
+
+def _tokenizer_sources() -> list[Path]:
+    return [_HERE / "tokenizer.py", _HERE / "chat_template.py", _DATA / "problems.py"]
+
+
+def tiny_math_model_dir() -> Path:
+    """The cached folder with tokenizer + SFT-warm-started model (built on first use)."""
+    from .warm_start import SFT_RECIPE, build_model
+
+    tokenizer_dir = tiny_math_tokenizer_dir()
+    key = recipe_hash(SFT_RECIPE, _tokenizer_sources() + _model_sources())
+    final = cache_root() / TINY_MATH / f"model-{key}"
+    return cached_build(final, lambda tmp: build_model(tmp, tokenizer_dir))
+
+
+def _model_sources() -> list[Path]:
+    return [_HERE / "warm_start.py", _HERE / "evaluation.py", _DATA / "scoring.py"]
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """"tiny-math" → its cached folder (built on first use); a local folder → itself;
+    anything else is returned unchanged (a Hugging Face id for `from_pretrained`)."""
+    if not isinstance(name_or_path, str | Path) or not str(name_or_path):
+        raise ValueError(f"expected a model name or path, got {name_or_path!r}")
+    name_or_path = str(name_or_path)
+    if name_or_path == TINY_MATH:
+        return str(tiny_math_model_dir())
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local)
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str):
+    """A tokenizer through `AutoTokenizer.from_pretrained`; for "tiny-math" the model is not built."""
+    from transformers import AutoTokenizer
+
+    if name_or_path == TINY_MATH:
+        return AutoTokenizer.from_pretrained(str(tiny_math_tokenizer_dir()))
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+
+
+def load_model(name_or_path: str, dtype=None, device: str = "cpu"):
+    """A causal LM through `AutoModelForCausalLM.from_pretrained`, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(name_or_path), dtype=dtype or torch.float32
+    )
+    return model.to(device).eval()
