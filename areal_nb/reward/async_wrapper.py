@@ -1,0 +1,259 @@
+"""`AsyncRewardWrapper`: run a synchronous reward function in worker processes from asyncio.
+
+Semantics follow AReaL's wrapper (reference §6.1) with these deliberate differences:
+
+- Workers are started with the `spawn` context: the notebook kernel runs threads, and `fork`
+  copies their locks in whatever state they are in. (`forkserver` would leave its server
+  process running after the pool is gone.) Consequence: the reward function must be
+  importable by module path in a fresh interpreter; a function defined in a notebook cell
+  (`__main__`) is not. Put it in a `.py` file.
+- A call that times out does not leave a hung process occupying a worker: the pool is
+  replaced at once (new calls go to the fresh pool) and the old one is killed as soon as no
+  other call still waits on it.
+- After every attempt timed out, the wrapper raises `RewardTimeoutError` by default, so the
+  episode is rejected with a logged reason; `on_timeout="zero"` gives AReaL's `return 0`.
+- A reward function that crashes its worker (segfault, `os._exit`) on every attempt raises
+  `RewardWorkerCrashedError`; one that raises on every attempt raises
+  `RewardFunctionError` chained to the original exception.
+
+Pools are shared by all wrappers with the same `max_workers` (ref-counted); the last
+`close()` (or garbage collection, or interpreter exit) shuts the pool down and reaps its
+processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import logging
+import multiprocessing
+import os
+import pickle
+import re
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+
+class RewardError(RuntimeError):
+    """A reward could not be computed; the episode that needed it should be rejected."""
+
+
+class RewardTimeoutError(RewardError):
+    pass
+
+
+class RewardWorkerCrashedError(RewardError):
+    pass
+
+
+class RewardFunctionError(RewardError):
+    pass
+
+
+def default_max_workers() -> int:
+    """Half the CPUs per accelerator, at least 1 (AReaL's rule; no CUDA initialisation)."""
+    try:
+        devices = [n for n in os.listdir("/dev") if re.fullmatch(r"(nvidia|davinci)\d+", n)]
+    except OSError:
+        devices = []
+    cpus = os.cpu_count() or 1
+    return max((cpus // max(len(devices), 1)) // 2, 1)
+
+
+class _Pool:
+    """One ProcessPoolExecutor plus the number of calls still waiting on it."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.executor = ProcessPoolExecutor(max_workers, mp_context=multiprocessing.get_context("spawn"))
+        self.waiting = 0
+        self.retired = False
+
+    def kill(self) -> None:
+        # Private attribute, stable since 3.8: the executor has no public way to stop a worker
+        # that is stuck inside a task (3.14 adds `kill_workers`).
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())
+        for proc in processes:
+            if proc.is_alive():
+                proc.kill()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        for proc in processes:
+            proc.join(timeout=5)
+
+
+class _SharedPool:
+    """The pool currently used by all wrappers with one `max_workers` value."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+        self.refs = 0
+        self.current: _Pool | None = None
+        self.lock = threading.Lock()
+
+    def acquire(self) -> _Pool:
+        with self.lock:
+            if self.current is None:
+                # Created lazily: a wrapper that is never called starts no process.
+                self.current = _Pool(self.max_workers)
+            self.current.waiting += 1
+            return self.current
+
+    def release(self, pool: _Pool) -> None:
+        with self.lock:
+            pool.waiting -= 1
+            kill = pool.retired and pool.waiting == 0
+        if kill:
+            pool.kill()
+
+    def retire(self, pool: _Pool) -> None:
+        """Stop sending work to `pool` (hung or broken); it dies when its last caller leaves."""
+        with self.lock:
+            if not pool.retired:
+                pool.retired = True
+                if self.current is pool:
+                    self.current = None
+
+    def shutdown(self) -> None:
+        with self.lock:
+            pool, self.current = self.current, None
+        if pool is not None:
+            pool.retired = True
+            pool.kill()
+
+
+_registry_lock = threading.Lock()
+_shared_pools: dict[int, _SharedPool] = {}
+
+
+def _ref_shared_pool(max_workers: int) -> _SharedPool:
+    with _registry_lock:
+        shared = _shared_pools.setdefault(max_workers, _SharedPool(max_workers))
+        shared.refs += 1
+        return shared
+
+
+def _unref_shared_pool(shared: _SharedPool) -> None:
+    with _registry_lock:
+        shared.refs -= 1
+        last = shared.refs == 0
+        if last and _shared_pools.get(shared.max_workers) is shared:
+            del _shared_pools[shared.max_workers]
+    if last:
+        shared.shutdown()
+
+
+@atexit.register
+def _shutdown_all_pools() -> None:
+    with _registry_lock:
+        pools = list(_shared_pools.values())
+        _shared_pools.clear()
+    for shared in pools:
+        shared.shutdown()
+
+
+class AsyncRewardWrapper:
+    """`await wrapper(*args, **kwargs) -> float` runs `reward_fn(*args, **kwargs)` in a worker.
+
+    Each call makes up to `max_retries + 1` attempts of at most `timeout_seconds` each.
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., float],
+        timeout_seconds: float = 15,
+        max_workers: int | None = None,
+        max_retries: int = 3,
+        on_timeout: Literal["raise", "zero"] = "raise",
+    ) -> None:
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if on_timeout not in ("raise", "zero"):
+            raise ValueError(f"on_timeout must be 'raise' or 'zero', got {on_timeout!r}")
+        try:
+            pickle.dumps(reward_fn)
+        except Exception as exc:
+            raise TypeError(
+                f"reward function {reward_fn!r} cannot be pickled into a worker process; "
+                "define it at module level in an importable .py file (not a lambda, closure "
+                "or notebook cell)"
+            ) from exc
+        self.reward_fn = reward_fn
+        self.timeout_seconds = timeout_seconds
+        self.max_workers = max_workers if max_workers is not None else default_max_workers()
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        self.max_retries = max_retries
+        self.on_timeout = on_timeout
+        self._shared: _SharedPool | None = _ref_shared_pool(self.max_workers)
+        self._finalizer = weakref.finalize(self, _unref_shared_pool, self._shared)
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.reward_fn, "__qualname__", repr(self.reward_fn))
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> float:
+        shared = self._shared
+        if shared is None:
+            raise RuntimeError("AsyncRewardWrapper is closed")
+        loop = asyncio.get_running_loop()
+        job = functools.partial(self.reward_fn, *args, **kwargs)
+        attempts = self.max_retries + 1
+        last: BaseException | None = None
+        for attempt in range(1, attempts + 1):
+            pool = shared.acquire()
+            try:
+                future = loop.run_in_executor(pool.executor, job)
+                return float(await asyncio.wait_for(future, self.timeout_seconds))
+            except TimeoutError as exc:
+                last = exc
+                shared.retire(pool)  # the hung worker is killed once no one else waits on it
+                logger.warning(
+                    "reward %s timed out after %ss (attempt %d/%d)",
+                    self._name, self.timeout_seconds, attempt, attempts,
+                )
+            except BrokenProcessPool as exc:
+                last = exc
+                shared.retire(pool)
+                logger.warning(
+                    "reward %s: worker process died (attempt %d/%d): %s", self._name, attempt, attempts, exc
+                )
+            except Exception as exc:
+                last = exc
+                logger.warning("reward %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
+            finally:
+                shared.release(pool)
+
+        if isinstance(last, TimeoutError):
+            if self.on_timeout == "zero":
+                logger.warning("reward %s timed out on all %d attempts; returning 0.0", self._name, attempts)
+                return 0.0
+            raise RewardTimeoutError(
+                f"reward function {self._name} timed out ({self.timeout_seconds}s) on all {attempts} attempts"
+            ) from last
+        if isinstance(last, BrokenProcessPool):
+            raise RewardWorkerCrashedError(
+                f"reward function {self._name} crashed its worker process on all {attempts} attempts"
+            ) from last
+        raise RewardFunctionError(
+            f"reward function {self._name} raised {last!r} on all {attempts} attempts"
+        ) from last
+
+    def close(self) -> None:
+        """Release this wrapper's share of the pool; the last one out stops the processes."""
+        if self._shared is not None:
+            self._shared = None
+            self._finalizer()
+
+    def __enter__(self) -> AsyncRewardWrapper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,69 @@
+"""GSM8K / math answer checking with `math_verify` (seed 003's `gsm8k_reward_fn`).
+
+Both functions are module-level so `AsyncRewardWrapper` can pickle them into its worker
+processes. They never raise: anything unparsable or any error scores 0.0.
+
+Timeouts: `math_verify`'s own timeouts use SIGALRM, which only works on a main thread, so they
+are disabled here (`parsing_timeout=None`, `timeout_seconds=None`). A pathological expression
+is stopped by `AsyncRewardWrapper`'s per-call timeout, which replaces the worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+logger = logging.getLogger(__name__)
+
+# How many digits after rounding must agree for floats (AReaL's `precision=6`).
+FLOAT_ROUNDING = 6
+_EXTRACTION = (ExprExtractionConfig(try_extract_without_anchor=True), LatexExtractionConfig())
+
+
+def _gold_text(answer: Any) -> str:
+    """The final answer of a gold string: text after the last '####' (GSM8K format), else all."""
+    text = str(answer)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    return text.strip()
+
+
+def _parse(text: str) -> list:
+    return parse(text, extraction_config=_EXTRACTION, parsing_timeout=None)
+
+
+def math_reward(result: Any, answer: Any) -> float:
+    """1.0 if the answer extracted from `result` equals the gold `answer`, else 0.0.
+
+    `answer` may be a bare value ("7", "-3", "0.5") or a GSM8K solution ending in "#### 7".
+    `result` is model text; the answer may be boxed (\\boxed{7}), a fraction, or the last
+    number in plain text.
+    """
+    try:
+        gold = _parse(_gold_text(answer))
+        if not gold:
+            logger.warning("gold answer %r is not parsable; scoring 0.0", answer)
+            return 0.0
+        pred = _parse(str(result))
+        if not pred:
+            return 0.0
+        return 1.0 if verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None) else 0.0
+    except Exception as exc:  # a reward must never take the rollout down
+        logger.warning("math_verify failed on %r vs %r: %r; scoring 0.0", result, answer, exc)
+        return 0.0
+
+
+def gsm8k_reward_fn(
+    prompt: Any = None,
+    completions: Any = None,
+    prompt_ids: Any = None,
+    completion_ids: Any = None,
+    answer: Any = None,
+    **kwargs: Any,
+) -> float:
+    """AReaL's reward-function signature: scores `completions` (text) against `answer`."""
+    if completions is None or answer is None:
+        return 0.0
+    return math_reward(completions, answer)
