@@ -1,0 +1,224 @@
+"""RolloutBatch: the episodes of one rollout, viewable and re-exportable without generating again.
+
+Each accepted episode keeps *every* completed call with its parent link and the reward the
+agent originally set (`raw_reward`). Discounting and the export style are applied here, on
+demand, so a notebook can change the discount, switch `concat`/`individual`, drop episodes,
+and look at the result before training on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_nb.openai import InteractionWithTokenLogpReward, concat_padded_tensors
+from areal_nb.openai.cache import discounted_rewards
+
+from .executor import Episode
+
+STYLES = ("individual", "concat")
+
+
+def _raw(it: InteractionWithTokenLogpReward) -> float | None:
+    raw = getattr(it, "raw_reward", None)
+    return raw if raw is not None else it.reward
+
+
+def _preview(text: Any, n: int = 60) -> str:
+    if isinstance(text, list):  # content parts
+        text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+    text = "" if text is None else str(text)
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@dataclass
+class Row:
+    """One training row: the interaction it comes from and its (discounted) reward."""
+
+    interaction: InteractionWithTokenLogpReward
+    episode_index: int
+    group_id: int
+    reward: float
+
+
+@dataclass
+class RolloutBatch:
+    episodes: list[Episode]
+    style: str = "individual"
+    discount: float = 1.0
+    discount_mode: str = "tree"
+    version: int = 0  # engine version when the batch was handed out
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
+        if self.discount_mode not in ("tree", "linear"):
+            raise ValueError(f"discount_mode must be 'tree' or 'linear', got {self.discount_mode!r}")
+
+    # ---------------------------------------------------------------- episodes and trees
+    @property
+    def accepted(self) -> list[Episode]:
+        return [ep for ep in self.episodes if ep.accepted]
+
+    @property
+    def rejected(self) -> list[Episode]:
+        return [ep for ep in self.episodes if not ep.accepted]
+
+    @property
+    def groups(self) -> dict[int, list[Episode]]:
+        out: dict[int, list[Episode]] = {}
+        for ep in self.episodes:
+            out.setdefault(ep.group_id, []).append(ep)
+        return out
+
+    def calls(self, episode_index: int) -> list[InteractionWithTokenLogpReward]:
+        ep = self.episodes[episode_index]
+        return [it for it in (ep.interactions or {}).values() if it.is_complete]
+
+    def trees(self, episode_index: int) -> list[InteractionWithTokenLogpReward]:
+        """The root calls of one episode (follow children with `children_of`)."""
+        calls = self.calls(episode_index)
+        ids = {id(c) for c in calls}
+        return [c for c in calls if c.parent is None or id(c.parent) not in ids]
+
+    def children_of(self, episode_index: int, call: InteractionWithTokenLogpReward) -> list:
+        return [c for c in self.calls(episode_index) if c.parent is call]
+
+    def discounted(self, episode_index: int) -> dict[str, float]:
+        """Reward of each call of the episode after propagation with this batch's settings."""
+        calls = self.calls(episode_index)
+        return discounted_rewards(calls, self.discount, self.discount_mode, rewards={c.interaction_id: _raw(c) for c in calls})
+
+    def episode_return(self, episode_index: int) -> float:
+        """Sum of the rewards the agent set in the episode (before discount)."""
+        return float(sum(_raw(c) or 0.0 for c in self.calls(episode_index)))
+
+    # ---------------------------------------------------------------- rows and tensors
+    def rows(self) -> list[Row]:
+        out: list[Row] = []
+        for i, ep in enumerate(self.episodes):
+            if not ep.accepted:
+                continue
+            calls = self.calls(i)
+            rewards = self.discounted(i)
+            if self.style == "concat":
+                wrong = [c.interaction_id for c in calls if c.chat_template_type != "concat"]
+                if wrong:
+                    raise ValueError(
+                        f"episode {i}: style='concat' needs calls made with chat_template_type='concat' "
+                        f"({len(wrong)} are 'hf'); reexport with style='individual'"
+                    )
+                parents = {id(c.parent) for c in calls if c.parent is not None}
+                calls = [c for c in calls if id(c) not in parents]
+            out.extend(Row(c, i, ep.group_id, rewards[c.interaction_id]) for c in calls)
+        return out
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] training tensors, plus `group_ids` and `episode_ids` [B]."""
+        rows = self.rows()
+        if not rows:
+            raise ValueError("this batch has no accepted episodes to train on")
+        dicts = []
+        for row in rows:
+            d = dict(row.interaction.to_tensor_dict())
+            d["rewards"] = torch.tensor([row.reward], dtype=torch.float32)
+            dicts.append(d)
+        out = concat_padded_tensors(dicts)
+        out["group_ids"] = torch.tensor([r.group_id for r in rows], dtype=torch.long)
+        out["episode_ids"] = torch.tensor([r.episode_index for r in rows], dtype=torch.long)
+        return out
+
+    # ---------------------------------------------------------------- editing
+    def reexport(self, discount: float | None = None, style: str | None = None,
+                 discount_mode: str | None = None) -> RolloutBatch:
+        """The same episodes with other export settings; nothing is generated again."""
+        return dataclasses.replace(
+            self,
+            discount=self.discount if discount is None else discount,
+            style=self.style if style is None else style,
+            discount_mode=self.discount_mode if discount_mode is None else discount_mode,
+            stats=dict(self.stats),
+        )
+
+    def filter(self, keep: Callable[[Episode], bool]) -> RolloutBatch:
+        return dataclasses.replace(self, episodes=[ep for ep in self.episodes if keep(ep)], stats=dict(self.stats))
+
+    # ---------------------------------------------------------------- tables
+    @property
+    def interactions_df(self):
+        import pandas as pd
+
+        exported = {id(r.interaction) for r in self.rows()}
+        records = []
+        for i, ep in enumerate(self.episodes):
+            if not ep.accepted:
+                continue
+            rewards = self.discounted(i)
+            for c in self.calls(i):
+                mr = c.model_response
+                versions = list(mr.output_versions) if mr is not None else []
+                last_user = next((m.get("content") for m in reversed(c.messages) if m.get("role") != "assistant"), "")
+                reply = (c.output_message_list or [{}])[0]
+                records.append({
+                    "episode": i,
+                    "group": ep.group_id,
+                    "sample": ep.sample_id,
+                    "interaction_id": c.interaction_id,
+                    "parent_id": c.parent_id,
+                    "turn": c.depth,
+                    "prompt_preview": _preview(last_user),
+                    "reply_preview": _preview(reply.get("content")),
+                    "reward": _raw(c),
+                    "reward_discounted": rewards[c.interaction_id],
+                    "input_tokens": mr.input_len if mr is not None else None,
+                    "output_tokens": mr.output_len if mr is not None else None,
+                    "version_min": min(versions) if versions else None,
+                    "version_max": max(versions) if versions else None,
+                    "stop_reason": mr.stop_reason if mr is not None else None,
+                    "exported": id(c) in exported,
+                })
+        return pd.DataFrame.from_records(records)
+
+    @property
+    def episodes_df(self):
+        import pandas as pd
+
+        return pd.DataFrame.from_records([
+            {
+                "episode": i,
+                "group": ep.group_id,
+                "sample": ep.sample_id,
+                "accepted": ep.accepted,
+                "calls": len(self.calls(i)) if ep.accepted else 0,
+                "return": self.episode_return(i) if ep.accepted else None,
+                "rejection_reason": ep.rejection_reason,
+            }
+            for i, ep in enumerate(self.episodes)
+        ])
+
+    def __repr__(self) -> str:
+        return (f"RolloutBatch({len(self.episodes)} episodes, {len(self.accepted)} accepted, "
+                f"style={self.style!r}, discount={self.discount}, discount_mode={self.discount_mode!r}, "
+                f"version={self.version})")
+
+    # ---------------------------------------------------------------- widgets
+    def show_tree(self, i: int = 0):
+        from areal_nb.widgets import show_tree
+
+        return show_tree(self.episodes[i])
+
+    def show_tokens(self, i: int = 0):
+        from areal_nb.widgets import show_tokens
+
+        return show_tokens(self.episodes[i])
+
+    def show_rewards(self, i: int = 0):
+        from areal_nb.widgets import show_rewards
+
+        return show_rewards(self.episodes[i])
