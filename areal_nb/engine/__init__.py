@@ -1,0 +1,15 @@
+"""Inference engines: `LocalEngine` (embedded, continuous batching) and `ScriptedEngine` (tests)."""
+
+from .scripted import ScriptedEngine
+
+
+def __getattr__(name: str):
+    # LocalEngine pulls in torch and transformers; import it only when asked for.
+    if name in ("LocalEngine", "EngineClosedError", "EngineStats"):
+        from . import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
+
+
+__all__ = ["EngineClosedError", "EngineStats", "LocalEngine", "ScriptedEngine"]

@@ -1,0 +1,481 @@
+"""`LocalEngine`: the embedded inference engine, a transformers model with continuous batching.
+
+One worker thread owns the model. Each scheduler iteration it
+1. applies pending weight updates and aborts (also while paused),
+2. admits waiting requests (one left-padded prefill for all that arrived together),
+3. runs one batched decode step over every active row, samples one token per row,
+4. retires finished rows, which leave the batch at once (their cache rows are dropped).
+Requests that arrive while others decode join the running batch at the next iteration; the KV
+cache of running rows is kept (see `kv_batch.PaddedKVBatch`).
+
+Why not transformers' own `ContinuousBatchingManager` (transformers 5.24): its sampling settings
+(temperature, top-p/top-k, greedy) are fixed per manager, not per request; its log-probs are taken
+after the logits processors, i.e. after top-k/top-p truncation (we need `log_softmax(logits / T)`
+before truncation); it has no notion of a weight version per token nor of applying a weight update
+between two steps; and its paged-attention path is built around CUDA. So this module is a small
+step scheduler of our own over the stock model forward and transformers' `DynamicCache` layers.
+
+Every output token carries its log-probability and the engine version at the moment it was
+sampled. Weight updates keep the KV cache of in-flight rows (computed by the old weights), as
+SGLang does when it updates without aborting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from areal_nb.api import ModelRequest, ModelResponse
+
+from .kv_batch import PaddedKVBatch
+from .request_plan import RequestPlan, plan_request
+from .sampling import sample_next_tokens
+from .weights import check_weights, copy_weights_into, load_engine_model, read_weights_dir
+
+logger = logging.getLogger(__name__)
+
+Delivery = Callable[[ModelResponse | BaseException], None]
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+@dataclass
+class EngineStats:
+    """Counters for benchmarks and tests (read-only for users)."""
+
+    prefills: int = 0
+    decode_steps: int = 0
+    tokens: int = 0
+    max_active: int = 0  # most rows ever decoded together in one step
+    joined_running_batch: int = 0  # requests admitted while other rows were mid-generation
+
+
+@dataclass(eq=False)
+class _Row:
+    plan: RequestPlan
+    deliver: Delivery
+    submitted: float
+    first_token_at: float | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    stop_reason: str | None = None
+    aborted: bool = False  # set from any thread; the worker finishes the row with "abort"
+    checked_text_len: int = 0  # decoded output text already searched for stop strings
+
+
+@dataclass
+class _WeightUpdate:
+    weights: dict[str, torch.Tensor]
+    version: int | None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class LocalEngine:
+    """In-process engine; see the module docstring. Implements `areal_nb.api.InferenceEngine`."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 64,
+        seed: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.tokenizer = load_engine_model(model, tokenizer, self.device, dtype)
+        self.max_batch_size = max_batch_size
+        self.max_context = int(self.model.config.max_position_embeddings)
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.eos_token_ids = self._eos_ids()
+        self.stats = EngineStats()
+
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = 0
+        self._batch = PaddedKVBatch(self.model)
+        self._active: list[_Row] = []  # aligned with the rows of self._batch; worker-only
+
+        self._cond = threading.Condition()
+        self._waiting: deque[_Row] = deque()
+        self._live: set[_Row] = set()  # every submitted, unfinished row
+        self._updates: deque[_WeightUpdate] = deque()
+        self._abort_pending = False
+        self._paused = False
+        self._closed = False
+        self._in_step = False
+        self._thread = threading.Thread(target=self._run, name="LocalEngine-worker", daemon=True)
+        self._thread.start()
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for tid in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
+            if tid is not None and int(tid) not in ids:
+                ids.append(int(tid))
+        return ids
+
+    # ------------------------------------------------------------------ public API
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate for `req`; callable from any asyncio loop in any thread."""
+        plan = self._plan(req)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ModelResponse] = loop.create_future()
+
+        def resolve(value: ModelResponse | BaseException) -> None:
+            if fut.done():
+                return
+            if isinstance(value, BaseException):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+
+        def deliver(value: ModelResponse | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(resolve, value)
+            except RuntimeError:  # the caller's loop is closed: nobody waits for this any more
+                pass
+
+        row = self._submit(plan, deliver)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._abort_rows([row])
+            raise
+
+    def generate(self, req: ModelRequest) -> ModelResponse:
+        """Blocking twin of `agenerate`."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LocalEngine.generate cannot be called from the engine's own worker thread")
+        plan = self._plan(req)
+        result: concurrent.futures.Future[ModelResponse] = concurrent.futures.Future()
+
+        def deliver(value: ModelResponse | BaseException) -> None:
+            if isinstance(value, BaseException):
+                result.set_exception(value)
+            else:
+                result.set_result(value)
+
+        row = self._submit(plan, deliver)
+        try:
+            return result.result()
+        except BaseException:  # KeyboardInterrupt in a notebook cell: stop decoding this row
+            if not result.done():
+                self._abort_rows([row])
+            raise
+
+    def pause(self) -> None:
+        """Stop decoding. Returns once no step is running; in-flight requests keep their state."""
+        with self._cond:
+            self._paused = True
+            if threading.current_thread() is not self._thread:
+                while self._in_step:
+                    self._cond.wait()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        self._version = int(version)
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str | os.PathLike, version: int | None = None) -> None:
+        """Load new weights between two decoding steps; tokens sampled afterwards carry `version`.
+
+        `weights` is a (possibly partial) state dict or a directory written by `save_pretrained`.
+        Blocks until applied. Bad names or shapes raise ValueError and change nothing.
+        """
+        if isinstance(weights, (str, os.PathLike)):
+            weights = read_weights_dir(weights)
+        check_weights(self.model, weights)
+        own = self.model.state_dict()
+        staged = {k: v.detach().to(device=own[k].device, dtype=own[k].dtype) for k, v in weights.items()}
+        update = _WeightUpdate(staged, None if version is None else int(version))
+        if threading.current_thread() is self._thread:
+            self._apply_update(update)
+        else:
+            with self._cond:
+                if self._closed:
+                    raise EngineClosedError("LocalEngine is closed; cannot update weights")
+                self._updates.append(update)
+                self._cond.notify_all()
+            update.done.wait()
+        if update.error is not None:
+            raise update.error
+
+    def abort(self, rid: str) -> None:
+        """Finish every in-flight or waiting request with this rid: stop_reason "abort", partial output."""
+        with self._cond:
+            rows = [r for r in self._live if r.plan.rid == rid]
+        self._abort_rows(rows)
+
+    def abort_all(self) -> None:
+        with self._cond:
+            rows = list(self._live)
+        self._abort_rows(rows)
+
+    def close(self) -> None:
+        """Stop the worker; requests still pending fail with EngineClosedError. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ submission
+
+    def _plan(self, req: ModelRequest) -> RequestPlan:
+        if self._closed:
+            raise EngineClosedError("LocalEngine is closed")
+        return plan_request(
+            req,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            eos_token_ids=self.eos_token_ids,
+            tokenizer=self.tokenizer,
+        )
+
+    def _submit(self, plan: RequestPlan, deliver: Delivery) -> _Row:
+        row = _Row(plan=plan, deliver=deliver, submitted=time.perf_counter())
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("LocalEngine is closed")
+            self._waiting.append(row)
+            self._live.add(row)
+            self._cond.notify_all()
+        return row
+
+    def _abort_rows(self, rows: list[_Row]) -> None:
+        if not rows:
+            return
+        with self._cond:
+            for row in rows:
+                row.aborted = True
+            self._abort_pending = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ worker
+
+    def _has_work(self) -> bool:
+        return (
+            self._closed
+            or bool(self._updates)
+            or self._abort_pending
+            or (not self._paused and bool(self._active or self._waiting))
+        )
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._has_work():
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    updates = list(self._updates)
+                    self._updates.clear()
+                    self._abort_pending = False
+                    aborted_waiting = [r for r in self._waiting if r.aborted]
+                    for r in aborted_waiting:
+                        self._waiting.remove(r)
+                    admitted: list[_Row] = []
+                    if not self._paused:
+                        while self._waiting and len(self._active) + len(admitted) < self.max_batch_size:
+                            admitted.append(self._waiting.popleft())
+                    self._in_step = not self._paused
+                try:
+                    for update in updates:
+                        self._apply_update(update)
+                    for row in aborted_waiting:
+                        self._finish(row, "abort")
+                    self._retire(abort_only=True)
+                    if self._in_step:
+                        self._step(admitted)
+                except Exception:  # never let the worker die: it serves every other request
+                    logger.exception("LocalEngine worker iteration failed")
+                finally:
+                    with self._cond:
+                        self._in_step = False
+                        self._cond.notify_all()
+        self._shutdown()
+
+    def _apply_update(self, update: _WeightUpdate) -> None:
+        try:
+            copy_weights_into(self.model, update.weights)
+            if update.version is not None:
+                self._version = update.version
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller of update_weights
+            update.error = exc
+        finally:
+            update.done.set()
+
+    def _step(self, admitted: list[_Row]) -> None:
+        admitted = self._drop_aborted(admitted)
+        if admitted:
+            joined_running = any(r.output for r in self._active)
+            try:
+                logits = self._batch.prefill([r.plan.prompt for r in admitted])
+            except Exception as exc:
+                err = RuntimeError(f"LocalEngine prefill failed: {exc!r}")
+                for row in admitted:
+                    self._fail(row, err)
+            else:
+                self.stats.prefills += 1
+                if joined_running:
+                    self.stats.joined_running_batch += len(admitted)
+                self._active.extend(admitted)
+                self._sample_and_record(logits, admitted)
+                self._retire()
+        if not self._active:
+            return
+        last = torch.tensor([r.output[-1] for r in self._active], dtype=torch.long, device=self.device)
+        try:
+            logits = self._batch.decode(last)
+        except Exception as exc:
+            err = RuntimeError(f"LocalEngine decoding step failed: {exc!r}")
+            for row in self._active:
+                self._fail(row, err)
+            self._active = []
+            self._batch.clear()
+            return
+        self.stats.decode_steps += 1
+        self.stats.max_active = max(self.stats.max_active, len(self._active))
+        self._sample_and_record(logits, self._active)
+        self._retire()
+
+    def _drop_aborted(self, rows: list[_Row]) -> list[_Row]:
+        keep = []
+        for row in rows:
+            if row.aborted:
+                self._finish(row, "abort")
+            else:
+                keep.append(row)
+        return keep
+
+    def _sample_and_record(self, logits: torch.Tensor, rows: list[_Row]) -> None:
+        banned = None
+        if any(r.plan.min_new_tokens for r in rows):
+            banned = [
+                sorted(r.plan.stop_token_ids) if len(r.output) < r.plan.min_new_tokens else [] for r in rows
+            ]
+        tokens, logprobs = sample_next_tokens(
+            logits, [r.plan.sampling for r in rows], self._generator, banned
+        )
+        version = self._version
+        now = time.perf_counter()
+        for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            row.output.append(token)
+            row.logprobs.append(logprob)
+            row.versions.append(version)
+            if row.first_token_at is None:
+                row.first_token_at = now
+            row.stop_reason = self._stop_reason(row, token)
+        self.stats.tokens += len(rows)
+
+    def _stop_reason(self, row: _Row, token: int) -> str | None:
+        plan = row.plan
+        if token in plan.stop_token_ids:  # stop ids cannot be sampled before min_new_tokens
+            return "stop"
+        if plan.stop_strings:
+            text = self.tokenizer.decode(row.output, skip_special_tokens=False)
+            for stop in plan.stop_strings:
+                # only occurrences that end in the newly decoded text: earlier ones were checked
+                if stop in text[max(0, row.checked_text_len - len(stop) + 1) :]:
+                    return "stop"
+            row.checked_text_len = len(text)
+        if len(row.output) >= plan.max_new_tokens:
+            return "length"
+        return None
+
+    def _retire(self, abort_only: bool = False) -> None:
+        """Finish rows that stopped (or were aborted) and drop them from the batch."""
+        keep: list[int] = []
+        for index, row in enumerate(self._active):
+            if row.aborted and row.stop_reason is None:
+                row.stop_reason = "abort"
+            if row.stop_reason is None or (abort_only and row.stop_reason != "abort"):
+                keep.append(index)
+            else:
+                self._finish(row, row.stop_reason)
+        if len(keep) != len(self._active):
+            self._batch.keep_rows(keep)
+            self._active = [self._active[i] for i in keep]
+
+    def _finish(self, row: _Row, stop_reason: str) -> None:
+        now = time.perf_counter()
+        response = ModelResponse(
+            input_tokens=list(row.plan.prompt),
+            output_tokens=list(row.output),
+            output_logprobs=list(row.logprobs),
+            output_versions=list(row.versions),
+            stop_reason=stop_reason,
+            latency=now - row.submitted,
+            ttft=(row.first_token_at or now) - row.submitted,
+            tokenizer=self.tokenizer,
+            eos_token_ids=list(self.eos_token_ids),
+        )
+        self._deliver(row, response)
+
+    def _fail(self, row: _Row, error: BaseException) -> None:
+        self._deliver(row, error)
+
+    def _deliver(self, row: _Row, value: ModelResponse | BaseException) -> None:
+        with self._cond:
+            self._live.discard(row)
+        try:
+            row.deliver(value)
+        except Exception:  # a broken callback must not take the worker down
+            logger.exception("LocalEngine could not deliver the result of request %s", row.plan.rid)
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            rows = list(self._live)
+            self._waiting.clear()
+            updates = list(self._updates)
+            self._updates.clear()
+        error = EngineClosedError("LocalEngine was closed before the request finished")
+        for row in rows:
+            self._fail(row, error)
+        for update in updates:
+            update.error = EngineClosedError("LocalEngine was closed before the weight update was applied")
+            update.done.set()
+        self._active = []
+        self._batch.clear()

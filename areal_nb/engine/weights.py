@@ -1,0 +1,94 @@
+"""Loading a model for the engine and checking weight updates before they reach the worker."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+
+def resolve_model_path(name: str) -> str:
+    """`tiny-math`, a local dir or a hub id → something `from_pretrained` accepts."""
+    try:
+        from areal_nb.models import resolve_model_path as resolve
+    except ImportError:  # models package not available: treat the name as a path / hub id
+        return name
+    return str(resolve(name))
+
+
+def load_engine_model(
+    model: str | os.PathLike | PreTrainedModel,
+    tokenizer: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[PreTrainedModel, Any]:
+    """The engine's own copy of the model (sdpa attention, eval mode) and its tokenizer."""
+    if isinstance(model, PreTrainedModel):
+        # A deep copy: the trainer keeps updating its model; the engine changes only on update_weights.
+        engine_model = copy.deepcopy(model)
+        if tokenizer is None:
+            source = getattr(model.config, "_name_or_path", "")
+            if source and Path(source).is_dir():
+                tokenizer = AutoTokenizer.from_pretrained(source)
+    elif isinstance(model, (str, os.PathLike)):
+        path = resolve_model_path(str(model))
+        engine_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+    else:
+        raise TypeError(f"model must be a name, a path or a PreTrainedModel, got {type(model).__name__}")
+    # The engine builds explicit 4-D boolean masks, which the sdpa path takes as they are.
+    engine_model.set_attn_implementation("sdpa")
+    engine_model = engine_model.to(device=device, dtype=dtype).eval()
+    engine_model.requires_grad_(False)
+    return engine_model, tokenizer
+
+
+def read_weights_dir(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict stored in a `save_pretrained` directory (safetensors or pytorch .bin)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"update_weights: {str(path)!r} is not a directory saved with save_pretrained")
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    files = sorted(folder.glob("pytorch_model*.bin"))
+    if files:
+        state = {}
+        for f in files:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        return state
+    raise ValueError(f"update_weights: no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
+
+
+def check_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError naming every unknown key or shape mismatch (nothing is applied then)."""
+    if not isinstance(weights, dict) or not weights:
+        raise ValueError("update_weights needs a non-empty state dict or a save_pretrained directory")
+    own = model.state_dict()
+    unknown = sorted(k for k in weights if k not in own)
+    if unknown:
+        raise ValueError(f"update_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:5]}")
+    wrong = [
+        f"{k}: got {tuple(v.shape)}, model has {tuple(own[k].shape)}"
+        for k, v in weights.items()
+        if tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if wrong:
+        raise ValueError(f"update_weights: shape mismatch for {wrong[:5]}")
+
+
+@torch.no_grad()
+def copy_weights_into(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> None:
+    own = model.state_dict()
+    for name, value in weights.items():
+        own[name].copy_(value)  # copy_: the engine never aliases the caller's tensors
