@@ -1,0 +1,326 @@
+"""`create_app(engine, tokenizer, settings)`: the proxy as a FastAPI app (seed 000, "代理端点").
+
+All state lives in `app.state.proxy` (a `ProxyState`); build as many apps per process as
+you like. Endpoints, keys and status codes follow the semantics digest §4.2, with these
+deliberate differences:
+
+- every OpenAI route also exists without `/v1` (SDKs differ in where `/v1` goes);
+- `/export_trajectories` waits for `end_session` at most `export_wait_timeout` seconds
+  (504 after that; the session stays exportable), never forever (§12.9);
+- chat calls after `/rl/end_session` answer 409 "session ended": the episode is closed, so
+  nothing more is recorded into it (rewards may still be set until export);
+- keys of exported or expired sessions answer 410 (not 401), so a late agent call says why;
+- unknown body fields are ignored, except that `chat_template_kwargs` at the top level (where
+  the OpenAI SDK merges `extra_body`) is forwarded, not dropped (§12.7);
+- errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from areal_nb.openai.anthropic import (
+    AnthropicRequestError,
+    anthropic_request_to_chat,
+    anthropic_stream_events,
+    chat_completion_to_anthropic,
+    format_sse,
+    tool_arguments_of,
+)
+
+from .errors import ProxyError, describe_validation_errors, error_response
+from .limits import BodyLimitMiddleware
+from .schemas import (
+    ChatCompletionRequest,
+    ExportTrajectoriesRequest,
+    GrantCapacityRequest,
+    MessagesRequest,
+    ResponsesRequest,
+    SetRewardRequest,
+    StartSessionRequest,
+    StartSessionResponse,
+)
+from .settings import ProxySettings
+from .state import ProxyState, SessionData
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def bearer_token(request: Request) -> str | None:
+    """The key from `Authorization: Bearer <t>` or, for the Anthropic SDK, `x-api-key`."""
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    key = request.headers.get("x-api-key")
+    if key and key.strip():
+        return key.strip()
+    return None
+
+
+def _check_chat_messages(messages: list[dict[str, Any]]) -> None:
+    """Reject message shapes no chat template can render, with the offending index."""
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in _CHAT_ROLES:
+            raise ProxyError(400, f"messages[{i}].role must be one of {sorted(_CHAT_ROLES)}, got {role!r}", "invalid_message")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise ProxyError(400, f"messages[{i}].content must be a string or a list of parts", "invalid_message")
+        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            raise ProxyError(400, f"messages[{i}].content parts must be objects", "invalid_message")
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise ProxyError(400, f"messages[{i}].tool_calls must be a list of objects", "invalid_message")
+
+
+def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
+    """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
+    # Imported here so `import areal_nb.proxy` stays light.
+    from areal_nb.openai.cache import InteractionCache
+    from areal_nb.openai.completion import (
+        CompletionRequestError,
+        CompletionSettings,
+        chat_completion_stream_chunks,
+        create_chat_completion,
+    )
+    from areal_nb.openai.responses import create_response
+
+    settings = settings or ProxySettings()
+    completion_settings = settings.completion if settings.completion is not None else CompletionSettings()
+    state = ProxyState(settings, InteractionCache)
+    bad_input = (CompletionRequestError, AnthropicRequestError, TypeError, NotImplementedError)
+    try:
+        from jinja2 import TemplateError
+
+        bad_input = (*bad_input, TemplateError)  # a template that rejects the conversation
+    except ImportError:  # pragma: no cover - jinja2 comes with transformers
+        pass
+
+    app = FastAPI(title="areal_nb proxy", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.proxy = state
+    app.state.engine = engine
+    app.state.tokenizer = tokenizer
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    # ------------------------------------------------------------------ error dialects
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return error_response(request.url.path, exc.status, exc.message, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request.url.path, 422, describe_validation_errors(exc.errors()), "validation_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = error_response(request.url.path, exc.status_code, str(exc.detail), None)
+        for key, value in (exc.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    # ------------------------------------------------------------------ auth dependencies
+    def admin(request: Request) -> None:
+        state.check_admin(bearer_token(request))
+
+    def session_key(request: Request) -> SessionData:
+        return state.session_for_key(bearer_token(request))
+
+    def open_session(session: SessionData = Depends(session_key)) -> SessionData:
+        if session.ended:
+            raise ProxyError(
+                409,
+                f"session {session.session_id!r} has ended (/rl/end_session was called); "
+                "no more calls are recorded into it",
+                "session_ended",
+            )
+        return session
+
+    async def generate(call: Awaitable[T]) -> T:
+        """Await a capture-layer call, turning its failures into clear HTTP errors."""
+        try:
+            return await call
+        except ProxyError:
+            raise
+        except bad_input as exc:
+            raise ProxyError(400, str(exc) or type(exc).__name__, "invalid_request") from exc
+        except Exception as exc:  # engine failure: answer 500, keep serving
+            logger.exception("generation failed")
+            raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
+
+    def capture_kwargs(session: SessionData) -> dict[str, Any]:
+        return {"engine": engine, "tokenizer": tokenizer, "settings": completion_settings, "cache": session.cache}
+
+    def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
+        extra = dict(body.extra_body or {})
+        if body.chat_template_kwargs is not None:
+            extra.setdefault("chat_template_kwargs", body.chat_template_kwargs)
+        return extra or None
+
+    # ------------------------------------------------------------------ public info
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "initialized": True, "active_sessions": len(state.sessions), "capacity": state.capacity}
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models() -> dict[str, Any]:
+        model = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "areal_nb"}
+        return {"object": "list", "data": [model]}
+
+    # ------------------------------------------------------------------ admin endpoints
+    @app.post("/grant_capacity", dependencies=[Depends(admin)])
+    async def grant_capacity(body: GrantCapacityRequest | None = None) -> dict[str, int]:
+        return {"capacity": state.grant_capacity(body.count if body is not None else 1)}
+
+    @app.post("/rl/start_session", dependencies=[Depends(admin)], response_model=StartSessionResponse)
+    async def start_session(body: StartSessionRequest) -> StartSessionResponse:
+        session = state.start_session(body.task_id, body.api_key)
+        return StartSessionResponse(session_id=session.session_id, api_key=session.api_key)
+
+    @app.post("/export_trajectories", dependencies=[Depends(admin)])
+    async def export_trajectories(body: ExportTrajectoriesRequest) -> JSONResponse:
+        session = state.get_session(body.session_id)
+        timeout = body.wait_timeout if body.wait_timeout is not None else settings.export_wait_timeout
+        if not await session.wait_ended(timeout):
+            raise ProxyError(
+                504,
+                f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
+                "/rl/end_session before its trajectories can be exported (the session is kept; retry)",
+                "export_timeout",
+            )
+        state.claim_export(session)
+        try:
+            interactions = _export(session, body)
+        except Exception as exc:
+            state.release_export(session)
+            if isinstance(exc, ValueError | RuntimeError):
+                raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+            raise
+        state.remove_session(session, "was exported")
+        wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
+        return JSONResponse({"session_id": session.session_id, "interactions": wire})
+
+    def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
+        cache = session.cache
+        if len(cache) == 0:
+            return {}
+        if body.style == "concat":
+            # Checked before the one-shot discount so a wrong style loses nothing.
+            wrong = [iid for iid, it in cache.items() if getattr(it, "chat_template_type", "concat") != "concat"]
+            if wrong:
+                raise ValueError(
+                    f"style 'concat' needs interactions made with chat_template_type='concat'; "
+                    f"{len(wrong)} were not (first: {wrong[0]!r}); export with style='individual'"
+                )
+        cache.apply_reward_discount(body.discount, mode=body.discount_mode)
+        return cache.export_interactions(body.style)
+
+    # ------------------------------------------------------------------ session endpoints
+    @app.post("/rl/end_session")
+    async def end_session(session: SessionData = Depends(session_key)) -> dict[str, Any]:
+        count = state.end_session(session)
+        return {"message": "success", "session_id": session.session_id, "interaction_count": count}
+
+    @app.post("/rl/set_reward")
+    async def set_reward(body: SetRewardRequest, session: SessionData = Depends(session_key)) -> dict[str, Any]:
+        cache = session.cache
+        if body.interaction_id is None:
+            if len(cache) == 0:
+                raise ProxyError(400, f"no interactions in session {session.session_id!r} to reward", "no_interactions")
+            cache.set_last_reward(body.reward)
+        else:
+            try:
+                cache.set_reward(body.interaction_id, body.reward)
+            except KeyError:
+                raise ProxyError(
+                    400,
+                    f"interaction {body.interaction_id!r} not found in session {session.session_id!r}",
+                    "unknown_interaction",
+                ) from None
+        return {"message": "success"}
+
+    # ------------------------------------------------------------------ generation endpoints
+    async def chat_completions(
+        body: ChatCompletionRequest, session: SessionData = Depends(open_session)
+    ) -> Response:
+        _check_chat_messages(body.messages)
+        completion = await generate(
+            create_chat_completion(
+                **capture_kwargs(session),
+                messages=body.messages,
+                tools=body.tools,
+                tool_choice=body.tool_choice,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                max_tokens=body.max_tokens,
+                max_completion_tokens=body.max_completion_tokens,
+                max_total_tokens=body.max_total_tokens,
+                stop=body.stop,
+                store=body.store,
+                n=body.n,
+                metadata=body.metadata,
+                frequency_penalty=body.frequency_penalty,
+                extra_body=extra_body_of(body),
+            )
+        )
+        if body.stream:
+            # Generation is complete before the first byte, so the whole stream is sent at once;
+            # an error is then a proper status code instead of a broken stream.
+            chunks = chat_completion_stream_chunks(completion)
+            text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+            return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(completion.model_dump_json(), media_type="application/json")
+
+    async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
+        if body.stream:
+            raise ProxyError(400, "stream=true is not supported on /v1/responses; use /v1/chat/completions to stream", "unsupported")
+        response = await generate(
+            create_response(
+                **capture_kwargs(session),
+                input=body.input,
+                instructions=body.instructions,
+                tools=body.tools,
+                tool_choice=body.tool_choice,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                max_output_tokens=body.max_output_tokens,
+                metadata=body.metadata,
+                include=body.include,
+                extra_body=extra_body_of(body),
+            )
+        )
+        return Response(response.model_dump_json(), media_type="application/json")
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(prefix))
+        app.add_api_route(f"{prefix}/responses", responses, methods=["POST"], include_in_schema=bool(prefix))
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, session: SessionData = Depends(open_session)) -> Response:
+        try:
+            chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
+        except AnthropicRequestError as exc:
+            raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
+        _check_chat_messages(chat_kwargs["messages"])
+        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs))
+        session.tool_arguments.update(tool_arguments_of(completion))
+        message = chat_completion_to_anthropic(completion, model=body.model)
+        if body.stream:
+            return Response(format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS)
+        return JSONResponse(message)
+
+    return app

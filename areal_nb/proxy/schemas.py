@@ -1,0 +1,95 @@
+"""Request bodies. Unknown fields are allowed everywhere (ignored, never fatal), and the
+declared ones give the OpenAPI schema that schemathesis explores."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Larger than any model context; beyond this a token budget is a mistake, not a request.
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class GrantCapacityRequest(_Body):
+    count: int = Field(1, ge=1, le=1_000_000)
+
+
+class StartSessionRequest(_Body):
+    task_id: str = Field(min_length=1, max_length=256)
+    api_key: str | None = Field(None, min_length=8, max_length=512)
+
+
+class StartSessionResponse(BaseModel):
+    session_id: str
+    api_key: str
+
+
+class SetRewardRequest(_Body):
+    interaction_id: str | None = None
+    reward: float = Field(allow_inf_nan=False)
+
+
+class ExportTrajectoriesRequest(_Body):
+    session_id: str
+    discount: float = Field(1.0, ge=0.0, le=1.0)
+    style: Literal["individual", "concat"] = "individual"
+    discount_mode: Literal["tree", "linear"] = "tree"
+    # seconds to wait for end_session; None → the server's export_wait_timeout
+    wait_timeout: float | None = Field(None, gt=0, le=86_400)
+
+
+class ChatCompletionRequest(_Body):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_total_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    stop: str | list[str] | None = None
+    store: bool | None = None
+    n: int | None = Field(None, ge=1, le=1)
+    metadata: dict[str, Any] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    extra_body: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ResponsesRequest(_Body):
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    stream: bool | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    metadata: dict[str, Any] | None = None
+    include: list[str] | None = None
+    extra_body: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class MessagesRequest(_Body):
+    """Anthropic Messages. Content blocks are checked by the converter (clear 400s)."""
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    stop_sequences: list[str] | None = None
