@@ -1,0 +1,67 @@
+"""Token-level capture of LLM calls: interactions, conversation trees, rewards, export.
+
+Public names follow AReaL: `from areal_nb.openai import ArealOpenAI,
+InteractionWithTokenLogpReward, InteractionCache`.
+"""
+
+from .cache import (
+    ConversationLinkWarning,
+    IncompleteInteractionWarning,
+    InteractionCache,
+    MissingRewardWarning,
+)
+from .client import ArealOpenAI, ChunkStream
+from .completion import (
+    CompletionSettings,
+    TokenBudget,
+    chat_completion_stream_chunks,
+    create_chat_completion,
+    resolve_token_budget,
+)
+from .interaction import InteractionWithTokenLogpReward, TokenRow, validate_reward
+from .messages import CompletionRequestError, MessageTypeError, normalize_messages
+from .responses import create_response, response_items_to_messages
+from .templates import (
+    ConcatAlignmentError,
+    RetokenizationCheck,
+    check_retokenization,
+    check_retokenization_all,
+    concat_prompt_token_ids_with_parent,
+    render_prompt_ids,
+)
+from .tensors import concat_padded_tensors
+from .tool_calls import ParsedToolCall, parse_tool_calls
+from .wire import interactions_from_wire, interactions_to_wire
+
+__all__ = [
+    "ArealOpenAI",
+    "ChunkStream",
+    "CompletionRequestError",
+    "CompletionSettings",
+    "ConcatAlignmentError",
+    "ConversationLinkWarning",
+    "IncompleteInteractionWarning",
+    "InteractionCache",
+    "InteractionWithTokenLogpReward",
+    "MessageTypeError",
+    "MissingRewardWarning",
+    "ParsedToolCall",
+    "RetokenizationCheck",
+    "TokenBudget",
+    "TokenRow",
+    "chat_completion_stream_chunks",
+    "check_retokenization",
+    "check_retokenization_all",
+    "concat_padded_tensors",
+    "concat_prompt_token_ids_with_parent",
+    "create_chat_completion",
+    "create_response",
+    "interactions_from_wire",
+    "interactions_to_wire",
+    "normalize_messages",
+    "parse_tool_calls",
+    "render_prompt_ids",
+    "resolve_token_budget",
+    "response_items_to_messages",
+    "validate_reward",
+]

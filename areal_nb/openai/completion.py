@@ -1,0 +1,364 @@
+"""Chat-completion logic shared by `ArealOpenAI` (direct mode) and the proxy.
+
+`create_chat_completion` turns an OpenAI-style request into prompt ids (hf or concat template),
+asks the engine, records the call in an `InteractionCache` and returns an OpenAI
+`ChatCompletion`. Invalid requests raise `CompletionRequestError` (HTTP 400 in the proxy)
+before anything is cached; a failing engine call removes its cache entry, so the cache never
+holds an incomplete interaction because of an error.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+
+from .cache import InteractionCache
+from .interaction import CHAT_TEMPLATE_TYPES, InteractionWithTokenLogpReward
+from .messages import CompletionRequestError, MessageTypeError, normalize_messages
+from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
+from .tool_calls import (
+    SUPPORTED_REASONING_PARSERS,
+    SUPPORTED_TOOL_CALL_PARSERS,
+    parse_tool_calls,
+    tool_calls_to_openai,
+)
+
+__all__ = [
+    "CompletionRequestError",
+    "CompletionSettings",
+    "MessageTypeError",
+    "TokenBudget",
+    "chat_completion_stream_chunks",
+    "create_chat_completion",
+    "resolve_token_budget",
+]
+
+MODEL_NAME = "areal-nb"
+
+
+@dataclass
+class CompletionSettings:
+    """Per-client (or per-proxy) settings of the completion logic."""
+
+    chat_template_type: str = "hf"  # "hf" | "concat"
+    engine_max_tokens: int | None = None  # cap on prompt + output tokens
+    tool_call_parser: str = "qwen"
+    reasoning_parser: str = "qwen3"
+    default_max_new_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
+            raise ValueError(f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}")
+        if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {SUPPORTED_TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
+        if self.reasoning_parser not in SUPPORTED_REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {SUPPORTED_REASONING_PARSERS}, got {self.reasoning_parser!r}")
+        if self.engine_max_tokens is not None:
+            _check_positive_int("engine_max_tokens", self.engine_max_tokens, ValueError)
+        _check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
+
+
+def _check_positive_int(name: str, value: Any, error: type[Exception] = CompletionRequestError) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{name} must be an integer, got {value!r}")
+    if value <= 0:
+        raise error(f"{name} must be positive, got {value}")
+    return value
+
+
+@dataclass
+class TokenBudget:
+    max_new_tokens: int
+    max_total_tokens: int  # prompt + output cap handed to the engine
+
+
+def resolve_token_budget(
+    prompt_len: int,
+    *,
+    max_tokens: int | None = None,
+    max_completion_tokens: int | None = None,
+    max_total_tokens: int | None = None,
+    engine_max_tokens: int | None = None,
+    default_max_new_tokens: int = 512,
+) -> TokenBudget:
+    """The token budget rules of the semantics digest §3.1."""
+    if max_tokens is not None and max_completion_tokens is not None:
+        raise CompletionRequestError(
+            "max_tokens and max_completion_tokens cannot be set at the same time. "
+            "max_tokens has been deprecated; use max_completion_tokens instead."
+        )
+    if max_tokens is not None:
+        max_completion_tokens = _check_positive_int("max_tokens", max_tokens)
+    elif max_completion_tokens is not None:
+        _check_positive_int("max_completion_tokens", max_completion_tokens)
+    if max_total_tokens is not None:
+        _check_positive_int("max_total_tokens", max_total_tokens)
+    limits = {k: v for k, v in (("max_total_tokens", max_total_tokens), ("engine_max_tokens", engine_max_tokens)) if v is not None}
+    max_new: int | None = None
+    total: int | None = None
+    if limits:
+        name = min(limits, key=limits.get)
+        total = limits[name]
+        max_new = total - prompt_len
+        if max_new <= 0:
+            raise CompletionRequestError(f"len of prompt tokens {prompt_len} exceeds {name} {total}")
+    if max_completion_tokens is not None:
+        max_new = max_completion_tokens if max_new is None else min(max_new, max_completion_tokens)
+    if max_new is None:
+        warnings.warn(
+            f"no max_tokens, max_completion_tokens or max_total_tokens given; generating at most {default_max_new_tokens} tokens",
+            stacklevel=3,
+        )
+        max_new = default_max_new_tokens
+    return TokenBudget(max_new_tokens=max_new, max_total_tokens=prompt_len + max_new if total is None else total)
+
+
+def sampling_config(
+    *, temperature: float | None, top_p: float | None, frequency_penalty: float | None, stop: Any, tokenizer: Any, budget: TokenBudget
+) -> GenerationConfig:
+    temp = 1.0 if temperature is None else float(temperature)
+    if temp < 0:
+        raise CompletionRequestError(f"temperature must be >= 0, got {temperature}")
+    top = 1.0 if not top_p else float(top_p)
+    if not 0 < top <= 1:
+        raise CompletionRequestError(f"top_p must be in (0, 1], got {top_p}")
+    if stop is None:
+        stops = None
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = list(stop) or None
+    else:
+        raise CompletionRequestError(f"stop must be a string or a list of strings, got {stop!r}")
+    gconfig = GenerationConfig(
+        n_samples=1,
+        max_new_tokens=budget.max_new_tokens,
+        max_tokens=budget.max_total_tokens,
+        greedy=temp == 0.0,
+        temperature=temp,
+        top_p=top,
+        stop=stops,
+        frequency_penalty=float(frequency_penalty or 0.0),
+    )
+    return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+
+
+def build_prompt_ids(
+    *,
+    settings: CompletionSettings,
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    parent: InteractionWithTokenLogpReward | None,
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> list[int]:
+    if settings.chat_template_type == "hf":
+        return render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs)
+    remaining = messages if parent is None else messages[len(parent.messages) + len(parent.output_message_list) :]
+    return concat_prompt_token_ids_with_parent(remaining, parent, tokenizer, tools, chat_template_kwargs)
+
+
+def _chat_template_kwargs(extra_body: Any) -> dict[str, Any] | None:
+    if extra_body is None:
+        return None
+    if not isinstance(extra_body, dict):
+        raise CompletionRequestError(f"extra_body must be a dict, got {type(extra_body).__name__}")
+    kwargs = extra_body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise CompletionRequestError("extra_body.chat_template_kwargs must be a dict")
+    return kwargs
+
+
+def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise CompletionRequestError(f"tools must be a list, got {type(tools).__name__}")
+    return normalize_messages(tools) if tools else None
+
+
+def _check_response(resp: ModelResponse, prompt: list[int]) -> None:
+    n = len(resp.output_tokens)
+    if len(resp.output_logprobs) != n or len(resp.output_versions) != n:
+        raise RuntimeError(
+            f"engine returned {n} output tokens with {len(resp.output_logprobs)} log-probs and "
+            f"{len(resp.output_versions)} versions"
+        )
+    if list(resp.input_tokens) != list(prompt):
+        raise RuntimeError("engine response input_tokens differ from the prompt it was given")
+
+
+async def generate_for_messages(
+    *,
+    engine: Any,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    cache: InteractionCache | None,
+    interaction_id: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    budget_kwargs: dict[str, Any],
+    sampling_kwargs: dict[str, Any],
+    metadata: Any,
+    input_data: Any = "",
+) -> tuple[InteractionWithTokenLogpReward, ModelResponse]:
+    """Template → budget → cache insert → engine; shared by chat completions and responses.
+
+    The returned interaction is in `cache` (when given) but not yet complete: the caller fills
+    in its output and calls `cache.mark_completed`. If the engine fails it is removed.
+    """
+    if cache is not None and interaction_id in cache:
+        raise CompletionRequestError(f"interaction id {interaction_id} already exists in the cache")
+    parent = cache.find_parent(messages) if cache is not None else None
+    prompt = build_prompt_ids(
+        settings=settings, tokenizer=tokenizer, messages=messages, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
+    )
+    budget = resolve_token_budget(
+        len(prompt), engine_max_tokens=settings.engine_max_tokens, default_max_new_tokens=settings.default_max_new_tokens, **budget_kwargs
+    )
+    gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling_kwargs)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CompletionRequestError(f"metadata must be a dict, got {type(metadata).__name__}")
+    interaction = InteractionWithTokenLogpReward(
+        messages=messages,
+        parent=parent,
+        chat_template_type=settings.chat_template_type,
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+        input_data=input_data,
+        _interaction_id=interaction_id,
+    )
+    if cache is not None:
+        cache.insert(interaction_id, interaction, resolve_parent=False)  # parent found above
+    request = ModelRequest(input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer)
+    try:
+        response = await engine.agenerate(request)
+        _check_response(response, prompt)
+    except BaseException:
+        if cache is not None:
+            cache.pop(interaction_id, None)
+        raise
+    if response.tokenizer is None:
+        response.tokenizer = tokenizer
+    interaction.model_response = response
+    return interaction, response
+
+
+def decode_output(tokenizer: Any, response: ModelResponse) -> str:
+    return tokenizer.decode(response.output_tokens_without_stop, skip_special_tokens=False)
+
+
+async def create_chat_completion(
+    *,
+    engine: Any,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    cache: InteractionCache | None,
+    messages: Any,
+    tools: Any = None,
+    tool_choice: Any = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_tokens: int | None = None,
+    max_completion_tokens: int | None = None,
+    max_total_tokens: int | None = None,
+    stop: Any = None,
+    store: bool | None = None,
+    n: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    frequency_penalty: float | None = None,
+    extra_body: dict[str, Any] | None = None,
+    **ignored: Any,
+):
+    """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`."""
+    from openai.types.chat import ChatCompletion, ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
+    from openai.types.completion_usage import CompletionUsage
+
+    completion_id = "chatcmpl-" + uuid.uuid4().hex[:29]
+    normalized = normalize_messages(messages)
+    if n is not None and n != 1:
+        raise CompletionRequestError("n != 1 is not supported yet")
+    tools_list = _normalize_tools(tools)
+    interaction, response = await generate_for_messages(
+        engine=engine,
+        tokenizer=tokenizer,
+        settings=settings,
+        cache=cache if store is not False else None,
+        interaction_id=completion_id,
+        messages=normalized,
+        tools=tools_list,
+        chat_template_kwargs=_chat_template_kwargs(extra_body),
+        budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
+        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop},
+        metadata=metadata,
+    )
+    text = decode_output(tokenizer, response)
+    finish_reason = response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
+    tool_calls = None
+    if tools_list and tool_choice != "none":
+        calls, new_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
+        if calls:
+            tool_calls, text = tool_calls_to_openai(calls), new_text
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+    message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
+    completion = ChatCompletion(
+        id=completion_id,
+        choices=[Choice(index=0, finish_reason=finish_reason, logprobs=None, message=message)],
+        created=int(time.time()),
+        model=MODEL_NAME,
+        object="chat.completion",
+        usage=CompletionUsage(
+            completion_tokens=response.output_len,
+            prompt_tokens=response.input_len,
+            total_tokens=response.input_len + response.output_len,
+        ),
+    )
+    interaction.completion = completion
+    interaction.output_message_list = [message.model_dump(exclude_none=True)]
+    if cache is not None and store is not False:
+        cache.mark_completed(completion_id)
+    return completion
+
+
+def chat_completion_stream_chunks(completion: Any) -> list[Any]:
+    """OpenAI-shaped stream chunks of a finished completion (role, content, tool calls, finish)."""
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.chat.chat_completion_chunk import (
+        Choice,
+        ChoiceDelta,
+        ChoiceDeltaToolCall,
+        ChoiceDeltaToolCallFunction,
+    )
+
+    def chunk(delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=completion.id,
+            choices=[Choice(index=0, delta=delta, finish_reason=finish_reason, logprobs=None)],
+            created=completion.created,
+            model=completion.model,
+            object="chat.completion.chunk",
+            usage=usage,
+        )
+
+    choice = completion.choices[0]
+    chunks = [chunk(ChoiceDelta(role="assistant", content=""))]
+    if choice.message.content:
+        chunks.append(chunk(ChoiceDelta(content=choice.message.content)))
+    for i, call in enumerate(choice.message.tool_calls or []):
+        delta_call = ChoiceDeltaToolCall(
+            index=i,
+            id=call.id,
+            type="function",
+            function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
+        )
+        chunks.append(chunk(ChoiceDelta(tool_calls=[delta_call])))
+    chunks.append(chunk(ChoiceDelta(), finish_reason=choice.finish_reason, usage=completion.usage))
+    return chunks

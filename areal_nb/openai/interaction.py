@@ -1,0 +1,241 @@
+"""`InteractionWithTokenLogpReward`: one recorded LLM call and its training row.
+
+A row holds exactly the tokens the engine saw and produced. In `concat` mode a child call's
+prompt starts with its parent's tokens (see `templates.concat_prompt_token_ids_with_parent`),
+so the child's row reuses the parent's row for that prefix: the parent's generated tokens keep
+loss_mask 1, and the gap the parent did not generate (tool results, user turns, the EOS added
+after a length-truncated parent) gets loss_mask 0.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_nb.api import ModelResponse
+
+CHAT_TEMPLATE_TYPES = ("hf", "concat")
+
+
+def validate_reward(reward: Any) -> float:
+    """A reward as float: ints and floats are accepted, bools and non-finite values are not."""
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        raise TypeError(f"reward must be an int or float, got {type(reward).__name__}: {reward!r}")
+    value = float(reward)
+    if not math.isfinite(value):
+        raise ValueError(f"reward must be finite, got {value}")
+    return value
+
+
+@dataclass
+class TokenRow:
+    """Per-token lists of one training row (no batch dimension)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    turn_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(eq=False)
+class InteractionWithTokenLogpReward:
+    """One LLM call: input messages, output message(s), exact tokens, reward and tree parent.
+
+    `output_message_list` is None while the call is in flight; such an interaction is never a
+    parent, never a reward target of `set_last_reward`, and is skipped at export.
+    """
+
+    model_response: ModelResponse | None = None
+    reward: float | None = None
+    parent: InteractionWithTokenLogpReward | None = None
+    chat_template_type: str = "hf"
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    output_message_list: list[dict[str, Any]] | None = None
+    completion: Any = None  # openai ChatCompletion
+    response: Any = None  # openai Response
+    input_data: Any = ""  # the raw Responses `input`
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    _interaction_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+    # Rebuilt from the wire without its parent: the row as exported (see `from_wire`).
+    _frozen_row: TokenRow | None = field(default=None, repr=False)
+    _wire_parent_id: str | None = field(default=None, repr=False)
+    # Token lists only (never rewards): (model_response, parent row, template type, row).
+    _row_memo: tuple | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
+            raise ValueError(
+                f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}"
+            )
+        if self.reward is not None:
+            self.reward = validate_reward(self.reward)
+
+    # ----- identity -----------------------------------------------------------------------
+    @property
+    def interaction_id(self) -> str | None:
+        if self.completion is not None:
+            return self.completion.id
+        if self.response is not None:
+            return self.response.id
+        return self._interaction_id
+
+    @interaction_id.setter
+    def interaction_id(self, value: str) -> None:
+        if self.completion is not None or self.response is not None:
+            raise ValueError("Cannot set the ID of an interaction that has a completion or response")
+        self._interaction_id = value
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.parent.interaction_id if self.parent is not None else self._wire_parent_id
+
+    @property
+    def is_completion(self) -> bool:
+        return self.completion is not None
+
+    @property
+    def is_response(self) -> bool:
+        return self.response is not None
+
+    @property
+    def is_complete(self) -> bool:
+        """True once the call returned (its output messages are recorded)."""
+        return self.output_message_list is not None and self.interaction_id is not None
+
+    @property
+    def has_tensor_data(self) -> bool:
+        return self.model_response is not None or self._frozen_row is not None
+
+    @property
+    def depth(self) -> int:
+        """Number of ancestors: 0 for a root call, 1 for its child, ..."""
+        n, node = 0, self.parent
+        while node is not None:
+            n, node = n + 1, node.parent
+        return n
+
+    @property
+    def remaining_messages(self) -> list[dict[str, Any]]:
+        """The messages this call added after its parent's messages and output."""
+        if self.parent is None:
+            return self.messages
+        if self.parent.output_message_list is None:
+            raise ValueError(f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet")
+        return self.messages[len(self.parent.messages) + len(self.parent.output_message_list) :]
+
+    # ----- training row -------------------------------------------------------------------
+    def _own_row(self, first_turn_id: int) -> TokenRow:
+        mr = self.model_response
+        n_in, n_out = mr.input_len, mr.output_len
+        return TokenRow(
+            input_ids=list(mr.input_tokens) + list(mr.output_tokens),
+            loss_mask=[0] * n_in + [1] * n_out,
+            logprobs=[0.0] * n_in + [float(x) for x in mr.output_logprobs],
+            versions=[-1] * n_in + [int(v) for v in mr.output_versions],
+            turn_ids=[-1] * n_in + [first_turn_id] * n_out,
+        )
+
+    def _concat_row(self, parent_row: TokenRow) -> TokenRow:
+        mr = self.model_response
+        prompt = mr.input_tokens
+        # The parent's trailing EOS/pad run is stripped and one EOS added when building the
+        # child's prompt, so the shared prefix may end a few tokens before the parent's row.
+        shared = 0
+        limit = min(len(parent_row), len(prompt))
+        while shared < limit and parent_row.input_ids[shared] == prompt[shared]:
+            shared += 1
+        required = self._parent_prefix_len()
+        if shared < required:
+            raise ValueError(
+                f"concat row of interaction {self.interaction_id}: its prompt does not start with "
+                f"its parent's tokens (first difference at token {shared}, parent row covers "
+                f"{required} tokens); was it generated in concat mode from this parent?"
+            )
+        gap = len(prompt) - shared
+        turn = (max(parent_row.turn_ids[:shared], default=-1)) + 1
+        return TokenRow(
+            input_ids=list(prompt) + list(mr.output_tokens),
+            loss_mask=parent_row.loss_mask[:shared] + [0] * gap + [1] * mr.output_len,
+            logprobs=parent_row.logprobs[:shared] + [0.0] * gap + [float(x) for x in mr.output_logprobs],
+            versions=parent_row.versions[:shared] + [-1] * gap + [int(v) for v in mr.output_versions],
+            turn_ids=parent_row.turn_ids[:shared] + [-1] * gap + [turn] * mr.output_len,
+        )
+
+    def _parent_prefix_len(self) -> int:
+        pr = self.parent.model_response
+        if pr is None:  # rebuilt from the wire: trust the exported row
+            return len(self.parent.token_row())
+        try:
+            return pr.input_len + len(pr.output_tokens_without_stop)
+        except ValueError:
+            return pr.input_len + pr.output_len
+
+    def token_row(self) -> TokenRow:
+        """This call's row as plain lists (memoised; rewards are not part of it)."""
+        if self._frozen_row is not None:
+            return self._frozen_row
+        if self.model_response is None:
+            raise ValueError(f"interaction {self.interaction_id} has no model_response (no token data)")
+        _check_response_lengths(self.model_response, self.interaction_id)
+        concat = self.chat_template_type == "concat" and self.parent is not None
+        parent_row = self.parent.token_row() if concat else None
+        memo = self._row_memo
+        if memo is not None and memo[0] is self.model_response and memo[1] is parent_row and memo[2] == self.chat_template_type:
+            return memo[3]
+        row = self._concat_row(parent_row) if concat else self._own_row(self.depth)
+        self._row_memo = (self.model_response, parent_row, self.chat_template_type, row)
+        return row
+
+    def to_tensor_dict(self) -> dict[str, torch.Tensor]:
+        """Training tensors with batch dimension 1; `rewards` is read now, never memoised."""
+        row = self.token_row()
+        length = len(row)
+        return {
+            "input_ids": torch.tensor([row.input_ids], dtype=torch.int64),
+            "loss_mask": torch.tensor([row.loss_mask], dtype=torch.int64),
+            "logprobs": torch.tensor([row.logprobs], dtype=torch.float32),
+            "versions": torch.tensor([row.versions], dtype=torch.int64),
+            "turn_ids": torch.tensor([row.turn_ids], dtype=torch.int64),
+            "attention_mask": torch.ones((1, length), dtype=torch.bool),
+            "rewards": torch.tensor([self.reward if self.reward is not None else 0.0], dtype=torch.float32),
+        }
+
+    # ----- wire format --------------------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        """A JSON-safe dict that `from_wire` turns back into an equal interaction."""
+        from .wire import interaction_to_wire
+
+        return interaction_to_wire(self)
+
+    @classmethod
+    def from_wire(
+        cls, data: dict[str, Any], parents: dict[str, InteractionWithTokenLogpReward] | None = None
+    ) -> InteractionWithTokenLogpReward:
+        """Rebuild from `to_wire()`; the parent is looked up by id in `parents`.
+
+        Without its parent the interaction keeps the exported row, so `to_tensor_dict()` is
+        unchanged and `parent_id` still names the parent.
+        """
+        from .wire import interaction_from_wire
+
+        return interaction_from_wire(cls, data, parents or {})
+
+
+def _check_response_lengths(mr: ModelResponse, interaction_id: str | None) -> None:
+    n = mr.output_len
+    if len(mr.output_logprobs) != n or len(mr.output_versions) != n:
+        raise ValueError(
+            f"interaction {interaction_id}: model_response has {n} output tokens but "
+            f"{len(mr.output_logprobs)} log-probs and {len(mr.output_versions)} versions"
+        )

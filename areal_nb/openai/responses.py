@@ -1,0 +1,195 @@
+"""OpenAI Responses API on top of the chat-completion logic (semantics digest §3.2).
+
+Input items are converted to chat messages for the chat template. The interaction's
+`output_message_list` holds the output items converted the same way, so a next call that echoes
+`response.output` back as input links to this call as its parent. Differences from AReaL: the
+text parts of one input message stay one message (joined by a newline), and `function_call`
+items become an assistant message with `tool_calls`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from .cache import InteractionCache
+from .completion import MODEL_NAME, CompletionSettings, _chat_template_kwargs, decode_output, generate_for_messages
+from .messages import CompletionRequestError, MessageTypeError, normalize_message
+from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
+
+_TEXT_PART_TYPES = ("input_text", "output_text", "text")
+
+
+def _content_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise CompletionRequestError(f"input[{index}].content must be a string or a list of parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise CompletionRequestError(f"input[{index}].content[{j}] must be an object, got {type(part).__name__}")
+        if part.get("type") not in _TEXT_PART_TYPES:
+            raise CompletionRequestError(
+                f"input[{index}].content[{j}] has unsupported type {part.get('type')!r}; only text parts are supported"
+            )
+        texts.append(part.get("text", ""))
+    return "\n".join(texts)
+
+
+def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses input/output items (normalised dicts) as chat messages."""
+    messages: list[dict[str, Any]] = []
+    previous_type: str | None = None
+    for i, item in enumerate(items):
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            if "role" not in item:
+                raise CompletionRequestError(f"input[{i}] is a message without a role")
+            messages.append({"role": item["role"], "content": _content_text(item.get("content", ""), i)})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id", item.get("id")), "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and previous_type in ("message", "function_call"):
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            messages.append({"role": "tool", "content": output if isinstance(output, str) else _content_text(output, i),
+                             "tool_call_id": item.get("call_id")})
+        else:
+            raise CompletionRequestError(f"input[{i}] has unsupported item type {kind!r}")
+        previous_type = kind
+    return messages
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise CompletionRequestError(f"tools must be a list, got {type(tools).__name__}")
+    out = []
+    for i, tool in enumerate(tools):
+        tool = normalize_message(tool, i)
+        if tool.get("type") != "function" or "name" not in tool:
+            raise CompletionRequestError(f"tools[{i}] must be a function tool with a name")
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
+    start = text.find(THINK_OPEN)
+    if start < 0:
+        return 0
+    end = text.find(THINK_CLOSE, start)
+    inner = text[start + len(THINK_OPEN) : end if end >= 0 else len(text)]
+    return len(tokenizer.encode(inner, add_special_tokens=False))
+
+
+async def create_response(
+    *,
+    engine: Any,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    cache: InteractionCache | None,
+    input: Any = None,
+    instructions: str | None = None,
+    tools: Any = None,
+    tool_choice: Any = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_output_tokens: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    include: Any = None,
+    extra_body: dict[str, Any] | None = None,
+    **ignored: Any,
+):
+    """One OpenAI Response; the call is always recorded in `cache` (when one is given)."""
+    from openai.types.responses import (
+        Response,
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+        ResponseUsage,
+    )
+    from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+
+    if include:
+        raise CompletionRequestError("include is not supported")
+    if input is None:
+        raise CompletionRequestError("input is required for Responses.create")
+    if isinstance(input, str):
+        items = [{"role": "user", "content": input}]
+    elif isinstance(input, list):
+        items = [normalize_message(item, i) for i, item in enumerate(input)]
+    else:
+        raise MessageTypeError(f"input must be a string or a list of items, got {type(input).__name__}")
+    messages = response_items_to_messages(items)
+    if instructions is not None:
+        messages.insert(0, {"role": "system", "content": instructions})
+    if not messages:
+        raise CompletionRequestError("input cannot be empty")
+    chat_tools = _chat_tools(tools)
+    response_id = "resp-" + uuid.uuid4().hex[:29]
+    interaction, model_response = await generate_for_messages(
+        engine=engine,
+        tokenizer=tokenizer,
+        settings=settings,
+        cache=cache,
+        interaction_id=response_id,
+        messages=messages,
+        tools=chat_tools,
+        chat_template_kwargs=_chat_template_kwargs(extra_body),
+        budget_kwargs={"max_completion_tokens": max_output_tokens},
+        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": None, "stop": ignored.get("stop")},
+        metadata=metadata,
+        input_data=input,
+    )
+    text = decode_output(tokenizer, model_response)
+    calls = []
+    if chat_tools and tool_choice != "none":
+        calls, parsed_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
+        if calls:
+            text = parsed_text
+    output: list[Any] = []
+    if text or not calls:
+        output.append(ResponseOutputMessage(
+            id="msg-" + uuid.uuid4().hex[:29], type="message", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+        ))
+    for c in calls:
+        output.append(ResponseFunctionToolCall(
+            type="function_call", id="fc-" + uuid.uuid4().hex[:24], call_id=c.id, name=c.name,
+            arguments=c.arguments, status="completed",
+        ))
+    n_in, n_out = model_response.input_len, model_response.output_len
+    response = Response(
+        id=response_id,
+        created_at=float(int(time.time())),
+        model=MODEL_NAME,
+        object="response",
+        output=output,
+        parallel_tool_calls=False,
+        tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
+        tools=[],
+        status="completed",
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        usage=ResponseUsage(
+            input_tokens=n_in,
+            input_tokens_details=InputTokensDetails(cached_tokens=0),
+            output_tokens=n_out,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=count_reasoning_tokens(tokenizer, text)),
+            total_tokens=n_in + n_out,
+        ),
+    )
+    interaction.response = response
+    interaction.output_message_list = response_items_to_messages([o.model_dump(exclude_none=True) for o in output])
+    if cache is not None:
+        cache.mark_completed(response_id)
+    return response
