@@ -34,13 +34,14 @@ class ChatAgent:
 
     Without `ret`: returns `{completion_id: turn_index + 1}` for every turn (a dict reward).
     `ret == "last_int"` returns the int 1; other values are returned unchanged (tests of the
-    reward contract). The list of completion ids seen is returned to the test via `seen`.
+    reward contract). Inline, `self.seen` collects (completion id, reply text) for the test.
     """
 
     def __init__(self, turns: int = 1, max_tokens: int = 8, stream: bool = False) -> None:
         self.turns = turns
         self.max_tokens = max_tokens
         self.stream = stream
+        self.seen: list[tuple[str, str]] = []  # (completion id, reply text), inline mode only
 
     async def run(self, data: dict[str, Any], **kw: Any) -> Any:
         client = _async_openai(kw)
@@ -64,6 +65,7 @@ class ChatAgent:
                 cid = completion.id
                 assistant = completion.choices[0].message.model_dump(exclude_none=True)
             ids.append(cid)
+            self.seen.append((cid, assistant["content"]))
             messages.append(assistant)  # mutates its own copy of data (the workflow deep-copies)
             messages.append({"role": "user", "content": f"turn {turn + 2}, continue"})
         if "ret" in data:
@@ -201,3 +203,48 @@ class ConstWorkflow(RolloutWorkflow):
 
 CONST_WORKFLOW = ConstWorkflow(7)
 AGENT_INSTANCE = ChatAgent(turns=2)
+
+
+# ----------------------------------------------------------------------------- test servers
+ADMIN_KEY = "test-admin-key"
+
+
+class serve_proxy:
+    """A real proxy (uvicorn on 127.0.0.1, free port) around `engine`; `with serve_proxy(...) as p:`.
+
+    `p.url` is the proxy root, `p.app` the FastAPI app, `p.state` its ProxyState.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, **settings: Any) -> None:
+        from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+
+        settings.setdefault("admin_api_key", ADMIN_KEY)
+        self.engine = engine
+        self.app = create_app(engine, tokenizer, ProxySettings(**settings))
+        self.server = ProxyServer(self.app, host="127.0.0.1", port=0)
+
+    @property
+    def url(self) -> str:
+        return self.server.url.rstrip("/")
+
+    @property
+    def state(self) -> Any:
+        return proxy_state(self.app)
+
+    def __enter__(self) -> serve_proxy:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+
+def proxy_state(app: Any) -> Any:
+    """The app's ProxyState (sessions, key map): the proxy keeps no module globals."""
+    return app.state.proxy
+
+
+def live_sessions(app: Any) -> tuple[dict, dict]:
+    """(sessions, key → session map) still held by the proxy."""
+    state = proxy_state(app)
+    return dict(state.sessions), dict(state._key_to_session)
