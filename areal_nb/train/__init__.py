@@ -1,0 +1,20 @@
+"""GRPO training: advantages, the PPO actor loss, log-prob recomputation, the Actor."""
+
+from .actor import Actor
+from .advantages import RewardShaping, compute_advantages, group_normalize, kl_estimate
+from .config import GRPOConfig
+from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy, logits_to_token_logprobs
+from .loss import ppo_actor_loss
+
+__all__ = [
+    "Actor",
+    "GRPOConfig",
+    "RewardShaping",
+    "compute_advantages",
+    "compute_token_logprobs",
+    "compute_token_logprobs_and_entropy",
+    "group_normalize",
+    "kl_estimate",
+    "logits_to_token_logprobs",
+    "ppo_actor_loss",
+]

@@ -1,0 +1,248 @@
+"""`Actor`: one GRPO training step on a captured batch, then weight sync to the engine.
+
+Batch format (the capture layer's `concat_padded_tensors`, right padding):
+  input_ids [B,L] int64, attention_mask [B,L] bool, loss_mask [B,L] (1 on generated tokens),
+  logprobs [B,L] float32 (engine log-prob at each generated token's position, 0 elsewhere),
+  versions [B,L] int64 (policy version that sampled the token, -1 elsewhere), rewards [B];
+  optional ref_logprobs [B,L], group_ids [B].
+
+Usage (what `Session.train_step` does):
+    actor = Actor(model, GRPOConfig(), version=engine.get_version())
+    stats = actor.train_step(batch, group_ids)   # actor.version += 1
+    actor.push_weights(engine)                   # engine now samples with actor.version
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .advantages import compute_advantages
+from .config import GRPOConfig
+from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
+from .loss import ppo_actor_loss
+
+__all__ = ["Actor", "GRPOConfig"]
+
+REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
+
+
+class Actor:
+    """Owns the trainable model, its AdamW optimizer and its policy version."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: GRPOConfig | None = None,
+        ref_model: torch.nn.Module | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model = model
+        self.cfg = cfg or GRPOConfig()
+        self.ref_model = ref_model
+        self.version = version
+        # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
+        self.model.eval()
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---------------------------------------------------------------- one step
+    def train_step(self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None) -> dict[str, float]:
+        """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
+
+        Returns the step's stats; afterwards `self.version` is one higher.
+        """
+        start = time.perf_counter()
+        cfg = self.cfg
+        batch = _validated(batch, self.device)
+        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+        mask = batch["loss_mask"].bool() & attention
+        engine_logprobs = batch["logprobs"].float()
+        n_rows = input_ids.shape[0]
+        if n_rows < cfg.ppo_n_minibatches:
+            raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={cfg.ppo_n_minibatches}")
+
+        prox_logprobs = None
+        if cfg.computes_prox_logprobs:
+            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention)
+        # π_old in the clipped ratio: the engine's record in decoupled mode or without
+        # recomputation; otherwise the recomputed values (identical on-policy, but exact).
+        use_engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
+        old_logprobs = engine_logprobs if use_engine_as_old else prox_logprobs
+
+        adv_inputs = dict(batch, old_logprobs=old_logprobs)
+        if cfg.kl_ctl > 0 and "ref_logprobs" not in batch:
+            if self.ref_model is None:
+                raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
+            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention)
+        adv = compute_advantages(adv_inputs, cfg, group_ids)
+        advantages = adv["advantages"]
+
+        loss_stats: list[dict[str, float]] = []
+        minibatch_losses, grad_norms = [], []
+        for rows in torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches):
+            self.optimizer.zero_grad(set_to_none=True)
+            # Every micro-batch divides by the minibatch's token count: summed gradients are
+            # exactly those of the token-level mean over the minibatch.
+            minibatch_tokens = int(mask[rows].sum())
+            minibatch_loss = 0.0
+            for micro in rows.split(cfg.micro_batch_size or len(rows)):
+                width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
+                cols = slice(0, width)
+                logprobs, entropy = compute_token_logprobs_and_entropy(
+                    self.model, input_ids[micro, cols], attention[micro, cols], cfg.temperature
+                )
+                loss, stats = ppo_actor_loss(
+                    logprobs,
+                    old_logprobs[micro, cols],
+                    advantages[micro, cols],
+                    mask[micro, cols],
+                    eps_clip=cfg.eps_clip,
+                    eps_clip_higher=cfg.eps_clip_higher,
+                    c_clip=cfg.c_clip,
+                    prox_logprobs=prox_logprobs[micro, cols] if cfg.use_decoupled_loss else None,
+                    behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
+                    entropy=entropy,
+                    normalizer=max(minibatch_tokens, 1),
+                )
+                loss.backward()
+                minibatch_loss += float(loss)
+                loss_stats.append(stats)
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+            self.optimizer.step()
+            minibatch_losses.append(minibatch_loss)
+        self.optimizer.zero_grad(set_to_none=True)
+
+        elapsed = time.perf_counter() - start
+        out = {
+            "loss": sum(minibatch_losses) / len(minibatch_losses),
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            **_reward_and_advantage_stats(batch["rewards"], adv["scores"], advantages, mask),
+            **_aggregate(loss_stats),
+            **self._staleness(batch.get("versions"), mask),
+            "n_tokens": float(mask.sum()),
+            "n_rows": float(n_rows),
+            "train_seconds": elapsed,
+            # all non-padding tokens pass through the model, prompt included
+            "train_tokens_per_s": float(attention.sum()) / elapsed if elapsed > 0 else 0.0,
+        }
+        if prox_logprobs is not None and bool(mask.any()):
+            diff = (prox_logprobs - engine_logprobs).abs()[mask]
+            out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
+            out["logprob_abs_diff_max"] = float(diff.max())
+        out["version"] = float(self.version)
+        self.version += 1
+        return out
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor) -> Tensor:
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        for micro in torch.arange(input_ids.shape[0]).split(self.cfg.micro_batch_size or input_ids.shape[0]):
+            width = int(attention[micro].sum(1).max())
+            out[micro, :width] = compute_token_logprobs(
+                model, input_ids[micro, :width], attention[micro, :width], self.cfg.temperature
+            )
+        return out
+
+    def _staleness(self, versions: Tensor | None, mask: Tensor) -> dict[str, float]:
+        """How many versions behind the trained weights each generated token was sampled."""
+        if versions is None:
+            return {}
+        sampled = mask & (versions >= 0)
+        if not bool(sampled.any()):
+            return {"staleness_mean": 0.0, "staleness_max": 0.0}
+        lag = (self.version - versions[sampled]).float()
+        return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
+
+    # ---------------------------------------------------------------- weights
+    def push_weights(self, engine: Any, version: int | None = None) -> int:
+        """Send the current weights to the engine; tokens sampled afterwards carry `version`.
+
+        The engine must copy the tensors (they are the live parameters, which the next step
+        changes in place).
+        """
+        version = self.version if version is None else version
+        engine.update_weights(self.model.state_dict(), version=version)
+        return version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+
+def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    missing = [k for k in REQUIRED_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)")
+    out = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    shape = out["input_ids"].shape
+    for key in ("attention_mask", "loss_mask", "logprobs", "versions", "ref_logprobs"):
+        if key in out and out[key].shape != shape:
+            raise ValueError(f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}")
+    if out["rewards"].numel() != shape[0]:
+        raise ValueError(f"batch['rewards'] has {out['rewards'].numel()} entries for {shape[0]} rows")
+    attention = out["attention_mask"].bool()
+    lengths = attention.sum(1, keepdim=True)
+    if not torch.equal(attention, torch.arange(shape[1], device=device) < lengths):
+        raise ValueError("attention_mask must be right-padded: each row is ones then zeros")
+    out["attention_mask"] = attention
+    return out
+
+
+def _reward_and_advantage_stats(rewards: Tensor, scores: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+    rewards = rewards.float()
+    stats = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),  # population std: defined for one row
+        "score_mean": float(scores.mean()),
+    }
+    if bool(mask.any()):
+        selected = advantages[mask]
+        stats.update(
+            adv_mean=float(selected.mean()),
+            adv_std=float(selected.std(correction=0)),
+            adv_min=float(selected.min()),
+            adv_max=float(selected.max()),
+        )
+    return stats
+
+
+def _aggregate(per_micro: list[dict[str, float]]) -> dict[str, float]:
+    """Token-weighted means across micro-batches; `_min`/`_max` keys take the extreme."""
+    used = [s for s in per_micro if s["n_tokens"] > 0]
+    if not used:
+        return {}
+    total = sum(s["n_tokens"] for s in used)
+    out: dict[str, float] = {}
+    for key in used[0]:
+        if key == "n_tokens":
+            continue
+        values = [s[key] for s in used]
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(v * s["n_tokens"] for v, s in zip(values, used)) / total
+    return out
