@@ -1,0 +1,58 @@
+"""Live notebook views: conversation trees, token masks, reward propagation, training dashboard.
+
+`show_tree`, `show_tokens`, `show_rewards` return ipywidgets that follow their source while it
+changes; `Dashboard(session)` follows training. The view models (`build_tree`,
+`build_token_view`, `reward_state`, `history_series`) are plain data for tests and custom
+plots. ipywidgets is imported only when a view is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dashboard_model import Series, history_series
+from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
+from .token_model import build_token_view
+from .tree_model import build_tree
+
+
+def show_tree(source: Any, tokenizer: Any | None = None, live: bool = True):
+    """Conversation tree of an episode, batch, cache, session or callable returning one."""
+    from .views import TreeView
+
+    return TreeView(source, tokenizer=tokenizer, live=live)
+
+
+def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = None, live: bool = True):
+    """Token chips of an interaction's conversation (or of one tensor-dict row)."""
+    from .views import TokenView
+
+    return TokenView(source, tokenizer=tokenizer, style=style, live=live)
+
+
+def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None, discount: float = 1.0,
+                 mode: str = "tree", style: str | None = None, raw_rewards: dict[str, float] | None = None,
+                 live: bool = True):
+    """Reward propagation with a live discount slider and the group's per-row advantages.
+
+    `source` is an episode (with `group=` its group's episodes) or a RolloutBatch with `index`.
+    """
+    from .views import RewardView
+
+    return RewardView(source, index=index, group=group, discount=discount, mode=mode, style=style,
+                      raw_rewards=raw_rewards, live=live)
+
+
+def __getattr__(name: str):
+    if name in ("Dashboard", "TreeView", "TokenView", "RewardView"):
+        from . import views
+
+        return getattr(views, name)
+    raise AttributeError(f"module 'areal_nb.widgets' has no attribute {name!r}")
+
+
+__all__ = [
+    "Dashboard", "RewardSource", "RewardView", "Series", "TokenView", "TreeView", "build_token_view",
+    "build_tree", "discounted_rewards", "group_normalised", "history_series", "reward_state", "show_rewards",
+    "show_tokens", "show_tree",
+]

@@ -1,0 +1,70 @@
+"""Training curves as plain series, read from `session.history` (one row per step)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# (history column, label); columns missing from a session's history are skipped.
+METRICS: tuple[tuple[str, str], ...] = (
+    ("reward_mean", "reward"),
+    ("eval_accuracy", "held-out accuracy"),
+    ("loss", "loss"),
+    ("clip_frac", "clip fraction"),
+    ("approx_kl", "approx KL"),
+    ("entropy", "entropy"),
+    ("staleness_mean", "staleness"),
+    ("rollout_tokens_per_s", "rollout tokens/s"),
+    ("train_tokens_per_s", "train tokens/s"),
+)
+
+
+@dataclass
+class Series:
+    column: str
+    label: str
+    steps: list[int]
+    values: list[float]  # NaN where not measured at that step (e.g. eval every k steps)
+
+    @property
+    def points(self) -> list[tuple[int, float]]:
+        return [(s, v) for s, v in zip(self.steps, self.values, strict=True) if not math.isnan(v)]
+
+    @property
+    def last(self) -> float | None:
+        pts = self.points
+        return pts[-1][1] if pts else None
+
+
+def history_series(history: Any) -> list[Series]:
+    """One series per known metric column of a history DataFrame (or list of dicts)."""
+    records = _records(history)
+    steps = [int(r.get("step", i)) for i, r in enumerate(records)]
+    out = []
+    for column, label in METRICS:
+        if not any(column in r for r in records) and records:
+            continue
+        values = [_num(r.get(column)) for r in records]
+        out.append(Series(column, label, steps, values))
+    return out
+
+
+def _records(history: Any) -> list[dict]:
+    if history is None:
+        return []
+    if hasattr(history, "to_dict"):
+        return history.to_dict("records")
+    return [dict(r) for r in history]
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def history_length(history: Any) -> int:
+    return 0 if history is None else len(history)

@@ -1,0 +1,280 @@
+"""HTML/SVG for every view: used inside the widgets and as the static fallback (nbconvert, GitHub).
+
+Inline styles only (no <style> blocks) so the markup survives sanitisers. Nothing relies on colour
+alone: shapes differ (dashed = pending / not trained), text labels say it, and every element has
+a hover title.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from .dashboard_model import Series
+from .reward_model import RewardViewState
+from .token_model import RowView, TokenViewModel
+from .tree_model import TreeModel, TreeNode
+
+NODE_W, NODE_H, COL_W, ROW_H, PAD = 176, 74, 192, 104, 12
+FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def fmt(v: float | None, digits: int = 4) -> str:
+    return "–" if v is None else f"{v:.{digits}g}"
+
+
+# ----------------------------------------------------------------------------------- tree
+def tree_svg(tree: TreeModel, selected: str | None = None, rewards: dict[str, tuple[float | None, float]] | None = None) -> str:
+    """The tree as SVG. `rewards` overrides (raw, discounted) per node (the reward view)."""
+    if not tree.nodes:
+        return '<div class="anb-tree anb-empty" data-nodes="0">no calls yet</div>'
+    width = int(PAD * 2 + max(tree.columns, 1) * COL_W)
+    height = int(PAD * 2 + tree.rows * ROW_H)
+    pos = {n.id: (PAD + n.x * COL_W, PAD + n.y * ROW_H) for n in tree.nodes}
+    parts = [
+        f'<svg class="anb-tree" data-nodes="{len(tree.nodes)}" data-pending="{tree.n_pending}" '
+        f'xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" style="{FONT};font-size:11px">'
+    ]
+    for parent, child in tree.edges:
+        (px, py), (cx, cy) = pos[parent], pos[child]
+        parts.append(
+            f'<line class="anb-edge" x1="{px + NODE_W / 2}" y1="{py + NODE_H}" x2="{cx + NODE_W / 2}" '
+            f'y2="{cy}" stroke="#555" stroke-width="1.5"><title>{esc(parent)} → {esc(child)}</title></line>'
+        )
+    for n in tree.nodes:
+        x, y = pos[n.id]
+        raw, now = rewards[n.id] if rewards and n.id in rewards else (n.reward_raw, n.reward)
+        parts.append(_node_svg(n, x, y, n.id == selected, raw, now))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _node_svg(n: TreeNode, x: float, y: float, selected: bool, raw: float | None, now: float | None) -> str:
+    fill = "#eeeeee" if n.pending else ("#e3f0ff" if not n.concat_leaf else "#dff5e1")
+    dash = ' stroke-dasharray="5,3"' if n.pending else ""
+    stroke_w = 3 if selected else 1.5
+    leaf_mark = " ◆leaf" if n.concat_leaf else ""
+    lines = [
+        f"{n.label} · {n.roles or '-'}{leaf_mark}",
+        "⏳ pending…" if n.pending else n.preview,
+        f"in {fmt(n.tokens_in)} · out {fmt(n.tokens_out)} · {n.versions}",
+        f"r set {fmt(raw)} → {fmt(now)}",
+    ]
+    text = "".join(
+        f'<text x="{x + 6}" y="{y + 16 + 16 * i}" class="anb-line-{i}">{esc(line[:30])}</text>'
+        for i, line in enumerate(lines)
+    )
+    return (
+        f'<g class="anb-node{" anb-pending" if n.pending else ""}{" anb-leaf" if n.concat_leaf else ""}" '
+        f'data-node-id="{esc(n.id)}" data-pending="{int(n.pending)}" data-reward="{fmt(now)}">'
+        f"<title>{esc(n.title)}</title>"
+        f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6" fill="{fill}" stroke="#333" '
+        f'stroke-width="{stroke_w}"{dash}/>{text}</g>'
+    )
+
+
+TREE_LEGEND = (
+    '<div class="anb-legend" style="font-size:11px;margin:4px 0">'
+    '<b>Legend:</b> solid box = completed call · <span style="border:1px dashed #333;padding:0 3px">dashed grey '
+    "box</span> = pending (in flight) · ◆leaf (green) = concat leaf, exported as a training row · "
+    '"r set a → b" = reward as set → reward after discount · v = policy version(s) of the reply · '
+    "hover a node for details</div>"
+)
+
+
+def messages_html(interaction: Any) -> str:
+    rows = []
+    for m in list(interaction.messages or []) + list(interaction.output_message_list or []):
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        extra = f" tool_calls={esc(m['tool_calls'])}" if m.get("tool_calls") else ""
+        rows.append(
+            f'<div class="anb-msg" data-role="{esc(m.get("role"))}" style="margin:2px 0">'
+            f'<b>{esc(m.get("role", "?"))}</b>{extra}: <span style="white-space:pre-wrap">{esc(content or "")}</span></div>'
+        )
+    if interaction.output_message_list is None:
+        rows.append('<div class="anb-msg anb-pending"><i>reply pending…</i></div>')
+    return '<div class="anb-messages">' + "".join(rows) + "</div>"
+
+
+# ----------------------------------------------------------------------------------- tokens
+TOKEN_LEGEND = (
+    '<div class="anb-legend" style="font-size:11px;margin:4px 0"><b>Legend:</b> '
+    '<span style="border:1.5px solid #222;padding:0 3px">solid chip</span> = trained (loss_mask=1), '
+    "background = log-prob heat (white p=1 → red p≈0) · "
+    '<span style="border:1px dashed #999;color:#777;padding:0 3px">dashed grey chip</span> = not trained '
+    "(loss_mask=0: prompt, tool results, gaps) · <b>bold</b> = special token · · = space, ↵ = newline, → = tab · "
+    '"turn N" bands group each generated turn · <span style="outline:2px solid #c00">red outline ⚠</span> = '
+    "first position where a plain re-render differs · hover a chip for id, log-prob, turn, version</div>"
+)
+
+
+def chip_html(c: Any) -> str:
+    if c.loss_mask:
+        style = f"border:1.5px solid #222;background:{c.heat};color:#000"
+    else:
+        style = "border:1px dashed #999;background:#f4f4f4;color:#777"
+    if c.special:
+        style += ";font-weight:bold"
+    if c.drift:
+        style += ";outline:2px solid #c00"
+    cls = "anb-chip " + ("anb-loss" if c.loss_mask else "anb-noloss") + (" anb-special" if c.special else "")
+    cls += " anb-drift" if c.drift else ""
+    mark = "⚠" if c.drift else ""
+    return (
+        f'<span class="{cls}" data-pos="{c.position}" data-mask="{c.loss_mask}" data-turn="{c.turn}" '
+        f'title="{esc(c.title)}" style="{style};display:inline-block;margin:1px;padding:0 2px;'
+        f'border-radius:3px;white-space:pre">{mark}{esc(c.visible)}</span>'
+    )
+
+
+def row_html(row: RowView) -> str:
+    head = (
+        f'<div class="anb-row-head" style="font-size:11px;margin-top:6px"><b>{esc(row.style)} row</b> '
+        f"{esc(row.interaction_id or '')} · {len(row.chips)} tokens · {row.n_trained} trained / "
+        f"{row.n_masked} not trained · {row.n_turns} turn(s) · reward {fmt(row.reward)}</div>"
+    )
+    bands, current, run = [], None, []
+    for c in row.chips + [None]:
+        turn = None if c is None else c.turn
+        if run and (c is None or turn != current):
+            label = "prompt / gap" if current < 0 else f"turn {current}"
+            border = "#bbb" if current < 0 else ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"][current % 4]
+            bands.append(
+                f'<span class="anb-band" data-turn="{current}" title="{esc(label)}" '
+                f'style="border-bottom:3px solid {border};margin-right:2px">'
+                f'<sup style="font-size:9px;color:#333">{esc(label)}</sup>' + "".join(chip_html(x) for x in run) + "</span>"
+            )
+            run = []
+        if c is not None:
+            current = turn
+            run.append(c)
+    body = f'<div class="anb-row" data-style="{esc(row.style)}" style="{FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
+    return head + body + drift_html(row)
+
+
+def drift_html(row: RowView) -> str:
+    d = row.drift
+    if d is None:
+        return ""
+    if d.matches:
+        return ('<div class="anb-drift-check" data-drift="none" style="font-size:11px">drift check: the prompt '
+                "equals a plain re-render of its messages ✓</div>")
+
+    def seq(texts: list[str], label: str) -> str:
+        cells = "".join(
+            f'<span style="border:1px solid #999;margin:1px;padding:0 2px;'
+            f'{"outline:2px solid #c00;" if d.window_start + i == d.first_difference else ""}">{esc(t)}</span>'
+            for i, t in enumerate(texts)
+        )
+        return f"<div><b>{label}</b> (from token {d.window_start}): {cells}</div>"
+
+    return (
+        f'<div class="anb-drift-check" data-drift="{d.first_difference}" style="font-size:11px;{FONT}">'
+        f"⚠ drift: a plain re-render differs from the trained tokens first at position {d.first_difference} "
+        f"(trained {d.trained_len} prompt tokens, re-render {d.rendered_len})"
+        + seq(d.trained, "trained on") + seq(d.rendered, "re-render") + "</div>"
+    )
+
+
+def token_view_html(model: TokenViewModel) -> str:
+    return (
+        f'<div class="anb-tokens" data-style="{esc(model.style)}">' + TOKEN_LEGEND
+        + "".join(row_html(r) for r in model.rows) + "</div>"
+    )
+
+
+# ----------------------------------------------------------------------------------- rewards
+def reward_html(state: RewardViewState) -> str:
+    focus = {n.id: (n.raw, n.discounted) for n in state.nodes if n.episode == state.focus}
+    note = "" if state.raw_recorded else (
+        '<div style="font-size:11px;color:#a00">note: the capture layer kept no pre-discount reward; '
+        "the stored reward is used as the reward set</div>"
+    )
+    head = (
+        f'<div class="anb-reward-head" data-gamma="{state.gamma:g}" data-mode="{esc(state.mode)}" style="font-size:12px">'
+        f"discount γ = <b>{state.gamma:g}</b>, mode <b>{esc(state.mode)}</b>, export <b>{esc(state.style)}</b></div>"
+    )
+    table = [
+        '<table class="anb-adv" style="font-size:11px;border-collapse:collapse">'
+        "<tr><th>episode</th><th>sample</th><th>row (interaction)</th><th>reward after discount</th>"
+        "<th>advantage (group-normalised)</th></tr>"
+    ]
+    for r in state.rows:
+        table.append(
+            f'<tr class="anb-adv-row" data-id="{esc(r.interaction_id)}"><td>{r.episode}</td><td>{fmt(r.sample_id)}</td>'
+            f'<td>{esc(r.interaction_id)}</td><td class="anb-reward">{r.reward:.4f}</td>'
+            f'<td class="anb-advantage">{r.advantage:+.4f}</td></tr>'
+        )
+    table.append("</table>")
+    return (
+        '<div class="anb-rewards">' + head + note + tree_svg(state.tree, rewards=focus) + TREE_LEGEND
+        + "".join(table) + "</div>"
+    )
+
+
+# ----------------------------------------------------------------------------------- dashboard
+def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
+    pts = s.points
+    label = f"{s.label}: {fmt(s.last)}" if pts else f"{s.label}: no data"
+    head = (f'<svg class="anb-plot" data-metric="{esc(s.column)}" data-points="{len(pts)}" width="{width}" '
+            f'height="{height}" xmlns="http://www.w3.org/2000/svg" style="font-size:11px;font-family:sans-serif">'
+            f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ccc"/>'
+            f'<text x="6" y="14">{esc(label)}</text>')
+    if not pts:
+        return head + "</svg>"
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if y0 == y1:
+        y0, y1 = y0 - 1, y1 + 1
+
+    def px(x: float) -> float:
+        return 10 + (width - 20) * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
+
+    def py(y: float) -> float:
+        return height - 10 - (height - 32) * (y - y0) / (y1 - y0)
+
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+    dots = "".join(
+        f'<circle class="anb-pt" cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="#1f77b4">'
+        f"<title>step {x}: {y:.4g}</title></circle>" for x, y in pts
+    )
+    axis = f'<text x="{width - 6}" y="14" text-anchor="end" fill="#666">{fmt(y0)}…{fmt(y1)}</text>'
+    return head + axis + f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>' + dots + "</svg>"
+
+
+def dashboard_html(series: list[Series], n_steps: int, table: str = "") -> str:
+    plots = "".join(f'<div style="display:inline-block;margin:2px">{sparkline_svg(s)}</div>' for s in series)
+    return (
+        f'<div class="anb-dashboard" data-steps="{n_steps}"><div style="font-size:12px"><b>training</b>: '
+        f"{n_steps} step(s) · each dot is one step (hover for the value)</div>{plots}"
+        + (f'<div class="anb-batch" style="font-size:11px"><b>latest batch</b>{table}</div>' if table else "")
+        + "</div>"
+    )
+
+
+def batch_table_html(batch: Any, max_rows: int = 12) -> str:
+    df = getattr(batch, "interactions_df", None)
+    if df is not None and hasattr(df, "to_html"):
+        return df.head(max_rows).to_html(classes="anb-batch-table", border=0, float_format=lambda v: f"{v:.4g}")
+    rows = []
+    for e in getattr(batch, "episodes", []) or []:
+        n = len(e.interactions or {})
+        status = "accepted" if e.accepted else f"rejected: {e.rejection_reason}"
+        rows.append(f"<tr><td>{e.group_id}</td><td>{e.sample_id}</td><td>{n}</td><td>{esc(status)}</td></tr>")
+    if not rows:
+        return ""
+    return ('<table class="anb-batch-table"><tr><th>group</th><th>sample</th><th>calls</th><th>status</th></tr>'
+            + "".join(rows[:max_rows]) + "</table>")
+
+
+def nan_to_none(v: float) -> float | None:
+    return None if v is None or math.isnan(v) else v

@@ -1,0 +1,251 @@
+"""Training rows as token chips: text made visible, loss mask, log-prob heat, turns, versions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sources import collect_interactions, is_complete
+
+VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
+DRIFT_CONTEXT = 6  # tokens shown before the first difference of a drift check
+
+
+@dataclass
+class TokenChip:
+    position: int
+    token_id: int
+    text: str  # decoded text
+    visible: str  # text with whitespace made visible (what the chip shows)
+    special: bool  # a special token of the tokenizer (<|im_end|>, ...)
+    loss_mask: int
+    logprob: float
+    version: int
+    turn: int  # turn_ids value: -1 for prompt tokens, 0, 1, ... for generated turns
+    heat: str  # CSS colour of the log-prob heat scale ("" for prompt tokens)
+    drift: bool = False  # first position where a plain re-render differs
+
+    @property
+    def title(self) -> str:
+        kind = "trained (loss_mask=1)" if self.loss_mask else "not trained (loss_mask=0)"
+        parts = [f"#{self.position} id={self.token_id} {self.text!r}", kind]
+        if self.loss_mask:
+            parts.append(f"logprob={self.logprob:.4f} (p={math.exp(self.logprob):.3f})")
+        parts.append(f"turn={self.turn}" if self.turn >= 0 else "prompt / gap")
+        parts.append(f"version={self.version}")
+        if self.special:
+            parts.append("special token")
+        if self.drift:
+            parts.append("FIRST DIFFERENCE from a plain re-render")
+        return " · ".join(parts)
+
+
+@dataclass
+class DriftView:
+    """A concat prompt compared with a plain chat-template re-render of the same messages."""
+
+    matches: bool
+    first_difference: int | None
+    trained: list[str]  # visible token texts around the difference, as trained on
+    rendered: list[str]  # the same window of the plain re-render
+    window_start: int
+    trained_len: int
+    rendered_len: int
+
+
+@dataclass
+class RowView:
+    interaction_id: str | None
+    style: str  # "concat" (leaf row: the whole conversation) or "individual"
+    chips: list[TokenChip]
+    n_turns: int
+    reward: float | None
+    drift: DriftView | None = None
+
+    @property
+    def n_trained(self) -> int:
+        return sum(c.loss_mask for c in self.chips)
+
+    @property
+    def n_masked(self) -> int:
+        return len(self.chips) - self.n_trained
+
+
+@dataclass
+class TokenViewModel:
+    style: str
+    rows: list[RowView] = field(default_factory=list)
+    styles_available: tuple[str, ...] = ("individual",)
+
+
+def visible_text(text: str) -> str:
+    return "".join(VISIBLE_WHITESPACE.get(ch, ch) for ch in text) or "∅"
+
+
+def heat_colour(logprob: float) -> str:
+    """White (p=1) to red (p→0) by probability, so unlikely sampled tokens stand out."""
+    p = min(max(math.exp(logprob), 0.0), 1.0)
+    shade = int(round(255 * p))
+    return f"rgb(255,{shade},{shade})"
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    return set(getattr(tokenizer, "all_special_ids", []) or [])
+
+
+def build_chips(row: Any, tokenizer: Any) -> list[TokenChip]:
+    """Chips from a TokenRow or a tensor dict (batch dim 1 or none)."""
+    lists = _row_lists(row)
+    specials = special_ids(tokenizer)
+    chips = []
+    for i, tid in enumerate(lists["input_ids"]):
+        text = tokenizer.decode([tid], skip_special_tokens=False)
+        mask = int(lists["loss_mask"][i])
+        lp = float(lists["logprobs"][i])
+        chips.append(
+            TokenChip(
+                position=i,
+                token_id=int(tid),
+                text=text,
+                visible=text if tid in specials else visible_text(text),
+                special=tid in specials,
+                loss_mask=mask,
+                logprob=lp,
+                version=int(lists["versions"][i]),
+                turn=int(lists["turn_ids"][i]) if lists["turn_ids"] is not None else (0 if mask else -1),
+                heat=heat_colour(lp) if mask else "",
+            )
+        )
+    return chips
+
+
+def _row_lists(row: Any) -> dict[str, list | None]:
+    if hasattr(row, "input_ids") and not isinstance(row, dict):  # TokenRow
+        return {k: list(getattr(row, k)) for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids")}
+    if isinstance(row, dict):
+        missing = [k for k in ("input_ids", "loss_mask", "logprobs", "versions") if k not in row]
+        if missing:
+            raise KeyError(f"a token row needs input_ids, loss_mask, logprobs, versions; missing {missing}")
+        out: dict[str, list | None] = {}
+        length = None
+        if "attention_mask" in row:  # padded batch rows: keep the real tokens only
+            length = sum(bool(v) for v in _flat(row["attention_mask"])) or None
+        for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids"):
+            out[k] = _flat(row[k])[:length] if k in row else None
+        return out
+    raise TypeError(f"expected an interaction, a TokenRow or a tensor dict, got {type(row).__name__}")
+
+
+def _flat(value: Any) -> list:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value and isinstance(value[0], list):
+        if len(value) != 1:
+            raise ValueError(f"expected one row, got a batch of {len(value)}; pass one row")
+        value = value[0]
+    return list(value)
+
+
+def tokenizer_of(interaction: Any, tokenizer: Any | None) -> Any:
+    if tokenizer is not None:
+        return tokenizer
+    mr = getattr(interaction, "model_response", None)
+    tok = getattr(mr, "tokenizer", None) if mr is not None else None
+    if tok is None:
+        raise ValueError(
+            "no tokenizer to decode tokens with: pass tokenizer=... (e.g. session.tokenizer or "
+            "areal_nb.models.load_tokenizer('tiny-math'))"
+        )
+    return tok
+
+
+def conversation_path(interaction: Any) -> list[Any]:
+    path = []
+    node = interaction
+    while node is not None:
+        path.append(node)
+        node = node.parent
+    return path[::-1]
+
+
+def leaf_of(interaction: Any, pool: list[Any]) -> Any:
+    """The deepest completed descendant of `interaction` (first child first)."""
+    node = interaction
+    while True:
+        kids = [x for x in pool if x.parent is node and is_complete(x)]
+        if not kids:
+            return node
+        node = kids[0]
+
+
+def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
+    """The capture layer's retokenization check for this call, windowed for display."""
+    try:
+        from areal_nb.openai.templates import check_retokenization
+    except ImportError:  # capture layer without the drift check: nothing to show
+        return None
+    if interaction.model_response is None:
+        return None
+    check = check_retokenization(interaction, tokenizer)
+    if check.matches:
+        return DriftView(True, None, [], [], 0, len(check.prompt_ids), len(check.rendered_ids))
+    start = max(0, check.first_difference - DRIFT_CONTEXT)
+    end = check.first_difference + 3 * DRIFT_CONTEXT
+
+    def texts(ids: list[int]) -> list[str]:
+        return [visible_text(tokenizer.decode([t], skip_special_tokens=False)) for t in ids[start:end]]
+
+    return DriftView(False, check.first_difference, texts(check.prompt_ids), texts(check.rendered_ids),
+                     start, len(check.prompt_ids), len(check.rendered_ids))
+
+
+def row_view(interaction: Any, tokenizer: Any, style: str, with_drift: bool = True) -> RowView:
+    chips = build_chips(interaction.token_row(), tokenizer)
+    drift = drift_view(interaction, tokenizer) if with_drift and interaction.chat_template_type == "concat" else None
+    if drift is not None and drift.first_difference is not None and drift.first_difference < len(chips):
+        chips[drift.first_difference].drift = True
+    turns = {c.turn for c in chips if c.turn >= 0}
+    return RowView(interaction.interaction_id, style, chips, len(turns), interaction.reward, drift)
+
+
+def build_token_view(source: Any, style: str | None = None, tokenizer: Any | None = None) -> TokenViewModel:
+    """Rows for one conversation.
+
+    `concat`: the leaf row that `export_interactions("concat")` trains on (all turns in one
+    row). `individual`: one row per call from the root to that leaf, as the individual export
+    holds them. A tensor-dict row is shown as it is.
+    """
+    if isinstance(source, dict) and "input_ids" in source:
+        if tokenizer is None:
+            raise ValueError("a tensor-dict row needs tokenizer=... to decode its tokens")
+        chips = build_chips(source, tokenizer)
+        rewards = source.get("rewards")
+        reward = float(_flat(rewards)[0]) if rewards is not None else None
+        return TokenViewModel(style or "row", [RowView(None, style or "row", chips,
+                                                       len({c.turn for c in chips if c.turn >= 0}), reward)],
+                              (style or "row",))
+    items = collect_interactions(source)
+    complete = [x for x in items if is_complete(x) and x.has_tensor_data]
+    if not complete:
+        raise ValueError("nothing to show: no completed interaction with token data")
+    if hasattr(source, "model_response"):  # one interaction: its own row (children unknown)
+        target, pool = source, conversation_path(source)
+    else:  # a conversation: the first root, followed down to its leaf
+        target, pool = next((x for x in complete if x.parent is None), complete[0]), items
+    tok = tokenizer_of(target, tokenizer)
+    leaf = leaf_of(target, pool)
+    path = conversation_path(leaf)
+    concat_ok = all(x.chat_template_type == "concat" for x in path)
+    available = ("concat", "individual") if concat_ok else ("individual",)
+    style = style or available[0]
+    if style not in available:
+        raise ValueError(
+            f"style {style!r} is not available for this conversation (available: {available}); "
+            "concat rows need chat_template_type='concat'"
+        )
+    if style == "concat":
+        rows = [row_view(leaf, tok, "concat")]
+    else:
+        rows = [row_view(x, tok, "individual", with_drift=x is leaf) for x in path]
+    return TokenViewModel(style, rows, available)

@@ -1,0 +1,192 @@
+"""The ipywidgets views: composites of standard widgets around generated HTML/SVG.
+
+Each view re-reads its source on `refresh()` and, while live, from a background poller, so a
+cell's output follows a running rollout or training without being re-run. Each also carries a
+static `text/html` rendering in its display bundle for nbconvert and GitHub previews.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ipywidgets as w
+
+from . import render
+from .dashboard_model import history_length, history_series
+from .live import Refresher
+from .reward_model import MODES, RewardSource, reward_state
+from .sources import collect_interactions, is_complete, node_key, resolve_source, snapshot_key
+from .token_model import build_token_view, tokenizer_of
+from .tree_model import build_tree
+
+
+class LiveView(w.VBox):
+    """Base: a poller keyed on the source, `refresh()`, `stop()`, static HTML in the bundle."""
+
+    def _setup_live(self, key, live: bool, interval: float) -> None:
+        self._refresher = Refresher(key, self._render, interval)
+        self._refresher.refresh(force=True)
+        if live:
+            self._refresher.start()
+
+    def refresh(self) -> None:
+        """Re-read the source and re-render now."""
+        self._refresher.refresh(force=True)
+
+    def stop(self) -> None:
+        """Stop following the source (the view keeps what it shows)."""
+        self._refresher.stop()
+
+    @property
+    def live(self) -> bool:
+        return self._refresher.running
+
+    def close(self) -> None:
+        self.stop()
+        super().close()
+
+    def _render(self) -> None:
+        raise NotImplementedError
+
+    def to_html(self) -> str:
+        raise NotImplementedError
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/html"] = self.to_html()
+        return data
+
+
+class TreeView(LiveView):
+    def __init__(self, source: Any, tokenizer: Any | None = None, live: bool = True, interval: float = 0.4) -> None:
+        self.source, self.tokenizer = source, tokenizer
+        self.tree_html = w.HTML()
+        self.node_select = w.Dropdown(description="node", options=[], layout=w.Layout(width="420px"))
+        self.detail = w.HTML()
+        super().__init__([self.tree_html, self.node_select, self.detail])
+        self.add_class("anb-tree-view")
+        self.node_select.observe(lambda _: self._render_detail(), names="value")
+        self._setup_live(lambda: snapshot_key(self.source), live, interval)
+
+    def _render(self) -> None:
+        self.model = build_tree(self.source)
+        selected = self.node_select.value
+        self.tree_html.value = render.tree_svg(self.model, selected) + render.TREE_LEGEND
+        options = [(f"{n.id} · {n.label}{' · pending' if n.pending else ''}", n.id) for n in self.model.nodes]
+        if [o[1] for o in self.node_select.options] != [o[1] for o in options] or list(self.node_select.options) != options:
+            self.node_select.options = options
+            if selected in [o[1] for o in options]:
+                self.node_select.value = selected
+        self._render_detail()
+
+    def _render_detail(self) -> None:
+        node_id = self.node_select.value
+        items = collect_interactions(self.source)
+        match = [x for i, x in enumerate(items) if node_key(x, i) == node_id]
+        if not match:
+            self.detail.value = "<i>select a node to see its messages and tokens</i>"
+            return
+        x = match[0]
+        self.tree_html.value = render.tree_svg(self.model, node_id) + render.TREE_LEGEND
+        tokens = ""
+        if is_complete(x) and x.has_tensor_data:
+            try:
+                tokens = render.token_view_html(build_token_view(x, "individual", tokenizer_of(x, self.tokenizer)))
+            except (ValueError, KeyError) as e:
+                tokens = f"<i>no token view: {render.esc(e)}</i>"
+        self.detail.value = f'<div class="anb-detail" data-node-id="{render.esc(node_id)}">' + render.messages_html(x) + tokens + "</div>"
+
+    def to_html(self) -> str:
+        return render.tree_svg(build_tree(self.source)) + render.TREE_LEGEND
+
+
+class TokenView(LiveView):
+    def __init__(self, source: Any, tokenizer: Any | None = None, style: str | None = None,
+                 live: bool = True, interval: float = 0.4) -> None:
+        self.source, self.tokenizer = source, tokenizer
+        first = build_token_view(resolve_source(source), style, tokenizer)
+        self.style_toggle = w.ToggleButtons(options=list(first.styles_available), value=first.style,
+                                            description="rows", tooltips=[
+                                                {"concat": "the leaf row: all turns in one row",
+                                                 "individual": "one row per call",
+                                                 "row": "the row as given"}[s] for s in first.styles_available])
+        self.body = w.HTML()
+        super().__init__([self.style_toggle, self.body])
+        self.add_class("anb-token-view")
+        self.style_toggle.observe(lambda _: self.refresh(), names="value")
+        is_row = isinstance(source, Mapping) and "input_ids" in source
+        self._setup_live((lambda: None) if is_row else (lambda: snapshot_key(self.source)), live and not is_row, interval)
+
+    def _render(self) -> None:
+        self.model = build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer)
+        self.body.value = render.token_view_html(self.model)
+
+    def to_html(self) -> str:
+        return render.token_view_html(build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer))
+
+
+class RewardView(LiveView):
+    def __init__(self, source: Any, index: int | None = None, group: list[Any] | None = None,
+                 discount: float = 1.0, mode: str = "tree", style: str | None = None,
+                 raw_rewards: Mapping[str, float] | None = None, live: bool = True, interval: float = 0.4) -> None:
+        self.source, self.index, self.group, self.raw_rewards = source, index, group, raw_rewards
+        src = self._reward_source()
+        self.slider = w.FloatSlider(value=discount, min=0.0, max=1.0, step=0.05, description="discount γ",
+                                    continuous_update=True, readout_format=".2f")
+        self.mode_toggle = w.ToggleButtons(options=list(MODES), value=mode, description="mode",
+                                           tooltips=["per branch: own + γ·mean(children)",
+                                                     "reverse call order: r[i] += γ·r[i+1] (AReaL)"])
+        state = reward_state(src, discount, mode, style)
+        styles = ["concat", "individual"] if state.style == "concat" else ["individual"]
+        self.style_toggle = w.ToggleButtons(options=styles, value=state.style, description="export")
+        self.body = w.HTML()
+        super().__init__([w.HBox([self.slider, self.mode_toggle]), self.style_toggle, self.body])
+        self.add_class("anb-reward-view")
+        for control in (self.slider, self.mode_toggle, self.style_toggle):
+            control.observe(lambda _: self.refresh(), names="value")
+        self._setup_live(lambda: snapshot_key(self.group or self.source), live, interval)
+
+    def _reward_source(self) -> RewardSource:
+        return RewardSource.from_any(resolve_source(self.source), self.index, self.group, self.raw_rewards)
+
+    def _render(self) -> None:
+        self.state = reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value, self.style_toggle.value)
+        self.body.value = render.reward_html(self.state)
+
+    def to_html(self) -> str:
+        return render.reward_html(reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value,
+                                               self.style_toggle.value))
+
+
+class Dashboard(LiveView):
+    """Live training curves from `session.history`, plus the latest batch's table."""
+
+    def __init__(self, session: Any, live: bool = True, interval: float = 0.5) -> None:
+        self.session = session
+        self.body = w.HTML()
+        super().__init__([self.body])
+        self.add_class("anb-dashboard-view")
+        self._setup_live(self._key, live, interval)
+        add_callback = getattr(session, "add_step_callback", None)
+        if callable(add_callback):  # immediate update after each step, on top of polling
+            add_callback(self._on_step)
+
+    def _on_step(self, *args: Any, **kwargs: Any) -> None:
+        self._refresher.refresh()
+
+    def _key(self) -> tuple:
+        batch = getattr(self.session, "last_batch", None)
+        return history_length(getattr(self.session, "history", None)), id(batch)
+
+    def _render(self) -> None:
+        self.body.value = self.to_html()
+
+    def to_html(self) -> str:
+        history = getattr(self.session, "history", None)
+        batch = getattr(self.session, "last_batch", None)
+        table = render.batch_table_html(batch) if batch is not None else ""
+        return render.dashboard_html(history_series(history), history_length(history), table)
