@@ -1,0 +1,71 @@
+"""`areal-nb proxy`: the proxy with the embedded engine, standalone, for agents elsewhere.
+
+    areal-nb proxy --model tiny-math --host 127.0.0.1 --port 8000 --admin-key SECRET
+
+Prints `areal-nb proxy listening on URL` once it accepts connections and stops cleanly on
+SIGINT or SIGTERM (server first, then the engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from .settings import DEFAULT_ADMIN_API_KEY, ProxySettings, validate_admin_key
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="areal-nb proxy", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts")
+    parser.add_argument("--chat-template-type", choices=("hf", "concat"), default="hf")
+    parser.add_argument("--session-timeout", type=float, default=3600.0, help="seconds without calls before a session is dropped")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--engine-max-tokens", type=int, default=None, help="cap on prompt + output tokens")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        validate_admin_key(args.admin_key, args.host)
+        settings = ProxySettings(admin_api_key=args.admin_key, session_timeout=args.session_timeout, model_name=args.model)
+    except ValueError as exc:
+        print(f"areal-nb proxy: {exc}", file=sys.stderr)
+        return 2
+
+    from areal_nb.engine import LocalEngine
+    from areal_nb.models import load_tokenizer
+    from areal_nb.openai.completion import CompletionSettings
+
+    from .app import create_app
+    from .server import ProxyServer
+
+    settings.completion = CompletionSettings(
+        chat_template_type=args.chat_template_type, engine_max_tokens=args.engine_max_tokens
+    )
+    tokenizer = load_tokenizer(args.model)
+    engine = LocalEngine(args.model, tokenizer, device=args.device)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = ProxyServer(create_app(engine, tokenizer, settings), host=args.host, port=args.port)
+    try:
+        server.start()
+        print(f"areal-nb proxy listening on {server.url} (model {args.model})", flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("areal-nb proxy: stopping", flush=True)
+    finally:
+        server.stop()
+        engine.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
