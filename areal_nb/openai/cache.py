@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from .interaction import InteractionWithTokenLogpReward, validate_reward
@@ -166,36 +167,27 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def _discount_linear(self, gamma: float) -> None:
         values = list(self.values())
         if values and values[-1].reward is None:
-            warnings.warn("The most recent interaction does not have a reward set; using 0.0", MissingRewardWarning, stacklevel=3)
-        current = 0.0
-        for interaction in reversed(values):
-            own = interaction.reward if interaction.reward is not None else 0.0
-            current = current * gamma + own
-            interaction.reward = current
+            warnings.warn("The most recent interaction does not have a reward set; using 0.0", MissingRewardWarning, stacklevel=4)
+        self._store_discounted(values, discounted_rewards(values, gamma, "linear"))
 
     def _discount_tree(self, gamma: float) -> None:
         nodes = [v for v in self.values() if v.is_complete]
-        members = {id(v) for v in nodes}
-        children: dict[int, list[InteractionWithTokenLogpReward]] = {id(v): [] for v in nodes}
-        for v in nodes:
-            if v.parent is not None and id(v.parent) in members:
-                children[id(v.parent)].append(v)
-        unset_leaves = [v.interaction_id for v in nodes if not children[id(v)] and v.reward is None]
-        if unset_leaves:
+        parents = {id(v.parent) for v in nodes if v.parent is not None}
+        unset = [v.interaction_id for v in nodes if id(v) not in parents and v.reward is None]
+        if unset:
             warnings.warn(
-                f"{len(unset_leaves)} leaf interaction(s) have no reward set ({', '.join(unset_leaves[:3])}"
-                f"{', ...' if len(unset_leaves) > 3 else ''}); using 0.0",
+                f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(unset[:3])}"
+                f"{', ...' if len(unset) > 3 else ''}); using 0.0",
                 MissingRewardWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        propagated: dict[int, float] = {}
-        for v in sorted(nodes, key=lambda n: n.depth, reverse=True):  # deepest first
-            own = v.reward if v.reward is not None else 0.0
-            kids = children[id(v)]
-            if kids:
-                own += gamma * sum(propagated[id(k)] for k in kids) / len(kids)
-            propagated[id(v)] = own
-            v.reward = own
+        self._store_discounted(nodes, discounted_rewards(nodes, gamma, "tree"))
+
+    @staticmethod
+    def _store_discounted(interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]) -> None:
+        for v in interactions:
+            v.raw_reward = v.reward  # as the agent set it (None if never set)
+            v.reward = rewards[v.interaction_id]
 
     # ----- export -------------------------------------------------------------------------
     def export_interactions(
@@ -233,6 +225,50 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             )
         parents = {id(v.parent) for v in complete.values() if v.parent is not None}
         return {k: v for k, v in complete.items() if id(v) not in parents}
+
+
+def discounted_rewards(
+    interactions: list[InteractionWithTokenLogpReward],
+    turn_discount: float,
+    mode: str = "tree",
+    rewards: Mapping[str, float | None] | None = None,
+) -> dict[str, float]:
+    """Rewards after discount keyed by interaction id, computed without changing anything.
+
+    `interactions` in insertion order; `rewards` overrides their own (e.g. the raw rewards of
+    an already discounted episode). Unset rewards count as 0.0. `tree`: each call gets its own
+    reward plus `turn_discount` × the mean of its children's discounted rewards (children are
+    the calls in `interactions` whose parent it is); `linear`: reverse insertion order,
+    `r[i] += turn_discount * r[i+1]`.
+    """
+    if mode not in DISCOUNT_MODES:
+        raise ValueError(f"Invalid reward discount mode {mode!r}; expected one of {DISCOUNT_MODES}")
+
+    def own(v: InteractionWithTokenLogpReward) -> float:
+        r = rewards.get(v.interaction_id, v.reward) if rewards is not None else v.reward
+        return 0.0 if r is None else float(r)
+
+    out: dict[str, float] = {}
+    if mode == "linear":
+        current = 0.0
+        for v in reversed(interactions):
+            current = current * turn_discount + own(v)
+            out[v.interaction_id] = current
+        return out
+    members = {id(v) for v in interactions}
+    children: dict[int, list[InteractionWithTokenLogpReward]] = {id(v): [] for v in interactions}
+    for v in interactions:
+        if v.parent is not None and id(v.parent) in members:
+            children[id(v.parent)].append(v)
+    propagated: dict[int, float] = {}
+    for v in sorted(interactions, key=lambda n: n.depth, reverse=True):  # children before parents
+        value = own(v)
+        kids = children[id(v)]
+        if kids:
+            value += turn_discount * sum(propagated[id(k)] for k in kids) / len(kids)
+        propagated[id(v)] = value
+        out[v.interaction_id] = value
+    return out
 
 
 def _edited_assistant_continuation(candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]) -> bool:

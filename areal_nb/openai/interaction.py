@@ -56,6 +56,8 @@ class InteractionWithTokenLogpReward:
 
     model_response: ModelResponse | None = None
     reward: float | None = None
+    # the reward as the agent set it, recorded when a discount replaces `reward`
+    raw_reward: float | None = None
     parent: InteractionWithTokenLogpReward | None = None
     chat_template_type: str = "hf"
     messages: list[dict[str, Any]] = field(default_factory=list)

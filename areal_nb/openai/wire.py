@@ -26,6 +26,7 @@ def interaction_to_wire(it: InteractionWithTokenLogpReward) -> dict[str, Any]:
         "interaction_id": it.interaction_id,
         "parent_id": it.parent_id,
         "reward": it.reward,
+        "raw_reward": it.raw_reward,
         "messages": it.messages,
         "output_message_list": it.output_message_list,
         "chat_template_type": it.chat_template_type,
@@ -69,6 +70,7 @@ def interaction_from_wire(
     it = cls(
         model_response=mr,
         reward=data.get("reward"),
+        raw_reward=data.get("raw_reward"),
         parent=parent,
         chat_template_type=data["chat_template_type"],
         messages=data.get("messages") or [],
