@@ -30,12 +30,13 @@ def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = N
     return TokenView(source, tokenizer=tokenizer, style=style, live=live)
 
 
-def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None, discount: float = 1.0,
-                 mode: str = "tree", style: str | None = None, raw_rewards: dict[str, float] | None = None,
+def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None,
+                 discount: float | None = None, mode: str | None = None, style: str | None = None, raw_rewards: dict[str, float] | None = None,
                  live: bool = True):
     """Reward propagation with a live discount slider and the group's per-row advantages.
 
-    `source` is an episode (with `group=` its group's episodes) or a RolloutBatch with `index`.
+    `source` is an episode (with `group=` its group's episodes) or a RolloutBatch with `index`
+    (then the group, discount, mode and export style default to the batch's).
     """
     from .views import RewardView
 

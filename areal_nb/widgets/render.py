@@ -194,10 +194,6 @@ def token_view_html(model: TokenViewModel) -> str:
 # ----------------------------------------------------------------------------------- rewards
 def reward_html(state: RewardViewState) -> str:
     focus = {n.id: (n.raw, n.discounted) for n in state.nodes if n.episode == state.focus}
-    note = "" if state.raw_recorded else (
-        '<div style="font-size:11px;color:#a00">note: the capture layer kept no pre-discount reward; '
-        "the stored reward is used as the reward set</div>"
-    )
     head = (
         f'<div class="anb-reward-head" data-gamma="{state.gamma:g}" data-mode="{esc(state.mode)}" style="font-size:12px">'
         f"discount γ = <b>{state.gamma:g}</b>, mode <b>{esc(state.mode)}</b>, export <b>{esc(state.style)}</b></div>"
@@ -215,7 +211,7 @@ def reward_html(state: RewardViewState) -> str:
         )
     table.append("</table>")
     return (
-        '<div class="anb-rewards">' + head + note + tree_svg(state.tree, rewards=focus) + TREE_LEGEND
+        '<div class="anb-rewards">' + head + tree_svg(state.tree, rewards=focus) + TREE_LEGEND
         + "".join(table) + "</div>"
     )
 

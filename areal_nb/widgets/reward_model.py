@@ -6,7 +6,6 @@ the two on real episodes) but works on a copy of the rewards, so a slider can mo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,55 +20,27 @@ STYLES = ("concat", "individual")
 def discounted_rewards(
     interactions: list[Any], raw: Mapping[int, float | None], gamma: float, mode: str = "tree"
 ) -> dict[int, float]:
-    """Rewards after discount, keyed by `id(interaction)`; unset rewards count as 0.0.
+    """Rewards after discount keyed by `id(interaction)`, computed by the capture layer's rule
+    (`areal_nb.openai.cache.discounted_rewards`) from the rewards as set; nothing is changed."""
+    from areal_nb.openai.cache import discounted_rewards as capture_discount
 
-    tree: a call gets its own reward plus `gamma` × the mean of its children's results;
-    linear: reverse insertion order, `r[i] += gamma * r[i+1]` (AReaL's rule).
-    """
     if mode not in MODES:
         raise ValueError(f"discount mode must be one of {MODES}, got {mode!r}")
-    if not 0.0 <= gamma <= 1.0 or math.isnan(gamma):
-        raise ValueError(f"discount must be in [0, 1], got {gamma}")
-    own = {id(x): (raw.get(id(x)) or 0.0) for x in interactions}
-    out: dict[int, float] = {}
-    if mode == "linear":
-        current = 0.0
-        for x in reversed(interactions):
-            current = current * gamma + own[id(x)]
-            out[id(x)] = current
-        return out
-    nodes = [x for x in interactions if is_complete(x)]
-    members = {id(x) for x in nodes}
-    children: dict[int, list[Any]] = {id(x): [] for x in nodes}
-    for x in nodes:
-        if x.parent is not None and id(x.parent) in members:
-            children[id(x.parent)].append(x)
-    for x in sorted(nodes, key=_depth, reverse=True):
-        kids = children[id(x)]
-        value = own[id(x)]
-        if kids:
-            value += gamma * sum(out[id(k)] for k in kids) / len(kids)
-        out[id(x)] = value
-    return out
-
-
-def _depth(x: Any) -> int:
-    n, node = 0, x.parent
-    while node is not None:
-        n, node = n + 1, node.parent
-    return n
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"discount must be a number in [0, 1], got {gamma!r}")
+    by_id = capture_discount(interactions, float(gamma), mode, {x.interaction_id: raw.get(id(x)) for x in interactions})
+    return {id(x): by_id[x.interaction_id] for x in interactions}
 
 
 def group_normalised(rewards: list[float], eps: float = 1e-5) -> list[float]:
-    """GRPO advantages: (r − group mean) / (unbiased group std + eps); one row → std 1."""
+    """GRPO advantages of one group's rows, by the trainer's rule (`train.advantages.group_normalize`)."""
     if not rewards:
         return []
-    mean = sum(rewards) / len(rewards)
-    if len(rewards) > 1:
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
-    else:
-        std = 1.0
-    return [(r - mean) / (std + eps) for r in rewards]
+    import torch
+
+    from areal_nb.train.advantages import group_normalize
+
+    return [float(a) for a in group_normalize(torch.tensor(rewards, dtype=torch.float64), [0] * len(rewards), eps=eps)]
 
 
 @dataclass
@@ -95,9 +66,8 @@ class RewardViewState:
     gamma: float
     mode: str
     style: str
-    raw_recorded: bool  # False: the capture layer kept no pre-discount reward; stored reward used
-    nodes: list[RewardNode]
-    rows: list[AdvantageRow]
+    nodes: list[RewardNode]  # every call of every episode of the group
+    rows: list[AdvantageRow]  # the rows the chosen export style trains on
     tree: TreeModel  # the focus episode's tree (layout for drawing)
     focus: int
 
@@ -105,43 +75,46 @@ class RewardViewState:
         for n in self.nodes:
             if n.id == node_id:
                 return n
-        raise KeyError(node_id)
+        raise KeyError(f"no call {node_id!r} in this group")
 
 
 @dataclass
 class RewardSource:
-    """The interactions of a group of episodes, with the rewards as they were set."""
+    """The completed calls of a group of episodes, with the rewards as they were set."""
 
-    episodes: list[list[Any]]  # interactions per episode, insertion order
+    episodes: list[list[Any]]  # calls per episode, insertion order
     sample_ids: list[int | None]
-    raw: dict[int, float | None]
-    raw_recorded: bool
+    raw: dict[int, float | None]  # keyed by id(interaction)
     focus: int = 0
+    defaults: dict[str, Any] | None = None  # discount / mode / style of the batch it came from
 
     @classmethod
     def from_any(cls, source: Any, focus: int | None = None, group: list[Any] | None = None,
                  raw_rewards: Mapping[str, float] | None = None) -> RewardSource:
+        """An episode (and optionally its group), or a RolloutBatch and the index of an episode."""
         if hasattr(source, "episodes") and not hasattr(source, "interactions"):  # RolloutBatch
             index = focus or 0
+            if not 0 <= index < len(source.episodes):
+                raise IndexError(f"episode index {index} out of range: the batch has {len(source.episodes)} episodes")
             episode = source.episodes[index]
             members = [e for e in source.episodes if getattr(e, "group_id", None) == episode.group_id]
-            return cls.from_any(episode, members.index(episode), members, raw_rewards)
-        episodes = group if group is not None else [source]
+            out = cls.from_any(episode, members.index(episode), members, raw_rewards)
+            out.defaults = {"discount": getattr(source, "discount", None), "mode": getattr(source, "discount_mode", None),
+                            "style": getattr(source, "style", None)}
+            return out
+        episodes = list(group) if group is not None else [source]
         per_episode = [[x for x in collect_interactions(e) if is_complete(x)] for e in episodes]
         raw: dict[int, float | None] = {}
-        recorded = True
         for items in per_episode:
             for x in items:
                 if raw_rewards is not None and x.interaction_id in raw_rewards:
                     raw[id(x)] = float(raw_rewards[x.interaction_id])
-                elif (value := raw_reward(x)) is not None:
-                    raw[id(x)] = value
-                else:  # only the stored (possibly already discounted) reward is known
-                    raw[id(x)] = x.reward
-                    recorded = recorded and x.reward is None
+                else:  # `raw_reward` is kept by the capture layer once a discount was applied
+                    value = raw_reward(x)
+                    raw[id(x)] = value if value is not None else x.reward
         if focus is None:
-            focus = episodes.index(source) if group is not None and source in episodes else 0
-        return cls(per_episode, [getattr(e, "sample_id", None) for e in episodes], raw, recorded, focus)
+            focus = next((i for i, e in enumerate(episodes) if e is source), 0)
+        return cls(per_episode, [getattr(e, "sample_id", None) for e in episodes], raw, focus)
 
 
 def default_style(src: RewardSource) -> str:
@@ -166,4 +139,4 @@ def reward_state(src: RewardSource, gamma: float, mode: str = "tree", style: str
     for row, adv in zip(rows, group_normalised([r.reward for r in rows]), strict=True):
         row.advantage = adv
     tree = build_tree(src.episodes[src.focus] if src.episodes else [])
-    return RewardViewState(gamma, mode, style, src.raw_recorded, nodes, rows, tree, src.focus)
+    return RewardViewState(gamma, mode, style, nodes, rows, tree, src.focus)

@@ -137,7 +137,7 @@ def build_tree(source: Any) -> TreeModel:
             version_min=min(versions) if versions else None,
             version_max=max(versions) if versions else None,
             stop_reason=mr.stop_reason if mr is not None and not pending else None,
-            reward_raw=raw_reward(x),
+            reward_raw=raw_reward(x) if raw_reward(x) is not None else x.reward,
             reward=x.reward,
             concat_leaf=(not pending and x.chat_template_type == "concat" and id(x) not in complete_parents),
             chat_template_type=x.chat_template_type,

@@ -131,10 +131,15 @@ class TokenView(LiveView):
 
 class RewardView(LiveView):
     def __init__(self, source: Any, index: int | None = None, group: list[Any] | None = None,
-                 discount: float = 1.0, mode: str = "tree", style: str | None = None,
+                 discount: float | None = None, mode: str | None = None, style: str | None = None,
                  raw_rewards: Mapping[str, float] | None = None, live: bool = True, interval: float = 0.4) -> None:
         self.source, self.index, self.group, self.raw_rewards = source, index, group, raw_rewards
         src = self._reward_source()
+        defaults = src.defaults or {}
+        if discount is None:
+            discount = defaults["discount"] if defaults.get("discount") is not None else 1.0
+        mode = mode or defaults.get("mode") or "tree"
+        style = style or defaults.get("style")
         self.slider = w.FloatSlider(value=discount, min=0.0, max=1.0, step=0.05, description="discount γ",
                                     continuous_update=True, readout_format=".2f")
         self.mode_toggle = w.ToggleButtons(options=list(MODES), value=mode, description="mode",
