@@ -100,7 +100,8 @@ class AnthropicAgent:
         client = AsyncAnthropic(
             base_url=base.removesuffix("/v1") if base else os.environ["ANTHROPIC_BASE_URL"],
             api_key=kw.get("api_key") or os.environ["ANTHROPIC_API_KEY"],
-            http_client=kw.get("http_client"),
+            # The injected http_client is an `httpx.AsyncClient`; this anthropic release is built
+            # on `httpx2` and refuses it, so the SDK keeps its own connection pool.
             max_retries=0,
         )
         if self.stream:
