@@ -91,7 +91,12 @@ def heat_colour(logprob: float) -> str:
 
 
 def special_ids(tokenizer: Any) -> set[int]:
-    return set(getattr(tokenizer, "all_special_ids", []) or [])
+    """Named special ids plus added tokens flagged special (`<|im_start|>` is only the latter)."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for tid, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(tid))
+    return ids
 
 
 def build_chips(row: Any, tokenizer: Any) -> list[TokenChip]:
