@@ -182,7 +182,7 @@ async def create_response(
         top_p=top_p,
         usage=ResponseUsage(
             input_tokens=n_in,
-            input_tokens_details=InputTokensDetails(cached_tokens=0),
+            input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
             output_tokens=n_out,
             output_tokens_details=OutputTokensDetails(reasoning_tokens=count_reasoning_tokens(tokenizer, text)),
             total_tokens=n_in + n_out,

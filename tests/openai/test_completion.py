@@ -1,0 +1,229 @@
+"""`create_chat_completion` / `ArealOpenAI`: request validation (§3.1), budgets, caching, streaming,
+failures, Responses. Engine: ScriptedEngine with the real tiny-math tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.openai import (
+    ArealOpenAI,
+    ChunkStream,
+    CompletionRequestError,
+    CompletionSettings,
+    InteractionCache,
+    create_chat_completion,
+    resolve_token_budget,
+)
+
+Q = [{"role": "user", "content": "What is 2+3?"}]
+TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def client(tiny_tokenizer):
+    return ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer)
+
+
+def create(client, **kw):
+    kw.setdefault("messages", Q)
+    kw.setdefault("max_completion_tokens", 100)
+    return run(client.chat.completions.create(**kw))
+
+
+# ----- validation -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"messages": tuple(Q)}, TypeError, "messages must be a list"),
+        ({"messages": "hello"}, TypeError, "messages must be a list"),
+        ({"messages": [Q[0], "raw string"]}, TypeError, r"messages\[1\] must be a dict"),
+        ({"messages": []}, CompletionRequestError, "messages cannot be empty"),
+        ({"n": 2}, CompletionRequestError, "n != 1 is not supported"),
+        ({"max_tokens": 5, "max_completion_tokens": 5}, CompletionRequestError, "cannot be set at the same time"),
+        ({"max_completion_tokens": 0}, CompletionRequestError, "max_completion_tokens must be positive"),
+        ({"max_completion_tokens": True}, CompletionRequestError, "max_completion_tokens must be an integer"),
+        ({"max_total_tokens": 5}, CompletionRequestError, r"len of prompt tokens \d+ exceeds max_total_tokens 5"),
+        ({"temperature": -1.0}, CompletionRequestError, "temperature must be >= 0"),
+        ({"stop": 3}, CompletionRequestError, "stop must be a string or a list"),
+        ({"tools": {"a": 1}}, CompletionRequestError, "tools must be a list"),
+        ({"extra_body": {"chat_template_kwargs": 1}}, CompletionRequestError, "chat_template_kwargs must be a dict"),
+    ],
+)
+def test_invalid_requests_raise_and_cache_nothing(client, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        create(client, **kwargs)
+    assert len(client.cache) == 0 and client.engine.requests == []
+
+
+def test_type_errors_are_also_request_errors(client):
+    with pytest.raises(CompletionRequestError):
+        create(client, messages=tuple(Q))
+
+
+def test_prompt_longer_than_engine_max_tokens(tiny_tokenizer):
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "x"), tiny_tokenizer, engine_max_tokens=10)
+    with pytest.raises(CompletionRequestError, match="exceeds engine_max_tokens 10"):
+        create(c)
+    assert len(c.cache) == 0
+
+
+# ----- budget -----------------------------------------------------------------------------------
+def test_token_budget_rules():
+    assert resolve_token_budget(10, max_completion_tokens=5).max_new_tokens == 5
+    assert resolve_token_budget(10, max_tokens=7).max_new_tokens == 7
+    b = resolve_token_budget(10, max_total_tokens=30, max_completion_tokens=50, engine_max_tokens=100)
+    assert (b.max_new_tokens, b.max_total_tokens) == (20, 30)
+    b = resolve_token_budget(10, max_total_tokens=100, max_completion_tokens=5, engine_max_tokens=40)
+    assert (b.max_new_tokens, b.max_total_tokens) == (5, 40)
+    with pytest.warns(UserWarning, match="at most 512"):
+        assert resolve_token_budget(10).max_new_tokens == 512
+    with pytest.raises(CompletionRequestError, match="len of prompt tokens 40 exceeds engine_max_tokens 40"):
+        resolve_token_budget(40, engine_max_tokens=40, max_total_tokens=41)
+
+
+def test_engine_gets_the_budget_and_sampling(client):
+    create(client, max_completion_tokens=None, max_tokens=9, temperature=0, top_p=None, stop="###")
+    g = client.engine.requests[-1].gconfig
+    assert (g.max_new_tokens, g.greedy, g.temperature, g.top_p, g.stop) == (9, True, 0.0, 1.0, ["###"])
+    assert set(g.stop_token_ids) == {client.tokenizer.eos_token_id, client.tokenizer.pad_token_id}
+    assert g.max_tokens == len(client.engine.requests[-1].input_ids) + 9
+
+
+def test_sdk_not_given_placeholders_mean_unset(client):
+    completion = create(client, temperature=openai.NOT_GIVEN, top_p=openai.omit)
+    assert completion.choices[0].message.content == "The answer is 5."
+    assert client.engine.requests[-1].gconfig.temperature == 1.0
+
+
+# ----- results and caching ----------------------------------------------------------------------
+def test_completion_object_and_cached_interaction(client, tiny_tokenizer):
+    completion = create(client, metadata={"task": "t1"})
+    assert completion.object == "chat.completion" and completion.id.startswith("chatcmpl-")
+    assert completion.choices[0].finish_reason == "stop"
+    it = client.get_interaction(completion.id)
+    mr = it.model_response
+    assert completion.usage.prompt_tokens == mr.input_len and completion.usage.completion_tokens == mr.output_len
+    assert mr.output_tokens == tiny_tokenizer.encode("The answer is 5.", add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
+    assert it.output_message_list == [{"role": "assistant", "content": "The answer is 5."}]
+    assert it.messages == Q and it.is_complete and it.chat_template_type == "hf"
+    assert client.engine.requests[-1].metadata == {"task": "t1"}
+
+
+def test_store_false_records_nothing(client):
+    create(client, store=False)
+    assert len(client.cache) == 0
+
+
+def test_length_truncated_output(client):
+    completion = create(client, max_completion_tokens=3)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 3
+
+
+def test_failed_generation_removes_its_entry(tiny_tokenizer):
+    replies = iter(["first", RuntimeError("engine crashed")])
+
+    def script(req):
+        r = next(replies)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, script), tiny_tokenizer)
+    first = create(c)
+    with pytest.raises(RuntimeError, match="engine crashed"):
+        create(c, messages=[{"role": "user", "content": "other"}])
+    assert list(c.cache) == [first.id]
+    assert c.set_last_reward(1) == first.id
+
+
+def test_hf_mode_children_get_parents_and_tree_discount(client):
+    msgs = list(Q)
+    ids = []
+    for _ in range(3):
+        completion = create(client, messages=msgs)
+        ids.append(completion.id)
+        msgs += [completion.choices[0].message, {"role": "user", "content": "Sure?"}]
+    client.set_reward(ids[2], 2)
+    client.apply_reward_discount(0.9)
+    out = client.export_interactions("individual")
+    assert [out[i].reward for i in ids] == pytest.approx([1.62, 1.8, 2.0])
+    assert out[ids[2]].parent is out[ids[1]]
+    with pytest.raises(ValueError, match="Cannot export interactions in 'concat' style"):
+        client.export_interactions("concat")
+
+
+def test_tools_with_tool_choice_none_are_not_parsed(tiny_tokenizer):
+    text = '<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call>'
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)
+    assert create(c, tools=TOOLS, tool_choice="none").choices[0].message.content == text
+    parsed = create(c, tools=TOOLS)
+    assert parsed.choices[0].finish_reason == "tool_calls" and parsed.choices[0].message.content == ""
+    assert create(c).choices[0].message.tool_calls is None  # no tools given: no parsing
+
+
+def test_function_is_usable_without_a_client(tiny_tokenizer):
+    cache = InteractionCache()
+    settings = CompletionSettings(chat_template_type="concat")
+    completion = run(create_chat_completion(engine=ScriptedEngine(tiny_tokenizer, "ok"), tokenizer=tiny_tokenizer,
+                                            settings=settings, cache=cache, messages=Q, max_completion_tokens=10,
+                                            model="ignored"))
+    assert cache[completion.id].chat_template_type == "concat"
+    with pytest.raises(ValueError, match="chat_template_type"):
+        CompletionSettings(chat_template_type="chatml")
+
+
+# ----- streaming --------------------------------------------------------------------------------
+def test_stream_chunks(tiny_tokenizer):
+    text = 'Calling.\n<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)
+
+    async def consume():
+        stream = await c.chat.completions.create(messages=Q, tools=TOOLS, stream=True, max_completion_tokens=200)
+        assert isinstance(stream, ChunkStream)
+        assert len(c.cache) == 1 and next(iter(c.cache.values())).is_complete  # recorded before streaming
+        async with stream as s:
+            return [chunk async for chunk in s]
+
+    chunks = run(consume())
+    assert len({ch.id for ch in chunks}) == 1 and all(ch.object == "chat.completion.chunk" for ch in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[1].choices[0].delta.content == "Calling."
+    call = chunks[2].choices[0].delta.tool_calls[0]
+    assert (call.index, call.type, call.function.name, call.function.arguments) == (0, "function", "calc", '{"x": 1}')
+    assert [ch.choices[0].finish_reason for ch in chunks] == [None, None, None, "tool_calls"]
+    usage = chunks[-1].usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and usage.completion_tokens > 0
+
+
+# ----- responses --------------------------------------------------------------------------------
+def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
+    replies = iter(['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5."])
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat")
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
+    r1 = run(c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200))
+    assert r1.id.startswith("resp-") and [o.type for o in r1.output] == ["function_call"]
+    assert (r1.output[0].name, r1.output[0].arguments) == ("calc", '{"expr": "2+3"}')
+    first = c.get_interaction(r1.id)
+    assert first.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
+    follow = [{"role": "user", "content": "What is 2+3?"}, *r1.output,
+              {"type": "function_call_output", "call_id": r1.output[0].call_id, "output": "5"}]
+    r2 = run(c.responses.create(input=follow, instructions="Be brief.", tools=tools, max_output_tokens=200))
+    assert r2.output[0].content[0].text == "It is 5."
+    second = c.get_interaction(r2.id)
+    assert second.parent is first
+    assert second.messages[-1] == {"role": "tool", "content": "5", "tool_call_id": r1.output[0].call_id}
+    assert r2.usage.input_tokens == second.model_response.input_len
+    assert list(c.export_interactions("concat")) == [r2.id]
+    with pytest.raises(CompletionRequestError, match="input is required"):
+        run(c.responses.create(max_output_tokens=5))
+    with pytest.raises(CompletionRequestError, match="unsupported type 'input_image'"):
+        run(c.responses.create(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]))
