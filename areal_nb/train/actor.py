@@ -122,7 +122,7 @@ class Actor:
                     normalizer=max(minibatch_tokens, 1),
                 )
                 loss.backward()
-                minibatch_loss += float(loss)
+                minibatch_loss += float(loss.detach())
                 loss_stats.append(stats)
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))

@@ -1,0 +1,174 @@
+"""Actor.train_step on a real (tiny, random) Qwen2: direction of the update, exactness of
+micro-batching, on-policy ratios, decoupled weights, staleness, checkpoints, errors."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
+
+from .conftest import make_tiny_qwen2
+
+PROMPT = [2, 3, 4]
+COMPLETIONS = [[10, 11, 12, 1], [20, 21, 1], [30, 31, 32, 33, 1], [40, 1]]
+
+
+def make_batch(model, completions=COMPLETIONS, rewards=(1.0, 0.0, 1.0, 0.0), versions=None):
+    """The capture layer's layout, with on-policy engine log-probs from `model`."""
+    rows = [PROMPT + c for c in completions]
+    width = max(map(len, rows))
+    pad = lambda r, v: r + [v] * (width - len(r))  # noqa: E731
+    input_ids = torch.tensor([pad(r, 0) for r in rows])
+    attention = torch.tensor([pad([1] * len(r), 0) for r in rows], dtype=torch.bool)
+    loss_mask = torch.tensor([pad([0] * len(PROMPT) + [1] * len(c), 0) for c in completions])
+    with torch.no_grad():
+        logprobs = compute_token_logprobs(model, input_ids, attention) * loss_mask
+    if versions is None:
+        versions = [0] * len(rows)
+    version_rows = torch.tensor([pad([-1] * len(PROMPT) + [v] * len(c), -1) for c, v in zip(completions, versions)])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "logprobs": logprobs,
+        "versions": version_rows,
+        "turn_ids": loss_mask.clone(),
+        "rewards": torch.tensor(rewards),
+    }
+
+
+def generated_logprobs(model, batch):
+    with torch.no_grad():
+        logp = compute_token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    return [logp[i][batch["loss_mask"][i].bool()] for i in range(len(logp))]
+
+
+def test_step_raises_positive_and_lowers_negative_advantage_tokens(tiny_qwen2):
+    batch = make_batch(tiny_qwen2)
+    before = generated_logprobs(tiny_qwen2, batch)
+    actor = Actor(tiny_qwen2, GRPOConfig(lr=1e-3))
+    stats = actor.train_step(batch, group_ids=[0, 0, 0, 0])
+    after = generated_logprobs(tiny_qwen2, batch)
+    # group of 4 with rewards 1, 0, 1, 0: scores ±0.5/std, unbiased std = sqrt(1/3)
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-5)
+    assert stats["adv_max"] == pytest.approx(a, rel=1e-5) and stats["adv_min"] == pytest.approx(-a, rel=1e-5)
+    for row, sign in zip(range(4), (+1, -1, +1, -1)):
+        change = after[row] - before[row]
+        assert (sign * change > 0).all(), (row, change)
+    assert stats["reward_mean"] == 0.5 and stats["reward_std"] == 0.5
+    assert stats["n_tokens"] == 14.0
+    assert actor.version == 1 and stats["version"] == 0.0
+
+
+def test_on_policy_ratios_start_at_one(tiny_qwen2):
+    batch = make_batch(tiny_qwen2)
+    stats = Actor(tiny_qwen2, GRPOConfig()).train_step(batch, [0, 0, 1, 1])
+    assert stats["logprob_abs_diff_max"] < 1e-6
+    assert stats["importance_weight_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["importance_weight_max"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["clip_frac"] == 0.0
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert stats["entropy"] > 0
+
+
+def test_micro_batches_give_the_same_update_as_one_forward():
+    whole, split = make_tiny_qwen2(), make_tiny_qwen2()
+    batch = make_batch(whole)
+    s1 = Actor(whole, GRPOConfig(lr=1e-3)).train_step(batch, [0, 0, 0, 0])
+    s2 = Actor(split, GRPOConfig(lr=1e-3, micro_batch_size=1)).train_step(batch, [0, 0, 0, 0])
+    assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
+    assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
+    for (name, p), q in zip(whole.named_parameters(), split.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_minibatches_make_one_optimizer_step_each(tiny_qwen2):
+    actor = Actor(tiny_qwen2, GRPOConfig(ppo_n_minibatches=2))
+    stats = actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+    steps = {int(s["step"]) for s in actor.optimizer.state_dict()["state"].values()}
+    assert steps == {2}
+    # the second minibatch is trained by updated weights: its ratios are no longer all 1
+    assert stats["importance_weight_max"] > 1.0 or stats["importance_weight_min"] < 1.0
+    with pytest.raises(ValueError, match="fewer than ppo_n_minibatches"):
+        Actor(tiny_qwen2, GRPOConfig(ppo_n_minibatches=5)).train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+
+
+def test_decoupled_loss_reports_behaviour_weights(tiny_qwen2):
+    batch = make_batch(tiny_qwen2)
+    batch["logprobs"] = batch["logprobs"] - 0.1 * batch["loss_mask"]  # engine was a bit less sure
+    cfg = GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0)
+    stats = Actor(tiny_qwen2, cfg).train_step(batch, [0, 0, 0, 0])
+    assert stats["behave_imp_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-5)
+    assert stats["behave_imp_weight_max"] == pytest.approx(math.exp(0.1), rel=1e-5)
+    assert stats["behave_masked_frac"] == 0.0
+    assert stats["logprob_abs_diff_mean"] == pytest.approx(0.1, abs=1e-6)
+    # ratios are taken against the recomputed (proximal) policy, so they start at 1
+    assert stats["importance_weight_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_staleness_from_versions():
+    model = make_tiny_qwen2()
+    batch = make_batch(model, versions=[3, 2, 1, 3])
+    stats = Actor(model, GRPOConfig(), version=3).train_step(batch, [0, 0, 0, 0])
+    # tokens per row 4, 3, 5, 2 with lags 0, 1, 2, 0
+    assert stats["staleness_max"] == 2.0
+    assert stats["staleness_mean"] == pytest.approx((0 * 4 + 1 * 3 + 2 * 5 + 0 * 2) / 14)
+
+
+def test_kl_to_reference_model(tiny_qwen2):
+    batch = make_batch(tiny_qwen2)
+    with pytest.raises(ValueError, match="ref_model"):
+        Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1)).train_step(batch, [0, 0, 0, 0])
+    ref = copy.deepcopy(tiny_qwen2)
+    stats = Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1), ref_model=ref).train_step(batch, [0, 0, 0, 0])
+    # identical weights: KL 0, advantages are the plain group scores
+    assert stats["adv_max"] == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-5), rel=1e-5)
+
+
+class RecordingEngine:
+    def __init__(self):
+        self.updates = []
+
+    def update_weights(self, weights, version=None):
+        self.updates.append((weights, version))
+
+
+def test_push_weights_and_checkpoint_round_trip(tiny_qwen2):
+    actor = Actor(tiny_qwen2, GRPOConfig(), version=4)
+    actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+    engine = RecordingEngine()
+    assert actor.push_weights(engine) == 5
+    weights, version = engine.updates[0]
+    assert version == 5 and torch.equal(weights["lm_head.weight"], tiny_qwen2.lm_head.weight)
+
+    state = copy.deepcopy(actor.state_dict())
+    other = Actor(make_tiny_qwen2(seed=1), GRPOConfig())
+    other.load_state_dict(state)
+    assert other.version == 5
+    for p, q in zip(tiny_qwen2.parameters(), other.model.parameters()):
+        assert torch.equal(p, q)
+    assert other.optimizer.state_dict()["state"].keys() == actor.optimizer.state_dict()["state"].keys()
+
+
+def test_bad_batches_are_refused(tiny_qwen2):
+    actor = Actor(tiny_qwen2, GRPOConfig())
+    batch = make_batch(tiny_qwen2)
+    with pytest.raises(ValueError, match=r"lacks \['logprobs'\]"):
+        actor.train_step({k: v for k, v in batch.items() if k != "logprobs"}, [0, 0, 0, 0])
+    left_padded = dict(batch, attention_mask=batch["attention_mask"].flip(1))
+    with pytest.raises(ValueError, match="right-padded"):
+        actor.train_step(left_padded, [0, 0, 0, 0])
+    with pytest.raises(ValueError, match="3 entries for 4 rows"):
+        actor.train_step(batch, [0, 0, 1])
+    with pytest.raises(ValueError, match="shape"):
+        actor.train_step(dict(batch, versions=batch["versions"][:, :-1]), [0, 0, 0, 0])
+    assert actor.version == 0  # nothing was trained
+
+
+@pytest.mark.parametrize("kw", [dict(reward_norm="prompt"), dict(c_clip=1.0), dict(kl_estimator="k4"),
+                                dict(behave_imp_weight_cap=0.5), dict(ppo_n_minibatches=0)])
+def test_config_validation(kw):
+    with pytest.raises(ValueError, match="GRPOConfig"):
+        GRPOConfig(**kw)
