@@ -30,8 +30,10 @@ def collect_interactions(source: Any) -> list[Any]:
     if source is None:
         return found
     if hasattr(source, "proxy_caches"):  # a Session: the live caches, else its latest batch
-        for cache in source.proxy_caches() or []:
-            found.extend(list(cache.values()))
+        caches = source.proxy_caches() or {}
+        for cache in caches.values() if isinstance(caches, Mapping) else caches:  # {session id: cache}
+            if cache is not None:
+                found.extend(list(cache.values()))
         if not found and getattr(source, "last_batch", None) is not None:
             found = collect_interactions(source.last_batch)
     elif hasattr(source, "episodes"):  # a RolloutBatch
@@ -41,8 +43,9 @@ def collect_interactions(source: Any) -> list[Any]:
         found.extend(list((source.interactions or {}).values()))
     elif isinstance(source, Mapping):
         found.extend(list(source.values()))
-    elif isinstance(source, list | tuple):
-        found.extend(source)
+    elif isinstance(source, list | tuple):  # interactions, or episodes / caches to flatten
+        for item in source:
+            found.extend([item] if hasattr(item, "model_response") else collect_interactions(item))
     elif hasattr(source, "model_response"):  # a single interaction
         found.append(source)
     else:
