@@ -217,7 +217,10 @@ class AsyncRewardWrapper:
                 shared.retire(pool)  # the hung worker is killed once no one else waits on it
                 logger.warning(
                     "reward %s timed out after %ss (attempt %d/%d)",
-                    self._name, self.timeout_seconds, attempt, attempts,
+                    self._name,
+                    self.timeout_seconds,
+                    attempt,
+                    attempts,
                 )
             except BrokenProcessPool as exc:
                 last = exc

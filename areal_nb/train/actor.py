@@ -63,7 +63,9 @@ class Actor:
         return next(self.model.parameters()).device
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None
+    ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
         Returns the step's stats; afterwards `self.version` is one higher.
@@ -183,7 +185,11 @@ class Actor:
         return version
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -210,7 +216,9 @@ def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return out
 
 
-def _reward_and_advantage_stats(rewards: Tensor, scores: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+def _reward_and_advantage_stats(
+    rewards: Tensor, scores: Tensor, advantages: Tensor, mask: Tensor
+) -> dict[str, float]:
     rewards = rewards.float()
     stats = {
         "reward_mean": float(rewards.mean()),
@@ -244,5 +252,5 @@ def _aggregate(per_micro: list[dict[str, float]]) -> dict[str, float]:
         elif key.endswith("_min"):
             out[key] = min(values)
         else:
-            out[key] = sum(v * s["n_tokens"] for v, s in zip(values, used)) / total
+            out[key] = sum(v * s["n_tokens"] for v, s in zip(values, used, strict=True)) / total
     return out

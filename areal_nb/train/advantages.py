@@ -73,7 +73,11 @@ def group_normalize(
     needs_groups = "group" in (mean_level, std_level)
     if needs_groups and group_ids is None:
         raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
-    gid = group_index(group_ids, n).to(x.device) if needs_groups else torch.zeros(n, dtype=torch.long, device=x.device)
+    gid = (
+        group_index(group_ids, n).to(x.device)
+        if needs_groups
+        else torch.zeros(n, dtype=torch.long, device=x.device)
+    )
     n_groups = int(gid.max()) + 1
     group_count = torch.bincount(gid, minlength=n_groups).double()
 
@@ -83,9 +87,15 @@ def group_normalize(
         return torch.zeros(n_groups, dtype=values.dtype, device=x.device).index_add(0, gid, values)[gid]
 
     def per_row_count(level: str) -> Tensor:
-        return torch.full((n,), float(n), dtype=torch.double, device=x.device) if level == "batch" else group_count[gid]
+        return (
+            torch.full((n,), float(n), dtype=torch.double, device=x.device)
+            if level == "batch"
+            else group_count[gid]
+        )
 
-    mean = torch.zeros_like(x) if mean_level is None else per_row_sum(x, mean_level) / per_row_count(mean_level)
+    mean = (
+        torch.zeros_like(x) if mean_level is None else per_row_sum(x, mean_level) / per_row_count(mean_level)
+    )
     if std_level is None:
         std, eps = torch.ones_like(x), 0.0
     else:
@@ -120,7 +130,9 @@ def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return mean, var.sqrt() if count > 1 else torch.ones_like(mean)
 
 
-def compute_advantages(batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None) -> dict[str, Tensor]:
+def compute_advantages(
+    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None
+) -> dict[str, Tensor]:
     """Per-token advantages for a `[B, L]` batch.
 
     Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with
@@ -139,7 +151,9 @@ def compute_advantages(batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | S
     if "attention_mask" in batch:
         mask = mask & batch["attention_mask"].bool()
     if mask.dim() != 2 or mask.shape[0] != rewards.numel():
-        raise ValueError(f"loss_mask must be [B, L] with B = len(rewards) = {rewards.numel()}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"loss_mask must be [B, L] with B = len(rewards) = {rewards.numel()}, got {tuple(mask.shape)}"
+        )
     n_rows, length = mask.shape
     if group_ids is None:
         group_ids = batch.get("group_ids")

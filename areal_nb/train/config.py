@@ -39,21 +39,31 @@ class GRPOConfig:
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.eps_clip > 0, f"eps_clip must be > 0, got {self.eps_clip}"),
-            (self.eps_clip_higher is None or self.eps_clip_higher > 0,
-             f"eps_clip_higher must be > 0 or None, got {self.eps_clip_higher}"),
+            (
+                self.eps_clip_higher is None or self.eps_clip_higher > 0,
+                f"eps_clip_higher must be > 0 or None, got {self.eps_clip_higher}",
+            ),
             (self.c_clip is None or self.c_clip > 1, f"c_clip must be > 1 or None, got {self.c_clip}"),
             (self.ppo_n_minibatches >= 1, f"ppo_n_minibatches must be >= 1, got {self.ppo_n_minibatches}"),
-            (self.micro_batch_size is None or self.micro_batch_size >= 1,
-             f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}"),
+            (
+                self.micro_batch_size is None or self.micro_batch_size >= 1,
+                f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
+            ),
             (self.reward_clip > 0, f"reward_clip must be > 0, got {self.reward_clip}"),
-            (self.reward_norm in (None, "group", "batch"),
-             f"reward_norm must be 'group', 'batch' or None, got {self.reward_norm!r}"),
+            (
+                self.reward_norm in (None, "group", "batch"),
+                f"reward_norm must be 'group', 'batch' or None, got {self.reward_norm!r}",
+            ),
             (self.adv_norm in (None, "batch"), f"adv_norm must be 'batch' or None, got {self.adv_norm!r}"),
             (self.kl_ctl >= 0, f"kl_ctl must be >= 0, got {self.kl_ctl}"),
-            (self.kl_estimator in ("k1", "k2", "k3"),
-             f"kl_estimator must be 'k1', 'k2' or 'k3', got {self.kl_estimator!r}"),
-            (self.behave_imp_weight_cap is None or self.behave_imp_weight_cap > 1,
-             f"behave_imp_weight_cap must be > 1 or None, got {self.behave_imp_weight_cap}"),
+            (
+                self.kl_estimator in ("k1", "k2", "k3"),
+                f"kl_estimator must be 'k1', 'k2' or 'k3', got {self.kl_estimator!r}",
+            ),
+            (
+                self.behave_imp_weight_cap is None or self.behave_imp_weight_cap > 1,
+                f"behave_imp_weight_cap must be > 1 or None, got {self.behave_imp_weight_cap}",
+            ),
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
         ]
         for ok, message in checks:

@@ -57,7 +57,9 @@ def ppo_actor_loss(
     if prox_logprobs is not None:
         shapes.add(prox_logprobs.shape)
     if len(shapes) != 1:
-        raise ValueError(f"logprobs, old/prox logprobs, advantages and loss_mask must share a shape, got {shapes}")
+        raise ValueError(
+            f"logprobs, old/prox logprobs, advantages and loss_mask must share a shape, got {shapes}"
+        )
 
     mask = loss_mask.bool()
     n_tokens = int(mask.sum())

@@ -67,12 +67,19 @@ def test_math_reward_in_worker_processes(wrappers):
     assert asyncio.run(w(completions="x", answer="1")) == 0.0
 
 
-def test_crash_raises_after_retries_and_next_call_succeeds(wrappers, tmp_path):
+def test_crash_raises_after_retries_and_next_call_succeeds(wrappers, tmp_path, caplog):
     log = tmp_path / "attempts.txt"
     crashing = wrappers(faulty_rewards.log_pid_then_crash, timeout_seconds=30, max_retries=2)
-    with pytest.raises(RewardWorkerCrashedError, match="log_pid_then_crash crashed its worker process on all 3"):
+    with pytest.raises(
+        RewardWorkerCrashedError, match="log_pid_then_crash crashed its worker process on all 3"
+    ):
         asyncio.run(crashing(str(log)))
     assert len(log.read_text().split()) == 3  # one fresh worker per attempt
+    assert [r.getMessage().split(":")[1].strip() for r in caplog.records if "attempt" in r.getMessage()] == [
+        "worker process died (attempt 1/3)",
+        "worker process died (attempt 2/3)",
+        "worker process died (attempt 3/3)",
+    ]
     healthy = wrappers(gsm8k_reward_fn, timeout_seconds=30)
     assert asyncio.run(healthy(completions="12", answer="#### 12")) == 1.0
 
@@ -134,8 +141,9 @@ def test_unpicklable_function_is_refused():
         AsyncRewardWrapper(lambda **kw: 1.0)
 
 
-@pytest.mark.parametrize("kw", [{"timeout_seconds": 0}, {"max_retries": -1}, {"max_workers": 0},
-                                {"on_timeout": "ignore"}])
+@pytest.mark.parametrize(
+    "kw", [{"timeout_seconds": 0}, {"max_retries": -1}, {"max_workers": 0}, {"on_timeout": "ignore"}]
+)
 def test_bad_arguments(kw):
     with pytest.raises(ValueError):
         AsyncRewardWrapper(gsm8k_reward_fn, **kw)

@@ -27,8 +27,17 @@ def test_math_reward(result, answer, expected):
 
 
 def test_gsm8k_reward_fn_keyword_form():
-    assert gsm8k_reward_fn(prompt="q", completions="The answer is \\boxed{12}", prompt_ids=[1],
-                           completion_ids=[2], answer="#### 12", extra="ignored") == 1.0
+    assert (
+        gsm8k_reward_fn(
+            prompt="q",
+            completions="The answer is \\boxed{12}",
+            prompt_ids=[1],
+            completion_ids=[2],
+            answer="#### 12",
+            extra="ignored",
+        )
+        == 1.0
+    )
     assert gsm8k_reward_fn(completions="The answer is 11", answer="#### 12") == 0.0
     assert gsm8k_reward_fn(completions=None, answer="#### 12") == 0.0
     assert gsm8k_reward_fn(completions="12", answer=None) == 0.0

@@ -27,7 +27,9 @@ def make_batch(model, completions=COMPLETIONS, rewards=(1.0, 0.0, 1.0, 0.0), ver
         logprobs = compute_token_logprobs(model, input_ids, attention) * loss_mask
     if versions is None:
         versions = [0] * len(rows)
-    version_rows = torch.tensor([pad([-1] * len(PROMPT) + [v] * len(c), -1) for c, v in zip(completions, versions)])
+    version_rows = torch.tensor(
+        [pad([-1] * len(PROMPT) + [v] * len(c), -1) for c, v in zip(completions, versions, strict=True)]
+    )
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -54,7 +56,7 @@ def test_step_raises_positive_and_lowers_negative_advantage_tokens(tiny_qwen2):
     # group of 4 with rewards 1, 0, 1, 0: scores ±0.5/std, unbiased std = sqrt(1/3)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-5)
     assert stats["adv_max"] == pytest.approx(a, rel=1e-5) and stats["adv_min"] == pytest.approx(-a, rel=1e-5)
-    for row, sign in zip(range(4), (+1, -1, +1, -1)):
+    for row, sign in zip(range(4), (+1, -1, +1, -1), strict=True):
         change = after[row] - before[row]
         assert (sign * change > 0).all(), (row, change)
     assert stats["reward_mean"] == 0.5 and stats["reward_std"] == 0.5
@@ -80,7 +82,7 @@ def test_micro_batches_give_the_same_update_as_one_forward():
     s2 = Actor(split, GRPOConfig(lr=1e-3, micro_batch_size=1)).train_step(batch, [0, 0, 0, 0])
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
     assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
-    for (name, p), q in zip(whole.named_parameters(), split.parameters()):
+    for (name, p), q in zip(whole.named_parameters(), split.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), name
 
 
@@ -147,7 +149,7 @@ def test_push_weights_and_checkpoint_round_trip(tiny_qwen2):
     other = Actor(make_tiny_qwen2(seed=1), GRPOConfig())
     other.load_state_dict(state)
     assert other.version == 5
-    for p, q in zip(tiny_qwen2.parameters(), other.model.parameters()):
+    for p, q in zip(tiny_qwen2.parameters(), other.model.parameters(), strict=True):
         assert torch.equal(p, q)
     assert other.optimizer.state_dict()["state"].keys() == actor.optimizer.state_dict()["state"].keys()
 
@@ -167,8 +169,16 @@ def test_bad_batches_are_refused(tiny_qwen2):
     assert actor.version == 0  # nothing was trained
 
 
-@pytest.mark.parametrize("kw", [dict(reward_norm="prompt"), dict(c_clip=1.0), dict(kl_estimator="k4"),
-                                dict(behave_imp_weight_cap=0.5), dict(ppo_n_minibatches=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(reward_norm="prompt"),
+        dict(c_clip=1.0),
+        dict(kl_estimator="k4"),
+        dict(behave_imp_weight_cap=0.5),
+        dict(ppo_n_minibatches=0),
+    ],
+)
 def test_config_validation(kw):
     with pytest.raises(ValueError, match="GRPOConfig"):
         GRPOConfig(**kw)

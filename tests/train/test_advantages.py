@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from areal_nb.train import GRPOConfig, RewardShaping, compute_advantages, group_normalize, kl_estimate
 
@@ -39,12 +41,16 @@ def test_group_normalize_eps_biased_std_and_levels():
     ids = [0, 0, 1, 1]
     # biased std of {1, 0} is 0.5, of {0, 3} is 1.5
     out = group_normalize(rewards, ids, std_unbiased=False, eps=1e-5)
-    assert out.tolist() == pytest.approx([0.5 / 0.50001, -0.5 / 0.50001, -1.5 / 1.50001, 1.5 / 1.50001], abs=1e-6)
+    assert out.tolist() == pytest.approx(
+        [0.5 / 0.50001, -0.5 / 0.50001, -1.5 / 1.50001, 1.5 / 1.50001], abs=1e-6
+    )
     # centring only
     assert group_normalize(rewards, ids, std_level=None).tolist() == pytest.approx([0.5, -0.5, -1.5, 1.5])
     # batch level needs no ids: mean 1, unbiased std sqrt(6/3)
     batch = group_normalize(rewards, None, "batch", "batch", eps=0.0)
-    assert batch.tolist() == pytest.approx([0.0, -1 / math.sqrt(2), -1 / math.sqrt(2), 2 / math.sqrt(2)], abs=1e-6)
+    assert batch.tolist() == pytest.approx(
+        [0.0, -1 / math.sqrt(2), -1 / math.sqrt(2), 2 / math.sqrt(2)], abs=1e-6
+    )
     # group mean, batch std (around the group means)
     mixed = group_normalize(rewards, ids, "group", "batch", eps=0.0)
     std = math.sqrt((0.25 + 0.25 + 2.25 + 2.25) / 3)
@@ -63,16 +69,21 @@ def test_group_normalize_errors():
 
 def _multi_turn_batch():
     # row 0: one episode, two turns (prompt, gen, gen, tool, gen); row 1: one turn; row 2: padding
-    loss_mask = torch.tensor([
-        [0, 1, 1, 0, 1, 0],
-        [0, 0, 1, 1, 0, 0],
-        [0, 0, 1, 0, 0, 0],
-    ])
-    attention = torch.tensor([
-        [1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-    ], dtype=torch.bool)
+    loss_mask = torch.tensor(
+        [
+            [0, 1, 1, 0, 1, 0],
+            [0, 0, 1, 1, 0, 0],
+            [0, 0, 1, 0, 0, 0],
+        ]
+    )
+    attention = torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+        ],
+        dtype=torch.bool,
+    )
     return {"loss_mask": loss_mask, "attention_mask": attention, "rewards": torch.tensor([3.0, 1.0, 2.0])}
 
 
@@ -81,11 +92,13 @@ def test_advantages_broadcast_score_onto_every_generated_token():
     cfg = GRPOConfig(reward_norm=None, reward_bias=1.0, reward_clip=3.5)
     out = compute_advantages(batch, cfg)
     # scores: clip(r + 1, ±3.5) = 3.5, 2, 3
-    expected = torch.tensor([
-        [0, 3.5, 3.5, 0, 3.5, 0],
-        [0, 0, 2.0, 2.0, 0, 0],
-        [0, 0, 3.0, 0, 0, 0],
-    ])
+    expected = torch.tensor(
+        [
+            [0, 3.5, 3.5, 0, 3.5, 0],
+            [0, 0, 2.0, 2.0, 0, 0],
+            [0, 0, 3.0, 0, 0, 0],
+        ]
+    )
     assert torch.equal(out["advantages"], expected)
     assert out["scores"].tolist() == [3.5, 2.0, 3.0]
 
@@ -144,3 +157,18 @@ def test_batch_advantage_normalisation_over_generated_tokens():
     assert adv[1, 3].item() == pytest.approx((1 - mean) / std)
     assert adv[2, 2].item() == pytest.approx((2 - mean) / std)
     assert adv[~out["loss_mask"]].abs().sum().item() == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(-5, 5, allow_nan=False)), min_size=1, max_size=20))
+def test_group_normalize_matches_a_per_group_loop(rows):
+    ids = [g for g, _ in rows]
+    rewards = torch.tensor([r for _, r in rows])
+    out = group_normalize(rewards, ids, eps=1e-5)
+    for i, (g, r) in enumerate(rows):
+        members = [x for h, x in rows if h == g]
+        mean = sum(members) / len(members)
+        std = (
+            math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1)) if len(members) > 1 else 1.0
+        )
+        assert out[i].item() == pytest.approx((r - mean) / (std + 1e-5), abs=1e-4)

@@ -24,8 +24,10 @@ def rollout(engine, n_samples=3, temperature=1.0):
 
     responses = asyncio.run(run())
     width = max(r.input_len + r.output_len for r in responses)
-    batch = {k: torch.zeros(len(responses), width, dtype=d) for k, d in
-             [("input_ids", torch.long), ("loss_mask", torch.long), ("logprobs", torch.float32)]}
+    batch = {
+        k: torch.zeros(len(responses), width, dtype=d)
+        for k, d in [("input_ids", torch.long), ("loss_mask", torch.long), ("logprobs", torch.float32)]
+    }
     batch["attention_mask"] = torch.zeros(len(responses), width, dtype=torch.bool)
     batch["versions"] = torch.full((len(responses), width), -1, dtype=torch.long)
     for i, r in enumerate(responses):
@@ -89,5 +91,7 @@ def concat_batches(a, b):
             out[key] = torch.cat([a[key], b[key]])
             continue
         fill = -1 if key == "versions" else 0
-        out[key] = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (a[key], b[key])])
+        out[key] = torch.cat(
+            [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (a[key], b[key])]
+        )
     return out

@@ -29,8 +29,9 @@ def test_clipping_on_both_sides_values_and_gradients():
 
 def test_asymmetric_clip_higher():
     logp = torch.tensor([[LOG(1.5)]])
-    loss, stats = ppo_actor_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
-                                 eps_clip=0.2, eps_clip_higher=0.28)
+    loss, stats = ppo_actor_loss(
+        logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), eps_clip=0.2, eps_clip_higher=0.28
+    )
     assert loss.item() == pytest.approx(-1.28)
     assert stats["clip_frac"] == 1.0
 
@@ -51,7 +52,9 @@ def test_decoupled_loss_applies_behaviour_weight_and_masks_above_cap():
     prox = torch.tensor([[LOG(2.0), LOG(0.5), LOG(8.0), 0.0]])  # behaviour weights 2, 0.5, 8 (> cap), 1
     logp = prox + torch.tensor([[LOG(1.1), LOG(1.5), 0.0, LOG(0.9)]])  # ratios to prox: 1.1, 1.5, 1, 0.9
     adv = torch.tensor([[1.0, 1.0, 1.0, -1.0]])
-    loss, stats = ppo_actor_loss(logp, old, adv, torch.ones(1, 4), prox_logprobs=prox, behave_imp_weight_cap=5.0)
+    loss, stats = ppo_actor_loss(
+        logp, old, adv, torch.ones(1, 4), prox_logprobs=prox, behave_imp_weight_cap=5.0
+    )
     # token losses × weight: −1.1·2, −1.2·0.5, (masked), 0.9·1; normaliser counts all 4 tokens
     assert loss.item() == pytest.approx((-2.2 - 0.6 + 0.9) / 4)
     assert stats["behave_imp_weight_max"] == pytest.approx(8.0)
@@ -76,7 +79,9 @@ def test_mask_excludes_tokens_and_padding_values_cannot_poison():
 
 def test_approx_kl_is_k3_and_k1():
     logp = torch.tensor([[LOG(2.0), LOG(0.5)]])
-    _, stats = ppo_actor_loss(logp, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), entropy=torch.tensor([[1.0, 3.0]]))
+    _, stats = ppo_actor_loss(
+        logp, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), entropy=torch.tensor([[1.0, 3.0]])
+    )
     assert stats["approx_kl"] == pytest.approx(((2 - 1 - LOG(2)) + (0.5 - 1 - LOG(0.5))) / 2)
     assert stats["approx_kl_k1"] == pytest.approx((-LOG(2) - LOG(0.5)) / 2)
     assert stats["entropy"] == pytest.approx(2.0)
@@ -93,7 +98,10 @@ def test_micro_batches_with_minibatch_normaliser_give_the_token_mean():
     full_grad = logp.grad.clone()
     logp.grad = None
     total = int(mask.sum())
-    parts = [ppo_actor_loss(logp[r], old[r], adv[r], mask[r], normalizer=total)[0] for r in (slice(0, 2), slice(2, 5))]
+    parts = [
+        ppo_actor_loss(logp[r], old[r], adv[r], mask[r], normalizer=total)[0]
+        for r in (slice(0, 2), slice(2, 5))
+    ]
     assert sum(p.item() for p in parts) == pytest.approx(full.item(), abs=1e-6)
     sum(parts).backward()
     assert torch.allclose(logp.grad, full_grad, atol=1e-7)
