@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -177,7 +177,7 @@ class OpenAIProxyClient:
         await self._post_with_retries("rl/end_session", self.session_api_key, None, attempts)
         self.session_ended = True
 
-    async def __aenter__(self) -> OpenAIProxyClient:
+    async def __aenter__(self) -> Self:
         try:
             await self.start_session()
         except BaseException:

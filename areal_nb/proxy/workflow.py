@@ -269,16 +269,25 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             raise EpisodeRejected("subproc_crash", f"agent worker process died: {exc}") from exc
 
     async def _assign_rewards(self, client: OpenAIProxyClient, reward: float | dict[str, float]) -> None:
-        try:
-            if isinstance(reward, dict):
-                for interaction_id, value in reward.items():
+        if isinstance(reward, dict):
+            for interaction_id, value in reward.items():
+                try:
                     await client.set_reward(interaction_id, value)
-            else:
-                await client.set_last_reward(reward)
+                except ProxyRequestError as exc:
+                    if exc.status in (400, 404):
+                        raise EpisodeRejected(
+                            "invalid_reward", f"reward for {interaction_id!r} could not be assigned: {exc.detail}"
+                        ) from exc
+                    raise
+            return
+        try:
+            await client.set_last_reward(reward)
         except ProxyRequestError as exc:
             if exc.status in (400, 404):
-                # Unknown interaction id, or no call was made that a reward could go to.
-                raise EpisodeRejected("invalid_reward", f"reward could not be assigned: {exc.detail}") from exc
+                # "last call" has no id to get wrong: the session has no completed call.
+                raise EpisodeRejected(
+                    "no_interactions", f"the agent made no LLM call through the proxy ({exc.detail})"
+                ) from exc
             raise
 
     @property
@@ -320,7 +329,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                     rejection = exc
                 except ProxyRequestError:
                     raise
-                except Exception as exc:  # the agent's own failure, whatever it is
+                except Exception as exc:  # noqa: BLE001 - the agent's own failure, whatever it is
                     rejection = EpisodeRejected("agent_error", f"agent raised {type(exc).__name__}: {exc}")
             # Export even a rejected episode: it is the step that frees the session on the proxy.
             interactions = await client.export_interactions(self.discount, self.export_style, self.discount_mode)

@@ -91,7 +91,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
     async def _member(self, engine: InferenceEngine, data: dict[str, Any], index: int) -> dict[str, Any] | None:
         try:
             result = await self.workflow.arun_episode(engine, data)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one member must not fail the group
             message = f"member {index} raised {type(exc).__name__}: {exc}"
             logger.warning("group member rejected: %s", message)
             self.last_member_errors.append(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Self
 
 from areal_nb.api import RolloutWorkflow
 
@@ -145,15 +145,15 @@ class RaisingAgent:
 
 
 class HangingAgent:
-    """Makes one call, then never returns (blocking sleep in subproc mode, async in inline)."""
+    """Makes one call, then never returns (async sleep inline; a blocking sleep in subproc)."""
 
     async def run(self, data: dict[str, Any], **kw: Any) -> float:
+        await _async_openai(kw).chat.completions.create(
+            model="default", messages=data["messages"], max_completion_tokens=4
+        )
         if kw:
-            await _async_openai(kw).chat.completions.create(
-                model="default", messages=data["messages"], max_completion_tokens=4
-            )
             await asyncio.sleep(3600)
-        time.sleep(3600)  # subproc: a stuck synchronous worker
+        time.sleep(3600)  # noqa: ASYNC251 - subproc: a worker stuck in synchronous code
         return 1.0
 
 
@@ -232,7 +232,7 @@ class serve_proxy:
     def state(self) -> Any:
         return proxy_state(self.app)
 
-    def __enter__(self) -> serve_proxy:
+    def __enter__(self) -> Self:
         self.server.start()
         return self
 

@@ -152,9 +152,9 @@ def test_bad_rewards_and_second_export_are_errors(proxy):
 def test_session_properties_before_start_and_bad_arguments():
     client = OpenAIProxyClient("http://127.0.0.1:1", ADMIN_KEY, "x")
     with pytest.raises(ValueError, match="no session"):
-        client.session_id
+        _ = client.session_id
     with pytest.raises(ValueError, match="no session"):
-        client.session_api_key
+        _ = client.session_api_key
     with pytest.raises(ValueError, match="admin_api_key"):
         OpenAIProxyClient("http://127.0.0.1:1", "", "x")
     with pytest.raises(ValueError, match="task_id"):

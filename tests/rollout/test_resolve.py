@@ -20,7 +20,7 @@ from areal_nb.rollout import (
 )
 from tests.proxy import agents
 
-PROXY = dict(proxy_addr="http://127.0.0.1:1", admin_api_key="admin")
+PROXY = {"proxy_addr": "http://127.0.0.1:1", "admin_api_key": "admin"}
 
 
 def test_instance_is_used_and_kwargs_ignored_with_warning(caplog):
