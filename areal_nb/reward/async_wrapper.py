@@ -9,7 +9,8 @@ Semantics follow AReaL's wrapper (reference §6.1) with these deliberate differe
   (`__main__`) is not. Put it in a `.py` file.
 - A call that times out does not leave a hung process occupying a worker: the pool is
   replaced at once (new calls go to the fresh pool) and the old one is killed as soon as no
-  other call still waits on it.
+  other call still waits on it. The same happens when a call is cancelled (a KeyboardInterrupt
+  in a notebook cell cancels the rollout): the abandoned job may still be running.
 - After every attempt timed out, the wrapper raises `RewardTimeoutError` by default, so the
   episode is rejected with a logged reason; `on_timeout="zero"` gives AReaL's `return 0`.
 - A reward function that crashes its worker (segfault, `os._exit`) on every attempt raises
@@ -222,6 +223,10 @@ class AsyncRewardWrapper:
                     attempt,
                     attempts,
                 )
+            except asyncio.CancelledError:
+                # The job may still run (or hang) in a worker; it must not keep the slot.
+                shared.retire(pool)
+                raise
             except BrokenProcessPool as exc:
                 last = exc
                 shared.retire(pool)

@@ -104,6 +104,26 @@ def test_hang_times_out_kills_the_worker_and_next_call_is_prompt(wrappers, tmp_p
     assert pid not in hung_pids and _alive(pid)
 
 
+def test_cancelled_call_does_not_leave_its_job_running(wrappers, tmp_path):
+    log = tmp_path / "hung.txt"
+    hanging = wrappers(faulty_rewards.log_pid_then_hang, timeout_seconds=60, max_retries=0)
+    quick = wrappers(faulty_rewards.worker_pid, timeout_seconds=5, max_retries=0)
+
+    async def run():
+        task = asyncio.create_task(hanging(str(log)))
+        while not log.exists() or not log.read_text():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return int(await quick())
+
+    fresh_pid = asyncio.run(run())
+    hung_pid = int(log.read_text())
+    assert not _alive(hung_pid)
+    assert fresh_pid != hung_pid
+
+
 def test_hang_returns_zero_when_asked(wrappers, tmp_path):
     w = wrappers(faulty_rewards.log_pid_then_hang, timeout_seconds=0.5, max_retries=0, on_timeout="zero")
     assert asyncio.run(w(str(tmp_path / "hung.txt"))) == 0.0
