@@ -1,0 +1,51 @@
+"""Writes the browser test's notebook: a tiny Session, its batch's three views, the dashboard, a step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+SETUP = '''\
+import os
+from openai import AsyncOpenAI
+from areal_nb import Session
+
+class TwoTurnAgent:
+    """Always two turns (answer, then the correction prompt) so every concat row has two turns."""
+
+    async def run(self, data, **kw):
+        client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"),
+                             max_retries=0)
+        messages, rewards = list(data["messages"]), {}
+        for turn in range(2):
+            c = await client.chat.completions.create(model="default", messages=messages, max_completion_tokens=6)
+            msg = c.choices[0].message
+            # reward the last turn so that a discount changes the first turn's reward
+            rewards[c.id] = 1.0 if turn == 1 else 0.0
+            messages = messages + [msg.model_dump(exclude_none=True), {"role": "user", "content": "Check it."}]
+        return rewards
+
+session = Session(None, agent={"workflow": TwoTurnAgent(), "workflow_kwargs": {}, "chat_template_type": "concat",
+                               "export_style": "concat", "turn_discount": 1.0},
+                  rollout={"batch_size": 1, "group_size": 2, "max_new_tokens": 6, "max_concurrent_rollouts": 4},
+                  data={"eval_size": 2}, logging={"eval_every": 0})
+batch = session.rollout()
+print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episodes])'''
+
+CELLS = [
+    SETUP,
+    "tree = batch.show_tree(0)\ntree",
+    "tokens = batch.show_tokens(0)\ntokens",
+    "rewards = batch.show_rewards(0)\nrewards",
+    "dash = session.dashboard()\ndash",
+    "stats = session.train_step(batch)\nprint('trained step', stats['step'])",
+]
+
+
+def write_notebook(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
