@@ -168,7 +168,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         self._last_reason: str | None = None
         # Reason per asyncio task, so a caller awaiting arun_episode reads its own episode's
         # reason even while other episodes are rejected concurrently.
-        self._task_reasons: weakref.WeakKeyDictionary[asyncio.Task, str] = weakref.WeakKeyDictionary()
+        self._task_reasons: weakref.WeakKeyDictionary[asyncio.Task, str | None] = weakref.WeakKeyDictionary()
         self._pool: ProcessPoolExecutor | None = None
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
@@ -267,6 +267,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             if self._pool is pool:
                 self._pool = None
             raise EpisodeRejected("subproc_crash", f"agent worker process died: {exc}") from exc
+        except asyncio.CancelledError:
+            # The worker would go on running the abandoned agent; stop it with its pool.
+            if self._pool is pool:
+                self._kill_pool()
+            raise
 
     async def _assign_rewards(self, client: OpenAIProxyClient, reward: float | dict[str, float]) -> None:
         if isinstance(reward, dict):
@@ -307,6 +312,17 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             self._task_reasons[task] = reason
         logger.warning("episode %s rejected (%s): %s", task_id, kind, message)
 
+    async def _discard_session(self, client: OpenAIProxyClient) -> None:
+        if client._session_id is None:
+            return
+        try:
+            async with asyncio.timeout(10):
+                if not client.session_ended:
+                    await client.end_session(attempts=1)
+                await client.export_interactions(self.discount, self.export_style, self.discount_mode)
+        except (ProxyRequestError, TimeoutError, asyncio.CancelledError) as exc:
+            logger.error("could not free cancelled session %s: %r", client._session_id, exc)
+
     async def arun_episode(
         self, engine: InferenceEngine | None, data: dict[str, Any], task_id: str | None = None
     ) -> dict[str, Any] | None:
@@ -314,7 +330,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         task_id = task_id or f"task-{uuid.uuid4().hex[:12]}"
         current = asyncio.current_task()
         if current is not None:
-            self._task_reasons.pop(current, None)
+            self._task_reasons[current] = None  # this task's episode has no rejection (yet)
         http = self._http_client()
         client = OpenAIProxyClient(self.proxy_addr, self.admin_api_key, task_id, http_client=http)
         rejection: EpisodeRejected | None = None
@@ -333,6 +349,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                     rejection = EpisodeRejected("agent_error", f"agent raised {type(exc).__name__}: {exc}")
             # Export even a rejected episode: it is the step that frees the session on the proxy.
             interactions = await client.export_interactions(self.discount, self.export_style, self.discount_mode)
+        except asyncio.CancelledError:
+            # The executor gave up on this episode (KeyboardInterrupt, shutdown): still free the
+            # session on the proxy, best effort and bounded, then let the cancellation through.
+            await self._discard_session(client)
+            raise
         except ProxyRequestError as exc:
             self._reject(task_id, "proxy_error", str(exc))
             if client._session_id is not None and not client.session_ended:

@@ -1,0 +1,122 @@
+"""OpenAIProxyWorkflow: construction errors, the reward contract, per-task rejection reasons,
+cancellation cleanup, and the subprocess entry's environment handling."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+import numpy as np
+import pytest
+
+from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.proxy.workflow import EpisodeRejected, OpenAIProxyWorkflow, _run_agent_in_subprocess, validate_reward
+from tests.proxy import agents
+from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
+
+OK = {"messages": [{"role": "user", "content": "q"}]}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1, 1.0), (0, 0.0), (-2.5, -2.5), (np.float32(0.5), 0.5), (np.int64(3), 3.0),
+     ({"a": 1, "b": 0.25}, {"a": 1.0, "b": 0.25})],
+)
+def test_valid_rewards(value, expected):
+    out = validate_reward(value)
+    assert out == expected and (type(out) is float or all(type(v) is float for v in out.values()))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, False, np.bool_(True), None, "1", [1.0], (1.0,), math.inf, -math.nan, {}, {1: 1.0}, {"a": None},
+     {"a": math.inf}, {"a": True}],
+)
+def test_invalid_rewards(value):
+    with pytest.raises(EpisodeRejected) as err:
+        validate_reward(value)
+    assert err.value.kind == "invalid_reward"
+
+
+def test_constructor_errors():
+    good = {"agent": agents.ChatAgent(), "proxy_addr": "http://127.0.0.1:1", "admin_api_key": "k"}
+    cases = [
+        ({"mode": "online"}, ValueError, "mode must be one of"),
+        ({"agent": None}, ValueError, "needs an agent"),
+        ({"agent": object()}, TypeError, "no callable `run"),
+        ({"agent": agents.SyncRunAgent()}, TypeError, "must be `async def` in inline mode"),
+        ({"proxy_addr": ""}, ValueError, "needs proxy_addr"),
+        ({"admin_api_key": ""}, ValueError, "admin_api_key"),
+        ({"export_style": "tree"}, ValueError, "export_style must be one of"),
+        ({"discount": 1.5}, ValueError, "discount must be in"),
+        ({"subproc_max_workers": 0}, ValueError, "subproc_max_workers"),
+        ({"agent_timeout": 0}, ValueError, "agent_timeout must be positive"),
+    ]
+    for override, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            OpenAIProxyWorkflow(**{**good, **override})
+    wf = OpenAIProxyWorkflow(**{**good, "proxy_addr": "http://127.0.0.1:1/v1/"})
+    assert wf.proxy_addr == "http://127.0.0.1:1"  # normalised to the proxy root
+
+
+class _EnvAgent:
+    async def run(self, data, **kw):
+        return {k: os.environ[k] for k in data["keys"]}
+
+
+def test_subprocess_entry_sets_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "outer")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    env = {"OPENAI_API_KEY": "session-key", "ANTHROPIC_API_KEY": "session-key"}
+    seen = _run_agent_in_subprocess(_EnvAgent(), {"keys": list(env)}, env)
+    assert seen == env
+    assert os.environ["OPENAI_API_KEY"] == "outer" and "ANTHROPIC_API_KEY" not in os.environ
+    # a sync run is called as is
+    assert _run_agent_in_subprocess(agents.SyncRunAgent(), {}, {}) == 1.0
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_tokenizer):
+    with serve_proxy(ScriptedEngine(tiny_tokenizer, "The answer is 7"), tiny_tokenizer) as p:
+        yield p
+
+
+def test_rejection_reason_is_per_task_under_concurrency(proxy):
+    wf = OpenAIProxyWorkflow(agent=agents.ChatAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY)
+
+    async def one(data):
+        result = await wf.arun_episode(None, data)
+        return result, wf.last_rejection_reason
+
+    async def main():
+        out = await asyncio.gather(*(one({**OK, "ret": "bad"} if i % 2 else OK) for i in range(6)))
+        await wf.aclose()
+        return out
+
+    for i, (result, reason) in enumerate(asyncio.run(main())):
+        if i % 2:
+            assert result is None and reason.startswith("invalid_reward: ") and "got str" in reason
+        else:
+            assert result is not None and reason is None
+    assert wf.accepted == 3 and wf.rejections == {"invalid_reward": 3}
+    assert live_sessions(proxy.app) == ({}, {})
+
+
+def test_cancelled_episode_still_frees_its_session(proxy):
+    wf = OpenAIProxyWorkflow(agent=agents.HangingAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY)
+
+    async def main():
+        task = asyncio.create_task(wf.arun_episode(None, OK))
+        for _ in range(200):  # until the agent's call is recorded and it hangs
+            await asyncio.sleep(0.02)
+            if any(len(s.cache) for s in proxy.state.sessions.values()):
+                break
+        assert proxy.state.sessions
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wf.aclose()
+
+    asyncio.run(main())
+    assert live_sessions(proxy.app) == ({}, {})
