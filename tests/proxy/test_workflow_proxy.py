@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from areal_nb.engine.scripted import ScriptedEngine
-from areal_nb.proxy.workflow import EpisodeRejected, OpenAIProxyWorkflow, _run_agent_in_subprocess, validate_reward
+from areal_nb.proxy.workflow import (
+    EpisodeRejected,
+    OpenAIProxyWorkflow,
+    _run_agent_in_subprocess,
+    validate_reward,
+)
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
