@@ -127,14 +127,14 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def total_reward(self) -> float:
         return sum(v.reward for v in self.values() if v.reward is not None)
 
-    def set_reward(self, interaction_id: str, reward: int | float) -> None:
+    def set_reward(self, interaction_id: str, reward: float) -> None:
         value = validate_reward(reward)
         with self._lock:
             if interaction_id not in self:
                 raise KeyError(f"Interaction with ID {interaction_id} not found in cache")
             self[interaction_id].reward = value
 
-    def set_last_reward(self, reward: int | float) -> str:
+    def set_last_reward(self, reward: float) -> str:
         """Set the reward of the most recently completed call; returns its id."""
         key = self.last_interaction_id
         if key is None:

@@ -7,7 +7,7 @@ which runs the same completion logic (`completion.create_chat_completion`) behin
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 import openai
 
@@ -38,7 +38,7 @@ class ChunkStream:
         self._pos += 1
         return self._chunks[self._pos - 1]
 
-    async def __aenter__(self) -> ChunkStream:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -146,10 +146,10 @@ class ArealOpenAI(openai.AsyncOpenAI):
     def get_interaction(self, interaction_id: str) -> InteractionWithTokenLogpReward | None:
         return self.cache.get(interaction_id)
 
-    def set_reward(self, interaction_id: str, reward: int | float) -> None:
+    def set_reward(self, interaction_id: str, reward: float) -> None:
         self.cache.set_reward(interaction_id, reward)
 
-    def set_last_reward(self, reward: int | float) -> str:
+    def set_last_reward(self, reward: float) -> str:
         """Reward the most recently *completed* call (not the most recently started one)."""
         return self.cache.set_last_reward(reward)
 

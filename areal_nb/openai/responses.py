@@ -14,7 +14,13 @@ import uuid
 from typing import Any
 
 from .cache import InteractionCache
-from .completion import MODEL_NAME, CompletionSettings, _chat_template_kwargs, decode_output, generate_for_messages
+from .completion import (
+    MODEL_NAME,
+    CompletionSettings,
+    _chat_template_kwargs,
+    decode_output,
+    generate_for_messages,
+)
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
 

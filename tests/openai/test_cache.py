@@ -231,7 +231,7 @@ def test_export_errors():
 
 def test_export_with_reward_discount_applies_it_once():
     cache = InteractionCache()
-    a, b, c = chain(cache)
+    a, _, c = chain(cache)
     c.reward = 10.0
     out = cache.export_interactions("individual", reward_discount=0.9)
     assert [out[k].reward for k in ("c0", "c1", "c2")] == pytest.approx([8.1, 9.0, 10.0])

@@ -227,3 +227,22 @@ def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
         run(c.responses.create(max_output_tokens=5))
     with pytest.raises(CompletionRequestError, match="unsupported type 'input_image'"):
         run(c.responses.create(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]))
+
+
+def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer, chat_template_type="concat")
+    first = create(c, max_completion_tokens=3)
+    assert first.choices[0].finish_reason == "length"
+    msgs = [*Q, first.choices[0].message, {"role": "user", "content": "Go on."}]
+    second = create(c, messages=msgs)
+    parent, child = c.get_interaction(first.id), c.get_interaction(second.id)
+    assert child.parent is parent
+    row = child.to_tensor_dict()
+    n_in, n_out = parent.model_response.input_len, 3
+    eos = tiny_tokenizer.eos_token_id
+    suffix = tiny_tokenizer.encode("\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    expected_prompt = parent.model_response.input_tokens + parent.model_response.output_tokens + [eos, *suffix]
+    assert child.model_response.input_tokens == expected_prompt
+    gap = child.model_response.input_len - n_in - n_out
+    assert row["loss_mask"][0].tolist() == [0] * n_in + [1] * n_out + [0] * gap + [1] * child.model_response.output_len
+    assert row["input_ids"][0, n_in + n_out].item() == eos

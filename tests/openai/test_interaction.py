@@ -54,7 +54,7 @@ def test_concat_row_of_a_four_turn_chain_with_tool_result_and_truncated_parent()
 
 
 def test_hf_rows_hold_only_their_own_call_with_turn_depth():
-    a, b, c, d = three_turns_and_truncated(template="hf")
+    a, b, c, _ = three_turns_and_truncated(template="hf")
     assert lists(b.to_tensor_dict())["loss_mask"] == [[0] * 8 + [1, 1]]
     assert lists(b.to_tensor_dict())["turn_ids"] == [[-1] * 8 + [1, 1]]
     assert lists(b.to_tensor_dict())["versions"] == [[-1] * 8 + [1, 1]]

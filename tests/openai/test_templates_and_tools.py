@@ -56,7 +56,7 @@ def test_hf_render_is_the_tokenizer_template(tiny_tokenizer):
 
 
 def test_concat_prompts_equal_hf_render_of_full_conversation_with_tool_calls(tiny_tokenizer):
-    client, engine, messages, ids = run_tool_conversation(tiny_tokenizer, [CALL_1, CALL_2, FINAL, FINAL])
+    client, engine, _, ids = run_tool_conversation(tiny_tokenizer, [CALL_1, CALL_2, FINAL, FINAL])
     calls = [client.get_interaction(i) for i in ids]
     assert [c.completion.choices[0].finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop", "stop"]
     assert [c.parent for c in calls] == [None, calls[0], calls[1], calls[2]]
@@ -86,7 +86,7 @@ def test_concat_prompts_equal_hf_render_of_full_conversation_with_tool_calls(tin
 
 
 def test_tool_call_message_content_and_arguments(tiny_tokenizer):
-    client, _, messages, ids = run_tool_conversation(tiny_tokenizer, [CALL_2, FINAL])
+    client, _, _, ids = run_tool_conversation(tiny_tokenizer, [CALL_2, FINAL])
     msg = client.get_interaction(ids[0]).completion.choices[0].message
     assert msg.content == "Let me check both."
     assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [
@@ -128,7 +128,7 @@ def test_concat_alignment_failure_is_a_clear_error(tiny_tokenizer):
 
 
 def test_stop_string_parent_gets_an_eos_in_the_childs_gap(tiny_tokenizer):
-    client, engine, _, ids = run_tool_conversation(tiny_tokenizer, [tiny_tokenizer.encode("The answer is", add_special_tokens=False), FINAL])
+    client, _, _, ids = run_tool_conversation(tiny_tokenizer, [tiny_tokenizer.encode("The answer is", add_special_tokens=False), FINAL])
     parent, child = client.get_interaction(ids[0]), client.get_interaction(ids[1])
     assert parent.model_response.stop_reason == "stop" and parent.model_response.output_tokens[-1] != tiny_tokenizer.eos_token_id
     row = child.to_tensor_dict()
