@@ -81,7 +81,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         best: InteractionWithTokenLogpReward | None = None
         best_len = -1
         near_miss: InteractionWithTokenLogpReward | None = None
-        for candidate in self.values():
+        with self._lock:
+            candidates = list(self.values())
+        for candidate in candidates:
             if not candidate.is_complete:
                 continue  # in-flight calls are never parents
             history = candidate.messages + candidate.output_message_list
