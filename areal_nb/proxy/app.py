@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.openai.anthropic import (
@@ -102,7 +103,8 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
     settings = settings or ProxySettings()
     completion_settings = settings.completion if settings.completion is not None else CompletionSettings()
     state = ProxyState(settings, InteractionCache)
-    bad_input = (CompletionRequestError, AnthropicRequestError, TypeError, NotImplementedError)
+    # pydantic.ValidationError: request values echoed into the OpenAI response objects
+    bad_input = (CompletionRequestError, AnthropicRequestError, TypeError, NotImplementedError, ValidationError)
     try:
         from jinja2 import TemplateError
 

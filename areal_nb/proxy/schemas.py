@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Larger than any model context; beyond this a token budget is a mistake, not a request.
 MAX_TOKENS_LIMIT = 2**31 - 1
+ToolChoiceMode = Literal["none", "auto", "required"]
 
 
 class _Body(BaseModel):
@@ -49,7 +50,7 @@ class ChatCompletionRequest(_Body):
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoiceMode | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
     top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -70,7 +71,7 @@ class ResponsesRequest(_Body):
     stream: bool | None = None
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoiceMode | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
     top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
