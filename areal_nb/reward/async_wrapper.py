@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import importlib
 import logging
 import multiprocessing
 import os
@@ -68,6 +69,10 @@ def default_max_workers() -> int:
     return max((cpus // max(len(devices), 1)) // 2, 1)
 
 
+def _import_module(name: str) -> None:
+    importlib.import_module(name)
+
+
 class _Pool:
     """One ProcessPoolExecutor plus the number of calls still waiting on it."""
 
@@ -75,6 +80,17 @@ class _Pool:
         self.executor = ProcessPoolExecutor(max_workers, mp_context=multiprocessing.get_context("spawn"))
         self.waiting = 0
         self.retired = False
+        self.warm: dict[str, Any] = {}  # module name -> concurrent future of its import in a worker
+
+    def warm_up(self, module: str):
+        """Start the workers and import the reward function's module there, once per pool.
+
+        Spawning interpreters and importing math-verify takes seconds on a busy machine; that
+        start-up must not count against the per-call timeout.
+        """
+        if module not in self.warm:
+            self.warm[module] = self.executor.submit(_import_module, module)
+        return self.warm[module]
 
     def kill(self) -> None:
         # Private attribute, stable since 3.8: the executor has no public way to stop a worker
@@ -171,6 +187,7 @@ class AsyncRewardWrapper:
         max_workers: int | None = None,
         max_retries: int = 3,
         on_timeout: Literal["raise", "zero"] = "raise",
+        startup_timeout: float = 120.0,
     ) -> None:
         if timeout_seconds <= 0:
             raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
@@ -193,6 +210,8 @@ class AsyncRewardWrapper:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
         self.max_retries = max_retries
         self.on_timeout = on_timeout
+        self.startup_timeout = startup_timeout
+        self._slots: dict[int, asyncio.Semaphore] = {}  # per event loop
         self._shared: _SharedPool | None = _ref_shared_pool(self.max_workers)
         self._finalizer = weakref.finalize(self, _unref_shared_pool, self._shared)
 
@@ -208,9 +227,16 @@ class AsyncRewardWrapper:
         job = functools.partial(self.reward_fn, *args, **kwargs)
         attempts = self.max_retries + 1
         last: BaseException | None = None
+        # The timeout measures the reward function, not the queue: at most max_workers calls
+        # are submitted at once, the others wait here without a clock running.
+        slots = self._slots.setdefault(id(loop), asyncio.Semaphore(self.max_workers))
         for attempt in range(1, attempts + 1):
+            await slots.acquire()
             pool = shared.acquire()
             try:
+                module = getattr(self.reward_fn, "__module__", None)
+                if module and module != "__main__":
+                    await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
                 future = loop.run_in_executor(pool.executor, job)
                 return float(await asyncio.wait_for(future, self.timeout_seconds))
             except TimeoutError as exc:
@@ -238,6 +264,7 @@ class AsyncRewardWrapper:
                 logger.warning("reward %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)
             finally:
                 shared.release(pool)
+                slots.release()
 
         if isinstance(last, TimeoutError):
             if self.on_timeout == "zero":
