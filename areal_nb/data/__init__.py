@@ -7,6 +7,7 @@ from .problems import (
     generate_problems,
     make_problem,
     reference_reply,
+    reply_for,
     split_of,
 )
 from .scoring import score_answer
@@ -18,6 +19,7 @@ __all__ = [
     "load_gsm8k",
     "make_problem",
     "reference_reply",
+    "reply_for",
     "score_answer",
     "split_of",
 ]

@@ -182,11 +182,16 @@ def generate_problems(
     rng = random.Random(_TEST_STREAM_SEED if split == "test" else seed)
     problems: list[dict] = []
     seen: set[str] = set()
-    # Generous bound on draws: a config whose question space is too small fails loudly.
-    max_draws = 1000 + 200 * n
-    for _ in range(max_draws):
-        if len(problems) == n:
-            return problems
+    # A config whose question space is exhausted (or only hits dead ends) fails loudly
+    # instead of looping: give up after this many draws in a row that yield nothing.
+    patience, misses = 20_000, 0
+    while len(problems) < n:
+        if misses >= patience:
+            raise ValueError(
+                f"could only generate {len(problems)} of {n} {split!r} problems with {cfg}; "
+                "widen the operand range, the operations or the steps"
+            )
+        misses += 1
         drawn = _draw_steps(rng, cfg)
         if drawn is None:
             continue
@@ -200,12 +205,8 @@ def generate_problems(
             seen.add(question)
         answer = "\n".join(_solution_lines(start, steps)) + f"\n#### {_apply_all(start, steps)}"
         problems.append(make_problem(question, answer))
-    if len(problems) == n:
-        return problems
-    raise ValueError(
-        f"could only generate {len(problems)} of {n} {split!r} problems with {cfg}; "
-        "widen the operand range, the operations or the steps"
-    )
+        misses = 0
+    return problems
 
 
 def _apply_all(start: int, steps: list[tuple[str, int]]) -> int:
@@ -218,9 +219,20 @@ def _apply_all(start: int, steps: list[tuple[str, int]]) -> int:
 def reference_reply(problem: dict) -> str:
     """The short assistant reply the built-in model is taught: equations, then a boxed answer.
 
-    e.g. "3+4=7. The answer is \\boxed{7}" — math-verify reads the boxed value.
+    e.g. "3+4=7. \\boxed{7}" — 13 tokens at most for one step, so it fits a 16-token budget
+    with its EOS; math-verify reads the boxed value.
+    """
+    return reply_for(problem, problem["answer_value"])
+
+
+def reply_for(problem: dict, value: str | int) -> str:
+    """A reply in the reference format whose final result (and boxed answer) is `value`.
+
+    With a wrong `value` this is a plausible wrong answer (used for two-turn correction data).
     """
     worked = problem["answer"].rsplit("####", 1)[0].strip()
-    equations = ", ".join(line.strip() for line in worked.splitlines() if line.strip())
-    answer = f"The answer is \\boxed{{{problem['answer_value']}}}"
-    return f"{equations}. {answer}" if equations else answer
+    lines = [line.strip() for line in worked.splitlines() if line.strip()]
+    if lines and "=" in lines[-1]:
+        lines[-1] = lines[-1].rsplit("=", 1)[0] + f"={value}"
+    boxed = f"\\boxed{{{value}}}"
+    return f"{', '.join(lines)}. {boxed}" if lines else boxed
