@@ -135,13 +135,15 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
         return response
 
     # ------------------------------------------------------------------ auth dependencies
-    def admin(request: Request) -> None:
+    # async on purpose: FastAPI runs plain-def dependencies in a thread pool (two thread hops
+    # per call), and these never block.
+    async def admin(request: Request) -> None:
         state.check_admin(bearer_token(request))
 
-    def session_key(request: Request) -> SessionData:
+    async def session_key(request: Request) -> SessionData:
         return state.session_for_key(bearer_token(request))
 
-    def open_session(session: SessionData = Depends(session_key)) -> SessionData:
+    async def open_session(session: SessionData = Depends(session_key)) -> SessionData:
         if session.ended:
             raise ProxyError(
                 409,
