@@ -130,7 +130,7 @@ class Session:
         policy = load_model(cfg.model.path, dtype=dtype, device=device)
         self.engine = LocalEngine(policy, self.tokenizer, device=device, dtype=dtype,
                                   max_batch_size=cfg.engine.max_batch_size, seed=cfg.engine.seed)
-        self.actor = Actor(policy, cfg.actor)
+        self.actor = Actor(policy, cfg.actor, version=0)
         self.admin_key = cfg.agent.admin_api_key or secrets.token_urlsafe(24)
         completion = CompletionSettings(chat_template_type=cfg.agent.chat_template_type,
                                         engine_max_tokens=getattr(self.engine, "max_context", None))
@@ -310,14 +310,15 @@ class Session:
         """One GRPO update on `batch`; the new weights go to the engine as version + 1."""
         self._check_open()
         tensors = batch.to_tensors()
-        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], current_version=self.version))
-        self.version += 1
+        stats = dict(self.actor.train_step(tensors, tensors["group_ids"]))
+        self.version = self.actor.version
         self.actor.push_weights(self.engine, self.version)
         self._loop.call_soon_threadsafe(self.executor.on_version_change)
         self.step_count += 1
-        row = {"step": self.step_count, "version": self.version}
-        row.update({k: v for k, v in batch.stats.items()})
+        row = {"step": self.step_count}
+        row.update(batch.stats)
         row.update(stats)
+        row["version"] = self.version  # the version the engine serves after this step
         row.setdefault("eval_accuracy", float("nan"))
         self._history.append(row)
         for fn in list(self._callbacks):
@@ -417,6 +418,8 @@ class Session:
         self.step_count = state["step_count"]
         self.version = state["version"]
         self.actor.load_state_dict(state["actor"])
+        self.actor.version = self.version
+        self.actor.push_weights(self.engine, self.version)
         self.engine.set_version(self.version)
         random.setstate(state["rng"]["python"])
         torch.set_rng_state(state["rng"]["torch"])

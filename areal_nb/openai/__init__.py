@@ -65,3 +65,14 @@ __all__ = [
     "response_items_to_messages",
     "validate_reward",
 ]
+
+
+def __getattr__(name: str):
+    # The seed's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
+    # live in the proxy layer, which imports this one; resolve them lazily so the import arrow
+    # still points down at import time.
+    if name in ("OpenAIProxyClient", "OpenAIProxyWorkflow"):
+        from areal_nb import proxy
+
+        return getattr(proxy, name)
+    raise AttributeError(f"module 'areal_nb.openai' has no attribute {name!r}")
