@@ -1,5 +1,17 @@
 """The proxy: OpenAI/Anthropic-compatible endpoints that record every call for training."""
 
 from .app import create_app
+from .client import OpenAIProxyClient, ProxyRequestError
 from .server import ProxyServer
 from .settings import DEFAULT_ADMIN_API_KEY, ProxySettings
+from .workflow import OpenAIProxyWorkflow
+
+__all__ = [
+    "DEFAULT_ADMIN_API_KEY",
+    "OpenAIProxyClient",
+    "OpenAIProxyWorkflow",
+    "ProxyRequestError",
+    "ProxyServer",
+    "ProxySettings",
+    "create_app",
+]
