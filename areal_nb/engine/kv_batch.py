@@ -12,6 +12,10 @@ Rows join with `prefill` (their cache is left-padded to the common length and co
 the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
 any more are trimmed). The KV tensors are transformers' own `DynamicCache` layers, whose
 `.keys`/`.values` ([batch, kv_heads, seq, head_dim]) are rewritten in place on join/leave.
+
+Each layer keeps its keys/values in a preallocated buffer with spare columns (`_SlotLayer`), so a
+decode step writes one column instead of re-concatenating the whole cache (what the stock
+`DynamicLayer` does, and the main per-step cost besides the matmuls on a small model).
 """
 
 from __future__ import annotations
@@ -19,8 +23,59 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .qwen2_fast import Qwen2FastForward
+
+SPARE_COLUMNS = 64  # free columns allocated beyond the current length; grows by doubling
+
+
+class _SlotLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values are the columns [start, end) of a buffer with spare room."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.load(key_states[:, :, :0], value_states[:, :, :0])
+
+    def load(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS) -> None:
+        """Replace the contents (copied into a fresh buffer with `spare` free columns)."""
+        batch, heads, length, dim = keys.shape
+        # spare columns are never read before `update` writes them: no need to zero them
+        self._k = keys.new_empty(batch, heads, length + spare, dim)
+        self._v = values.new_empty(batch, values.shape[1], length + spare, values.shape[3])
+        self._k[:, :, :length] = keys
+        self._v[:, :, :length] = values
+        self._start, self._end = 0, length
+        self._refresh()
+
+    def keep(self, index: torch.Tensor, trim: int) -> None:
+        """Keep batch rows `index` and drop the first `trim` columns, with a single copy."""
+        self._k = self._k.index_select(0, index)
+        self._v = self._v.index_select(0, index)
+        self._start += trim
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.keys = self._k[:, :, self._start : self._end]
+        self.values = self._v[:, :, self._start : self._end]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[2]
+        if self._end + new > self._k.shape[2]:
+            self.load(self.keys, self.values, spare=max(SPARE_COLUMNS, self._end - self._start + new))
+        self._k[:, :, self._end : self._end + new] = key_states
+        self._v[:, :, self._end : self._end + new] = value_states
+        self._end += new
+        self._refresh()
+        return self.keys, self.values
+
+
+def _new_cache(num_layers: int) -> Cache:
+    return Cache(layers=[_SlotLayer() for _ in range(num_layers)])
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -30,11 +85,14 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
 
 
 class PaddedKVBatch:
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, fast_forward: bool = True) -> None:
+        """`fast_forward`: use `Qwen2FastForward` when the model supports it, else the stock forward."""
         self.model = model
+        self.fast = Qwen2FastForward(model) if fast_forward and Qwen2FastForward.supports(model) else None
         self.device = next(model.parameters()).device
         self._cache_kwarg = _cache_kwarg(model)
-        self.cache: DynamicCache | None = None
+        self.num_layers = int(model.config.num_hidden_layers)
+        self.cache: Cache | None = None
         self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
         self.length = 0  # cache columns
 
@@ -48,6 +106,8 @@ class PaddedKVBatch:
         self.length = 0
 
     def _forward(self, input_ids, mask, position_ids, cache) -> torch.Tensor:
+        if self.fast is not None:
+            return self.fast(input_ids, mask, position_ids, cache)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -70,7 +130,7 @@ class PaddedKVBatch:
         valid_kv = kv[None] >= pads[:, None, None]  # [k, 1, width]
         mask = ((kv <= q)[None] & valid_kv) | (kv == q)[None]  # [k, width, width]
         positions = (cols[None, :] - pads[:, None]).clamp(min=0)
-        new_cache = DynamicCache(config=self.model.config)
+        new_cache = _new_cache(self.num_layers)
         logits = self._forward(ids, mask[:, None], positions, new_cache)
         self._merge(new_cache, pads, width)
         return logits
@@ -97,21 +157,24 @@ class PaddedKVBatch:
         pads = self.pads.index_select(0, index)
         trim = int(pads.min())
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, trim:]
-            layer.values = layer.values.index_select(0, index)[:, :, trim:]
+            layer.keep(index, trim)
         self.pads = pads - trim
         self.length -= trim
 
-    def _merge(self, new_cache: DynamicCache, new_pads: torch.Tensor, new_length: int) -> None:
+    def _merge(self, new_cache: Cache, new_pads: torch.Tensor, new_length: int) -> None:
         if self.cache is None:
             self.cache, self.pads, self.length = new_cache, new_pads, new_length
             return
         length = max(self.length, new_length)
-        grow_old, grow_new = length - self.length, length - new_length
         for old, new in zip(self.cache.layers, new_cache.layers, strict=True):
-            old.keys = torch.cat([F.pad(old.keys, (0, 0, grow_old, 0)), F.pad(new.keys, (0, 0, grow_new, 0))])
-            old.values = torch.cat(
-                [F.pad(old.values, (0, 0, grow_old, 0)), F.pad(new.values, (0, 0, grow_new, 0))]
-            )
-        self.pads = torch.cat([self.pads + grow_old, new_pads + grow_new])
+            old.load(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length))
+        self.pads = torch.cat([self.pads + (length - self.length), new_pads + (length - new_length)])
         self.length = length
+
+
+def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int) -> torch.Tensor:
+    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3])
+    out[: a.shape[0], :, length - a.shape[2] :] = a
+    out[a.shape[0] :, :, length - b.shape[2] :] = b
+    return out

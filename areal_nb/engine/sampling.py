@@ -59,10 +59,13 @@ def sample_next_tokens(
     sample_rows = (~greedy).nonzero(as_tuple=True)[0]
     if sample_rows.numel() > 0:
         sub_params = [params[i] for i in sample_rows.tolist()]
-        sub = choose_from[sample_rows]
-        if any(p.truncates(vocab) for p in sub_params):
-            sub = _truncate_top_k_top_p(sub, sub_params)
-        probs = torch.softmax(sub, dim=-1)
+        if choose_from is scaled and not any(p.truncates(vocab) for p in sub_params):
+            probs = logprobs_all[sample_rows].exp()  # the untruncated distribution: reuse log_softmax
+        else:
+            sub = choose_from[sample_rows]
+            if any(p.truncates(vocab) for p in sub_params):
+                sub = _truncate_top_k_top_p(sub, sub_params)
+            probs = torch.softmax(sub, dim=-1)
         tokens[sample_rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     logprobs = logprobs_all.gather(1, tokens[:, None]).squeeze(1)

@@ -167,3 +167,21 @@ def test_min_new_tokens_blocks_eos_until_reached(engine, tiny_tokenizer):
     )
     assert longer.output_len >= free.output_len + 3
     assert tiny_tokenizer.eos_token_id not in longer.output_tokens[: free.output_len + 2]
+
+
+def test_stock_transformers_forward_path_is_token_consistent_too(tiny_model_path, reference_model):
+    from areal_nb.engine import LocalEngine
+
+    reqs = _random_requests(random.Random(5), 500, 6, ignore_eos=True)
+    with LocalEngine(tiny_model_path, fast_forward=False) as eng:
+        assert eng._batch.fast is None
+
+        async def run():
+            return await asyncio.gather(*(eng.agenerate(r) for r in reqs))
+
+        for resp in asyncio.run(run()):
+            assert max_logprob_error(reference_model, resp) <= 1e-4
+
+
+def test_fast_path_is_used_for_qwen2(engine):
+    assert engine._batch.fast is not None
