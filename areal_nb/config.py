@@ -7,6 +7,7 @@ combinations raise `ConfigError` naming the key.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -218,8 +219,8 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
     for key, value in data.items():
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {names}"
-            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid keys: {names}"
+            raise ConfigError(f"unknown config key {prefix + str(key)!r}{hint}")
         kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
     try:
         return cls(**kwargs)
@@ -233,7 +234,7 @@ def to_dict(cfg: Any) -> dict:
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
     """Apply `a.b.c=value` overrides to a nested dict (values parsed as YAML scalars)."""
-    data = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain data
+    data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor.lr=1e-5)")

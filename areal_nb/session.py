@@ -301,7 +301,11 @@ class Session:
         return batch
 
     def rollout(self, n_prompts: int | None = None) -> RolloutBatch:
-        """Run `n_prompts` × `group_size` episodes (default: rollout.batch_size prompts)."""
+        """Run `n_prompts` × `group_size` episodes (default: rollout.batch_size prompts).
+
+        Groups already generated in the background by `run()` come first (they are within
+        `max_head_offpolicyness`); new ones are generated now, at the current policy version.
+        """
         self._check_open()
         return self._call(self.arollout(n_prompts))
 

@@ -48,7 +48,7 @@ def _corpus(recipe: dict) -> list[str]:
         texts.append(p["question"])
         texts.append(p["answer"])
         texts.append(f"user\n{p['question']}\nassistant\n{reference_reply(p)}\n")
-    texts += [CORRECTION_PROMPT] * 50
+    texts += [CORRECTION_PROMPT] * 300  # frequent enough for its words to merge
     texts += [TOOLS_PREAMBLE + TOOLS_POSTAMBLE] * 20
     for _ in range(200):
         tool = rng.choice(_TOOL_EXAMPLES)

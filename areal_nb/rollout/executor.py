@@ -51,6 +51,9 @@ class _Group:
     episodes: list[Episode] = field(default_factory=list)
     tasks: list[asyncio.Task] = field(default_factory=list)
     started: bool = False
+    # Asked for explicitly (a notebook's `rollout()`): generated now, at the current version, and
+    # handed out at once, so only the concurrency limit applies, not the staleness budget.
+    explicit: bool = False
 
     @property
     def done(self) -> bool:
@@ -89,8 +92,8 @@ class RolloutExecutor:
 
     # ------------------------------------------------------------------ submission
 
-    def submit(self, data: dict) -> int:
-        group = _Group(self._next_group_id, data)
+    def submit(self, data: dict, explicit: bool = True) -> int:
+        group = _Group(self._next_group_id, data, explicit=explicit)
         self._next_group_id += 1
         self._groups.append(group)
         self._pump()
@@ -106,7 +109,8 @@ class RolloutExecutor:
         for group in self._groups:
             if group.started:
                 continue
-            if self.staleness.capacity(version) < self.group_size:
+            free = self.staleness.max_concurrent - self.staleness.running
+            if free < self.group_size or (not group.explicit and self.staleness.capacity(version) < self.group_size):
                 return
             self._start(group, version)
         while self._feeder is not None and self.staleness.capacity(version) >= self.group_size:

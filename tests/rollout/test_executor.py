@@ -71,8 +71,8 @@ def test_staleness_zero_blocks_rollouts_ahead_of_training():
     async def main():
         eng = VersionEngine()
         ex = make(EchoWorkflow(), eng, max_head_offpolicyness=0, batch_size=1)
-        ex.submit({"i": 0})
-        ex.submit({"i": 1})  # would be a second batch at version 0
+        ex.submit({"i": 0}, explicit=False)
+        ex.submit({"i": 1}, explicit=False)  # would be a second batch at version 0
         (g0,) = await ex.wait_groups(1)
         assert g0[0].accepted
         with pytest.raises(StalenessLimitError, match="max_head_offpolicyness=0"):
@@ -120,3 +120,19 @@ def test_cancel_all_gives_budget_back():
 def test_max_concurrent_below_group_size_is_refused():
     with pytest.raises(ValueError, match="group_size"):
         make(EchoWorkflow(), VersionEngine(), group_size=4, max_concurrent=2)
+
+
+def test_explicit_rollouts_ignore_the_staleness_budget_but_not_concurrency():
+    async def main():
+        eng = VersionEngine()
+        wf = EchoWorkflow(delay=0.01)
+        ex = make(wf, eng, max_head_offpolicyness=0, batch_size=1, max_concurrent=4)
+        for i in range(5):
+            ex.submit({"i": i, "slow": 1})  # a notebook asking for 5 prompts at once
+        await asyncio.sleep(0)
+        assert ex.staleness.running == 4  # two groups of two at a time
+        groups = await ex.wait_groups(5)
+        assert len(groups) == 5 and all(ep.accepted for g in groups for ep in g)
+        assert {ep.version_submitted for g in groups for ep in g} == {0}
+
+    asyncio.run(main())

@@ -26,10 +26,14 @@ class TwoTurnAgent:
             messages = messages + [msg.model_dump(exclude_none=True), {"role": "user", "content": "Check it."}]
         return rewards
 
-session = Session(None, agent={"workflow": TwoTurnAgent(), "workflow_kwargs": {}, "chat_template_type": "concat",
-                               "export_style": "concat", "turn_discount": 1.0},
-                  rollout={"batch_size": 1, "group_size": 2, "max_new_tokens": 6, "max_concurrent_rollouts": 4},
-                  data={"eval_size": 2}, logging={"eval_every": 0})
+from areal_nb.config import load_config
+
+config = load_config({"agent": {"workflow_kwargs": {}, "chat_template_type": "concat", "export_style": "concat",
+                                "turn_discount": 1.0},
+                      "rollout": {"batch_size": 1, "group_size": 2, "max_new_tokens": 6, "max_concurrent_rollouts": 4},
+                      "data": {"eval_size": 2}, "logging": {"eval_every": 0}})
+config.agent.workflow = TwoTurnAgent()  # an agent instance (not serialisable, so set after loading)
+session = Session(config)
 batch = session.rollout()
 print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episodes])'''
 

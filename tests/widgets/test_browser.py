@@ -100,11 +100,21 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             page = browser.new_page()
             page.goto(jupyterlab)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            select_kernel = page.locator(".jp-Dialog button.jp-mod-accept")  # JupyterLab may ask once
+            try:
+                select_kernel.click(timeout=8_000)
+            except Exception:  # no dialog: the kernel started on its own
+                pass
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             page.click("text=Run", timeout=10_000)
             page.click("text=Run All Cells", timeout=10_000)
             # the last cell prints once the session trained a step
-            page.wait_for_selector("text=trained step 1", timeout=240_000)
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+            deadline = time.monotonic() + 240
+            while page.locator("text=trained step 1").count() == 0:  # the last cell prints after a step
+                assert errors.count() == 0, "a notebook cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:]
+                assert time.monotonic() < deadline, "the notebook did not finish its training step"
+                page.wait_for_timeout(500)
             page.screenshot(path=str(SHOTS / "notebook.png"), full_page=True)
 
             # 1. tree: one node per call: 2 turns in episode 0
