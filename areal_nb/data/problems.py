@@ -52,49 +52,79 @@ class TaskConfig:
             raise ValueError(f"unknown operation(s) {unknown}; choose from {list(OPERATIONS)}")
         if self.min_operand < 0 or self.max_operand < self.min_operand:
             raise ValueError(
-                f"operand range [{self.min_operand}, {self.max_operand}] must be non-negative "
-                "and non-empty"
+                f"operand range [{self.min_operand}, {self.max_operand}] must be non-negative and non-empty"
             )
         if self.min_steps < 1 or self.max_steps < self.min_steps:
             raise ValueError(
-                f"steps range [{self.min_steps}, {self.max_steps}] must start at 1 or more "
-                "and be non-empty"
+                f"steps range [{self.min_steps}, {self.max_steps}] must start at 1 or more and be non-empty"
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
 
 
 _NAMES = [
-    ("Mia", "she", "her"), ("Tom", "he", "his"), ("Ava", "she", "her"), ("Leo", "he", "his"),
-    ("Zoe", "she", "her"), ("Sam", "he", "his"), ("Lily", "she", "her"), ("Ben", "he", "his"),
-    ("Emma", "she", "her"), ("Noah", "he", "his"), ("Ella", "she", "her"), ("Jack", "he", "his"),
-    ("Nora", "she", "her"), ("Omar", "he", "his"), ("Ruby", "she", "her"), ("Liam", "he", "his"),
+    ("Mia", "she", "her"),
+    ("Tom", "he", "his"),
+    ("Ava", "she", "her"),
+    ("Leo", "he", "his"),
+    ("Zoe", "she", "her"),
+    ("Sam", "he", "his"),
+    ("Lily", "she", "her"),
+    ("Ben", "he", "his"),
+    ("Emma", "she", "her"),
+    ("Noah", "he", "his"),
+    ("Ella", "she", "her"),
+    ("Jack", "he", "his"),
+    ("Nora", "she", "her"),
+    ("Omar", "he", "his"),
+    ("Ruby", "she", "her"),
+    ("Liam", "he", "his"),
 ]
 _OBJECTS = [
-    "apples", "pencils", "stickers", "marbles", "books", "cookies", "coins", "cards",
-    "shells", "balloons", "stamps", "toy cars", "oranges", "candies", "flowers", "eggs",
+    "apples",
+    "pencils",
+    "stickers",
+    "marbles",
+    "books",
+    "cookies",
+    "coins",
+    "cards",
+    "shells",
+    "balloons",
+    "stamps",
+    "toy cars",
+    "oranges",
+    "candies",
+    "flowers",
+    "eggs",
 ]
 _PLACES = ["box", "basket", "bag", "jar", "drawer", "bowl"]
 
 # Two story shapes: a person who owns things, and a container someone fills or empties.
 _OWNER_START = ["{name} has {a} {obj}.", "{name} starts with {a} {obj}.", "{name} owns {a} {obj}."]
 _OWNER_STEP = {
-    "+": ["{Pron} gets {b} more.", "{Pron} buys {b} more.", "{Pron} finds {b} more.",
-          "A friend gives {name} {b} more."],
-    "-": ["{Pron} gives away {b}.", "{Pron} loses {b}.", "{Pron} sells {b}.",
-          "{Pron} gives {b} to a friend."],
+    "+": [
+        "{Pron} gets {b} more.",
+        "{Pron} buys {b} more.",
+        "{Pron} finds {b} more.",
+        "A friend gives {name} {b} more.",
+    ],
+    "-": [
+        "{Pron} gives away {b}.",
+        "{Pron} loses {b}.",
+        "{Pron} sells {b}.",
+        "{Pron} gives {b} to a friend.",
+    ],
     "*": ["Then the number of {obj} {pron} has becomes {b} times as large."],
 }
-_OWNER_QUESTION = ["How many {obj} does {name} have now?",
-                   "How many {obj} does {name} have in the end?"]
+_OWNER_QUESTION = ["How many {obj} does {name} have now?", "How many {obj} does {name} have in the end?"]
 _PLACE_START = ["There are {a} {obj} in the {place}.", "A {place} holds {a} {obj}."]
 _PLACE_STEP = {
     "+": ["{name} puts {b} more in.", "{name} adds {b} {obj}."],
     "-": ["{name} takes {b} out.", "{name} removes {b} {obj}."],
     "*": ["Then the number of {obj} in the {place} becomes {b} times as large."],
 }
-_PLACE_QUESTION = ["How many {obj} are in the {place} now?",
-                   "How many {obj} are in the {place} in the end?"]
+_PLACE_QUESTION = ["How many {obj} are in the {place} now?", "How many {obj} are in the {place} in the end?"]
 
 
 def _apply(total: int, op: str, b: int) -> int:
@@ -123,8 +153,13 @@ def _draw_steps(rng: random.Random, cfg: TaskConfig) -> tuple[int, list[tuple[st
 
 def _story(rng: random.Random, start: int, steps: list[tuple[str, int]]) -> str:
     name, pron, _ = rng.choice(_NAMES)
-    fields = {"name": name, "pron": pron, "Pron": pron.capitalize(),
-              "obj": rng.choice(_OBJECTS), "place": rng.choice(_PLACES)}
+    fields = {
+        "name": name,
+        "pron": pron,
+        "Pron": pron.capitalize(),
+        "obj": rng.choice(_OBJECTS),
+        "place": rng.choice(_PLACES),
+    }
     if rng.random() < 0.5:
         start_t, step_t, question_t = _OWNER_START, _OWNER_STEP, _OWNER_QUESTION
     else:
@@ -145,7 +180,7 @@ def _solution_lines(start: int, steps: list[tuple[str, int]]) -> list[str]:
 
 
 def split_of(question: str, test_fraction: float = 0.1) -> str:
-    """"test" or "train": the fixed split a question text belongs to."""
+    """ "test" or "train": the fixed split a question text belongs to."""
     bucket = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big")
     return "test" if bucket / 2**64 < test_fraction else "train"
 

@@ -45,7 +45,7 @@ CHAT_TEMPLATE = (
     "{%- for call in message.tool_calls -%}"
     "{%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}"
     "{%- if text or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' -}}'
     "{%- if call.arguments is string -%}{{- call.arguments -}}"
     "{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from areal_nb.data import score_answer
 
 
-def evaluate_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int = 16,
-                      batch_size: int = 64) -> float:
+def evaluate_accuracy(
+    model, tokenizer, problems: list[dict], max_new_tokens: int = 16, batch_size: int = 64
+) -> float:
     """Fraction of `problems` whose greedy reply math-verify scores correct.
 
     Prompts are each problem's `messages` through the chat template with a generation prompt,
@@ -14,33 +15,43 @@ def evaluate_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: in
     """
     if not problems:
         raise ValueError("evaluate_accuracy needs at least one problem")
-    replies = generate_replies(model, tokenizer, [p["messages"] for p in problems],
-                               max_new_tokens=max_new_tokens, batch_size=batch_size)
+    replies = generate_replies(
+        model,
+        tokenizer,
+        [p["messages"] for p in problems],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+    )
     scores = [score_answer(r, p["answer_value"]) for r, p in zip(replies, problems, strict=True)]
     return sum(scores) / len(scores)
 
 
-def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 16,
-                     batch_size: int = 64) -> list[str]:
+def generate_replies(
+    model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 16, batch_size: int = 64
+) -> list[str]:
     """Greedy assistant replies (decoded without special tokens) for each conversation."""
     import torch
 
     device = next(model.parameters()).device
     replies: list[str] = []
     for start in range(0, len(conversations), batch_size):
-        chunk = conversations[start:start + batch_size]
-        prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-                   for m in chunk]
+        chunk = conversations[start : start + batch_size]
+        prompts = [
+            tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chunk
+        ]
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         width = max(len(x) for x in ids)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
-        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids],
-                                 device=device)
+        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
         with torch.no_grad():
             out = model.generate(
-                input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad,
             )
         for row in out[:, width:].tolist():
             replies.append(tokenizer.decode(row, skip_special_tokens=True))

@@ -40,7 +40,7 @@ def _model_sources() -> list[Path]:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """"tiny-math" → its cached folder (built on first use); a local folder → itself;
+    """ "tiny-math" → its cached folder (built on first use); a local folder → itself;
     anything else is returned unchanged (a Hugging Face id for `from_pretrained`)."""
     if not isinstance(name_or_path, str | Path) or not str(name_or_path):
         raise ValueError(f"expected a model name or path, got {name_or_path!r}")

@@ -17,7 +17,12 @@ EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN]  # ids 0, 1, 2
 # Not special, as in Qwen2.5: decoding with skip_special_tokens=True keeps them.
 MARKUP_TOKENS = [
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<tool_response>",
+    "</tool_response>",
 ]
 
 TOKENIZER_RECIPE = {
@@ -28,14 +33,30 @@ TOKENIZER_RECIPE = {
 }
 
 _TOOL_EXAMPLES = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]}}},
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
 ]
 
 
@@ -66,10 +87,12 @@ def build_tokenizer(out_dir: Path, recipe: dict = TOKENIZER_RECIPE):
 
     tok = Tokenizer(models.BPE(unk_token=None))
     # Digits are split off individually before byte-level BPE, so no merge can span digits.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=recipe["vocab_size"],

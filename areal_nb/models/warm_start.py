@@ -49,8 +49,10 @@ def _sft_example(tokenizer, problem: dict, rng: random.Random, two_turn: bool):
         value = int(problem["answer_value"])
         wrong = max(0, value + rng.choice([-3, -2, -1, 1, 2, 3]))
         wrong = wrong if wrong != value else value + 1
-        prompt += [{"role": "assistant", "content": reply_for(problem, wrong)},
-                   {"role": "user", "content": CORRECTION_PROMPT}]
+        prompt += [
+            {"role": "assistant", "content": reply_for(problem, wrong)},
+            {"role": "user", "content": CORRECTION_PROMPT},
+        ]
     prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
     reply_ids = tokenizer.encode(reference_reply(problem), add_special_tokens=False)
@@ -71,7 +73,7 @@ def sft_batches(tokenizer, recipe: dict = SFT_RECIPE) -> list[list[tuple[list[in
     rng = random.Random(recipe["seed"])
     batches, start = [], 0
     for size, is_two_turn in zip(sizes, two_turn, strict=True):
-        chunk = problems[start:start + size]
+        chunk = problems[start : start + size]
         batches.append([_sft_example(tokenizer, p, rng, is_two_turn) for p in chunk])
         start += size
     return batches
@@ -114,7 +116,6 @@ def new_model(tokenizer, recipe: dict = SFT_RECIPE):
 def build_model(out_dir: Path, tokenizer_dir: Path, recipe: dict = SFT_RECIPE) -> dict:
     """Warm-start the model, measure held-out accuracy, save model + tokenizer + build_info.json."""
     import torch
-    from transformers import AutoTokenizer
 
     # One thread: on a shared 2-core machine two OpenMP threads spin against other processes
     # and run ~3x slower, and a fixed thread count keeps the float sums (so the result) stable.

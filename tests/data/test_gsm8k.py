@@ -9,10 +9,12 @@ import pytest
 from areal_nb.data import load_gsm8k
 
 ROWS = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
-                 "many clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-               "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+        "many clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    },
     {"question": "How much is a thousand and one?", "answer": "1000+1=1001\n#### 1,001"},
 ]
 

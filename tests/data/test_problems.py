@@ -41,9 +41,7 @@ def test_problem_shape_and_consistent_answers():
 
 def test_first_problem_of_seed_zero_is_stable():
     p = generate_problems(1, seed=0)[0]
-    assert p["question"] == (
-        "A bag holds 6 oranges. Liam takes 2 out. How many oranges are in the bag now?"
-    )
+    assert p["question"] == ("A bag holds 6 oranges. Liam takes 2 out. How many oranges are in the bag now?")
     assert p["answer"] == "6-2=4\n#### 4"
     assert p["answer_value"] == "4"
     assert reference_reply(p) == "6-2=4. \\boxed{4}"
@@ -86,13 +84,16 @@ def test_subtraction_never_goes_negative():
         _evaluate(p["answer"])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"operations": ("/",)}, "unknown operation"),
-    ({"operations": ()}, "at least one"),
-    ({"min_operand": 5, "max_operand": 4}, "operand range"),
-    ({"min_steps": 0}, "steps range"),
-    ({"test_fraction": 1.0}, "test_fraction"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"operations": ("/",)}, "unknown operation"),
+        ({"operations": ()}, "at least one"),
+        ({"min_operand": 5, "max_operand": 4}, "operand range"),
+        ({"min_steps": 0}, "steps range"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+    ],
+)
 def test_bad_task_config_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TaskConfig(**kwargs)

@@ -59,8 +59,7 @@ def test_tools_without_system_message(tiny_tokenizer):
 def test_tools_merge_into_the_first_system_message(tiny_tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add."}]
     assert render(tiny_tokenizer, messages, tools=[TOOL]) == (
-        "<|im_start|>system\nBe brief.\n\n" + TOOLS_BLOCK + "<|im_end|>\n"
-        "<|im_start|>user\nAdd.<|im_end|>\n"
+        "<|im_start|>system\nBe brief.\n\n" + TOOLS_BLOCK + "<|im_end|>\n<|im_start|>user\nAdd.<|im_end|>\n"
     )
 
 
@@ -71,10 +70,8 @@ def test_assistant_tool_calls_with_dict_and_string_arguments(tiny_tokenizer):
             "role": "assistant",
             "content": "Calling.",
             "tool_calls": [
-                {"id": "c1", "type": "function",
-                 "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
-                {"id": "c2", "type": "function",
-                 "function": {"name": "add", "arguments": '{"a":4,"b":5}'}},
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
+                {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a":4,"b":5}'}},
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "5"},
@@ -93,19 +90,16 @@ def test_assistant_tool_calls_with_dict_and_string_arguments(tiny_tokenizer):
 
 def test_tool_calls_without_content_and_flat_call_shape(tiny_tokenizer):
     messages = [
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"name": "add", "arguments": {"a": 1}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"name": "add", "arguments": {"a": 1}}]},
     ]
     assert render(tiny_tokenizer, messages) == (
-        "<|im_start|>assistant\n"
-        '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n'
     )
 
 
 def test_list_content_renders_as_concatenated_text(tiny_tokenizer):
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "What is "},
-                                     {"type": "text", "text": "2+2?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]},
     ]
     assert render(tiny_tokenizer, messages) == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
 
@@ -114,8 +108,7 @@ def test_exactly_one_eos_per_message(tiny_tokenizer):
     messages = [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "U"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "content": "r"},
         {"role": "assistant", "content": "done"},
     ]

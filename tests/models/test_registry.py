@@ -26,8 +26,7 @@ def test_loading_the_tokenizer_does_not_build_the_model(monkeypatch, tmp_path):
     monkeypatch.setenv("AREAL_NB_CACHE", str(tmp_path))
     tok = load_tokenizer("tiny-math")
     assert tok.eos_token == "<|im_end|>"
-    built = sorted(p.name.split("-")[0] for p in (tmp_path / "tiny-math").iterdir()
-                   if p.is_dir())
+    built = sorted(p.name.split("-")[0] for p in (tmp_path / "tiny-math").iterdir() if p.is_dir())
     assert built == ["tokenizer"]
 
 
@@ -52,8 +51,7 @@ def test_concurrent_builders_build_once_and_publish_atomically(tmp_path):
 
     final = tmp_path / "artifact"
     results = []
-    threads = [threading.Thread(target=lambda: results.append(cached_build(final, build)))
-               for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(cached_build(final, build))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -81,7 +79,7 @@ def test_sft_data_masks_prompts_and_keeps_the_eos(tiny_tokenizer):
     assert batches == sft_batches(tiny_tokenizer, recipe)  # deterministic order and content
     ids, labels = batches[0][0]
     trained = [t for t in labels if t != -100]
-    assert tiny_tokenizer.decode(trained) == tiny_tokenizer.decode(ids[-len(trained):])
+    assert tiny_tokenizer.decode(trained) == tiny_tokenizer.decode(ids[-len(trained) :])
     assert trained[-1] == tiny_tokenizer.eos_token_id and trained.count(2) == 1
     assert labels[: len(ids) - len(trained)] == [-100] * (len(ids) - len(trained))
     # Two-turn examples train only the corrected second answer.
@@ -96,8 +94,9 @@ def test_model_init_is_deterministic_by_seed(tiny_tokenizer):
     a = new_model(tiny_tokenizer)
     torch.manual_seed(0)
     b = new_model(tiny_tokenizer)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
-                                                 b.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
 
 
 def test_short_build_is_deterministic_and_complete(tmp_path):
@@ -105,10 +104,17 @@ def test_short_build_is_deterministic_and_complete(tmp_path):
     tokenizer_dir = tiny_math_tokenizer_dir()
     info_a = build_model(tmp_path / "a", tokenizer_dir, recipe)
     info_b = build_model(tmp_path / "b", tokenizer_dir, recipe)
-    for name in ["config.json", "model.safetensors", "tokenizer.json", "build_info.json",
-                 "generation_config.json", "chat_template.jinja"]:
+    for name in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "build_info.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ]:
         assert (tmp_path / "a" / name).is_file(), name
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
-        tmp_path / "b" / "model.safetensors").read_bytes()
+        tmp_path / "b" / "model.safetensors"
+    ).read_bytes()
     assert info_a["final_loss"] == info_b["final_loss"]
     assert json.loads((tmp_path / "a" / "build_info.json").read_text())["recipe"] == recipe

@@ -58,8 +58,7 @@ def test_save_and_reload_gives_identical_logits(tiny_model, tmp_path):
         assert torch.equal(tiny_model(ids).logits, reloaded(ids).logits)
 
 
-def test_held_out_accuracy_shows_it_learnt_something(tiny_model, tiny_tokenizer, held_out,
-                                                     tiny_model_path):
+def test_held_out_accuracy_shows_it_learnt_something(tiny_model, tiny_tokenizer, held_out, tiny_model_path):
     accuracy = evaluate_accuracy(tiny_model, tiny_tokenizer, held_out)
     assert accuracy > 0.05
     recorded = json.loads((Path(tiny_model_path) / "build_info.json").read_text())
@@ -69,8 +68,7 @@ def test_held_out_accuracy_shows_it_learnt_something(tiny_model, tiny_tokenizer,
 def test_left_padded_batches_match_one_by_one_generation(tiny_model, tiny_tokenizer, held_out):
     conversations = [p["messages"] for p in held_out[:8]]
     batched = generate_replies(tiny_model, tiny_tokenizer, conversations, batch_size=8)
-    single = [generate_replies(tiny_model, tiny_tokenizer, [c], batch_size=1)[0]
-              for c in conversations]
+    single = [generate_replies(tiny_model, tiny_tokenizer, [c], batch_size=1)[0] for c in conversations]
     assert batched == single
 
 
@@ -78,7 +76,8 @@ def test_first_and_second_turn_replies_are_well_formed(tiny_model, tiny_tokenize
     first = generate_replies(tiny_model, tiny_tokenizer, [p["messages"] for p in held_out[:32]])
     assert sum(bool(REPLY_FORMAT.match(r)) for r in first) >= 30
     second_turn = [
-        p["messages"] + [
+        p["messages"]
+        + [
             {"role": "assistant", "content": reply_for(p, int(p["answer_value"]) + 1)},
             {"role": "user", "content": CORRECTION_PROMPT},
         ]

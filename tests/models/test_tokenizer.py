@@ -47,8 +47,14 @@ def test_special_tokens_and_ids(tiny_tokenizer):
 
 def test_markup_tokens_are_single_non_special_tokens(tiny_tokenizer):
     tok = tiny_tokenizer
-    for markup in ["<tool_call>", "</tool_call>", "<think>", "</think>",
-                   "<tool_response>", "</tool_response>"]:
+    for markup in [
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "<tool_response>",
+        "</tool_response>",
+    ]:
         ids = tok.encode(markup, add_special_tokens=False)
         assert len(ids) == 1, markup
         assert markup not in tok.all_special_tokens
@@ -62,9 +68,7 @@ def test_tokenizer_build_is_deterministic(tmp_path):
     a = build_tokenizer(tmp_path / "a")
     b = build_tokenizer(tmp_path / "b")
     assert a.get_vocab() == b.get_vocab()
-    assert (tmp_path / "a" / "tokenizer.json").read_text() == (
-        tmp_path / "b" / "tokenizer.json"
-    ).read_text()
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
 
 
 def test_saved_tokenizer_reloads_through_auto_tokenizer(tiny_tokenizer, tmp_path):
