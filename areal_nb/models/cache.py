@@ -52,6 +52,9 @@ def cached_build(final_dir: Path, build: Callable[[Path], None]) -> Path:
     with _locked(final_dir.with_name(final_dir.name + ".lock")):
         if final_dir.is_dir():  # another process built it while we waited
             return final_dir
+        # Holding the lock, any temp folder of this artifact is from a builder that was killed.
+        for stale in final_dir.parent.glob(final_dir.name + ".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + ".tmp-", dir=final_dir.parent))
         try:
             build(tmp)

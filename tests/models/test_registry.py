@@ -62,6 +62,14 @@ def test_concurrent_builders_build_once_and_publish_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "artifact.lock"]
 
 
+def test_leftovers_of_a_killed_builder_are_removed(tmp_path):
+    (tmp_path / "artifact.tmp-killed").mkdir()
+    (tmp_path / "artifact.tmp-killed" / "partial").write_text("x")
+    cached_build(tmp_path / "artifact", lambda tmp: (tmp / "done").write_text("y"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "artifact.lock"]
+    assert [p.name for p in (tmp_path / "artifact").iterdir()] == ["done"]
+
+
 def test_a_failed_build_leaves_nothing_behind(tmp_path):
     def build(tmp):
         (tmp / "partial").write_text("x")
