@@ -40,7 +40,8 @@ print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episod
 CELLS = [
     SETUP,
     "tree = batch.show_tree(0)\ntree",
-    "tokens = batch.show_tokens(0)\ntokens",
+    # the proxy's responses carry no tokenizer, so the view is given the session's
+    "from areal_nb.widgets import show_tokens\ntokens = show_tokens(batch.episodes[0], tokenizer=session.tokenizer)\ntokens",
     "rewards = batch.show_rewards(0)\nrewards",
     "dash = session.dashboard()\ndash",
     "stats = session.train_step(batch)\nprint('trained step', stats['step'])",

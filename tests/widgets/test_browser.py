@@ -109,7 +109,8 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             page.click("text=Run", timeout=10_000)
             page.click("text=Run All Cells", timeout=10_000)
             # the last cell prints once the session trained a step
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                                  has_text="Traceback")
             deadline = time.monotonic() + 240
             while page.locator("text=trained step 1").count() == 0:  # the last cell prints after a step
                 assert errors.count() == 0, "a notebook cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:]
@@ -159,6 +160,7 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             dash.screenshot(path=str(SHOTS / "dashboard.png"))
         except Exception:
             page.screenshot(path=str(SHOTS / "failure.png"), full_page=True)
+            (SHOTS / "failure.html").write_text(page.content())
             raise
         finally:
             browser.close()
