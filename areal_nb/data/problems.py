@@ -252,22 +252,18 @@ def _apply_all(start: int, steps: list[tuple[str, int]]) -> int:
 
 
 def reference_reply(problem: dict) -> str:
-    """The short assistant reply the built-in model is taught: equations, then a boxed answer.
+    """The short assistant reply the built-in model is taught: the boxed answer alone.
 
-    e.g. "3+4=7. \\boxed{7}" — 13 tokens at most for one step, so it fits a 16-token budget
-    with its EOS; math-verify reads the boxed value.
+    e.g. "\\boxed{7}" — a handful of tokens. Longer replies (the equation first) gave a 1 M
+    parameter policy room to produce junk around a right number, which a math-verify reward
+    then reinforces; the answer-only form learns visibly under RL within minutes on a CPU.
     """
     return reply_for(problem, problem["answer_value"])
 
 
 def reply_for(problem: dict, value: str | int) -> str:
-    """A reply in the reference format whose final result (and boxed answer) is `value`.
+    """A reply in the reference format whose answer is `value`.
 
     With a wrong `value` this is a plausible wrong answer (used for two-turn correction data).
     """
-    worked = problem["answer"].rsplit("####", 1)[0].strip()
-    lines = [line.strip() for line in worked.splitlines() if line.strip()]
-    if lines and "=" in lines[-1]:
-        lines[-1] = lines[-1].rsplit("=", 1)[0] + f"={value}"
-    boxed = f"\\boxed{{{value}}}"
-    return f"{', '.join(lines)}. {boxed}" if lines else boxed
+    return f"\\boxed{{{value}}}"

@@ -181,7 +181,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             # The old client's loop is gone or different; its sockets die with it.
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(600.0, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
             )
             self._http_loop = loop
         return self._http
