@@ -28,7 +28,7 @@ SFT_RECIPE = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "max_position_embeddings": 512,
-    "steps": 150,
+    "steps": 300,
     "batch_size": 32,
     "lr": 1e-3,
     "warmup_steps": 10,
