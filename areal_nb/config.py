@@ -7,7 +7,6 @@ combinations raise `ConfigError` naming the key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import types
@@ -228,24 +227,37 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from e
 
 
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+def to_dict(cfg: Any) -> Any:
+    """Plain nested data; objects that are not config data (an agent instance) are kept as they are."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    return cfg
 
 
-def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """Apply `a.b.c=value` overrides to a nested dict (values parsed as YAML scalars)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor.lr=1e-5)")
-        path, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else ""
-        # YAML 1.1 reads "1e-5" as a string; accept the forms people type for numbers.
-        if isinstance(value, str):
-            try:
-                value = float(value) if any(c in value for c in ".eE") else int(value)
-            except ValueError:
-                pass
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor.lr=1e-5)")
+    path, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    # YAML 1.1 reads "1e-5" as a string; accept the forms people type for numbers.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return path, value
+
+
+def apply_overrides(data: dict, overrides: typing.Iterable[str] | dict[str, Any]) -> dict:
+    """Apply overrides to a nested dict: `"a.b.c=value"` strings (values parsed as YAML
+    scalars) or a `{"a.b.c": value}` mapping (values used as they are)."""
+    data = to_dict(data)  # copies the containers, keeps objects such as an agent instance
+    items = overrides.items() if isinstance(overrides, dict) else (_parse_override(o) for o in overrides)
+    for path, value in items:
         node = data
         parts = path.strip().split(".")
         for part in parts[:-1]:
@@ -258,7 +270,8 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
     return data
 
 
-def load_config(source: str | Path | dict | SessionConfig | None = None, overrides: typing.Iterable[str] = ()) -> SessionConfig:
+def load_config(source: str | Path | dict | SessionConfig | None = None,
+                overrides: typing.Iterable[str] | dict[str, Any] = ()) -> SessionConfig:
     """A validated SessionConfig from a YAML path, a dict, an existing config, or defaults."""
     if isinstance(source, SessionConfig):
         data = to_dict(source)

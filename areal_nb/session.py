@@ -34,17 +34,19 @@ logger = logging.getLogger(__name__)
 _LIVE_SESSIONS: weakref.WeakSet = weakref.WeakSet()
 
 
-def _flatten_overrides(overrides: dict[str, Any], prefix: str = "") -> list[str]:
-    """`rollout={"batch_size": 4}` or `rollout__batch_size=4` → ["rollout.batch_size=4"]."""
-    import yaml
+def _flatten_overrides(overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`rollout={"batch_size": 4}` or `rollout__batch_size=4` → {"rollout.batch_size": 4}.
 
-    out = []
+    Values stay Python objects, so an agent instance or class can be passed as
+    `agent__workflow=MyAgent()`. A dict value for `workflow_kwargs` is kept whole.
+    """
+    out: dict[str, Any] = {}
     for key, value in overrides.items():
         path = prefix + key.replace("__", ".")
-        if isinstance(value, dict) and value:
-            out.extend(_flatten_overrides(value, path + "."))
+        if isinstance(value, dict) and value and not path.endswith("workflow_kwargs"):
+            out.update(_flatten_overrides(value, path + "."))
         else:
-            out.append(f"{path}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+            out[path] = value
     return out
 
 
@@ -284,7 +286,8 @@ class Session:
         groups = await self.executor.wait_groups(n)
         episodes = [ep for group in groups for ep in group]
         batch = RolloutBatch(episodes, style=self.config.agent.export_style, discount=self.config.agent.turn_discount,
-                             discount_mode=self.config.agent.discount_mode, version=self.engine.get_version())
+                             discount_mode=self.config.agent.discount_mode, version=self.engine.get_version(),
+                             tokenizer=self.tokenizer)
         elapsed = time.perf_counter() - start
         out_tokens = sum(c.model_response.output_len for i, ep in enumerate(episodes) if ep.accepted
                          for c in batch.calls(i) if c.model_response is not None)

@@ -54,6 +54,7 @@ class RolloutBatch:
     discount_mode: str = "tree"
     version: int = 0  # engine version when the batch was handed out
     stats: dict[str, float] = field(default_factory=dict)
+    tokenizer: Any = field(default=None, repr=False)  # decodes token chips in the widgets
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -211,14 +212,15 @@ class RolloutBatch:
     def show_tree(self, i: int = 0):
         from areal_nb.widgets import show_tree
 
-        return show_tree(self.episodes[i])
+        return show_tree(self.episodes[i], tokenizer=self.tokenizer)
 
     def show_tokens(self, i: int = 0):
         from areal_nb.widgets import show_tokens
 
-        return show_tokens(self.episodes[i])
+        return show_tokens(self.episodes[i], tokenizer=self.tokenizer)
 
     def show_rewards(self, i: int = 0):
         from areal_nb.widgets import show_rewards
 
-        return show_rewards(self.episodes[i])
+        # the whole batch, so the view has the episode's group (advantages) and export settings
+        return show_rewards(self, index=i)
