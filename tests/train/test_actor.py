@@ -78,8 +78,10 @@ def test_on_policy_ratios_start_at_one(tiny_qwen2):
 def test_micro_batches_give_the_same_update_as_one_forward():
     whole, split = make_tiny_qwen2(), make_tiny_qwen2()
     batch = make_batch(whole)
-    s1 = Actor(whole, GRPOConfig(lr=1e-3)).train_step(batch, [0, 0, 0, 0])
-    s2 = Actor(split, GRPOConfig(lr=1e-3, micro_batch_size=1)).train_step(batch, [0, 0, 0, 0])
+    # adam_eps=1 makes the first AdamW step ~ lr * grad: with the default eps, a gradient entry
+    # near zero becomes ±lr on float-summation noise, which would hide what this test compares.
+    s1 = Actor(whole, GRPOConfig(lr=1e-3, adam_eps=1.0)).train_step(batch, [0, 0, 0, 0])
+    s2 = Actor(split, GRPOConfig(lr=1e-3, adam_eps=1.0, micro_batch_size=1)).train_step(batch, [0, 0, 0, 0])
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
     assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
     for (name, p), q in zip(whole.named_parameters(), split.parameters(), strict=True):
