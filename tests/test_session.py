@@ -160,3 +160,17 @@ def test_bad_config_is_a_clear_error():
         Session("configs/multi_turn_math.yaml", rollout__batch_sise=3)
     with pytest.raises(ConfigError, match="export_style='concat' needs"):
         Session(None, agent__chat_template_type="hf", agent__export_style="concat")
+
+
+def test_direct_arealopenai_workflow_is_trainable_too():
+    """The seed's legacy path: a RolloutWorkflow on ArealOpenAI, resolved from an import string."""
+    cfg = config(**{"agent__workflow": "areal_nb.agents.direct_math.MultiTurnMathWorkflow"})
+    with Session(cfg) as s:
+        batch = s.rollout()
+        assert all(ep.accepted for ep in batch.episodes), [ep.rejection_reason for ep in batch.episodes]
+        tensors = batch.to_tensors()
+        # concat rows: one per leaf, every generated token sampled by version 0
+        assert tensors["input_ids"].shape[0] == len(batch.episodes)
+        assert (tensors["versions"][tensors["loss_mask"].bool()] == 0).all()
+        stats = s.train_step(batch)
+        assert stats["logprob_abs_diff_max"] < 1e-4 and s.engine.get_version() == 1
