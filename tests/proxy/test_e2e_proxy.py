@@ -162,6 +162,23 @@ def test_openai_agents_sdk_function_tool(tiny_tokenizer):
         assert live_sessions(proxy.app) == ({}, {})
 
 
+def test_openai_agents_sdk_function_tool_on_the_real_model(proxy, tiny_tokenizer):
+    """Twin of the scripted test: the Agents SDK against tiny-math through the proxy. The tiny
+    model rarely emits a tool call, so the episode ends after one or more real generations; what
+    is checked is that the SDK accepts every real response and the calls are recorded exactly,
+    with the tool's schema rendered into the prompt."""
+    wf = _workflow(proxy, agents.ToolAgent())
+    out = asyncio.run(wf.arun_episode(None, {"messages": [{"role": "user", "content": "add 1 and 2"}]}))
+    assert wf.last_rejection_reason is None, wf.last_rejection_reason
+    assert len(out) >= 1
+    first = next(iter(out.values()))
+    prompt = tiny_tokenizer.decode(first.model_response.input_tokens)
+    assert "<tools>" in prompt and '"add"' in prompt
+    for interaction in out.values():
+        _check_tokens(interaction)
+    assert live_sessions(proxy.app) == ({}, {})
+
+
 def test_sessions_are_isolated(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, "The answer is 7")
 
