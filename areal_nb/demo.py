@@ -53,11 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with Session(cfg) as session:
         print(f"proxy at {session.proxy_url}; engine version {session.engine.get_version()}")
-        before = session.evaluate()
-        print(f"held-out greedy accuracy before training: {before:.3f} ({len(session.eval_problems)} problems)")
+        turns = int(cfg.agent.workflow_kwargs.get("max_turns", 1))
+        before, agent_before = session.evaluate(), session.evaluate(turns=turns)
+        print(f"held-out greedy accuracy before training: {before:.3f} first reply, {agent_before:.3f} within "
+              f"{turns} turns ({len(session.eval_problems)} problems)")
         history = session.run(cfg.total_steps)
-        after = session.evaluate()
-        print(f"held-out greedy accuracy after training:  {after:.3f}")
+        after, agent_after = session.evaluate(), session.evaluate(turns=turns)
+        print(f"held-out greedy accuracy after training:  {after:.3f} first reply, {agent_after:.3f} within "
+              f"{turns} turns")
         batch = session.last_batch
         if batch is not None:
             print("\nlast batch, a few calls:")
@@ -71,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         "reward_per_step": rewards,
         "reward_first5": sum(rewards[:k]) / k if k else None,
         "reward_last5": sum(rewards[-k:]) / k if k else None,
-        "accuracy_before": before,
+        "accuracy_before": before,  # greedy, first reply only
         "accuracy_after": after,
+        "agent_turns": turns,
+        "agent_accuracy_before": agent_before,  # greedy, the agent's loop: solved within agent_turns
+        "agent_accuracy_after": agent_after,
         "eval_problems": cfg.data.eval_size,
         "wall_s": wall,
         "config": str(args.config),
@@ -81,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_curve(history, before, after, out / "reward_curve.png")
     print(f"\nreward first 5 steps {summary['reward_first5']:.3f} -> last 5 steps {summary['reward_last5']:.3f}")
-    print(f"accuracy {before:.3f} -> {after:.3f}; wall {wall:.0f} s; wrote {out / 'summary.json'} and "
+    print(f"accuracy {before:.3f} -> {after:.3f} (first reply), {agent_before:.3f} -> {agent_after:.3f} "
+          f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "
           f"{out / 'reward_curve.png'}")
     return 0

@@ -369,18 +369,39 @@ class Session:
                 self._loop.call_soon_threadsafe(self.executor.set_feeder, None)
         return self.history
 
-    def evaluate(self, n: int | None = None, max_new_tokens: int | None = None) -> float:
-        """Greedy single-turn accuracy of the current policy on the held-out split."""
-        from areal_nb.models import evaluate_accuracy
+    def evaluate(self, n: int | None = None, max_new_tokens: int | None = None, turns: int = 1) -> float:
+        """Greedy accuracy of the current policy on the held-out split.
+
+        `turns=1`: the first reply alone. `turns=k`: the seed's multi-turn agent loop, greedy —
+        a wrong answer gets the fixed correction prompt and another try, up to k replies; the
+        score is the fraction solved within k (what the multi-turn agent is trained for).
+        """
+        from areal_nb.data import CORRECTION_PROMPT, score_answer
+        from areal_nb.models.evaluation import generate_replies
 
         self._check_open()
+        if turns < 1:
+            raise ValueError(f"turns must be >= 1, got {turns}")
         problems = self.eval_problems[: n or len(self.eval_problems)]
         model = self.actor.model
         was_training = model.training
         model.eval()
         try:
-            return evaluate_accuracy(model, self.tokenizer, problems,
-                                     max_new_tokens=max_new_tokens or self.config.rollout.max_new_tokens)
+            conversations = [list(p["messages"]) for p in problems]
+            solved = [False] * len(problems)
+            for _ in range(turns):
+                todo = [i for i, ok in enumerate(solved) if not ok]
+                if not todo:
+                    break
+                replies = generate_replies(model, self.tokenizer, [conversations[i] for i in todo],
+                                           max_new_tokens=max_new_tokens or self.config.rollout.max_new_tokens)
+                for i, reply in zip(todo, replies, strict=True):
+                    if score_answer(reply, problems[i]["answer_value"]) > 0:
+                        solved[i] = True
+                    else:
+                        conversations[i] += [{"role": "assistant", "content": reply},
+                                             {"role": "user", "content": CORRECTION_PROMPT}]
+            return sum(solved) / len(solved)
         finally:
             model.train(was_training)
 

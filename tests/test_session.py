@@ -105,9 +105,15 @@ def test_keyboard_interrupt_during_rollout_leaves_session_usable(session):
 
 
 def test_evaluate_is_greedy_accuracy_on_held_out(session):
-    acc = session.evaluate(n=20)
-    assert 0.0 <= acc <= 1.0
-    assert session.evaluate(n=20) == acc  # greedy: deterministic
+    from areal_nb.models import evaluate_accuracy
+
+    acc = session.evaluate(n=40)
+    assert acc == evaluate_accuracy(session.actor.model, session.tokenizer, session.eval_problems[:40])
+    assert session.evaluate(n=40) == acc  # greedy: deterministic
+    # the agent's loop can only solve more: turn 1 is the same greedy reply
+    assert session.evaluate(n=40, turns=2) >= acc
+    with pytest.raises(ValueError, match="turns"):
+        session.evaluate(turns=0)
 
 
 def test_close_and_recreate_leaks_no_threads_or_ports():
