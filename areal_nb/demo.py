@@ -15,7 +15,8 @@ from pathlib import Path
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
 
 
-def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Path) -> None:
+def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Path,
+               agent: tuple[float, float, int] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,6 +29,12 @@ def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Pat
         ax.plot(history["step"], history["reward_mean"].rolling(window).mean(), label=f"{window}-step mean")
     ax.axhline(accuracy_before, color="grey", ls=":", label=f"held-out accuracy before ({accuracy_before:.2f})")
     ax.axhline(accuracy_after, color="green", ls="--", label=f"held-out accuracy after ({accuracy_after:.2f})")
+    if agent is not None:
+        agent_before, agent_after, turns = agent
+        ax.axhline(agent_before, color="grey", ls="-.", lw=0.8,
+                   label=f"within {turns} turns, before ({agent_before:.2f})")
+        ax.axhline(agent_after, color="purple", ls="-.", lw=0.8,
+                   label=f"within {turns} turns, after ({agent_after:.2f})")
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title("areal_nb demo: multi-turn math GRPO on tiny-math")
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curve(history, before, after, out / "reward_curve.png")
+    plot_curve(history, before, after, out / "reward_curve.png", agent=(agent_before, agent_after, turns))
     print(f"\nreward first 5 steps {summary['reward_first5']:.3f} -> last 5 steps {summary['reward_last5']:.3f}")
     print(f"accuracy {before:.3f} -> {after:.3f} (first reply), {agent_before:.3f} -> {agent_after:.3f} "
           f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "
