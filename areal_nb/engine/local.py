@@ -348,6 +348,8 @@ class LocalEngine:
         except BaseException as exc:  # noqa: BLE001 - reported to the caller of update_weights
             update.error = exc
         finally:
+            if self._batch.fast is not None:
+                self._batch.fast.refresh()  # its fused projections copy the old weights
             update.done.set()
 
     def _step(self, admitted: list[_Row]) -> None:

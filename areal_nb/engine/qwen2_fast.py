@@ -46,6 +46,34 @@ class Qwen2FastForward:
         cfg = model.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.gqa = cfg.num_key_value_heads != cfg.num_attention_heads
+        self._fused: list[tuple] | None = None
+
+    def refresh(self) -> None:
+        """Forget the fused projection weights; call after the model's weights changed."""
+        self._fused = None
+
+    def _fused_weights(self) -> list[tuple]:
+        # One matmul for q|k|v and one for gate|up instead of five: on a small model each
+        # decoding step is dominated by per-operation overhead, not arithmetic.
+        if self._fused is None:
+            fused = []
+            for layer in self.inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+                w_qkv = torch.cat([p.weight for p in projections])
+                if any(p.bias is not None for p in projections):
+                    b_qkv = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
+                                       for p in projections])
+                else:
+                    b_qkv = None
+                splits = [p.weight.shape[0] for p in projections]
+                gate_up = (mlp.gate_proj, mlp.up_proj)
+                w_gu = torch.cat([p.weight for p in gate_up])
+                b_gu = None if all(p.bias is None for p in gate_up) else torch.cat(
+                    [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in gate_up])
+                fused.append((w_qkv, b_qkv, splits, w_gu, b_gu))
+            self._fused = fused
+        return self._fused
 
     def __call__(
         self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Cache
@@ -56,13 +84,15 @@ class Qwen2FastForward:
         cos, sin = inner.rotary_emb(hidden, position_ids)
         cos, sin = cos[:, None], sin[:, None]
         batch, length, _ = hidden.shape
+        fused = self._fused_weights()
         for index, layer in enumerate(inner.layers):
             attn = layer.self_attn
+            w_qkv, b_qkv, splits, w_gu, b_gu = fused[index]
             x = _rms_norm(hidden, layer.input_layernorm)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(batch, length, -1, self.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(batch, length, -1, self.head_dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(batch, length, -1, self.head_dim)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k, v = F.linear(x, w_qkv, b_qkv).split(splits, dim=-1)
+            q = q.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
+            k = k.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
+            v = v.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.layers[index].update(k, v)
@@ -71,8 +101,7 @@ class Qwen2FastForward:
             hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             mlp = layer.mlp
-            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            gated = F.silu(gate) * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-            hidden = hidden + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate, up = F.linear(x, w_gu, b_gu).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         last = _rms_norm(hidden[:, -1], inner.norm)
         return F.linear(last, self.model.lm_head.weight, getattr(self.model.lm_head, "bias", None))
