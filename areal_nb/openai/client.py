@@ -6,9 +6,10 @@ which runs the same completion logic (`completion.create_chat_completion`) behin
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Self
 
+import httpx
 import openai
 
 from .cache import InteractionCache
@@ -20,6 +21,24 @@ from .responses import create_response
 def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Drop the SDK's NOT_GIVEN / omit placeholders (they mean "not set")."""
     return {k: v for k, v in kwargs.items() if not isinstance(v, openai.NotGiven | openai.Omit)}
+
+
+def _refuse(request: httpx.Request) -> httpx.Response:
+    raise RuntimeError(
+        f"ArealOpenAI sends no HTTP requests (it calls its engine directly); "
+        f"{request.method} {request.url} is not supported"
+    )
+
+
+@cache
+def _offline_http_client() -> httpx.AsyncClient:
+    """One shared HTTP client for every `ArealOpenAI`, which never sends a request.
+
+    Without it the SDK builds a default client per instance, and that loads the CA bundle into
+    a new SSL context each time (measured: ~20 ms, 2.6 s of a 4.2 s rollout of 128 episodes).
+    `trust_env=False`: environment proxies would build SSL contexts too.
+    """
+    return httpx.AsyncClient(transport=httpx.MockTransport(_refuse), trust_env=False)
 
 
 class ChunkStream:
@@ -115,6 +134,8 @@ class ArealOpenAI(openai.AsyncOpenAI):
     ) -> None:
         kwargs.setdefault("api_key", "none")
         kwargs.setdefault("base_url", "http://areal-nb.invalid/v1")  # never contacted
+        if kwargs.get("http_client") is None:
+            kwargs["http_client"] = _offline_http_client()
         super().__init__(**kwargs)
         self.engine = engine
         self.tokenizer = tokenizer

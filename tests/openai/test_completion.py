@@ -246,3 +246,17 @@ def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
     gap = child.model_response.input_len - n_in - n_out
     assert row["loss_mask"][0].tolist() == [0] * n_in + [1] * n_out + [0] * gap + [1] * child.model_response.output_len
     assert row["input_ids"][0, n_in + n_out].item() == eos
+
+
+def test_clients_share_one_http_client_that_refuses_to_send(tiny_tokenizer):
+    # A default SDK client per ArealOpenAI would load the CA bundle every episode; ours never sends.
+    first = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "x"), tiny_tokenizer, max_retries=0)
+    second = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "y"), tiny_tokenizer)
+    assert first._client is second._client
+    with pytest.raises(RuntimeError, match="sends no HTTP requests"):
+        asyncio.run(first.models.retrieve("tiny"))
+    # A caller's own client is kept.
+    import httpx
+
+    own = httpx.AsyncClient()
+    assert ArealOpenAI(ScriptedEngine(tiny_tokenizer, "z"), tiny_tokenizer, http_client=own)._client is own
