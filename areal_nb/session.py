@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import copy
+import dataclasses
 import json
 import logging
 import random
@@ -132,7 +133,10 @@ class Session:
         policy = load_model(cfg.model.path, dtype=dtype, device=device)
         self.engine = LocalEngine(policy, self.tokenizer, device=device, dtype=dtype,
                                   max_batch_size=cfg.engine.max_batch_size, seed=cfg.engine.seed)
-        self.actor = Actor(policy, cfg.actor, version=0)
+        actor_cfg = cfg.actor
+        if actor_cfg.lr_schedule != "constant" and actor_cfg.lr_decay_steps is None:
+            actor_cfg = dataclasses.replace(actor_cfg, lr_decay_steps=cfg.total_steps)  # the run's length
+        self.actor = Actor(policy, actor_cfg, version=0)
         self.admin_key = cfg.agent.admin_api_key or secrets.token_urlsafe(24)
         completion = CompletionSettings(chat_template_type=cfg.agent.chat_template_type,
                                         engine_max_tokens=getattr(self.engine, "max_context", None))

@@ -58,6 +58,9 @@ def test_rollout_train_and_versions(session):
     assert stats["logprob_abs_diff_max"] < 1e-4
     assert stats["importance_weight_max"] == pytest.approx(1.0, abs=1e-3)
     assert session.version == before + 1 == session.engine.get_version() == stats["version"]
+    # the config's linear schedule decays over the run's total_steps
+    assert session.actor.cfg.lr_decay_steps == session.config.total_steps
+    assert stats["lr"] == session.actor.cfg.lr_at(session.actor.steps_done - 1) <= session.config.actor.lr
     assert len(session.history) == 1 and session.history["step"].tolist() == [1]
     # tokens sampled after the update carry the new version
     batch2 = session.rollout()

@@ -1,7 +1,11 @@
 """Build the `tiny-math` model: a small Qwen2 trained briefly (SFT) on the generated problems.
 
-The warm start is kept deliberately short: the model should answer some held-out problems
-(so GRPO gets reward signal) but leave clear room for RL to improve it.
+The warm start stops well before convergence: the model answers about half of the held-out
+problems (so most GRPO groups hold both right and wrong answers) and leaves room for RL.
+Measured with a bare single-turn GRPO loop (16 prompts x 8 samples, 100 steps, lr 3e-4):
+from 120 SFT steps (accuracy 0.105) RL gained +0 to +3 points, from 300 steps (0.205) +8 to
++13.5, from 500 steps (0.545) +9 to +29 depending on the step; at lr 1.5e-4 from 500 steps,
++21 to +31 at every check from step 20 to 80.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ SFT_RECIPE = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "max_position_embeddings": 512,
-    "steps": 300,
+    "steps": 500,
     "batch_size": 32,
     "lr": 1e-3,
     "warmup_steps": 10,

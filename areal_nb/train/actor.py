@@ -45,6 +45,7 @@ class Actor:
         self.cfg = cfg or GRPOConfig()
         self.ref_model = ref_model
         self.version = version
+        self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         if ref_model is not None:
@@ -79,6 +80,10 @@ class Actor:
         n_rows = input_ids.shape[0]
         if n_rows < cfg.ppo_n_minibatches:
             raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={cfg.ppo_n_minibatches}")
+
+        lr = cfg.lr_at(self.steps_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
         prox_logprobs = None
         if cfg.computes_prox_logprobs:
@@ -150,7 +155,9 @@ class Actor:
             out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
             out["logprob_abs_diff_max"] = float(diff.max())
         out["version"] = float(self.version)
+        out["lr"] = lr
         self.version += 1
+        self.steps_done += 1
         return out
 
     @torch.no_grad()
@@ -189,12 +196,14 @@ class Actor:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "steps_done": self.steps_done,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.steps_done = int(state.get("steps_done", 0))
 
 
 def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:

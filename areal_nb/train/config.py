@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 @dataclass
@@ -13,6 +16,11 @@ class GRPOConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0  # <= 0 disables gradient clipping
+    # learning-rate schedule over train steps (one train step = ppo_n_minibatches optimizer steps)
+    lr_schedule: str = "constant"  # "constant" | "linear" | "cosine" (decay after warm-up)
+    lr_warmup_steps: int = 0  # linear warm-up from lr/(warmup+1)
+    lr_decay_steps: int | None = None  # steps to reach min_lr_ratio*lr; None: the Session's total_steps
+    min_lr_ratio: float = 0.0
     # PPO objective
     eps_clip: float = 0.2
     eps_clip_higher: float | None = None  # None: symmetric clipping
@@ -65,10 +73,41 @@ class GRPOConfig:
                 f"behave_imp_weight_cap must be > 1 or None, got {self.behave_imp_weight_cap}",
             ),
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (
+                self.lr_schedule in LR_SCHEDULES,
+                f"lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}",
+            ),
+            (self.lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}"),
+            (
+                self.lr_decay_steps is None or self.lr_decay_steps >= 1,
+                f"lr_decay_steps must be >= 1 or None, got {self.lr_decay_steps}",
+            ),
+            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"GRPOConfig: {message}")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of train step `step` (0-based).
+
+        Warm-up: lr·(step+1)/(warmup+1) for the first `lr_warmup_steps` steps. Then "linear" or
+        "cosine" decay from lr to min_lr_ratio·lr over the remaining steps of `lr_decay_steps`,
+        and min_lr_ratio·lr after that; "constant" stays at lr.
+        """
+        if step < self.lr_warmup_steps:
+            return self.lr * (step + 1) / (self.lr_warmup_steps + 1)
+        if self.lr_schedule == "constant":
+            return self.lr
+        if self.lr_decay_steps is None:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs lr_decay_steps (the run's length in steps)")
+        span = max(self.lr_decay_steps - self.lr_warmup_steps, 1)
+        progress = min((step - self.lr_warmup_steps) / span, 1.0)
+        if self.lr_schedule == "linear":
+            decay = 1.0 - progress
+        else:
+            decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * decay)
 
     @property
     def computes_prox_logprobs(self) -> bool:

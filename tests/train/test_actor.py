@@ -154,6 +154,29 @@ def test_push_weights_and_checkpoint_round_trip(tiny_qwen2):
     for p, q in zip(tiny_qwen2.parameters(), other.model.parameters(), strict=True):
         assert torch.equal(p, q)
     assert other.optimizer.state_dict()["state"].keys() == actor.optimizer.state_dict()["state"].keys()
+    assert other.steps_done == 1  # the learning-rate schedule resumes where it stopped
+
+
+def test_learning_rate_schedules():
+    assert [GRPOConfig(lr=1.0).lr_at(s) for s in (0, 5, 500)] == [1.0, 1.0, 1.0]
+    linear = GRPOConfig(lr=1.0, lr_schedule="linear", lr_warmup_steps=1, lr_decay_steps=5, min_lr_ratio=0.2)
+    # warm-up 1/2, then 1 → 0.2 over the 4 steps after it, then 0.2 for good
+    assert [round(linear.lr_at(s), 6) for s in range(7)] == [0.5, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2]
+    cosine = GRPOConfig(lr=2.0, lr_schedule="cosine", lr_decay_steps=4)
+    assert [round(cosine.lr_at(s), 6) for s in range(5)] == [2.0, round(1 + math.sqrt(0.5), 6), 1.0,
+                                                             round(1 - math.sqrt(0.5), 6), 0.0]
+    with pytest.raises(ValueError, match="needs lr_decay_steps"):
+        GRPOConfig(lr_schedule="linear").lr_at(0)
+
+
+def test_actor_steps_with_the_scheduled_learning_rate(tiny_qwen2):
+    cfg = GRPOConfig(lr=1e-3, lr_schedule="linear", lr_decay_steps=2)
+    actor = Actor(tiny_qwen2, cfg)
+    lrs = [actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])["lr"] for _ in range(3)]
+    assert lrs == [1e-3, 5e-4, 0.0]
+    before = [p.detach().clone() for p in tiny_qwen2.parameters()]
+    actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])  # lr 0: AdamW moves nothing
+    assert all(torch.equal(p, q) for p, q in zip(before, tiny_qwen2.parameters(), strict=True))
 
 
 def test_bad_batches_are_refused(tiny_qwen2):
@@ -179,6 +202,10 @@ def test_bad_batches_are_refused(tiny_qwen2):
         dict(kl_estimator="k4"),
         dict(behave_imp_weight_cap=0.5),
         dict(ppo_n_minibatches=0),
+        dict(lr_schedule="step"),
+        dict(lr_warmup_steps=-1),
+        dict(lr_decay_steps=0),
+        dict(min_lr_ratio=1.5),
     ],
 )
 def test_config_validation(kw):
