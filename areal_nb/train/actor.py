@@ -14,6 +14,7 @@ Usage (what `Session.train_step` does):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,8 @@ from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from .loss import ppo_actor_loss
 
 __all__ = ["Actor", "GRPOConfig"]
+
+logger = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 
@@ -82,6 +85,12 @@ class Actor:
             raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={cfg.ppo_n_minibatches}")
 
         lr = cfg.lr_at(self.steps_done)
+        if lr == 0.0 and self.steps_done == cfg.lr_decay_steps:  # warn once, on the first idle step
+            logger.warning(
+                "the %s learning-rate schedule reached 0 after lr_decay_steps=%d train steps: further "
+                "steps do not change the weights (raise total_steps / actor.lr_decay_steps, or set "
+                "actor.min_lr_ratio > 0)", cfg.lr_schedule, cfg.lr_decay_steps,
+            )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

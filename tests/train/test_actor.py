@@ -169,7 +169,7 @@ def test_learning_rate_schedules():
         GRPOConfig(lr_schedule="linear").lr_at(0)
 
 
-def test_actor_steps_with_the_scheduled_learning_rate(tiny_qwen2):
+def test_actor_steps_with_the_scheduled_learning_rate(tiny_qwen2, caplog):
     cfg = GRPOConfig(lr=1e-3, lr_schedule="linear", lr_decay_steps=2)
     actor = Actor(tiny_qwen2, cfg)
     lrs = [actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])["lr"] for _ in range(3)]
@@ -177,6 +177,8 @@ def test_actor_steps_with_the_scheduled_learning_rate(tiny_qwen2):
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
     actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])  # lr 0: AdamW moves nothing
     assert all(torch.equal(p, q) for p, q in zip(before, tiny_qwen2.parameters(), strict=True))
+    warnings = [r.getMessage() for r in caplog.records if "reached 0" in r.getMessage()]
+    assert len(warnings) == 1 and "lr_decay_steps=2" in warnings[0]  # said once, not every step
 
 
 def test_bad_batches_are_refused(tiny_qwen2):
