@@ -2,9 +2,23 @@
 
 from .engine_api import InferenceEngine
 from .io_struct import STOP_REASONS, GenerationConfig, ModelRequest, ModelResponse
+from .vocabulary import (
+    CHAT_TEMPLATE_TYPES,
+    DISCOUNT_MODES,
+    EXPORT_STYLES,
+    ChatTemplateType,
+    DiscountMode,
+    ExportStyle,
+)
 from .workflow_api import RolloutWorkflow
 
 __all__ = [
+    "CHAT_TEMPLATE_TYPES",
+    "DISCOUNT_MODES",
+    "EXPORT_STYLES",
+    "ChatTemplateType",
+    "DiscountMode",
+    "ExportStyle",
     "STOP_REASONS",
     "GenerationConfig",
     "InferenceEngine",
