@@ -26,6 +26,7 @@ import torch
 
 from areal_nb.api import GenerationConfig, ModelRequest
 from areal_nb.engine import LocalEngine
+from areal_nb.models import resolve_model_path
 
 
 def make_requests(n: int, vocab: int, rng: random.Random, args) -> list[ModelRequest]:
@@ -96,7 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    engine = LocalEngine(args.model, max_batch_size=args.max_batch_size, seed=args.seed)
+    engine = LocalEngine(resolve_model_path(args.model), max_batch_size=args.max_batch_size, seed=args.seed)
     # The baselines use the engine's own weights, so all three serve the same model.
     model, pad_id = engine.model, engine.tokenizer.pad_token_id or 0
     rng = random.Random(args.seed)

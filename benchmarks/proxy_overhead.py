@@ -36,7 +36,7 @@ CALLS_PER_SESSION = 16  # agent episodes are short; keeps parent search as in re
 
 
 def build_app():
-    from areal_nb.engine.scripted import ScriptedEngine
+    from areal_nb.testing import ScriptedEngine
     from areal_nb.models import load_tokenizer
     from areal_nb.proxy import ProxySettings, create_app
 

@@ -1,4 +1,12 @@
-"""Shared fixtures. The built-in tiny model is built once per machine and cached on disk."""
+"""Shared fixtures and the fast/slow split.
+
+The built-in tiny model is built once per machine and cached on disk.
+
+`make test-fast` runs `-m "not slow and not server and not browser"`: unit tests only. A test
+that starts a `ProxyServer` (real uvicorn on loopback) must be marked `server` (or `slow`);
+`_servers_only_in_marked_tests` fails an unmarked one with a message saying so, so the fast set
+stays fast as tests are added. See `[tool.pytest.ini_options] markers` in pyproject.toml.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,40 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
+
+# Markers under which a test may start servers (`make test-fast` deselects them all).
+SERVER_MARKERS = ("server", "slow", "browser")
+_current_test: dict[str, pytest.Item | None] = {"item": None}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the item's fixtures: a module-scoped server fixture is attributed to this test.
+    _current_test["item"] = item
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_only_in_marked_tests():
+    """Refuse `ProxyServer.start()`/`astart()` in a test not marked server/slow/browser."""
+    from areal_nb.proxy.server import ProxyServer
+
+    def guarded(original):
+        def check(*args, **kwargs):
+            item = _current_test["item"]
+            if item is not None and not any(item.get_closest_marker(m) for m in SERVER_MARKERS):
+                raise RuntimeError(
+                    f"{item.nodeid} starts a ProxyServer but is not marked: add "
+                    "@pytest.mark.server (or pytestmark = pytest.mark.server) so `make test-fast` "
+                    "keeps to unit tests"
+                )
+            return original(*args, **kwargs)
+
+        return check
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ProxyServer, "start", guarded(ProxyServer.start))
+        mp.setattr(ProxyServer, "astart", guarded(ProxyServer.astart))
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +66,16 @@ def tiny_model_path():
     from areal_nb.models import resolve_model_path
 
     return resolve_model_path("tiny-math")
+
+
+@pytest.fixture(scope="session")
+def local_engine(tiny_model_path, tiny_tokenizer):
+    """One real `LocalEngine` on tiny-math (seed 0) shared by every test that only generates.
+
+    Tests that change the engine (weights, version, pause, close) build their own instead.
+    """
+    from areal_nb.engine import LocalEngine
+
+    engine = LocalEngine(tiny_model_path, tiny_tokenizer, device="cpu", seed=0)
+    yield engine
+    engine.close()

@@ -1,6 +1,7 @@
-"""Inference engines: `LocalEngine` (embedded, continuous batching) and `ScriptedEngine` (tests)."""
+"""Inference engines: `LocalEngine`, the embedded transformers engine with continuous batching.
 
-from .scripted import ScriptedEngine
+A scripted engine for tests lives in `areal_nb.testing`.
+"""
 
 
 def __getattr__(name: str):
@@ -12,4 +13,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
 
 
-__all__ = ["EngineClosedError", "EngineStats", "LocalEngine", "ScriptedEngine"]
+__all__ = ["EngineClosedError", "EngineStats", "LocalEngine"]

@@ -11,22 +11,18 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 
-def resolve_model_path(name: str) -> str:
-    """`tiny-math`, a local dir or a hub id → something `from_pretrained` accepts."""
-    try:
-        from areal_nb.models import resolve_model_path as resolve
-    except ImportError:  # models package not available: treat the name as a path / hub id
-        return name
-    return str(resolve(name))
-
-
 def load_engine_model(
     model: str | os.PathLike | PreTrainedModel,
     tokenizer: Any,
     device: torch.device,
     dtype: torch.dtype,
 ) -> tuple[PreTrainedModel, Any]:
-    """The engine's own copy of the model (sdpa attention, eval mode) and its tokenizer."""
+    """The engine's own copy of the model (sdpa attention, eval mode) and its tokenizer.
+
+    `model` is a loaded model, a local `save_pretrained` folder or a Hugging Face id. Built-in
+    names such as `tiny-math` belong to `areal_nb.models` (a layer above the engine): resolve
+    them first with `areal_nb.models.resolve_model_path` (the Session and the CLI do).
+    """
     if isinstance(model, PreTrainedModel):
         # A deep copy: the trainer keeps updating its model; the engine changes only on update_weights.
         engine_model = copy.deepcopy(model)
@@ -35,8 +31,17 @@ def load_engine_model(
             if source and Path(source).is_dir():
                 tokenizer = AutoTokenizer.from_pretrained(source)
     elif isinstance(model, (str, os.PathLike)):
-        path = resolve_model_path(str(model))
-        engine_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        path = str(model)
+        try:
+            engine_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except OSError as exc:
+            if Path(path).expanduser().exists():
+                raise
+            raise ValueError(
+                f"cannot load model {path!r}: not a local folder and not loadable as a Hugging Face id "
+                f"({exc}). Built-in names like 'tiny-math' are resolved by "
+                "areal_nb.models.resolve_model_path(name), which returns the folder to pass here"
+            ) from exc
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(path)
     else:

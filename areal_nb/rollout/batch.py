@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -208,19 +208,39 @@ class RolloutBatch:
                 f"style={self.style!r}, discount={self.discount}, discount_mode={self.discount_mode!r}, "
                 f"version={self.version})")
 
-    # ---------------------------------------------------------------- widgets
+    # ---------------------------------------------------------------- views
     def show_tree(self, i: int = 0):
-        from areal_nb.widgets import show_tree
-
-        return show_tree(self.episodes[i], tokenizer=self.tokenizer)
+        """Conversation tree of episode `i` (live widget from `areal_nb.widgets`)."""
+        return self._view("tree", i)
 
     def show_tokens(self, i: int = 0):
-        from areal_nb.widgets import show_tokens
-
-        return show_tokens(self.episodes[i], tokenizer=self.tokenizer)
+        """Token chips of episode `i`: loss mask, log-prob heat, turns, drift check."""
+        return self._view("tokens", i)
 
     def show_rewards(self, i: int = 0):
-        from areal_nb.widgets import show_rewards
+        """Reward propagation of episode `i` with its group's advantages and this batch's settings."""
+        return self._view("rewards", i)
 
-        # the whole batch, so the view has the episode's group (advantages) and export settings
-        return show_rewards(self, index=i)
+    def _view(self, name: BatchViewName, i: int):
+        view = _BATCH_VIEWS.get(name)
+        if view is None:
+            raise RuntimeError(
+                f"batch.show_{name}() is drawn by areal_nb.widgets, which is not imported yet: run "
+                "`import areal_nb.widgets` (a Session imports it for you)"
+            )
+        return view(self, i)
+
+
+# The views live in `areal_nb.widgets`, a layer above rollout (docs/design.md §2): rollout never
+# imports it. Importing `areal_nb.widgets` registers them here, and the Session imports widgets,
+# so `batch.show_tree(i)` works on every batch a Session returns.
+BatchViewName = Literal["tree", "tokens", "rewards"]
+BatchView = Callable[[RolloutBatch, int], Any]
+_BATCH_VIEWS: dict[str, BatchView] = {}
+
+
+def register_batch_view(name: BatchViewName, view: BatchView) -> None:
+    """Make `RolloutBatch.show_<name>(i)` call `view(batch, i)` (the widgets package does this)."""
+    if name not in get_args(BatchViewName):
+        raise ValueError(f"unknown batch view {name!r}; expected one of {get_args(BatchViewName)}")
+    _BATCH_VIEWS[name] = view

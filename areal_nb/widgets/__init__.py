@@ -44,6 +44,19 @@ def show_rewards(source: Any, index: int | None = None, group: list[Any] | None 
                       raw_rewards=raw_rewards, live=live)
 
 
+def _register_batch_views() -> None:
+    # RolloutBatch (rollout layer, below us) offers batch.show_tree(i) etc. through these.
+    from areal_nb.rollout.batch import register_batch_view
+
+    register_batch_view("tree", lambda batch, i: show_tree(batch.episodes[i], tokenizer=batch.tokenizer))
+    register_batch_view("tokens", lambda batch, i: show_tokens(batch.episodes[i], tokenizer=batch.tokenizer))
+    # the whole batch, so the view has the episode's group (advantages) and export settings
+    register_batch_view("rewards", lambda batch, i: show_rewards(batch, index=i))
+
+
+_register_batch_views()
+
+
 def __getattr__(name: str):
     if name in ("Dashboard", "TreeView", "TokenView", "RewardView"):
         from . import views

@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.openai import (
     ArealOpenAI,
     ChunkStream,

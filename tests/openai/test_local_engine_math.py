@@ -44,15 +44,6 @@ async def seed_agent_loop(client: ArealOpenAI, data: dict, max_turns: int = 2) -
     return reward
 
 
-@pytest.fixture(scope="module")
-def local_engine(tiny_model_path):
-    from areal_nb.engine import LocalEngine
-
-    engine = LocalEngine(tiny_model_path, device="cpu", seed=1)
-    yield engine
-    engine.close()
-
-
 def test_multi_turn_math_concat_leaves_match_engine_records(local_engine, tiny_tokenizer):
     problems = generate_problems(2, seed=3)
     # an answer nobody can give forces the second (correction) turn

@@ -13,7 +13,7 @@ import warnings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.openai import ArealOpenAI
 from areal_nb.openai.cache import discounted_rewards
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.openai import (
     ArealOpenAI,
     ConcatAlignmentError,

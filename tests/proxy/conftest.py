@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 
 PROXY_ADMIN_KEY = "proxy-test-admin-key"
 SCRIPTED_REPLY = "The answer is 4"
@@ -72,15 +72,6 @@ def scripted_server(tiny_tokenizer):
     )
     with ProxyServer(app) as server:
         yield server
-
-
-@pytest.fixture(scope="session")
-def local_engine(tiny_tokenizer):
-    from areal_nb.engine import LocalEngine
-
-    engine = LocalEngine("tiny-math", tiny_tokenizer, device="cpu", seed=0)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -158,7 +158,7 @@ def test_concat_style_on_hf_interactions_is_400_and_loses_nothing(app_client):
 def test_engine_failure_is_500_and_nothing_half_recorded(make_app, tiny_tokenizer):
     from fastapi.testclient import TestClient
 
-    from areal_nb.engine.scripted import ScriptedEngine
+    from areal_nb.testing import ScriptedEngine
 
     def script(req):
         if "boom" in tiny_tokenizer.decode(req.input_ids):

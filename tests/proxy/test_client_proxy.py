@@ -8,9 +8,11 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
+
+pytestmark = pytest.mark.server  # real uvicorn servers on loopback
 
 
 @pytest.fixture(scope="module")

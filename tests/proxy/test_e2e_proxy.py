@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
@@ -24,17 +24,8 @@ QUESTION = {"messages": [{"role": "user", "content": "Tom has 3 apples and buys 
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_tokenizer):
-    from areal_nb.engine import LocalEngine
-
-    eng = LocalEngine("tiny-math", device="cpu", seed=0)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(engine, tiny_tokenizer):
-    with serve_proxy(engine, tiny_tokenizer) as p:
+def proxy(local_engine, tiny_tokenizer):
+    with serve_proxy(local_engine, tiny_tokenizer) as p:
         yield p
 
 

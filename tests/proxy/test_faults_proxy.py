@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
@@ -55,11 +55,11 @@ def test_64_sessions_by_4_turns_scripted(tiny_tokenizer):
         assert proxy.state.capacity == 0  # every granted slot was used by its session
 
 
-def test_8_sessions_by_2_turns_real_model(tiny_tokenizer):
+def test_8_sessions_by_2_turns_real_model(tiny_tokenizer, tiny_model_path):
     from areal_nb.engine import LocalEngine
 
     sessions, turns = 8, 2
-    engine = LocalEngine("tiny-math", device="cpu", seed=1)
+    engine = LocalEngine(tiny_model_path, device="cpu", seed=1)
     agent = agents.ChatAgent(turns=turns, max_tokens=6)
     try:
         with serve_proxy(engine, tiny_tokenizer) as proxy:

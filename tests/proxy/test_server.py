@@ -18,6 +18,8 @@ import pytest
 from areal_nb.proxy import ProxyServer
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
 
+pytestmark = pytest.mark.server  # real uvicorn servers on loopback
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -109,7 +111,7 @@ def test_astart_inside_a_running_loop(make_app):
 
 
 def test_default_admin_key_refused_off_loopback(tiny_tokenizer, monkeypatch):
-    from areal_nb.engine.scripted import ScriptedEngine
+    from areal_nb.testing import ScriptedEngine
     from areal_nb.proxy import ProxySettings, create_app
 
     app = create_app(ScriptedEngine(tiny_tokenizer, "x"), tiny_tokenizer, ProxySettings())

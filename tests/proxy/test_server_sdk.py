@@ -15,8 +15,10 @@ import httpx
 import openai
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
+
+pytestmark = pytest.mark.server  # real uvicorn servers on loopback
 
 OPENAI_TOOLS = [{"type": "function", "function": {"name": "add", "description": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.workflow import (
     EpisodeRejected,
     OpenAIProxyWorkflow,
@@ -87,6 +87,7 @@ def proxy(tiny_tokenizer):
         yield p
 
 
+@pytest.mark.server
 def test_rejection_reason_is_per_task_under_concurrency(proxy):
     wf = OpenAIProxyWorkflow(agent=agents.ChatAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY)
 
@@ -108,6 +109,7 @@ def test_rejection_reason_is_per_task_under_concurrency(proxy):
     assert live_sessions(proxy.app) == ({}, {})
 
 
+@pytest.mark.server
 def test_cancelled_episode_still_frees_its_session(proxy):
     wf = OpenAIProxyWorkflow(agent=agents.HangingAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY)
 

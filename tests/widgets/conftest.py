@@ -11,15 +11,6 @@ QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 CORRECTION = "Check your answer and give the final number after ####."
 
 
-@pytest.fixture(scope="session")
-def local_engine(tiny_tokenizer):
-    from areal_nb.engine.local import LocalEngine
-
-    engine = LocalEngine("tiny-math", tiny_tokenizer, device="cpu", seed=0)
-    yield engine
-    engine.close()
-
-
 async def _two_turn_episode(engine, tokenizer, template: str, first_reward: float, last_reward: float,
                             max_tokens: int = 8):
     """Question → reply → correction → reply; rewards set per turn, nothing discounted yet."""

@@ -1,5 +1,9 @@
 """The `areal-nb` command: `demo` (the main job), `proxy` (standalone proxy server),
-`train` (a batch run from a YAML config)."""
+`train` (a batch run from a YAML config).
+
+The top layer, beside the Session: a command may wire any package together (`cli/proxy.py`
+builds an engine from a model name and serves it through the proxy).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(rest) or 0
     if command == "proxy":
-        from areal_nb.proxy.serve import main as proxy_main
+        from areal_nb.cli.proxy import main as proxy_main
 
         return proxy_main(rest) or 0
     if command == "train":
@@ -34,7 +38,3 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,7 +13,8 @@ import signal
 import sys
 import threading
 
-from .settings import DEFAULT_ADMIN_API_KEY, ProxySettings, validate_admin_key
+from areal_nb.api import CHAT_TEMPLATE_TYPES
+from areal_nb.proxy.settings import DEFAULT_ADMIN_API_KEY, ProxySettings, validate_admin_key
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts")
-    parser.add_argument("--chat-template-type", choices=("hf", "concat"), default="hf")
+    parser.add_argument("--chat-template-type", choices=CHAT_TEMPLATE_TYPES, default="hf")
     parser.add_argument("--session-timeout", type=float, default=3600.0, help="seconds without calls before a session is dropped")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--engine-max-tokens", type=int, default=None, help="cap on prompt + output tokens")
@@ -39,17 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from areal_nb.engine import LocalEngine
-    from areal_nb.models import load_tokenizer
+    from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.openai.completion import CompletionSettings
-
-    from .app import create_app
-    from .server import ProxyServer
+    from areal_nb.proxy import ProxyServer, create_app
 
     settings.completion = CompletionSettings(
         chat_template_type=args.chat_template_type, engine_max_tokens=args.engine_max_tokens
     )
     tokenizer = load_tokenizer(args.model)
-    engine = LocalEngine(args.model, tokenizer, device=args.device)
+    engine = LocalEngine(resolve_model_path(args.model), tokenizer, device=args.device)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = ProxyServer(create_app(engine, tokenizer, settings), host=args.host, port=args.port)

@@ -1,0 +1,15 @@
+"""Test helpers for code built on areal_nb — not part of the training path.
+
+`ScriptedEngine` is an `InferenceEngine` that answers instantly with a reply you script (text,
+token ids, or a function of the request), with fixed log-probs. Use it in your own tests when a
+test needs one exact model output — a tool call, a malformed answer, a reply that arrives after
+a delay — or a zero-cost engine to measure the proxy's own overhead. areal_nb's test suite and
+`benchmarks/proxy_overhead.py` use it the same way; wherever a real model can run, our tests
+also run the tiny built-in model (`LocalEngine("tiny-math")`).
+
+Nothing in the product package imports this module (an import-linter contract checks it).
+"""
+
+from .scripted_engine import Script, ScriptedEngine
+
+__all__ = ["Script", "ScriptedEngine"]
