@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.api import DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.data import CORRECTION_PROMPT
 from areal_nb.reward import AsyncRewardWrapper, math_reward
 
@@ -20,15 +20,14 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
         self,
         tokenizer: Any,
         max_turns: int = 2,
-        export_style: str = "concat",
+        export_style: ExportStyle = "concat",
         turn_discount: float = 0.9,
-        discount_mode: str = "tree",
+        discount_mode: DiscountMode = "tree",
         temperature: float = 1.0,
         max_new_tokens: int = 16,
         reward_timeout: float = 15.0,
     ) -> None:
-        if export_style not in ("concat", "individual"):
-            raise ValueError(f"export_style must be 'concat' or 'individual', got {export_style!r}")
+        check_export_style(export_style)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.tokenizer = tokenizer

@@ -9,6 +9,8 @@ from .vocabulary import (
     ChatTemplateType,
     DiscountMode,
     ExportStyle,
+    can_export_concat,
+    check_export_style,
 )
 from .workflow_api import RolloutWorkflow
 
@@ -25,4 +27,6 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "RolloutWorkflow",
+    "can_export_concat",
+    "check_export_style",
 ]

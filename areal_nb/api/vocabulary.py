@@ -4,6 +4,7 @@ Config fields, the proxy's request schemas, the capture layer and the trainer al
 so a value checked in one place means the same thing everywhere.
 """
 
+from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
 # How an episode's interactions become training rows: one row per LLM call, or one row per
@@ -19,3 +20,30 @@ ChatTemplateType = Literal["hf", "concat"]
 EXPORT_STYLES: tuple[str, ...] = get_args(ExportStyle)
 DISCOUNT_MODES: tuple[str, ...] = get_args(DiscountMode)
 CHAT_TEMPLATE_TYPES: tuple[str, ...] = get_args(ChatTemplateType)
+
+
+def can_export_concat(chat_template_types: Iterable[str]) -> bool:
+    """Whether calls made with these chat template types can be exported in `concat` style."""
+    return all(t == "concat" for t in chat_template_types)
+
+
+def check_export_style(style: str, chat_template_types: Mapping[str, str] | None = None) -> None:
+    """The one check of an export style, and of the concat rule, used by every layer.
+
+    `style` must be one of EXPORT_STYLES. Style `concat` trains on one row per conversation
+    leaf whose prompt reuses its parent's exact tokens, so it needs calls made with
+    chat_template_type `concat`: `chat_template_types` maps each call (or config field) by name
+    to the template type it was made with. Raises ValueError naming the first offender.
+    """
+    if style not in EXPORT_STYLES:
+        raise ValueError(f"Invalid export style {style!r}; expected one of {EXPORT_STYLES}")
+    if style != "concat" or chat_template_types is None:
+        return
+    wrong = [name for name, kind in chat_template_types.items() if kind != "concat"]
+    if wrong:
+        raise ValueError(
+            "Cannot export interactions in 'concat' style when interaction.chat_template_type != "
+            f"'concat': {len(wrong)} of {len(chat_template_types)} are not (first: {wrong[0]!r}); "
+            "a concat row reuses its parent's exact tokens. Generate with "
+            "chat_template_type='concat' or export with style='individual'"
+        )

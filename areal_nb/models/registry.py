@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .cache import cache_root, cached_build, recipe_hash
@@ -32,6 +33,9 @@ def tiny_math_model_dir() -> Path:
     tokenizer_dir = tiny_math_tokenizer_dir()
     key = recipe_hash(SFT_RECIPE, _tokenizer_sources() + _model_sources())
     final = cache_root() / TINY_MATH / f"model-{key}"
+    if not final.is_dir():  # say why the first call is slow (another process may be building it)
+        print(f"building tiny-math (first use, ~2 min on one CPU core; cached in {final.parent}) …",
+              file=sys.stderr, flush=True)
     return cached_build(final, lambda tmp: build_model(tmp, tokenizer_dir))
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from areal_nb.data import (
     CORRECTION_PROMPT,
@@ -149,7 +152,9 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
     )
     model.train()
     losses = []
-    for examples in batches:
+    # A progress bar only: it reads the loss, never the random state, so the weights are the same.
+    progress = tqdm(batches, desc="tiny-math warm start (SFT)", unit="step", mininterval=1.0)
+    for examples in progress:
         input_ids, labels, attention = _batch(examples, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
@@ -157,10 +162,13 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    progress.close()
     model.eval()
     train_seconds = time.monotonic() - started
 
     held_out = generate_problems(recipe["eval_problems"], split="test")
+    tqdm.write(f"tiny-math: measuring greedy accuracy on {len(held_out)} held-out problems …", file=sys.stderr)
     accuracy = evaluate_accuracy(model, tokenizer, held_out)
 
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -18,7 +18,7 @@ from .completion import (
     create_chat_completion,
     resolve_token_budget,
 )
-from .interaction import InteractionWithTokenLogpReward, TokenRow, validate_reward
+from .interaction import InteractionWithTokenLogpReward, TokenRow
 from .messages import CompletionRequestError, MessageTypeError, normalize_messages
 from .responses import create_response, response_items_to_messages
 from .templates import (
@@ -33,37 +33,24 @@ from .tensors import concat_padded_tensors
 from .tool_calls import ParsedToolCall, parse_tool_calls
 from .wire import interactions_from_wire, interactions_to_wire
 
+# What users call (the seed's names first). The other names imported above serve the proxy layer
+# and the tests; they stay importable from here but are not the package's interface.
 __all__ = [
     "ArealOpenAI",
-    "ChunkStream",
-    "CompletionRequestError",
+    "InteractionWithTokenLogpReward",
+    "InteractionCache",
+    "OpenAIProxyClient",
+    "OpenAIProxyWorkflow",
     "CompletionSettings",
+    "CompletionRequestError",
     "ConcatAlignmentError",
     "ConversationLinkWarning",
     "IncompleteInteractionWarning",
-    "InteractionCache",
-    "InteractionWithTokenLogpReward",
-    "MessageTypeError",
     "MissingRewardWarning",
-    "ParsedToolCall",
     "RetokenizationCheck",
-    "TokenBudget",
-    "TokenRow",
-    "chat_completion_stream_chunks",
     "check_retokenization",
     "check_retokenization_all",
     "concat_padded_tensors",
-    "concat_prompt_token_ids_with_parent",
-    "create_chat_completion",
-    "create_response",
-    "interactions_from_wire",
-    "interactions_to_wire",
-    "normalize_messages",
-    "parse_tool_calls",
-    "render_prompt_ids",
-    "resolve_token_budget",
-    "response_items_to_messages",
-    "validate_reward",
 ]
 
 

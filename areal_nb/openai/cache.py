@@ -14,11 +14,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .interaction import InteractionWithTokenLogpReward, validate_reward
-from .messages import is_prefix
+from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, check_export_style
 
-EXPORT_STYLES = ("individual", "concat")
-DISCOUNT_MODES = ("tree", "linear")
+from .interaction import InteractionWithTokenLogpReward, checked_reward
+from .messages import is_prefix
 
 
 class ConversationLinkWarning(UserWarning):
@@ -130,7 +129,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         return sum(v.reward for v in self.values() if v.reward is not None)
 
     def set_reward(self, interaction_id: str, reward: float) -> None:
-        value = validate_reward(reward)
+        value = checked_reward(reward)
         with self._lock:
             if interaction_id not in self:
                 raise KeyError(f"Interaction with ID {interaction_id} not found in cache")
@@ -144,7 +143,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         self.set_reward(key, reward)
         return key
 
-    def apply_reward_discount(self, turn_discount: float = 1.0, mode: str = "tree") -> dict[str, InteractionWithTokenLogpReward]:
+    def apply_reward_discount(self, turn_discount: float = 1.0, mode: DiscountMode = "tree") -> dict[str, InteractionWithTokenLogpReward]:
         """Propagate rewards back through the turns, once.
 
         `mode="tree"`: leaves first, a call's reward becomes its own reward plus
@@ -193,11 +192,10 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
 
     # ----- export -------------------------------------------------------------------------
     def export_interactions(
-        self, style: str = "individual", reward_discount: float | None = None
+        self, style: ExportStyle = "individual", reward_discount: float | None = None
     ) -> dict[str, InteractionWithTokenLogpReward]:
         """Completed calls: all of them (`individual`) or the leaves of each tree (`concat`)."""
-        if style not in EXPORT_STYLES:
-            raise ValueError(f"Invalid export interactions style {style!r}; expected one of {EXPORT_STYLES}")
+        check_export_style(style)
         if reward_discount is not None and not self._discount_applied:
             self.apply_reward_discount(reward_discount)
         with self._lock:
@@ -218,13 +216,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             )
         if style == "individual":
             return complete
-        wrong = [k for k, v in complete.items() if v.chat_template_type != "concat"]
-        if wrong:
-            raise ValueError(
-                "Cannot export interactions in 'concat' style when interaction.chat_template_type "
-                f"!= 'concat' (interactions {', '.join(wrong)}); generate with "
-                "chat_template_type='concat' or export with style='individual'"
-            )
+        check_export_style(style, {k: v.chat_template_type for k, v in complete.items()})
         parents = {id(v.parent) for v in complete.values() if v.parent is not None}
         return {k: v for k, v in complete.items() if id(v) not in parents}
 
@@ -232,7 +224,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
 def discounted_rewards(
     interactions: list[InteractionWithTokenLogpReward],
     turn_discount: float,
-    mode: str = "tree",
+    mode: DiscountMode = "tree",
     rewards: Mapping[str, float | None] | None = None,
 ) -> dict[str, float]:
     """Rewards after discount keyed by interaction id, computed without changing anything.

@@ -12,6 +12,8 @@ from typing import Any, Self
 import httpx
 import openai
 
+from areal_nb.api import ChatTemplateType, DiscountMode, ExportStyle, InferenceEngine
+
 from .cache import InteractionCache
 from .completion import CompletionSettings, chat_completion_stream_chunks, create_chat_completion
 from .interaction import InteractionWithTokenLogpReward
@@ -122,12 +124,12 @@ class ArealOpenAI(openai.AsyncOpenAI):
 
     def __init__(
         self,
-        engine: Any,
+        engine: InferenceEngine,
         tokenizer: Any,
         tool_call_parser: str = "qwen",
         reasoning_parser: str = "qwen3",
         engine_max_tokens: int | None = None,
-        chat_template_type: str = "hf",
+        chat_template_type: ChatTemplateType = "hf",
         default_max_new_tokens: int = 512,
         cache: InteractionCache | None = None,
         **kwargs: Any,
@@ -174,8 +176,8 @@ class ArealOpenAI(openai.AsyncOpenAI):
         """Reward the most recently *completed* call (not the most recently started one)."""
         return self.cache.set_last_reward(reward)
 
-    def apply_reward_discount(self, turn_discount: float = 1.0, mode: str = "tree") -> dict[str, InteractionWithTokenLogpReward]:
+    def apply_reward_discount(self, turn_discount: float = 1.0, mode: DiscountMode = "tree") -> dict[str, InteractionWithTokenLogpReward]:
         return self.cache.apply_reward_discount(turn_discount, mode=mode)
 
-    def export_interactions(self, style: str = "individual", reward_discount: float | None = None) -> dict[str, InteractionWithTokenLogpReward]:
+    def export_interactions(self, style: ExportStyle = "individual", reward_discount: float | None = None) -> dict[str, InteractionWithTokenLogpReward]:
         return self.cache.export_interactions(style, reward_discount=reward_discount)

@@ -15,10 +15,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, GenerationConfig, InferenceEngine, ModelRequest, ModelResponse
 
 from .cache import InteractionCache
-from .interaction import CHAT_TEMPLATE_TYPES, InteractionWithTokenLogpReward
+from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError, MessageTypeError, normalize_messages
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
 from .tool_calls import (
@@ -45,7 +45,7 @@ MODEL_NAME = "areal-nb"
 class CompletionSettings:
     """Per-client (or per-proxy) settings of the completion logic."""
 
-    chat_template_type: str = "hf"  # "hf" | "concat"
+    chat_template_type: ChatTemplateType = "hf"
     engine_max_tokens: int | None = None  # cap on prompt + output tokens
     tool_call_parser: str = "qwen"
     reasoning_parser: str = "qwen3"
@@ -195,7 +195,7 @@ def _check_response(resp: ModelResponse, prompt: list[int]) -> None:
 
 async def generate_for_messages(
     *,
-    engine: Any,
+    engine: InferenceEngine,
     tokenizer: Any,
     settings: CompletionSettings,
     cache: InteractionCache | None,
@@ -256,7 +256,7 @@ def decode_output(tokenizer: Any, response: ModelResponse) -> str:
 
 async def create_chat_completion(
     *,
-    engine: Any,
+    engine: InferenceEngine,
     tokenizer: Any,
     settings: CompletionSettings,
     cache: InteractionCache | None,

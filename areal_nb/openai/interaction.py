@@ -17,12 +17,10 @@ from typing import Any
 
 import torch
 
-from areal_nb.api import ModelResponse
-
-CHAT_TEMPLATE_TYPES = ("hf", "concat")
+from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, ModelResponse
 
 
-def validate_reward(reward: Any) -> float:
+def checked_reward(reward: Any) -> float:
     """A reward as float: ints and floats are accepted, bools and non-finite values are not."""
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise TypeError(f"reward must be an int or float, got {type(reward).__name__}: {reward!r}")
@@ -59,7 +57,7 @@ class InteractionWithTokenLogpReward:
     # the reward as the agent set it, recorded when a discount replaces `reward`
     raw_reward: float | None = None
     parent: InteractionWithTokenLogpReward | None = None
-    chat_template_type: str = "hf"
+    chat_template_type: ChatTemplateType = "hf"
     messages: list[dict[str, Any]] = field(default_factory=list)
     output_message_list: list[dict[str, Any]] | None = None
     completion: Any = None  # openai ChatCompletion
@@ -81,7 +79,7 @@ class InteractionWithTokenLogpReward:
                 f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}"
             )
         if self.reward is not None:
-            self.reward = validate_reward(self.reward)
+            self.reward = checked_reward(self.reward)
 
     # ----- identity -----------------------------------------------------------------------
     @property

@@ -13,6 +13,8 @@ import time
 import uuid
 from typing import Any
 
+from areal_nb.api import InferenceEngine
+
 from .cache import InteractionCache
 from .completion import (
     MODEL_NAME,
@@ -98,7 +100,7 @@ def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
 
 async def create_response(
     *,
-    engine: Any,
+    engine: InferenceEngine,
     tokenizer: Any,
     settings: CompletionSettings,
     cache: InteractionCache | None,

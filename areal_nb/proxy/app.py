@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from areal_nb.api import InferenceEngine, check_export_style
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -88,7 +89,7 @@ def _check_chat_messages(messages: list[dict[str, Any]]) -> None:
             raise ProxyError(400, f"messages[{i}].tool_calls must be a list of objects", "invalid_message")
 
 
-def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
+def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
     """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
     # Imported here so `import areal_nb.proxy` stays light.
     from areal_nb.openai.cache import InteractionCache
@@ -222,14 +223,8 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
         cache = session.cache
         if len(cache) == 0:
             return {}
-        if body.style == "concat":
-            # Checked before the one-shot discount so a wrong style loses nothing.
-            wrong = [iid for iid, it in cache.items() if getattr(it, "chat_template_type", "concat") != "concat"]
-            if wrong:
-                raise ValueError(
-                    f"style 'concat' needs interactions made with chat_template_type='concat'; "
-                    f"{len(wrong)} were not (first: {wrong[0]!r}); export with style='individual'"
-                )
+        # Checked before the one-shot discount so a wrong style loses nothing.
+        check_export_style(body.style, {iid: it.chat_template_type for iid, it in cache.items()})
         cache.apply_reward_discount(body.discount, mode=body.discount_mode)
         return cache.export_interactions(body.style)
 

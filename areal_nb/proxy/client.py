@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
+from areal_nb.api import DiscountMode, ExportStyle
+
 if TYPE_CHECKING:
     from areal_nb.openai import InteractionWithTokenLogpReward
 
@@ -212,7 +214,7 @@ class OpenAIProxyClient:
 
     # ----------------------------------------------------------------- export
     async def export_interactions(
-        self, discount: float = 1.0, style: str = "individual", discount_mode: str = "tree"
+        self, discount: float = 1.0, style: ExportStyle = "individual", discount_mode: DiscountMode = "tree"
     ) -> dict[str, InteractionWithTokenLogpReward]:
         """Fetch this session's interactions (one-shot on the proxy), parents linked again."""
         from areal_nb.openai import InteractionWithTokenLogpReward

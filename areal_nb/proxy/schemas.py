@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from areal_nb.api import DiscountMode, ExportStyle
+
 # Larger than any model context; beyond this a token budget is a mistake, not a request.
 MAX_TOKENS_LIMIT = 2**31 - 1
 ToolChoiceMode = Literal["none", "auto", "required"]
@@ -38,8 +40,8 @@ class SetRewardRequest(_Body):
 class ExportTrajectoriesRequest(_Body):
     session_id: str
     discount: float = Field(1.0, ge=0.0, le=1.0)
-    style: Literal["individual", "concat"] = "individual"
-    discount_mode: Literal["tree", "linear"] = "tree"
+    style: ExportStyle = "individual"
+    discount_mode: DiscountMode = "tree"
     # seconds to wait for end_session; None → the server's export_wait_timeout
     wait_timeout: float | None = Field(None, gt=0, le=86_400)
 

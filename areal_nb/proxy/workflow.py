@@ -35,14 +35,13 @@ from typing import Any
 
 import httpx
 
-from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 
 from .client import OpenAIProxyClient, ProxyRequestError
 
 logger = logging.getLogger(__name__)
 
 MODES = ("inline", "subproc")
-EXPORT_STYLES = ("individual", "concat")
 SUBPROC_ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
 
 
@@ -90,7 +89,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
-def validate_reward(value: Any) -> float | dict[str, float]:
+def parse_agent_rewards(value: Any) -> float | dict[str, float]:
     """The agent's return value as a reward, or EpisodeRejected saying what is wrong with it."""
     if _is_number(value):
         reward = float(value)
@@ -124,8 +123,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         proxy_addr: str = "",
         admin_api_key: str = "",
         discount: float = 1.0,
-        export_style: str = "individual",
-        discount_mode: str = "tree",
+        export_style: ExportStyle = "individual",
+        discount_mode: DiscountMode = "tree",
         subproc_max_workers: int = 4,
         agent_timeout: float | None = None,
     ) -> None:
@@ -144,8 +143,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             raise ValueError("OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)")
         if not admin_api_key:
             raise ValueError("OpenAIProxyWorkflow needs the proxy's admin_api_key")
-        if export_style not in EXPORT_STYLES:
-            raise ValueError(f"export_style must be one of {EXPORT_STYLES}, got {export_style!r}")
+        check_export_style(export_style)
+        if discount_mode not in DISCOUNT_MODES:
+            raise ValueError(f"discount_mode must be one of {DISCOUNT_MODES}, got {discount_mode!r}")
         if not 0.0 <= discount <= 1.0:
             raise ValueError(f"discount must be in [0, 1], got {discount}")
         if subproc_max_workers < 1:
@@ -340,7 +340,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 try:
                     # Agents mutate their input (messages.append ...); never share it (AReaL #432).
                     result = await self._run_agent(client.session_api_key, copy.deepcopy(data))
-                    await self._assign_rewards(client, validate_reward(result))
+                    await self._assign_rewards(client, parse_agent_rewards(result))
                 except EpisodeRejected as exc:
                     rejection = exc
                 except ProxyRequestError:

@@ -15,13 +15,11 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, check_export_style
 from areal_nb.openai import InteractionWithTokenLogpReward, concat_padded_tensors
 from areal_nb.openai.cache import discounted_rewards
 
 from .executor import Episode
-
-STYLES = ("individual", "concat")
-
 
 def _raw(it: InteractionWithTokenLogpReward) -> float | None:
     raw = getattr(it, "raw_reward", None)
@@ -49,18 +47,17 @@ class Row:
 @dataclass
 class RolloutBatch:
     episodes: list[Episode]
-    style: str = "individual"
+    style: ExportStyle = "individual"
     discount: float = 1.0
-    discount_mode: str = "tree"
+    discount_mode: DiscountMode = "tree"
     version: int = 0  # engine version when the batch was handed out
     stats: dict[str, float] = field(default_factory=dict)
     tokenizer: Any = field(default=None, repr=False)  # decodes token chips in the widgets
 
     def __post_init__(self) -> None:
-        if self.style not in STYLES:
-            raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
-        if self.discount_mode not in ("tree", "linear"):
-            raise ValueError(f"discount_mode must be 'tree' or 'linear', got {self.discount_mode!r}")
+        check_export_style(self.style)
+        if self.discount_mode not in DISCOUNT_MODES:
+            raise ValueError(f"discount_mode must be one of {DISCOUNT_MODES}, got {self.discount_mode!r}")
 
     # ---------------------------------------------------------------- episodes and trees
     @property
@@ -109,12 +106,7 @@ class RolloutBatch:
             calls = self.calls(i)
             rewards = self.discounted(i)
             if self.style == "concat":
-                wrong = [c.interaction_id for c in calls if c.chat_template_type != "concat"]
-                if wrong:
-                    raise ValueError(
-                        f"episode {i}: style='concat' needs calls made with chat_template_type='concat' "
-                        f"({len(wrong)} are 'hf'); reexport with style='individual'"
-                    )
+                check_export_style("concat", {c.interaction_id: c.chat_template_type for c in calls})
                 parents = {id(c.parent) for c in calls if c.parent is not None}
                 calls = [c for c in calls if id(c) not in parents]
             out.extend(Row(c, i, ep.group_id, rewards[c.interaction_id]) for c in calls)
@@ -136,8 +128,8 @@ class RolloutBatch:
         return out
 
     # ---------------------------------------------------------------- editing
-    def reexport(self, discount: float | None = None, style: str | None = None,
-                 discount_mode: str | None = None) -> RolloutBatch:
+    def reexport(self, discount: float | None = None, style: ExportStyle | None = None,
+                 discount_mode: DiscountMode | None = None) -> RolloutBatch:
         """The same episodes with other export settings; nothing is generated again."""
         return dataclasses.replace(
             self,

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_nb.api import InferenceEngine
+
 from .advantages import compute_advantages
 from .config import GRPOConfig
 from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
@@ -190,7 +192,7 @@ class Actor:
         return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
 
     # ---------------------------------------------------------------- weights
-    def push_weights(self, engine: Any, version: int | None = None) -> int:
+    def push_weights(self, engine: InferenceEngine, version: int | None = None) -> int:
         """Send the current weights to the engine; tokens sampled afterwards carry `version`.
 
         The engine must copy the tensors (they are the live parameters, which the next step

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal_nb.api import DiscountMode, ExportStyle
+
 from .dashboard_model import Series, history_series
 from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
 from .token_model import build_token_view
@@ -23,7 +25,7 @@ def show_tree(source: Any, tokenizer: Any | None = None, live: bool = True):
     return TreeView(source, tokenizer=tokenizer, live=live)
 
 
-def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = None, live: bool = True):
+def show_tokens(source: Any, tokenizer: Any | None = None, style: ExportStyle | None = None, live: bool = True):
     """Token chips of an interaction's conversation (or of one tensor-dict row)."""
     from .views import TokenView
 
@@ -31,7 +33,7 @@ def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = N
 
 
 def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None,
-                 discount: float | None = None, mode: str | None = None, style: str | None = None, raw_rewards: dict[str, float] | None = None,
+                 discount: float | None = None, mode: DiscountMode | None = None, style: ExportStyle | None = None, raw_rewards: dict[str, float] | None = None,
                  live: bool = True):
     """Reward propagation with a live discount slider and the group's per-row advantages.
 

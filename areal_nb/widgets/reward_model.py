@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, can_export_concat, check_export_style
+
 from .sources import collect_interactions, is_complete, node_key, raw_reward
 from .tree_model import TreeModel, build_tree
 
-MODES = ("tree", "linear")
-STYLES = ("concat", "individual")
 
 
 def discounted_rewards(
@@ -24,8 +24,8 @@ def discounted_rewards(
     (`areal_nb.openai.cache.discounted_rewards`) from the rewards as set; nothing is changed."""
     from areal_nb.openai.cache import discounted_rewards as capture_discount
 
-    if mode not in MODES:
-        raise ValueError(f"discount mode must be one of {MODES}, got {mode!r}")
+    if mode not in DISCOUNT_MODES:
+        raise ValueError(f"discount mode must be one of {DISCOUNT_MODES}, got {mode!r}")
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
         raise ValueError(f"discount must be a number in [0, 1], got {gamma!r}")
     by_id = capture_discount(interactions, float(gamma), mode, {x.interaction_id: raw.get(id(x)) for x in interactions})
@@ -117,15 +117,15 @@ class RewardSource:
         return cls(per_episode, [getattr(e, "sample_id", None) for e in episodes], raw, focus)
 
 
-def default_style(src: RewardSource) -> str:
+def default_style(src: RewardSource) -> ExportStyle:
     every = [x for items in src.episodes for x in items]
-    return "concat" if every and all(x.chat_template_type == "concat" for x in every) else "individual"
+    return "concat" if every and can_export_concat(x.chat_template_type for x in every) else "individual"
 
 
-def reward_state(src: RewardSource, gamma: float, mode: str = "tree", style: str | None = None) -> RewardViewState:
+def reward_state(src: RewardSource, gamma: float, mode: DiscountMode = "tree",
+                 style: ExportStyle | None = None) -> RewardViewState:
     style = style or default_style(src)
-    if style not in STYLES:
-        raise ValueError(f"export style must be one of {STYLES}, got {style!r}")
+    check_export_style(style)
     nodes: list[RewardNode] = []
     rows: list[AdvantageRow] = []
     for e, items in enumerate(src.episodes):

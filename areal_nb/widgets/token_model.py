@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_nb.api import ExportStyle, can_export_concat
+
 from .sources import collect_interactions, is_complete
 
 VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
@@ -57,7 +59,7 @@ class DriftView:
 @dataclass
 class RowView:
     interaction_id: str | None
-    style: str  # "concat" (leaf row: the whole conversation) or "individual"
+    style: ExportStyle  # "concat" (leaf row: the whole conversation) or "individual"
     chips: list[TokenChip]
     n_turns: int
     reward: float | None
@@ -241,8 +243,7 @@ def build_token_view(source: Any, style: str | None = None, tokenizer: Any | Non
     tok = tokenizer_of(target, tokenizer)
     leaf = leaf_of(target, pool)
     path = conversation_path(leaf)
-    concat_ok = all(x.chat_template_type == "concat" for x in path)
-    available = ("concat", "individual") if concat_ok else ("individual",)
+    available = ("concat", "individual") if can_export_concat(x.chat_template_type for x in path) else ("individual",)
     style = style or available[0]
     if style not in available:
         raise ValueError(

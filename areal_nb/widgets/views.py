@@ -12,10 +12,12 @@ from typing import Any
 
 import ipywidgets as w
 
+from areal_nb.api import DISCOUNT_MODES
+
 from . import render
 from .dashboard_model import history_length, history_series
 from .live import Refresher
-from .reward_model import MODES, RewardSource, reward_state
+from .reward_model import RewardSource, reward_state
 from .sources import collect_interactions, is_complete, node_key, resolve_source, snapshot_key
 from .token_model import build_token_view, tokenizer_of
 from .tree_model import build_tree
@@ -142,7 +144,7 @@ class RewardView(LiveView):
         style = style or defaults.get("style")
         self.slider = w.FloatSlider(value=discount, min=0.0, max=1.0, step=0.05, description="discount γ",
                                     continuous_update=True, readout_format=".2f")
-        self.mode_toggle = w.ToggleButtons(options=list(MODES), value=mode, description="mode",
+        self.mode_toggle = w.ToggleButtons(options=list(DISCOUNT_MODES), value=mode, description="mode",
                                            tooltips=["per branch: own + γ·mean(children)",
                                                      "reverse call order: r[i] += γ·r[i+1] (AReaL)"])
         state = reward_state(src, discount, mode, style)

@@ -224,7 +224,7 @@ def test_export_errors():
     add(cache, "h", [user("q")], "x", template="hf")
     with pytest.raises(ValueError, match="Cannot export interactions in 'concat' style"):
         cache.export_interactions("concat")
-    with pytest.raises(ValueError, match="Invalid export interactions style"):
+    with pytest.raises(ValueError, match="Invalid export style"):
         cache.export_interactions("tree")
     assert list(cache.export_interactions("individual")) == ["h"]
 

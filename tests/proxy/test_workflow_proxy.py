@@ -15,7 +15,7 @@ from areal_nb.proxy.workflow import (
     EpisodeRejected,
     OpenAIProxyWorkflow,
     _run_agent_in_subprocess,
-    validate_reward,
+    parse_agent_rewards,
 )
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
@@ -29,7 +29,7 @@ OK = {"messages": [{"role": "user", "content": "q"}]}
      ({"a": 1, "b": 0.25}, {"a": 1.0, "b": 0.25})],
 )
 def test_valid_rewards(value, expected):
-    out = validate_reward(value)
+    out = parse_agent_rewards(value)
     assert out == expected and (type(out) is float or all(type(v) is float for v in out.values()))
 
 
@@ -40,7 +40,7 @@ def test_valid_rewards(value, expected):
 )
 def test_invalid_rewards(value):
     with pytest.raises(EpisodeRejected) as err:
-        validate_reward(value)
+        parse_agent_rewards(value)
     assert err.value.kind == "invalid_reward"
 
 
@@ -53,7 +53,7 @@ def test_constructor_errors():
         ({"agent": agents.SyncRunAgent()}, TypeError, "must be `async def` in inline mode"),
         ({"proxy_addr": ""}, ValueError, "needs proxy_addr"),
         ({"admin_api_key": ""}, ValueError, "admin_api_key"),
-        ({"export_style": "tree"}, ValueError, "export_style must be one of"),
+        ({"export_style": "tree"}, ValueError, "Invalid export style"),
         ({"discount": 1.5}, ValueError, "discount must be in"),
         ({"subproc_max_workers": 0}, ValueError, "subproc_max_workers"),
         ({"agent_timeout": 0}, ValueError, "agent_timeout must be positive"),
