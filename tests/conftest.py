@@ -79,3 +79,12 @@ def local_engine(tiny_model_path, tiny_tokenizer):
     engine = LocalEngine(tiny_model_path, tiny_tokenizer, device="cpu", seed=0)
     yield engine
     engine.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say loudly when the browser test did not run, and how to make it run (not only under -rs)."""
+    for report in terminalreporter.stats.get("skipped", []):
+        if "browser" in report.keywords and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2].removeprefix("Skipped: ")
+            terminalreporter.write_sep("!", "browser test skipped", yellow=True)
+            terminalreporter.write_line(f"{report.nodeid}: {reason}", yellow=True)

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import logging
 
-# math-verify warns once that timeouts are off; we turn them off on purpose (see below).
-logging.getLogger("math_verify").setLevel(logging.ERROR)
+class _DropTimeoutDisabledNotice(logging.Filter):
+    """math-verify logs "Timeout is disabled ..." once per process when timeouts are off. We turn
+    them off on purpose (see `score_answer`); other math-verify warnings still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutDisabledNotice())
 
 
 def score_answer(reply_text: str | None, answer_value: str | int) -> float:

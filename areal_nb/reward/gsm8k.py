@@ -17,6 +17,18 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 
 logger = logging.getLogger(__name__)
 
+
+class _DropTimeoutDisabledNotice(logging.Filter):
+    """math-verify logs "Timeout is disabled ..." once per process when timeouts are off. We turn
+    them off on purpose (see above); other math-verify warnings still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutDisabledNotice())
+
 # How many digits after rounding must agree for floats (AReaL's `precision=6`).
 FLOAT_ROUNDING = 6
 _EXTRACTION = (ExprExtractionConfig(try_extract_without_anchor=True), LatexExtractionConfig())

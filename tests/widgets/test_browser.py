@@ -43,7 +43,8 @@ def _free_port() -> int:
 def jupyterlab(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is needed for the browser test")
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (CI does, in "
+                    ".ci/run) or point CHROMIUM_PATH at one")
     try:
         import areal_nb.session  # noqa: F401
     except ImportError as e:  # the notebook drives a Session; nothing else may skip this test
