@@ -68,3 +68,16 @@ def test_request_copy_is_independent():
     c.input_ids.append(3)
     c.metadata["b"] = 2
     assert r.input_ids == [1, 2] and r.metadata == {"a": 1} and c.rid == r.rid
+
+
+def test_export_style_check_is_the_one_concat_rule():
+    from areal_nb.api import can_export_concat, check_export_style
+
+    check_export_style("individual", {"a": "hf", "b": "concat"})  # individual takes any template
+    check_export_style("concat", {"a": "concat", "b": "concat"})
+    check_export_style("concat")  # no calls to check yet: only the style's name
+    with pytest.raises(ValueError, match=r"Invalid export style 'tree'; expected one of \('individual', 'concat'\)"):
+        check_export_style("tree")
+    with pytest.raises(ValueError, match=r"'concat' style .* 1 of 2 are not \(first: 'b'\)"):
+        check_export_style("concat", {"a": "concat", "b": "hf"})
+    assert can_export_concat(["concat", "concat"]) and not can_export_concat(["concat", "hf"])

@@ -78,7 +78,7 @@ class RowView:
 class TokenViewModel:
     style: str
     rows: list[RowView] = field(default_factory=list)
-    styles_available: tuple[str, ...] = ("individual",)
+    styles_available: tuple[ExportStyle, ...] = ("individual",)
 
 
 def visible_text(text: str) -> str:
