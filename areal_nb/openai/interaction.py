@@ -224,7 +224,7 @@ class InteractionWithTokenLogpReward:
         by_turn: dict[int, float] = {}
         for call in self.row_calls():
             reward = rewards[call.interaction_id] if rewards is not None and call.interaction_id in rewards else call.reward
-            own_turn = call._own_turn_id()
+            own_turn = call.own_turn_id()
             if own_turn is not None:
                 by_turn.setdefault(own_turn, 0.0 if reward is None else float(reward))
             if call._frozen_row is not None:  # ancestors unknown: their returns as exported
@@ -239,7 +239,7 @@ class InteractionWithTokenLogpReward:
             )
         return [by_turn[t] if t >= 0 else 0.0 for t in row.turn_ids]
 
-    def _own_turn_id(self) -> int | None:
+    def own_turn_id(self) -> int | None:
         """The turn id this call's generated tokens carry in its row (None: it generated nothing)."""
         row = self.token_row()
         if not row.turn_ids or row.loss_mask[-1] == 0:
