@@ -241,7 +241,7 @@ def reward_html(state: RewardViewState) -> str:
         table.append(
             f'<tr class="anb-adv-row" data-id="{esc(r.interaction_id)}"><td>{r.episode}</td><td>{fmt(r.sample_id)}</td>'
             f'<td>{esc(r.interaction_id)}</td><td class="anb-reward">{r.reward:.4f}</td>'
-            f'<td class="anb-advantage">{r.advantage:+.4f}</td><td class="anb-turns">{turns}</td></tr>'
+            f'<td class="anb-advantage">{r.advantage:+.4f}</td><td class="anb-adv-turns">{turns}</td></tr>'
         )
     table.append("</table>")
     return (
