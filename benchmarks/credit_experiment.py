@@ -120,7 +120,8 @@ def plot_curves(runs: list[dict], rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "multi_turn_math.yaml"))
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's total_steps)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: the config's total_steps)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--credits", nargs="+", default=["leaf", "turn"], choices=["leaf", "turn"])
     parser.add_argument("--discounts", type=float, nargs="+", default=[0.9, 0.5])
@@ -152,7 +153,8 @@ def main() -> None:
             run = {"credit": credit, "discount": gamma, "seed": seed, "steps": steps,
                    "wall_s": time.perf_counter() - t0, **result}
             runs.append(run)
-            print(json.dumps({k: run[k] for k in ("credit", "discount", "seed", "before", "after", "wall_s")}), flush=True)
+            keys = ("credit", "discount", "seed", "before", "after", "wall_s")
+            print(json.dumps({k: run[k] for k in keys}), flush=True)
             (out / "results.json").write_text(json.dumps({"runs": runs}, indent=2))  # partial results survive
 
     rows = summarise(runs)

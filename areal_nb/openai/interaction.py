@@ -223,7 +223,9 @@ class InteractionWithTokenLogpReward:
         row = self.token_row()
         by_turn: dict[int, float] = {}
         for call in self.row_calls():
-            reward = rewards[call.interaction_id] if rewards is not None and call.interaction_id in rewards else call.reward
+            reward = call.reward
+            if rewards is not None and call.interaction_id in rewards:
+                reward = rewards[call.interaction_id]
             own_turn = call.own_turn_id()
             if own_turn is not None:
                 by_turn.setdefault(own_turn, 0.0 if reward is None else float(reward))

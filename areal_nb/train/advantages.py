@@ -271,7 +271,8 @@ def turn_scores(
     pair = torch.arange(n_rows * n_turns, device=mask.device)[present]
     pair_row, pair_turn = pair // n_turns, pair % n_turns
 
-    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)((sums[present] / counts[present]).float())
+    returns = (sums[present] / counts[present]).float()  # one per (row, turn): all its tokens hold the same
+    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(returns)
     if cfg.reward_norm == "group":
         if group_ids is None:
             raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
