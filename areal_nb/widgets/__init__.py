@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_nb.api import DiscountMode, ExportStyle
+from areal_nb.api import CreditMode, CreditNorm, DiscountMode, ExportStyle
 
 from .dashboard_model import Series, history_series
 from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
@@ -25,25 +25,31 @@ def show_tree(source: Any, tokenizer: Any | None = None, live: bool = True):
     return TreeView(source, tokenizer=tokenizer, live=live)
 
 
-def show_tokens(source: Any, tokenizer: Any | None = None, style: ExportStyle | None = None, live: bool = True):
-    """Token chips of an interaction's conversation (or of one tensor-dict row)."""
+def show_tokens(source: Any, tokenizer: Any | None = None, style: ExportStyle | None = None, live: bool = True,
+                credit: CreditMode | None = None, index: int | None = None):
+    """Token chips of an interaction's conversation (or of one tensor-dict row), with the
+    return each trained token trains on per turn (`credit` "leaf" | "turn", toggled in the view).
+
+    A RolloutBatch with `index`: that episode with the batch's discount and credit.
+    """
     from .views import TokenView
 
-    return TokenView(source, tokenizer=tokenizer, style=style, live=live)
+    return TokenView(source, tokenizer=tokenizer, style=style, live=live, credit=credit, index=index)
 
 
 def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None,
                  discount: float | None = None, mode: DiscountMode | None = None, style: ExportStyle | None = None, raw_rewards: dict[str, float] | None = None,
-                 live: bool = True):
-    """Reward propagation with a live discount slider and the group's per-row advantages.
+                 live: bool = True, credit: CreditMode | None = None, credit_norm: CreditNorm = "turn"):
+    """Reward propagation with a live discount slider and the group's per-row advantages; per
+    row and turn, the return its tokens train on (`credit` "leaf" | "turn") and its advantage.
 
     `source` is an episode (with `group=` its group's episodes) or a RolloutBatch with `index`
-    (then the group, discount, mode and export style default to the batch's).
+    (then the group, discount, mode, export style and credit default to the batch's).
     """
     from .views import RewardView
 
     return RewardView(source, index=index, group=group, discount=discount, mode=mode, style=style,
-                      raw_rewards=raw_rewards, live=live)
+                      raw_rewards=raw_rewards, live=live, credit=credit, credit_norm=credit_norm)
 
 
 def _register_batch_views() -> None:
