@@ -1,5 +1,6 @@
 """Inference engines: `LocalEngine` (embedded, continuous batching) and `ScriptedEngine` (tests)."""
 
+from .factory import ENGINE_TYPES, create_engine
 from .scripted import ScriptedEngine
 
 
@@ -12,4 +13,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
 
 
-__all__ = ["EngineClosedError", "EngineStats", "LocalEngine", "ScriptedEngine"]
+__all__ = ["ENGINE_TYPES", "EngineClosedError", "EngineStats", "LocalEngine", "ScriptedEngine", "create_engine"]
