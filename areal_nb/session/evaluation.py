@@ -18,6 +18,7 @@ from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import RolloutExecutor
 
 EVAL_PREFIX = "/eval"  # where the greedy proxy app is mounted on the Session's proxy
+EVAL_COLUMNS = ("eval_reward", "eval_accuracy", "eval_agent_accuracy")  # history columns, see as_dict
 
 
 class GreedyEngine:
@@ -78,8 +79,8 @@ class EvalResult:
     batch: RolloutBatch = field(repr=False, compare=False)
 
     def as_dict(self) -> dict[str, float]:
-        return {"eval_reward": self.reward_mean, "eval_accuracy": self.accuracy,
-                "eval_agent_accuracy": self.agent_accuracy}
+        """The figures as `session.history` columns."""
+        return dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
 
 
 async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,

@@ -29,7 +29,7 @@ from areal_nb.rollout.batch import RolloutBatch
 from . import builder
 from .checkpoint import read_checkpoint, restore, save_checkpoint
 from .data import DataStream, held_out_problems
-from .evaluation import EvalResult, run_greedy_episodes, summarize
+from .evaluation import EVAL_COLUMNS, EvalResult, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
 from .runtime import LoopRuntime
 
@@ -204,7 +204,8 @@ class Session:
         self.step_count += 1
         row = {"step": self.step_count, **batch.stats, **stats}
         row["version"] = self.version  # the version the engine serves after this step
-        row.setdefault("eval_accuracy", float("nan"))
+        for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
+            row.setdefault(key, float("nan"))
         self._history.append(row)
         self._after_step(row)
         return row
