@@ -225,6 +225,14 @@ def test_kl_penalty_trains_against_a_frozen_reference_and_reports_kl():
         assert any(not torch.equal(v, initial[k]) for k, v in s.actor.model.state_dict().items())
 
 
+def test_batches_carry_the_configured_credit_and_train_with_theirs():
+    with Session(config(actor__credit="turn")) as s:
+        batch = s.rollout()
+        assert batch.credit == "turn" and batch.reexport(credit="leaf").credit == "leaf"
+        stats = s.train_step(batch)
+        assert math.isfinite(stats["loss"]) and s.version == 1
+
+
 def test_config_reaches_the_parts(tmp_path, monkeypatch):
     """agent.subproc_max_workers reaches the agent workflows; experiment_name names the run dir;
     logging.backend=tensorboard writes every step's scalars there."""

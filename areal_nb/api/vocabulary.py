@@ -16,6 +16,15 @@ DiscountMode = Literal["tree", "linear"]
 # that keeps a parent's exact tokens as the child's prefix.
 ChatTemplateType = Literal["hf", "concat"]
 
+# Which return a generated token trains on: the row's one reward (its leaf's), or the discounted
+# return of the turn (call) that generated it.
+CreditMode = Literal["leaf", "turn"]
+# With turn credit and group normalisation, which turns a turn's return is compared with: the same
+# turn index across the group's samples, or every turn of the group's episodes.
+CreditNorm = Literal["turn", "episode"]
+
 EXPORT_STYLES: tuple[str, ...] = get_args(ExportStyle)
 DISCOUNT_MODES: tuple[str, ...] = get_args(DiscountMode)
 CHAT_TEMPLATE_TYPES: tuple[str, ...] = get_args(ChatTemplateType)
+CREDIT_MODES: tuple[str, ...] = get_args(CreditMode)
+CREDIT_NORMS: tuple[str, ...] = get_args(CreditNorm)

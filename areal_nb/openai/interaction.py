@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,8 @@ class InteractionWithTokenLogpReward:
     _wire_parent_id: str | None = field(default=None, repr=False)
     # Token lists only (never rewards): (model_response, parent row, template type, row).
     _row_memo: tuple | None = field(default=None, repr=False)
+    # Rebuilt without its parent: the per-token turn returns as exported (ancestors unknown here).
+    _frozen_turn_returns: list[float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
@@ -199,8 +202,58 @@ class InteractionWithTokenLogpReward:
         self._row_memo = (self.model_response, parent_row, self.chat_template_type, row)
         return row
 
+    def row_calls(self) -> list[InteractionWithTokenLogpReward]:
+        """The calls whose generated tokens this row holds: itself, then (concat) its ancestors."""
+        chain, node = [self], self
+        while node._frozen_row is None and node.chat_template_type == "concat" and node.parent is not None:
+            node = node.parent
+            chain.append(node)
+        return chain
+
+    def turn_returns(self, rewards: Mapping[str, float | None] | None = None) -> list[float]:
+        """Per token of `token_row()`: the reward of the call (turn) that generated it, 0.0 elsewhere.
+
+        Read after the discount, a call's reward is its turn's return (tree rule: its own reward
+        plus γ × the mean of its children's returns), so in a `concat` row each turn's tokens
+        get the return of their own turn, while `rewards` (the leaf's) is one number for the
+        whole row. An `hf` row holds one call: all its generated tokens get its reward.
+        `rewards` (by interaction id) overrides the calls' own `reward` (e.g. a batch's
+        re-discounted values); an unset reward counts as 0.0. Never memoised.
+        """
+        row = self.token_row()
+        by_turn: dict[int, float] = {}
+        for call in self.row_calls():
+            reward = call.reward
+            if rewards is not None and call.interaction_id in rewards:
+                reward = rewards[call.interaction_id]
+            own_turn = call.own_turn_id()
+            if own_turn is not None:
+                by_turn.setdefault(own_turn, 0.0 if reward is None else float(reward))
+            if call._frozen_row is not None:  # ancestors unknown: their returns as exported
+                for turn, value in zip(call._frozen_row.turn_ids, call._frozen_turn_returns or [], strict=False):
+                    if turn >= 0:
+                        by_turn.setdefault(turn, value)
+        missing = sorted({t for t in row.turn_ids if t >= 0} - set(by_turn))
+        if missing:
+            raise ValueError(
+                f"interaction {self.interaction_id}: no call known for turn(s) {missing} of its row (rebuilt "
+                "from the wire without its parent and without exported turn returns?)"
+            )
+        return [by_turn[t] if t >= 0 else 0.0 for t in row.turn_ids]
+
+    def own_turn_id(self) -> int | None:
+        """The turn id this call's generated tokens carry in its row (None: it generated nothing)."""
+        row = self.token_row()
+        if not row.turn_ids or row.loss_mask[-1] == 0:
+            return None
+        return row.turn_ids[-1]
+
     def to_tensor_dict(self) -> dict[str, torch.Tensor]:
-        """Training tensors with batch dimension 1; `rewards` is read now, never memoised."""
+        """Training tensors with batch dimension 1; rewards are read now, never memoised.
+
+        `rewards [1]` is this row's reward (the leaf's, for a concat row); `turn_returns [1, L]`
+        gives each generated token the return of its own turn (see `turn_returns`).
+        """
         row = self.token_row()
         length = len(row)
         return {
@@ -211,6 +264,7 @@ class InteractionWithTokenLogpReward:
             "turn_ids": torch.tensor([row.turn_ids], dtype=torch.int64),
             "attention_mask": torch.ones((1, length), dtype=torch.bool),
             "rewards": torch.tensor([self.reward if self.reward is not None else 0.0], dtype=torch.float32),
+            "turn_returns": torch.tensor([self.turn_returns()], dtype=torch.float32),
         }
 
     # ----- wire format --------------------------------------------------------------------

@@ -9,7 +9,7 @@ def concat_padded_tensors(dicts: list[dict[str, torch.Tensor]], pad_value: float
     """Right-pad `[1, L]` rows into `[B, Lmax]`; 1-D entries (e.g. `rewards`) become `[B]`.
 
     `attention_mask` is padded with False, `turn_ids` and `versions` with -1 (no turn, no
-    policy version), everything else with `pad_value`.
+    policy version), everything else (`turn_returns` included) with `pad_value`.
     """
     if not dicts:
         return {}

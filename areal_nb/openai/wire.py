@@ -50,6 +50,7 @@ def interaction_to_wire(it: InteractionWithTokenLogpReward) -> dict[str, Any]:
         row = it.token_row()
         data["tensor_dict"] = {k: list(getattr(row, k)) for k in _ROW_KEYS}
         data["tensor_dict"]["rewards"] = [it.reward if it.reward is not None else 0.0]
+        data["tensor_dict"]["turn_returns"] = it.turn_returns()
     return data
 
 
@@ -85,6 +86,7 @@ def interaction_from_wire(
         it._wire_parent_id = parent_id
         if data.get("tensor_dict") is not None:
             it._frozen_row = TokenRow(**{k: list(data["tensor_dict"][k]) for k in _ROW_KEYS})
+            it._frozen_turn_returns = data["tensor_dict"].get("turn_returns")
     return it
 
 

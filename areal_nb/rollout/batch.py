@@ -21,6 +21,7 @@ from areal_nb.openai.cache import discounted_rewards
 from .executor import Episode
 
 STYLES = ("individual", "concat")
+CREDITS = ("leaf", "turn")
 
 
 def _raw(it: InteractionWithTokenLogpReward) -> float | None:
@@ -55,12 +56,17 @@ class RolloutBatch:
     version: int = 0  # engine version when the batch was handed out
     stats: dict[str, float] = field(default_factory=dict)
     tokenizer: Any = field(default=None, repr=False)  # decodes token chips in the widgets
+    # Which return each generated token trains on: the row's reward ("leaf") or its own turn's
+    # discounted return ("turn"); the trainer takes it as `Actor.train_step(..., credit=)`.
+    credit: str = "leaf"
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
             raise ValueError(f"style must be one of {STYLES}, got {self.style!r}")
         if self.discount_mode not in ("tree", "linear"):
             raise ValueError(f"discount_mode must be 'tree' or 'linear', got {self.discount_mode!r}")
+        if self.credit not in CREDITS:
+            raise ValueError(f"credit must be one of {CREDITS}, got {self.credit!r}")
 
     # ---------------------------------------------------------------- episodes and trees
     @property
@@ -121,14 +127,23 @@ class RolloutBatch:
         return out
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] training tensors, plus `group_ids` and `episode_ids` [B]."""
+        """Right-padded [B, L] training tensors, plus `group_ids` and `episode_ids` [B].
+
+        Both credits' inputs, with this batch's discount: `rewards [B]` (each row's reward) and
+        `turn_returns [B, L]` (each generated token's own turn's return).
+        """
         rows = self.rows()
         if not rows:
             raise ValueError("this batch has no accepted episodes to train on")
         dicts = []
+        returns: dict[int, dict[str, float]] = {}
         for row in rows:
             d = dict(row.interaction.to_tensor_dict())
             d["rewards"] = torch.tensor([row.reward], dtype=torch.float32)
+            if row.episode_index not in returns:
+                returns[row.episode_index] = self.discounted(row.episode_index)
+            d["turn_returns"] = torch.tensor([row.interaction.turn_returns(returns[row.episode_index])],
+                                             dtype=torch.float32)
             dicts.append(d)
         out = concat_padded_tensors(dicts)
         out["group_ids"] = torch.tensor([r.group_id for r in rows], dtype=torch.long)
@@ -137,13 +152,14 @@ class RolloutBatch:
 
     # ---------------------------------------------------------------- editing
     def reexport(self, discount: float | None = None, style: str | None = None,
-                 discount_mode: str | None = None) -> RolloutBatch:
-        """The same episodes with other export settings; nothing is generated again."""
+                 discount_mode: str | None = None, credit: str | None = None) -> RolloutBatch:
+        """The same episodes with other export settings or credit; nothing is generated again."""
         return dataclasses.replace(
             self,
             discount=self.discount if discount is None else discount,
             style=self.style if style is None else style,
             discount_mode=self.discount_mode if discount_mode is None else discount_mode,
+            credit=self.credit if credit is None else credit,
             stats=dict(self.stats),
         )
 
@@ -206,7 +222,7 @@ class RolloutBatch:
     def __repr__(self) -> str:
         return (f"RolloutBatch({len(self.episodes)} episodes, {len(self.accepted)} accepted, "
                 f"style={self.style!r}, discount={self.discount}, discount_mode={self.discount_mode!r}, "
-                f"version={self.version})")
+                f"credit={self.credit!r}, version={self.version})")
 
     # ---------------------------------------------------------------- widgets
     def show_tree(self, i: int = 0):

@@ -197,7 +197,8 @@ class Session:
         """One GRPO update on `batch`; the new weights go to the engine as version + 1."""
         self._check_open()
         tensors = batch.to_tensors()
-        stats = dict(self.actor.train_step(tensors, tensors["group_ids"]))
+        # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
+        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=batch.credit))
         self.version = self.actor.version
         self.actor.push_weights(self.engine, self.version)
         self._runtime.call_soon(self.executor.on_version_change)
@@ -344,7 +345,7 @@ class Session:
         agent = self.config.agent
         return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
                             discount_mode=agent.discount_mode, version=self.engine.get_version(),
-                            tokenizer=self.tokenizer)
+                            tokenizer=self.tokenizer, credit=self.config.actor.credit)
 
     def _after_step(self, row: dict[str, Any]) -> None:
         self._log_metrics(row["step"], row)

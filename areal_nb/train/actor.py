@@ -4,7 +4,8 @@ Batch format (the capture layer's `concat_padded_tensors`, right padding):
   input_ids [B,L] int64, attention_mask [B,L] bool, loss_mask [B,L] (1 on generated tokens),
   logprobs [B,L] float32 (engine log-prob at each generated token's position, 0 elsewhere),
   versions [B,L] int64 (policy version that sampled the token, -1 elsewhere), rewards [B];
-  optional ref_logprobs [B,L], group_ids [B].
+  optional ref_logprobs [B,L], group_ids [B]; for `credit="turn"` turn_returns [B,L] float32
+  and turn_ids [B,L] int64.
 
 Usage (what `Session.train_step` does):
     actor = Actor(model, GRPOConfig(), version=engine.get_version())
@@ -68,11 +69,12 @@ class Actor:
 
     # ---------------------------------------------------------------- one step
     def train_step(
-        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None
+        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None, credit: str | None = None
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
-        Returns the step's stats; afterwards `self.version` is one higher.
+        `credit` ("leaf" | "turn") overrides `cfg.credit` for this step (a RolloutBatch's own
+        setting). Returns the step's stats; afterwards `self.version` is one higher.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -107,7 +109,7 @@ class Actor:
             if self.ref_model is None:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
             adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention)
-        adv = compute_advantages(adv_inputs, cfg, group_ids)
+        adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
         kl_stats = {}
         if "ref_logprobs" in adv_inputs and bool(mask.any()):
             # the KL estimate the penalty used, per generated token, before the kl_ctl factor
@@ -227,7 +229,7 @@ def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         raise ValueError(f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)")
     out = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
     shape = out["input_ids"].shape
-    for key in ("attention_mask", "loss_mask", "logprobs", "versions", "ref_logprobs"):
+    for key in ("attention_mask", "loss_mask", "logprobs", "versions", "ref_logprobs", "turn_ids", "turn_returns"):
         if key in out and out[key].shape != shape:
             raise ValueError(f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}")
     if out["rewards"].numel() != shape[0]:

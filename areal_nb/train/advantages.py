@@ -1,5 +1,9 @@
 """Rewards → per-token advantages for GRPO (no critic, γ = λ = 1).
 
+Credit (`GRPOConfig.credit`): "leaf" trains every generated token of a row on the row's reward
+(a concat row: the leaf's, for all of its turns); "turn" trains each token on the discounted
+return of the turn that generated it (`turn_returns`), normalised per turn (`turn_scores`).
+
 Layout: every `[B, L]` tensor is indexed by *token position*: position t of `loss_mask`,
 `logprobs`, `advantages` refers to token t itself (not to the logit at t that predicts t+1).
 
@@ -131,21 +135,32 @@ def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def compute_advantages(
-    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None
+    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None,
+    credit: str | None = None,
 ) -> dict[str, Tensor]:
     """Per-token advantages for a `[B, L]` batch.
 
-    Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with
-    `cfg.kl_ctl > 0` also `ref_logprobs [B,L]` and the behaviour log-probs `old_logprobs`
-    (falls back to `logprobs`). `group_ids` (or `batch["group_ids"]`) names each row's group.
-    `cfg` is a `GRPOConfig` (any object with its reward/adv fields).
+    Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with turn credit
+    also `turn_returns [B,L]` and `turn_ids [B,L]`; with `cfg.kl_ctl > 0` also `ref_logprobs
+    [B,L]` and the behaviour log-probs `old_logprobs` (falls back to `logprobs`). `group_ids`
+    (or `batch["group_ids"]`) names each row's group. `cfg` is a `GRPOConfig` (any object with
+    its reward/adv fields); `credit` overrides `cfg.credit`.
 
-    Steps: shape the reward; normalise it (`cfg.reward_norm`); token reward = −kl_ctl·KL on
-    generated tokens plus the score on each row's last generated token; advantage at a
-    generated token = sum of the token rewards from it to the end of its row (γ = λ = 1, no
-    critic) — with kl_ctl = 0 every generated token of a row gets that row's score, across all
-    of its turns; then optionally normalise over generated tokens of the batch (`cfg.adv_norm`).
+    `credit="leaf"` (AReaL's rule): shape the row reward; normalise it (`cfg.reward_norm`);
+    token reward = −kl_ctl·KL on generated tokens plus the score on each row's last generated
+    token; advantage at a generated token = sum of the token rewards from it to the end of its
+    row (γ = λ = 1, no critic) — with kl_ctl = 0 every generated token of a row gets that row's
+    score, across all of its turns. `credit="turn"`: each token gets the normalised score of its
+    own turn's return (`turn_scores`) plus the KL return-to-go. Then optionally normalise over
+    generated tokens of the batch (`cfg.adv_norm`).
+
+    Returns `advantages [B,L]`, `scores` (leaf: one per row; turn: one per (row, turn) pair,
+    row-major), `token_rewards [B,L]` (leaf: KL + score at the last token; turn: KL only),
+    `kl_rewards`, `loss_mask`.
     """
+    credit = getattr(cfg, "credit", "leaf") if credit is None else credit
+    if credit not in ("leaf", "turn"):
+        raise ValueError(f"credit must be 'leaf' or 'turn', got {credit!r}")
     rewards = batch["rewards"].float().flatten()
     mask = batch["loss_mask"].bool()
     if "attention_mask" in batch:
@@ -158,14 +173,23 @@ def compute_advantages(
     if group_ids is None:
         group_ids = batch.get("group_ids")
 
-    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(rewards)
-    if cfg.reward_norm == "group":
-        score = group_normalize(score, group_ids, "group", "group", eps=cfg.norm_eps)
-    elif cfg.reward_norm == "batch":
-        score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
-    elif cfg.reward_norm is not None:
-        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
-    score = score.to(mask.device)
+    if credit == "turn":
+        missing = [k for k in ("turn_returns", "turn_ids") if k not in batch]
+        if missing:
+            raise ValueError(
+                f"credit='turn' needs batch{missing} (per-token turn returns and turn ids, as "
+                "RolloutBatch.to_tensors() and InteractionWithTokenLogpReward.to_tensor_dict() export them)"
+            )
+        token_score, score = turn_scores(batch["turn_returns"], batch["turn_ids"], mask, group_ids, cfg)
+    else:
+        score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(rewards)
+        if cfg.reward_norm == "group":
+            score = group_normalize(score, group_ids, "group", "group", eps=cfg.norm_eps)
+        elif cfg.reward_norm == "batch":
+            score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
+        elif cfg.reward_norm is not None:
+            raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
+        score = score.to(mask.device)
 
     kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
     if cfg.kl_ctl > 0:
@@ -174,16 +198,21 @@ def compute_advantages(
         logp = batch.get("old_logprobs", batch["logprobs"])
         kl_rewards = -cfg.kl_ctl * kl_estimate(logp, batch["ref_logprobs"], cfg.kl_estimator) * mask
 
-    positions = torch.arange(length, device=mask.device).expand(n_rows, length)
-    last_generated = torch.where(mask, positions, -1).max(dim=1).values  # -1: row has nothing to train
-    has_tokens = last_generated >= 0
-    token_rewards = kl_rewards.clone()
-    rows = torch.arange(n_rows, device=mask.device)[has_tokens]
-    token_rewards[rows, last_generated[has_tokens]] += score[has_tokens]
+    if credit == "turn":
+        token_rewards = kl_rewards.clone()
+        # Each token's own turn score, plus the KL penalty from it to the end of the row.
+        advantages = (token_score + kl_rewards.flip(1).cumsum(1).flip(1)) * mask
+    else:
+        positions = torch.arange(length, device=mask.device).expand(n_rows, length)
+        last_generated = torch.where(mask, positions, -1).max(dim=1).values  # -1: row has nothing to train
+        has_tokens = last_generated >= 0
+        token_rewards = kl_rewards.clone()
+        rows = torch.arange(n_rows, device=mask.device)[has_tokens]
+        token_rewards[rows, last_generated[has_tokens]] += score[has_tokens]
 
-    # Reverse cumulative sum: the return from each position to the end of the row. Prompt and
-    # tool-output positions hold zero reward, so earlier turns see later turns' rewards.
-    advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
+        # Reverse cumulative sum: the return from each position to the end of the row. Prompt and
+        # tool-output positions hold zero reward, so earlier turns see later turns' rewards.
+        advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
 
     if cfg.adv_norm == "batch":
         mean, std = _masked_mean_std(advantages, mask)
@@ -198,3 +227,63 @@ def compute_advantages(
         "kl_rewards": kl_rewards,
         "loss_mask": mask,
     }
+
+
+def turn_scores(
+    turn_returns: Tensor, turn_ids: Tensor, loss_mask: Tensor, group_ids: Tensor | Sequence[Any] | None, cfg: Any
+) -> tuple[Tensor, Tensor]:
+    """Turn credit: the normalised score of each generated token's own turn.
+
+    With v[b,k] the return of turn k in row b (one value per (row, turn) pair, however many
+    tokens the turn has) and g(b) the row's group:
+
+        s[b,k] = clip((v[b,k] + bias) · scaling, ±clip)                    (RewardShaping)
+        A[b,k] = (s[b,k] − mean_P s) / (std_P s + eps)                      (std unbiased; a
+                                                                             pool of one: A = 0)
+        P = {(b', k) : g(b') = g(b), row b' holds turn k}   reward_norm="group", credit_norm="turn"
+        P = {(b', k'): g(b') = g(b)}                        reward_norm="group", credit_norm="episode"
+        P = every (row, turn) pair of the batch             reward_norm="batch";  A = s for None
+
+    and token t of row b gets A[b, turn_ids[b,t]]. "turn" compares a first reply with the group's
+    other first replies and a second reply with the other second replies; "episode" pools all
+    turns of the group's episodes. A turn shared by several rows (a concat tree's root in each
+    leaf's row) is one pair per row. With one turn per row (an `individual` export) and
+    "episode", this is exactly the leaf rule's group normalisation.
+
+    Returns (token scores [B, L], zero off the mask; the scores of the pairs, row-major).
+    """
+    mask = loss_mask.bool()
+    turns = turn_ids.long().to(mask.device)
+    if turn_returns.shape != mask.shape or turns.shape != mask.shape:
+        raise ValueError(
+            f"turn_returns {tuple(turn_returns.shape)} and turn_ids {tuple(turns.shape)} must match loss_mask "
+            f"{tuple(mask.shape)}"
+        )
+    if bool((mask & (turns < 0)).any()):
+        raise ValueError("a generated token (loss_mask 1) has turn_id -1; turn credit needs every trained token's turn")
+    n_rows, length = mask.shape
+    n_turns = int(turns[mask].max()) + 1 if bool(mask.any()) else 1
+    slot = torch.arange(n_rows, device=mask.device).unsqueeze(1) * n_turns + turns.clamp(min=0)
+    sums = torch.zeros(n_rows * n_turns, dtype=torch.double, device=mask.device)
+    sums.index_add_(0, slot[mask], turn_returns.to(mask.device).double()[mask])
+    counts = torch.bincount(slot[mask], minlength=n_rows * n_turns).double()
+    present = counts > 0
+    pair = torch.arange(n_rows * n_turns, device=mask.device)[present]
+    pair_row, pair_turn = pair // n_turns, pair % n_turns
+
+    returns = (sums[present] / counts[present]).float()  # one per (row, turn): all its tokens hold the same
+    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(returns)
+    if cfg.reward_norm == "group":
+        if group_ids is None:
+            raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
+        gid = group_index(group_ids, n_rows).to(mask.device)[pair_row]
+        pools = gid * n_turns + pair_turn if getattr(cfg, "credit_norm", "turn") == "turn" else gid
+        score = group_normalize(score, pools, "group", "group", eps=cfg.norm_eps)
+    elif cfg.reward_norm == "batch":
+        score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
+    elif cfg.reward_norm is not None:
+        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
+    score = score.to(mask.device)
+    per_slot = torch.zeros(n_rows * n_turns, dtype=torch.float32, device=mask.device)
+    per_slot[present] = score
+    return per_slot[slot] * mask, score

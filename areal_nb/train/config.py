@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from areal_nb.api import CREDIT_MODES, CREDIT_NORMS, CreditMode, CreditNorm
+
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -34,6 +36,12 @@ class GRPOConfig:
     reward_norm: str | None = "group"  # "group" (GRPO) | "batch" | None
     adv_norm: str | None = None  # "batch" | None
     norm_eps: float = 1e-5
+    # Which return each generated token trains on (see `advantages.compute_advantages`): "leaf",
+    # the row's reward on all its turns (AReaL's rule), or "turn", the discounted return of the
+    # turn that generated it (rows' `turn_returns`). "leaf" stays the default until the credit
+    # experiment (benchmarks/credit_experiment.py) has been run and decides.
+    credit: CreditMode = "leaf"
+    credit_norm: CreditNorm = "turn"  # credit="turn", reward_norm="group": per turn index | whole episode
     kl_ctl: float = 0.0  # KL-to-reference penalty folded into the token rewards
     kl_estimator: str = "k1"  # "k1" | "k2" | "k3"
     # log-probabilities
@@ -61,6 +69,11 @@ class GRPOConfig:
             (
                 self.reward_norm in (None, "group", "batch"),
                 f"reward_norm must be 'group', 'batch' or None, got {self.reward_norm!r}",
+            ),
+            (self.credit in CREDIT_MODES, f"credit must be one of {list(CREDIT_MODES)}, got {self.credit!r}"),
+            (
+                self.credit_norm in CREDIT_NORMS,
+                f"credit_norm must be one of {list(CREDIT_NORMS)}, got {self.credit_norm!r}",
             ),
             (self.adv_norm in (None, "batch"), f"adv_norm must be 'batch' or None, got {self.adv_norm!r}"),
             (self.kl_ctl >= 0, f"kl_ctl must be >= 0, got {self.kl_ctl}"),

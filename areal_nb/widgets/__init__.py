@@ -23,25 +23,31 @@ def show_tree(source: Any, tokenizer: Any | None = None, live: bool = True):
     return TreeView(source, tokenizer=tokenizer, live=live)
 
 
-def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = None, live: bool = True):
-    """Token chips of an interaction's conversation (or of one tensor-dict row)."""
+def show_tokens(source: Any, tokenizer: Any | None = None, style: str | None = None, live: bool = True,
+                credit: str | None = None, index: int | None = None):
+    """Token chips of an interaction's conversation (or of one tensor-dict row), with the
+    return each trained token trains on per turn (`credit` "leaf" | "turn", toggled in the view).
+
+    A RolloutBatch with `index`: that episode with the batch's discount and credit.
+    """
     from .views import TokenView
 
-    return TokenView(source, tokenizer=tokenizer, style=style, live=live)
+    return TokenView(source, tokenizer=tokenizer, style=style, live=live, credit=credit, index=index)
 
 
 def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None,
                  discount: float | None = None, mode: str | None = None, style: str | None = None, raw_rewards: dict[str, float] | None = None,
-                 live: bool = True):
-    """Reward propagation with a live discount slider and the group's per-row advantages.
+                 live: bool = True, credit: str | None = None, credit_norm: str = "turn"):
+    """Reward propagation with a live discount slider and the group's per-row advantages; per
+    row and turn, the return its tokens train on (`credit` "leaf" | "turn") and its advantage.
 
     `source` is an episode (with `group=` its group's episodes) or a RolloutBatch with `index`
-    (then the group, discount, mode and export style default to the batch's).
+    (then the group, discount, mode, export style and credit default to the batch's).
     """
     from .views import RewardView
 
     return RewardView(source, index=index, group=group, discount=discount, mode=mode, style=style,
-                      raw_rewards=raw_rewards, live=live)
+                      raw_rewards=raw_rewards, live=live, credit=credit, credit_norm=credit_norm)
 
 
 def __getattr__(name: str):

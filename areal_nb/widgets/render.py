@@ -111,8 +111,10 @@ TOKEN_LEGEND = (
     "background = log-prob heat (white p=1 → red p≈0) · "
     '<span style="border:1px dashed #999;color:#777;padding:0 3px">dashed grey chip</span> = not trained '
     "(loss_mask=0: prompt, tool results, gaps) · <b>bold</b> = special token · · = space, ↵ = newline, → = tab · "
-    '"turn N" bands group each generated turn · <span style="outline:2px solid #c00">red outline ⚠</span> = '
-    "first position where a plain re-render differs · hover a chip for id, log-prob, turn, version</div>"
+    '"turn N · trains on R" bands group each generated turn and name the return its tokens train on '
+    "(credit leaf: the row's reward on every turn; credit turn: the turn's own discounted return) · "
+    '<span style="outline:2px solid #c00">red outline ⚠</span> = '
+    "first position where a plain re-render differs · hover a chip for id, log-prob, turn, version, return</div>"
 )
 
 
@@ -139,16 +141,23 @@ def row_html(row: RowView) -> str:
     head = (
         f'<div class="anb-row-head" style="font-size:11px;margin-top:6px"><b>{esc(row.style)} row</b> '
         f"{esc(row.interaction_id or '')} · {len(row.chips)} tokens · {row.n_trained} trained / "
-        f"{row.n_masked} not trained · {row.n_turns} turn(s) · reward {fmt(row.reward)}</div>"
+        f"{row.n_masked} not trained · {row.n_turns} turn(s) · reward {fmt(row.reward)} · "
+        f"credit <b>{esc(row.credit)}</b></div>"
     )
+    by_turn = {b.turn: b for b in row.bands}
     bands, current, run = [], None, []
     for c in row.chips + [None]:
         turn = None if c is None else c.turn
         if run and (c is None or turn != current):
-            label = "prompt / gap" if current < 0 else f"turn {current}"
+            band = by_turn.get(current)
+            label = "prompt / gap" if current < 0 else (band.label if band is not None else f"turn {current}")
+            title = label if band is None else (
+                f"{label} ({row.credit} credit; this turn's own return {fmt(band.turn_return)}, "
+                f"call {band.interaction_id or '?'})")
+            value = f' data-trained-on="{fmt(band.trained_on)}"' if band is not None else ""
             border = "#bbb" if current < 0 else ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"][current % 4]
             bands.append(
-                f'<span class="anb-band" data-turn="{current}" title="{esc(label)}" '
+                f'<span class="anb-band" data-turn="{current}"{value} title="{esc(title)}" '
                 f'style="border-bottom:3px solid {border};margin-right:2px">'
                 f'<sup style="font-size:9px;color:#333">{esc(label)}</sup>' + "".join(chip_html(x) for x in run) + "</span>"
             )
@@ -157,7 +166,23 @@ def row_html(row: RowView) -> str:
             current = turn
             run.append(c)
     body = f'<div class="anb-row" data-style="{esc(row.style)}" style="{FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
-    return head + body + drift_html(row)
+    return head + body + turn_table_html(row) + drift_html(row)
+
+
+def turn_table_html(row: RowView) -> str:
+    """The row's turns and the return each trains on, as text (readable without colours)."""
+    if not row.bands:
+        return ""
+    cells = "".join(
+        f'<tr class="anb-turn" data-turn="{b.turn}"><td>turn {b.turn}</td><td>{esc(b.interaction_id or "–")}</td>'
+        f'<td>{b.n_tokens}</td><td>{fmt(b.turn_return)}</td><td class="anb-trained-on">{fmt(b.trained_on)}</td></tr>'
+        for b in row.bands
+    )
+    return (
+        f'<table class="anb-turns" data-credit="{esc(row.credit)}" style="font-size:11px;border-collapse:collapse">'
+        "<tr><th>turn</th><th>call</th><th>trained tokens</th><th>turn's own return</th>"
+        f"<th>trains on ({esc(row.credit)} credit)</th></tr>{cells}</table>"
+    )
 
 
 def drift_html(row: RowView) -> str:
@@ -186,7 +211,7 @@ def drift_html(row: RowView) -> str:
 
 def token_view_html(model: TokenViewModel) -> str:
     return (
-        f'<div class="anb-tokens" data-style="{esc(model.style)}">' + TOKEN_LEGEND
+        f'<div class="anb-tokens" data-style="{esc(model.style)}" data-credit="{esc(model.credit)}">' + TOKEN_LEGEND
         + "".join(row_html(r) for r in model.rows) + "</div>"
     )
 
@@ -196,18 +221,27 @@ def reward_html(state: RewardViewState) -> str:
     focus = {n.id: (n.raw, n.discounted) for n in state.nodes if n.episode == state.focus}
     head = (
         f'<div class="anb-reward-head" data-gamma="{state.gamma:g}" data-mode="{esc(state.mode)}" style="font-size:12px">'
-        f"discount γ = <b>{state.gamma:g}</b>, mode <b>{esc(state.mode)}</b>, export <b>{esc(state.style)}</b></div>"
+        f"discount γ = <b>{state.gamma:g}</b>, mode <b>{esc(state.mode)}</b>, export <b>{esc(state.style)}</b>, "
+        f'credit <b class="anb-credit" data-credit="{esc(state.credit)}">{esc(state.credit)}</b>'
+        + (f" (normalised per {'turn index' if state.credit_norm == 'turn' else 'episode'})" if state.credit == "turn" else "")
+        + "</div>"
     )
     table = [
         '<table class="anb-adv" style="font-size:11px;border-collapse:collapse">'
         "<tr><th>episode</th><th>sample</th><th>row (interaction)</th><th>reward after discount</th>"
-        "<th>advantage (group-normalised)</th></tr>"
+        "<th>advantage (group-normalised)</th><th>per turn: return trained on → advantage</th></tr>"
     ]
     for r in state.rows:
+        turns = " · ".join(
+            f'<span class="anb-row-turn" data-turn="{t.turn}" data-trained-on="{t.trained_on:.4g}" '
+            f'data-advantage="{t.advantage:+.4f}" title="{esc(t.interaction_id)}: own return {t.turn_return:.4g}, '
+            f'{fmt(t.n_tokens)} trained tokens">{esc(t.label)}</span>'
+            for t in r.turns
+        )
         table.append(
             f'<tr class="anb-adv-row" data-id="{esc(r.interaction_id)}"><td>{r.episode}</td><td>{fmt(r.sample_id)}</td>'
             f'<td>{esc(r.interaction_id)}</td><td class="anb-reward">{r.reward:.4f}</td>'
-            f'<td class="anb-advantage">{r.advantage:+.4f}</td></tr>'
+            f'<td class="anb-advantage">{r.advantage:+.4f}</td><td class="anb-adv-turns">{turns}</td></tr>'
         )
     table.append("</table>")
     return (

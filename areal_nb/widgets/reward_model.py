@@ -7,14 +7,16 @@ the two on real episodes) but works on a copy of the rewards, so a slider can mo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .sources import collect_interactions, is_complete, node_key, raw_reward
+from .token_model import CREDITS
 from .tree_model import TreeModel, build_tree
 
 MODES = ("tree", "linear")
 STYLES = ("concat", "individual")
+CREDIT_NORMS = ("turn", "episode")
 
 
 def discounted_rewards(
@@ -43,6 +45,53 @@ def group_normalised(rewards: list[float], eps: float = 1e-5) -> list[float]:
     return [float(a) for a in group_normalize(torch.tensor(rewards, dtype=torch.float64), [0] * len(rewards), eps=eps)]
 
 
+def turn_normalised(pairs: list[tuple[int, float]], scope: str = "turn", eps: float = 1e-5) -> list[float]:
+    """Turn-credit advantages of one group's (turn index, return) pairs, by the trainer's rule
+    (`train.advantages.turn_scores`): pooled per turn index (`scope="turn"`) or all together."""
+    if not pairs:
+        return []
+    import torch
+
+    from areal_nb.train.advantages import group_normalize
+
+    pools = [turn for turn, _ in pairs] if scope == "turn" else [0] * len(pairs)
+    values = torch.tensor([v for _, v in pairs], dtype=torch.float64)
+    return [float(a) for a in group_normalize(values, pools, eps=eps)]
+
+
+@dataclass
+class RowTurn:
+    """One turn of a training row: the return its tokens train on and their advantage."""
+
+    turn: int
+    interaction_id: str  # the call that generated it
+    n_tokens: int | None  # its trained tokens in this row (None without token data)
+    turn_return: float  # that call's own discounted return
+    trained_on: float  # leaf credit: the row's reward; turn credit: turn_return
+    advantage: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"turn {self.turn}: {self.trained_on:.4g} → {self.advantage:+.4f}"
+
+
+def row_turns(row: Any, value_of: Any, credit: str) -> list[RowTurn]:
+    """The turns a row trains, root first: the call itself and, in a concat row, its ancestors."""
+    calls = list(reversed(row.row_calls())) if hasattr(row, "row_calls") else [row]
+    token_row = row.token_row() if getattr(row, "has_tensor_data", False) else None
+    out = []
+    for position, call in enumerate(calls):
+        turn = call.own_turn_id() if getattr(call, "has_tensor_data", False) else position
+        if turn is None:  # generated nothing
+            continue
+        n = None
+        if token_row is not None:
+            n = sum(1 for t, m in zip(token_row.turn_ids, token_row.loss_mask, strict=True) if t == turn and m)
+        own = value_of(call)
+        out.append(RowTurn(turn, node_key(call, position), n, own, own if credit == "turn" else value_of(row)))
+    return out
+
+
 @dataclass
 class RewardNode:
     id: str
@@ -58,7 +107,8 @@ class AdvantageRow:
     episode: int
     sample_id: int | None
     reward: float
-    advantage: float
+    advantage: float  # leaf credit: the row's; turn credit: its last (own) turn's
+    turns: list[RowTurn] = field(default_factory=list)  # per turn: the return trained on, advantage
 
 
 @dataclass
@@ -70,6 +120,8 @@ class RewardViewState:
     rows: list[AdvantageRow]  # the rows the chosen export style trains on
     tree: TreeModel  # the focus episode's tree (layout for drawing)
     focus: int
+    credit: str = "leaf"
+    credit_norm: str = "turn"
 
     def node(self, node_id: str) -> RewardNode:
         for n in self.nodes:
@@ -100,7 +152,7 @@ class RewardSource:
             members = [e for e in source.episodes if getattr(e, "group_id", None) == episode.group_id]
             out = cls.from_any(episode, members.index(episode), members, raw_rewards)
             out.defaults = {"discount": getattr(source, "discount", None), "mode": getattr(source, "discount_mode", None),
-                            "style": getattr(source, "style", None)}
+                            "style": getattr(source, "style", None), "credit": getattr(source, "credit", None)}
             return out
         episodes = list(group) if group is not None else [source]
         per_episode = [[x for x in collect_interactions(e) if is_complete(x)] for e in episodes]
@@ -122,10 +174,17 @@ def default_style(src: RewardSource) -> str:
     return "concat" if every and all(x.chat_template_type == "concat" for x in every) else "individual"
 
 
-def reward_state(src: RewardSource, gamma: float, mode: str = "tree", style: str | None = None) -> RewardViewState:
+def reward_state(src: RewardSource, gamma: float, mode: str = "tree", style: str | None = None,
+                 credit: str = "leaf", credit_norm: str = "turn") -> RewardViewState:
+    """Rewards after discount, the group's rows and, per row and turn, the return each turn's
+    tokens train on (`credit`) with its advantage (the trainer's group normalisation)."""
     style = style or default_style(src)
     if style not in STYLES:
         raise ValueError(f"export style must be one of {STYLES}, got {style!r}")
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    if credit_norm not in CREDIT_NORMS:
+        raise ValueError(f"credit_norm must be one of {CREDIT_NORMS}, got {credit_norm!r}")
     nodes: list[RewardNode] = []
     rows: list[AdvantageRow] = []
     for e, items in enumerate(src.episodes):
@@ -135,8 +194,18 @@ def reward_state(src: RewardSource, gamma: float, mode: str = "tree", style: str
             exported = style == "individual" or id(x) not in parents
             nodes.append(RewardNode(node_key(x, i), e, src.raw.get(id(x)), values[id(x)], exported))
             if exported:
-                rows.append(AdvantageRow(node_key(x, i), e, src.sample_ids[e], values[id(x)], 0.0))
-    for row, adv in zip(rows, group_normalised([r.reward for r in rows]), strict=True):
-        row.advantage = adv
+                turns = row_turns(x, lambda c, v=values: v.get(id(c), 0.0), credit)
+                rows.append(AdvantageRow(node_key(x, i), e, src.sample_ids[e], values[id(x)], 0.0, turns))
+    if credit == "leaf":
+        for row, adv in zip(rows, group_normalised([r.reward for r in rows]), strict=True):
+            row.advantage = adv
+            for t in row.turns:
+                t.advantage = adv
+    else:
+        pairs = [t for r in rows for t in r.turns]
+        for t, adv in zip(pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True):
+            t.advantage = adv
+        for row in rows:
+            row.advantage = row.turns[-1].advantage if row.turns else 0.0
     tree = build_tree(src.episodes[src.focus] if src.episodes else [])
-    return RewardViewState(gamma, mode, style, nodes, rows, tree, src.focus)
+    return RewardViewState(gamma, mode, style, nodes, rows, tree, src.focus, credit, credit_norm)

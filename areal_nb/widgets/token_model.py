@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .sources import collect_interactions, is_complete
 
+CREDITS = ("leaf", "turn")
 VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 DRIFT_CONTEXT = 6  # tokens shown before the first difference of a drift check
 
@@ -25,6 +27,7 @@ class TokenChip:
     turn: int  # turn_ids value: -1 for prompt tokens, 0, 1, ... for generated turns
     heat: str  # CSS colour of the log-prob heat scale ("" for prompt tokens)
     drift: bool = False  # first position where a plain re-render differs
+    trained_on: float | None = None  # the return this token trains on (trained tokens only)
 
     @property
     def title(self) -> str:
@@ -33,6 +36,8 @@ class TokenChip:
         if self.loss_mask:
             parts.append(f"logprob={self.logprob:.4f} (p={math.exp(self.logprob):.3f})")
         parts.append(f"turn={self.turn}" if self.turn >= 0 else "prompt / gap")
+        if self.trained_on is not None:
+            parts.append(f"trains on return {self.trained_on:.4g}")
         parts.append(f"version={self.version}")
         if self.special:
             parts.append("special token")
@@ -55,6 +60,25 @@ class DriftView:
 
 
 @dataclass
+class TurnBand:
+    """One generated turn of a row and the return its tokens train on."""
+
+    turn: int
+    interaction_id: str | None  # the call that generated it (None: unknown, a tensor-dict row)
+    n_tokens: int  # its trained tokens in this row
+    turn_return: float | None  # that call's own (discounted) return
+    trained_on: float | None  # what its tokens train on under the row's credit
+
+    @property
+    def label(self) -> str:
+        return f"turn {self.turn} · trains on {_num(self.trained_on)}"
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.4g}"
+
+
+@dataclass
 class RowView:
     interaction_id: str | None
     style: str  # "concat" (leaf row: the whole conversation) or "individual"
@@ -62,6 +86,8 @@ class RowView:
     n_turns: int
     reward: float | None
     drift: DriftView | None = None
+    credit: str = "leaf"  # "leaf": the row's reward on every turn; "turn": each turn's own return
+    bands: list[TurnBand] = field(default_factory=list)  # the row's generated turns, in order
 
     @property
     def n_trained(self) -> int:
@@ -77,6 +103,7 @@ class TokenViewModel:
     style: str
     rows: list[RowView] = field(default_factory=list)
     styles_available: tuple[str, ...] = ("individual",)
+    credit: str = "leaf"
 
 
 def visible_text(text: str) -> str:
@@ -205,31 +232,87 @@ def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
                      start, len(check.prompt_ids), len(check.rendered_ids))
 
 
-def row_view(interaction: Any, tokenizer: Any, style: str, with_drift: bool = True) -> RowView:
+def row_view(interaction: Any, tokenizer: Any, style: str, with_drift: bool = True, credit: str = "leaf",
+             rewards: Mapping[str, float] | None = None) -> RowView:
+    """One training row; `rewards` (by interaction id, e.g. a batch's re-discounted values)
+    override the calls' own rewards."""
     chips = build_chips(interaction.token_row(), tokenizer)
     drift = drift_view(interaction, tokenizer) if with_drift and interaction.chat_template_type == "concat" else None
     if drift is not None and drift.first_difference is not None and drift.first_difference < len(chips):
         chips[drift.first_difference].drift = True
     turns = {c.turn for c in chips if c.turn >= 0}
-    return RowView(interaction.interaction_id, style, chips, len(turns), interaction.reward, drift)
+    reward = _reward_of(interaction, rewards)
+    returns = interaction.turn_returns(rewards)
+    calls = {c.own_turn_id(): c for c in interaction.row_calls()}
+    for chip, own in zip(chips, returns, strict=True):
+        if chip.loss_mask:
+            chip.trained_on = own if credit == "turn" else (reward or 0.0)
+    bands = []
+    for turn in sorted(turns):
+        members = [(c, r) for c, r in zip(chips, returns, strict=True) if c.turn == turn and c.loss_mask]
+        call = calls.get(turn)
+        bands.append(TurnBand(turn, call.interaction_id if call is not None else None, len(members),
+                              members[0][1] if members else None, members[0][0].trained_on if members else None))
+    return RowView(interaction.interaction_id, style, chips, len(turns), reward, drift, credit, bands)
 
 
-def build_token_view(source: Any, style: str | None = None, tokenizer: Any | None = None) -> TokenViewModel:
-    """Rows for one conversation.
+def _reward_of(interaction: Any, rewards: Mapping[str, float] | None) -> float | None:
+    if rewards is not None and interaction.interaction_id in rewards:
+        return float(rewards[interaction.interaction_id])
+    return interaction.reward
+
+
+def _check_credit(credit: str) -> None:
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+
+
+def _tensor_row_view(source: Mapping, tokenizer: Any, style: str, credit: str) -> RowView:
+    """A tensor-dict row as given: leaf credit from `rewards`, turn credit from `turn_returns`."""
+    chips = build_chips(source, tokenizer)
+    rewards = source.get("rewards")
+    reward = float(_flat(rewards)[0]) if rewards is not None else None
+    returns = _flat(source["turn_returns"])[: len(chips)] if "turn_returns" in source else None
+    if credit == "turn" and returns is None:
+        raise ValueError("turn credit needs the row's turn_returns (export it with to_tensor_dict / to_tensors)")
+    for i, chip in enumerate(chips):
+        if chip.loss_mask:
+            chip.trained_on = float(returns[i]) if credit == "turn" else reward
+    bands = []
+    for turn in sorted({c.turn for c in chips if c.turn >= 0}):
+        members = [c for c in chips if c.turn == turn and c.loss_mask]
+        own = float(returns[members[0].position]) if members and returns is not None else None
+        bands.append(TurnBand(turn, None, len(members), own, members[0].trained_on if members else None))
+    return RowView(None, style, chips, len(bands), reward, None, credit, bands)
+
+
+def build_token_view(source: Any, style: str | None = None, tokenizer: Any | None = None, credit: str | None = None,
+                     index: int | None = None, rewards: Mapping[str, float] | None = None) -> TokenViewModel:
+    """Rows for one conversation, and the return each trained token trains on.
 
     `concat`: the leaf row that `export_interactions("concat")` trains on (all turns in one
     row). `individual`: one row per call from the root to that leaf, as the individual export
-    holds them. A tensor-dict row is shown as it is.
+    holds them. A tensor-dict row is shown as it is. A RolloutBatch with `index`: that
+    episode, with the batch's discounted rewards and (by default) its credit. `credit`
+    ("leaf" | "turn", default "leaf") picks what the per-turn bands and chips report.
     """
     if isinstance(source, dict) and "input_ids" in source:
         if tokenizer is None:
             raise ValueError("a tensor-dict row needs tokenizer=... to decode its tokens")
-        chips = build_chips(source, tokenizer)
-        rewards = source.get("rewards")
-        reward = float(_flat(rewards)[0]) if rewards is not None else None
-        return TokenViewModel(style or "row", [RowView(None, style or "row", chips,
-                                                       len({c.turn for c in chips if c.turn >= 0}), reward)],
-                              (style or "row",))
+        credit = credit or "leaf"
+        _check_credit(credit)
+        return TokenViewModel(style or "row", [_tensor_row_view(source, tokenizer, style or "row", credit)],
+                              (style or "row",), credit)
+    if hasattr(source, "episodes") and hasattr(source, "discounted"):  # a RolloutBatch
+        i = index or 0
+        if not 0 <= i < len(source.episodes):
+            raise IndexError(f"episode index {i} out of range: the batch has {len(source.episodes)} episodes")
+        rewards = {**source.discounted(i), **(rewards or {})}
+        credit = credit or getattr(source, "credit", None)
+        tokenizer = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
+        source = source.episodes[i]
+    credit = credit or "leaf"
+    _check_credit(credit)
     items = collect_interactions(source)
     complete = [x for x in items if is_complete(x) and x.has_tensor_data]
     if not complete:
@@ -250,7 +333,7 @@ def build_token_view(source: Any, style: str | None = None, tokenizer: Any | Non
             "concat rows need chat_template_type='concat'"
         )
     if style == "concat":
-        rows = [row_view(leaf, tok, "concat")]
+        rows = [row_view(leaf, tok, "concat", credit=credit, rewards=rewards)]
     else:
-        rows = [row_view(x, tok, "individual", with_drift=x is leaf) for x in path]
-    return TokenViewModel(style, rows, available)
+        rows = [row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards) for x in path]
+    return TokenViewModel(style, rows, available, credit)

@@ -17,7 +17,7 @@ from .dashboard_model import history_length, history_series
 from .live import Refresher
 from .reward_model import MODES, RewardSource, reward_state
 from .sources import collect_interactions, is_complete, node_key, resolve_source, snapshot_key
-from .token_model import build_token_view, tokenizer_of
+from .token_model import CREDITS, build_token_view, tokenizer_of
 from .tree_model import build_tree
 
 
@@ -106,65 +106,83 @@ class TreeView(LiveView):
 
 class TokenView(LiveView):
     def __init__(self, source: Any, tokenizer: Any | None = None, style: str | None = None,
-                 live: bool = True, interval: float = 0.4) -> None:
-        self.source, self.tokenizer = source, tokenizer
-        first = build_token_view(resolve_source(source), style, tokenizer)
+                 live: bool = True, interval: float = 0.4, credit: str | None = None, index: int | None = None) -> None:
+        self.source, self.tokenizer, self.index = source, tokenizer, index
+        first = build_token_view(resolve_source(source), style, tokenizer, credit, index)
         self.style_toggle = w.ToggleButtons(options=list(first.styles_available), value=first.style,
                                             description="rows", tooltips=[
                                                 {"concat": "the leaf row: all turns in one row",
                                                  "individual": "one row per call",
                                                  "row": "the row as given"}[s] for s in first.styles_available])
+        self.credit_toggle = w.ToggleButtons(options=list(CREDITS), value=first.credit, description="credit",
+                                             tooltips=["every turn trains on the row's (leaf's) reward",
+                                                       "each turn trains on its own discounted return"])
         self.body = w.HTML()
-        super().__init__([self.style_toggle, self.body])
+        super().__init__([w.HBox([self.style_toggle, self.credit_toggle]), self.body])
         self.add_class("anb-token-view")
-        self.style_toggle.observe(lambda _: self.refresh(), names="value")
+        for control in (self.style_toggle, self.credit_toggle):
+            control.observe(lambda _: self.refresh(), names="value")
         is_row = isinstance(source, Mapping) and "input_ids" in source
         self._setup_live((lambda: None) if is_row else (lambda: snapshot_key(self.source)), live and not is_row, interval)
 
+    def _model(self):
+        return build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer,
+                                self.credit_toggle.value, self.index)
+
     def _render(self) -> None:
-        self.model = build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer)
+        self.model = self._model()
         self.body.value = render.token_view_html(self.model)
 
     def to_html(self) -> str:
-        return render.token_view_html(build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer))
+        return render.token_view_html(self._model())
 
 
 class RewardView(LiveView):
     def __init__(self, source: Any, index: int | None = None, group: list[Any] | None = None,
                  discount: float | None = None, mode: str | None = None, style: str | None = None,
-                 raw_rewards: Mapping[str, float] | None = None, live: bool = True, interval: float = 0.4) -> None:
+                 raw_rewards: Mapping[str, float] | None = None, live: bool = True, interval: float = 0.4,
+                 credit: str | None = None, credit_norm: str = "turn") -> None:
         self.source, self.index, self.group, self.raw_rewards = source, index, group, raw_rewards
+        self.credit_norm = credit_norm
         src = self._reward_source()
         defaults = src.defaults or {}
         if discount is None:
             discount = defaults["discount"] if defaults.get("discount") is not None else 1.0
         mode = mode or defaults.get("mode") or "tree"
         style = style or defaults.get("style")
+        credit = credit or defaults.get("credit") or "leaf"
         self.slider = w.FloatSlider(value=discount, min=0.0, max=1.0, step=0.05, description="discount γ",
                                     continuous_update=True, readout_format=".2f")
         self.mode_toggle = w.ToggleButtons(options=list(MODES), value=mode, description="mode",
                                            tooltips=["per branch: own + γ·mean(children)",
                                                      "reverse call order: r[i] += γ·r[i+1] (AReaL)"])
-        state = reward_state(src, discount, mode, style)
+        state = reward_state(src, discount, mode, style, credit, credit_norm)
         styles = ["concat", "individual"] if state.style == "concat" else ["individual"]
         self.style_toggle = w.ToggleButtons(options=styles, value=state.style, description="export")
+        self.credit_toggle = w.ToggleButtons(options=list(CREDITS), value=credit, description="credit",
+                                             tooltips=["every turn trains on the row's (leaf's) reward",
+                                                       "each turn trains on its own discounted return"])
         self.body = w.HTML()
-        super().__init__([w.HBox([self.slider, self.mode_toggle]), self.style_toggle, self.body])
+        super().__init__([w.HBox([self.slider, self.mode_toggle]), w.HBox([self.style_toggle, self.credit_toggle]),
+                          self.body])
         self.add_class("anb-reward-view")
-        for control in (self.slider, self.mode_toggle, self.style_toggle):
+        for control in (self.slider, self.mode_toggle, self.style_toggle, self.credit_toggle):
             control.observe(lambda _: self.refresh(), names="value")
         self._setup_live(lambda: snapshot_key(self.group or self.source), live, interval)
 
     def _reward_source(self) -> RewardSource:
         return RewardSource.from_any(resolve_source(self.source), self.index, self.group, self.raw_rewards)
 
+    def _state(self):
+        return reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value, self.style_toggle.value,
+                            self.credit_toggle.value, self.credit_norm)
+
     def _render(self) -> None:
-        self.state = reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value, self.style_toggle.value)
+        self.state = self._state()
         self.body.value = render.reward_html(self.state)
 
     def to_html(self) -> str:
-        return render.reward_html(reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value,
-                                               self.style_toggle.value))
+        return render.reward_html(self._state())
 
 
 class Dashboard(LiveView):

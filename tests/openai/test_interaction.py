@@ -45,10 +45,12 @@ def test_concat_row_of_a_four_turn_chain_with_tool_result_and_truncated_parent()
         "turn_ids": [[-1, -1, -1, 0, 0, 0, -1, -1, 1, 1, -1, 2, 2, 2, -1, -1, 3, 3]],
         "attention_mask": [[True] * 18],
         "rewards": [1.5],
+        # no call of the chain but D has a reward: earlier turns' tokens get 0.0, D's get 1.5
+        "turn_returns": [[0.0] * 16 + [1.5, 1.5]],
     }
     assert {k: v.dtype for k, v in td.items()} == {
         "input_ids": torch.int64, "loss_mask": torch.int64, "logprobs": torch.float32, "versions": torch.int64,
-        "turn_ids": torch.int64, "attention_mask": torch.bool, "rewards": torch.float32,
+        "turn_ids": torch.int64, "attention_mask": torch.bool, "rewards": torch.float32, "turn_returns": torch.float32,
     }
     assert td["rewards"].shape == (1,) and td["input_ids"].shape == (1, 18)
 

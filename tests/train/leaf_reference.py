@@ -1,0 +1,192 @@
+"""The pre-credit `compute_advantages` (main at 0eb7582), kept verbatim as the reference that
+`credit="leaf"` must reproduce exactly (tests/train/test_credit.py). Do not edit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+Level = Literal["group", "batch"] | None
+
+
+@dataclass
+class RewardShaping:
+    """score = clip((reward + bias) * scaling, -clip, clip) (AReaL's order: bias first)."""
+
+    scaling: float = 1.0
+    bias: float = 0.0
+    clip: float = 20.0
+
+    def __call__(self, rewards: Tensor) -> Tensor:
+        return ((rewards.float() + self.bias) * self.scaling).clamp(-self.clip, self.clip)
+
+
+def group_index(group_ids: Tensor | Sequence[Any], n_rows: int) -> Tensor:
+    """Dense ids 0..G-1, one per row, from arbitrary ids (ints, strings; any order)."""
+    if isinstance(group_ids, Tensor):
+        ids = group_ids.flatten()
+        if ids.numel() != n_rows:
+            raise ValueError(f"group_ids has {ids.numel()} entries for {n_rows} rows")
+        return torch.unique(ids, return_inverse=True)[1]
+    ids = list(group_ids)
+    if len(ids) != n_rows:
+        raise ValueError(f"group_ids has {len(ids)} entries for {n_rows} rows")
+    dense: dict[Any, int] = {}
+    return torch.tensor([dense.setdefault(g, len(dense)) for g in ids], dtype=torch.long)
+
+
+def group_normalize(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Any] | None = None,
+    mean_level: Level = "group",
+    std_level: Level = "group",
+    eps: float = 1e-5,
+    std_unbiased: bool = True,
+) -> Tensor:
+    """(r − mean) / (std + eps) with mean and std taken per group, over the batch, or not at all.
+
+    - `mean_level=None`: mean 0. `std_level=None`: std 1 and eps 0 (only centring).
+    - The std is taken around the chosen mean (AReaL's definition).
+    - A group of one row has std 1 (there is no spread to measure), so with a group mean its
+      advantage is exactly 0: a prompt sampled once teaches nothing relative to itself.
+    Returns float32 `[B]`.
+    """
+    x = rewards.detach().double().flatten()
+    n = x.numel()
+    if n == 0:
+        return rewards.float().flatten()
+    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
+        if level not in ("group", "batch", None):
+            raise ValueError(f"{name} must be 'group', 'batch' or None, got {level!r}")
+    needs_groups = "group" in (mean_level, std_level)
+    if needs_groups and group_ids is None:
+        raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
+    gid = (
+        group_index(group_ids, n).to(x.device)
+        if needs_groups
+        else torch.zeros(n, dtype=torch.long, device=x.device)
+    )
+    n_groups = int(gid.max()) + 1
+    group_count = torch.bincount(gid, minlength=n_groups).double()
+
+    def per_row_sum(values: Tensor, level: str) -> Tensor:
+        if level == "batch":
+            return values.sum().expand(n)
+        return torch.zeros(n_groups, dtype=values.dtype, device=x.device).index_add(0, gid, values)[gid]
+
+    def per_row_count(level: str) -> Tensor:
+        return (
+            torch.full((n,), float(n), dtype=torch.double, device=x.device)
+            if level == "batch"
+            else group_count[gid]
+        )
+
+    mean = (
+        torch.zeros_like(x) if mean_level is None else per_row_sum(x, mean_level) / per_row_count(mean_level)
+    )
+    if std_level is None:
+        std, eps = torch.ones_like(x), 0.0
+    else:
+        count = per_row_count(std_level)
+        denom = count - 1 if std_unbiased else count
+        sq = per_row_sum((x - mean) ** 2, std_level)
+        std = torch.where(count > 1, (sq / denom.clamp(min=1)).sqrt(), torch.ones_like(x))
+    return ((x - mean) / (std + eps)).float()
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token KL(π‖π_ref) estimate from sampled-token log-probs, clamped to ±10.
+
+    k1 = log r, k2 = ½ (log r)², k3 = exp(−log r) − 1 + log r, with log r = logp − ref_logp.
+    """
+    log_ratio = logprobs.float() - ref_logprobs.float()
+    if estimator == "k1":
+        kl = log_ratio
+    elif estimator == "k2":
+        kl = 0.5 * log_ratio**2
+    elif estimator == "k3":
+        kl = torch.expm1(-log_ratio) + log_ratio
+    else:
+        raise ValueError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+    return kl.clamp(-10.0, 10.0)
+
+
+def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    count = mask.sum()
+    mean = (x * mask).sum() / count.clamp(min=1)
+    var = (((x - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return mean, var.sqrt() if count > 1 else torch.ones_like(mean)
+
+
+def compute_advantages(
+    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None
+) -> dict[str, Tensor]:
+    """Per-token advantages for a `[B, L]` batch.
+
+    Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with
+    `cfg.kl_ctl > 0` also `ref_logprobs [B,L]` and the behaviour log-probs `old_logprobs`
+    (falls back to `logprobs`). `group_ids` (or `batch["group_ids"]`) names each row's group.
+    `cfg` is a `GRPOConfig` (any object with its reward/adv fields).
+
+    Steps: shape the reward; normalise it (`cfg.reward_norm`); token reward = −kl_ctl·KL on
+    generated tokens plus the score on each row's last generated token; advantage at a
+    generated token = sum of the token rewards from it to the end of its row (γ = λ = 1, no
+    critic) — with kl_ctl = 0 every generated token of a row gets that row's score, across all
+    of its turns; then optionally normalise over generated tokens of the batch (`cfg.adv_norm`).
+    """
+    rewards = batch["rewards"].float().flatten()
+    mask = batch["loss_mask"].bool()
+    if "attention_mask" in batch:
+        mask = mask & batch["attention_mask"].bool()
+    if mask.dim() != 2 or mask.shape[0] != rewards.numel():
+        raise ValueError(
+            f"loss_mask must be [B, L] with B = len(rewards) = {rewards.numel()}, got {tuple(mask.shape)}"
+        )
+    n_rows, length = mask.shape
+    if group_ids is None:
+        group_ids = batch.get("group_ids")
+
+    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(rewards)
+    if cfg.reward_norm == "group":
+        score = group_normalize(score, group_ids, "group", "group", eps=cfg.norm_eps)
+    elif cfg.reward_norm == "batch":
+        score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
+    elif cfg.reward_norm is not None:
+        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
+    score = score.to(mask.device)
+
+    kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
+    if cfg.kl_ctl > 0:
+        if "ref_logprobs" not in batch:
+            raise ValueError("kl_ctl > 0 needs batch['ref_logprobs'] (log-probs of a reference model)")
+        logp = batch.get("old_logprobs", batch["logprobs"])
+        kl_rewards = -cfg.kl_ctl * kl_estimate(logp, batch["ref_logprobs"], cfg.kl_estimator) * mask
+
+    positions = torch.arange(length, device=mask.device).expand(n_rows, length)
+    last_generated = torch.where(mask, positions, -1).max(dim=1).values  # -1: row has nothing to train
+    has_tokens = last_generated >= 0
+    token_rewards = kl_rewards.clone()
+    rows = torch.arange(n_rows, device=mask.device)[has_tokens]
+    token_rewards[rows, last_generated[has_tokens]] += score[has_tokens]
+
+    # Reverse cumulative sum: the return from each position to the end of the row. Prompt and
+    # tool-output positions hold zero reward, so earlier turns see later turns' rewards.
+    advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
+
+    if cfg.adv_norm == "batch":
+        mean, std = _masked_mean_std(advantages, mask)
+        advantages = (advantages - mean) / (std + cfg.norm_eps) * mask
+    elif cfg.adv_norm is not None:
+        raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
+
+    return {
+        "advantages": advantages,
+        "scores": score,
+        "token_rewards": token_rewards,
+        "kl_rewards": kl_rewards,
+        "loss_mask": mask,
+    }
