@@ -1,22 +1,25 @@
-"""One dataclass config tree for the Session and the batch job.
+"""One config tree for the Session and the batch job, validated by pydantic.
 
 Loaded from YAML (`load_config("configs/multi_turn_math.yaml", ["actor.lr=1e-5"])`) with dotted
-overrides whose values are parsed as YAML scalars. Unknown keys, wrong types and impossible
-combinations raise `ConfigError` naming the key.
+overrides whose values are parsed as YAML scalars, or a `{"actor.lr": 1e-5}` mapping whose values
+are used as they are (so an agent instance can be `agent.workflow`). Unknown keys, wrong types and
+impossible combinations raise `ConfigError` naming the key. `actor` is the trainer's own
+`GRPOConfig` and `data.task` the task generator's `TaskConfig` (dataclasses of lower layers,
+validated here field by field).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
 from areal_nb.train import GRPOConfig
 
@@ -25,209 +28,183 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key."""
 
 
-@dataclass
-class ModelConfig:
+class _Section(BaseModel):
+    # Unknown keys are errors (with a did-you-mean); values are checked when assigned too.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
     path: str = "tiny-math"  # "tiny-math", a local directory, or a Hugging Face id
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str | None = None  # None: cuda if available, else cpu
 
 
-@dataclass
-class EngineConfig:
-    type: str = "local"  # "local" (embedded transformers engine) | "sglang"
-    max_batch_size: int = 64
+class EngineConfig(_Section):
+    type: Literal["local", "sglang"] = "local"  # made by areal_nb.engine.create_engine
+    max_batch_size: int = Field(64, ge=1)
     seed: int = 0
 
 
-@dataclass
-class AgentConfig:
+class AgentConfig(_Section):
     # An import string, a class, or an instance with `async run(data, **kw)` (proxy path), or a
     # RolloutWorkflow (direct path). Strings keep the config serialisable.
     workflow: Any = "areal_nb.agents.math_agent.MultiTurnMathAgent"
-    workflow_kwargs: dict = field(default_factory=lambda: {"max_turns": 2})
-    mode: str = "inline"  # "inline" | "subproc"
-    chat_template_type: str = "concat"  # "hf" | "concat"
-    export_style: str = "concat"  # "individual" | "concat"
-    turn_discount: float = 0.9
-    discount_mode: str = "tree"  # "tree" | "linear"
+    # Exactly what the agent class is constructed with; nothing else is injected.
+    workflow_kwargs: dict[str, Any] = Field(default_factory=lambda: {"max_turns": 2})
+    mode: Literal["inline", "subproc"] = "inline"
+    chat_template_type: ChatTemplateType = "concat"
+    export_style: ExportStyle = "concat"
+    turn_discount: float = Field(0.9, ge=0.0, le=1.0)
+    discount_mode: DiscountMode = "tree"
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = Field(0, ge=0, le=65535)
     admin_api_key: str | None = None  # None: a random key per Session
-    session_timeout: float = 3600.0
-    agent_timeout: float | None = 120.0
-    subproc_max_workers: int = 2
+    session_timeout: float = Field(3600.0, gt=0)
+    agent_timeout: float | None = Field(120.0, gt=0)
+    subproc_max_workers: int = Field(2, ge=1)  # agent processes in mode "subproc"
 
 
-@dataclass
-class RolloutConfig:
-    batch_size: int = 16  # prompts per training step
-    group_size: int = 4  # samples per prompt (GRPO group)
-    max_head_offpolicyness: int = 2  # how many versions a trained token may lag behind
-    max_concurrent_rollouts: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 16
+class RolloutConfig(_Section):
+    batch_size: int = Field(16, ge=1)  # prompts per training step
+    group_size: int = Field(4, ge=1)  # samples per prompt (GRPO group)
+    max_head_offpolicyness: int = Field(2, ge=0)  # how many versions a trained token may lag behind
+    max_concurrent_rollouts: int = Field(64, ge=1)
+    # Sampling the proxy uses when an agent's request leaves it out (agents normally do).
+    # temperature > 0: log-probs of a greedy policy are degenerate for RL.
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(16, ge=1)
     prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
 
 
-@dataclass
-class DataConfig:
-    source: str = "generated"  # "generated" or a GSM8K-format JSONL path
+class DataConfig(_Section):
+    # "generated", a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k"
+    source: str = "generated"
     seed: int = 0
-    eval_size: int = 200
-    task: TaskConfig = field(default_factory=TaskConfig)
+    eval_size: int = Field(200, ge=1)  # held-out problems evaluate() runs on
+    task: TaskConfig = Field(default_factory=TaskConfig)
 
 
-@dataclass
-class LoggingConfig:
-    run_dir: str = "runs/default"
-    eval_every: int = 0  # 0: evaluate only when asked
+class LoggingConfig(_Section):
+    run_dir: str | None = None  # None: runs/<experiment_name>
+    eval_every: int = Field(0, ge=0)  # 0: evaluate only when asked
     progress: bool = True
+    # Where per-step metrics go besides session.history / the dashboard.
+    backend: Literal["none", "tensorboard", "wandb"] = "none"
 
 
-@dataclass
-class CheckpointConfig:
+class CheckpointConfig(_Section):
     save_dir: str | None = None
-    save_every: int = 0
+    save_every: int = Field(0, ge=0)
 
 
-@dataclass
-class SessionConfig:
-    experiment_name: str = "areal_nb"
+class SessionConfig(_Section):
+    experiment_name: str = Field("areal_nb", min_length=1)  # default run dir, wandb project
     seed: int = 0
-    total_steps: int = 20
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    actor: GRPOConfig = field(default_factory=GRPOConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    total_steps: int = Field(20, ge=0)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: GRPOConfig = Field(default_factory=GRPOConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
-    def validate(self) -> SessionConfig:
-        choices = {
-            "engine.type": (self.engine.type, ("local", "sglang")),
-            "agent.mode": (self.agent.mode, ("inline", "subproc")),
-            "agent.chat_template_type": (self.agent.chat_template_type, ("hf", "concat")),
-            "agent.export_style": (self.agent.export_style, ("individual", "concat")),
-            "agent.discount_mode": (self.agent.discount_mode, ("tree", "linear")),
-            "model.dtype": (self.model.dtype, ("float32", "bfloat16", "float16")),
-        }
-        for key, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}")
-        positive = {
-            "rollout.batch_size": self.rollout.batch_size,
-            "rollout.group_size": self.rollout.group_size,
-            "rollout.max_concurrent_rollouts": self.rollout.max_concurrent_rollouts,
-            "rollout.max_new_tokens": self.rollout.max_new_tokens,
-            "engine.max_batch_size": self.engine.max_batch_size,
-        }
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
-        if self.rollout.max_head_offpolicyness < 0:
-            raise ConfigError("rollout.max_head_offpolicyness must be >= 0")
-        if self.total_steps < 0:
-            raise ConfigError("total_steps must be >= 0")
-        if not 0.0 <= self.agent.turn_discount <= 1.0:
-            raise ConfigError(f"agent.turn_discount must be in [0, 1], got {self.agent.turn_discount}")
-        if self.rollout.temperature <= 0:
-            raise ConfigError("rollout.temperature must be > 0 for RL (log-probs of a greedy policy are degenerate)")
-        if self.agent.export_style == "concat" and self.agent.chat_template_type != "concat":
-            raise ConfigError(
-                "agent.export_style='concat' needs agent.chat_template_type='concat' "
-                "(concat rows reuse the parent's exact tokens); use export_style='individual' with 'hf'"
-            )
+    @model_validator(mode="after")
+    def _combinations(self) -> SessionConfig:
+        check_export_style(self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type})
         if self.actor.temperature != self.rollout.temperature:
-            raise ConfigError(
+            raise ValueError(
                 f"actor.temperature ({self.actor.temperature}) must equal rollout.temperature "
                 f"({self.rollout.temperature}): the trainer recomputes log-probs of the sampling distribution"
             )
+        if self.rollout.max_concurrent_rollouts < self.rollout.group_size:
+            raise ValueError(
+                f"rollout.max_concurrent_rollouts ({self.rollout.max_concurrent_rollouts}) must be >= "
+                f"rollout.group_size ({self.rollout.group_size}): a group starts all its samples together"
+            )
         return self
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes logs, metrics and its final checkpoint."""
+        return Path(self.logging.run_dir or Path("runs") / self.experiment_name)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _section_at(loc: tuple) -> Any:
+    """The model or dataclass a validation error's location points into (for did-you-mean)."""
+    node: Any = SessionConfig
+    for part in loc:
+        fields = _field_types(node)
+        if part not in fields:
+            break
+        node = fields[part]
+    return node
+
+
+def _field_types(node: Any) -> dict[str, Any]:
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return {name: f.annotation for name, f in node.model_fields.items()}
+    if dataclasses.is_dataclass(node):
+        return {f.name: f.type for f in dataclasses.fields(node) if f.init}
+    return {}
+
+
+_TYPE_WORDS = {
+    "int": "an integer", "float": "a number", "bool": "true/false", "string": "a string",
+    "dict": "a mapping", "list": "a list", "tuple": "a list", "dataclass": "a mapping",
+    "model": "a mapping", "none": "null",
+}
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """One pydantic error as `key: what is wrong`, in the words of the config file."""
+    loc = tuple(p for p in error["loc"] if not str(p).startswith("function-"))
+    # pydantic adds the union member or dataclass name as a location step; drop those
+    loc = tuple(p for p in loc if p not in ("int", "float", "str", "none", "GRPOConfig", "TaskConfig"))
+    key = ".".join(str(p) for p in loc)
+    kind, value = error["type"], error.get("input")
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        names = list(_field_types(_section_at(loc[:-1])))
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+        prefix = ".".join(str(p) for p in loc[:-1])
+        prefix = prefix + "." if prefix else ""
+        hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid keys: {names}"
+        return f"unknown config key {key!r}{hint}"
+    if kind == "literal_error":
+        return f"{key} must be one of {error['ctx']['expected']}, got {value!r}"
+    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+    if kind in bounds:
+        limit = next(iter(error["ctx"].values()))
+        return f"{key} must be {bounds[kind]} {limit}, got {value!r}"
+    if kind == "value_error":  # a lower layer's own check (GRPOConfig) or a combination above
+        message = str(error["ctx"]["error"])
+        return f"{key}: {message}" if key else message
+    if kind == "missing_keyword_only_argument" or kind == "missing":
+        return f"{key}: required"
+    base = kind.split("_")[0]
+    if base in _TYPE_WORDS and kind.endswith(("_type", "_parsing", "_from_float", "_fraction")):
+        return f"{key}: expected {_TYPE_WORDS[base]}, got {value!r}"
+    return f"{key}: {error['msg']}, got {value!r}"
+
+
+def _config_error(exc: ValidationError, where: str = "") -> ConfigError:
+    lines = [_describe(e) for e in exc.errors()]
+    head = f"{where}: " if where else ""
+    return ConfigError(head + "; ".join(lines))
 
 
 # ----------------------------------------------------------------------------- loading
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
-        return from_dict(tp, value, prefix=f"{key}.")
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{key}: expected one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
-    return value
-
-
-def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a plain dict, checking every key and type."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid keys: {names}"
-            raise ConfigError(f"unknown config key {prefix + str(key)!r}{hint}")
-        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from e
-
-
 def to_dict(cfg: Any) -> Any:
     """Plain nested data; objects that are not config data (an agent instance) are kept as they are."""
+    if isinstance(cfg, BaseModel):
+        return {name: to_dict(getattr(cfg, name)) for name in type(cfg).model_fields}
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
     if isinstance(cfg, dict):
@@ -251,7 +228,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     return path, value
 
 
-def apply_overrides(data: dict, overrides: typing.Iterable[str] | dict[str, Any]) -> dict:
+def apply_overrides(data: dict, overrides: Iterable[str] | dict[str, Any]) -> dict:
     """Apply overrides to a nested dict: `"a.b.c=value"` strings (values parsed as YAML
     scalars) or a `{"a.b.c": value}` mapping (values used as they are)."""
     data = to_dict(data)  # copies the containers, keeps objects such as an agent instance
@@ -260,18 +237,19 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str] | dict[str, Any]
         node = data
         parts = path.strip().split(".")
         for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {} if part not in node else node[part]
-                if not isinstance(node[part], dict):
-                    raise ConfigError(f"override {path!r}: {part!r} is not a section")
+            if part not in node:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ConfigError(f"override {path!r}: {part!r} is not a section")
             node = node[part]
         node[parts[-1]] = value
     return data
 
 
 def load_config(source: str | Path | dict | SessionConfig | None = None,
-                overrides: typing.Iterable[str] | dict[str, Any] = ()) -> SessionConfig:
+                overrides: Iterable[str] | dict[str, Any] = ()) -> SessionConfig:
     """A validated SessionConfig from a YAML path, a dict, an existing config, or defaults."""
+    where = ""
     if isinstance(source, SessionConfig):
         data = to_dict(source)
     elif source is None:
@@ -285,12 +263,16 @@ def load_config(source: str | Path | dict | SessionConfig | None = None,
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
+        where = str(path)
     data = apply_overrides(data, overrides) if overrides else data
-    return from_dict(SessionConfig, data).validate()
+    try:
+        return SessionConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, where) from None
 
 
 def dump_config(cfg: SessionConfig, path: str | Path | None = None) -> str:
-    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
     if path is not None:
         Path(path).write_text(text)
     return text

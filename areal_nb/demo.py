@@ -58,14 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(args.config, [*args.overrides, "logging.eval_every=0"])
     t0 = time.perf_counter()
+    turns = int(cfg.agent.workflow_kwargs.get("max_turns", 1))
     with Session(cfg) as session:
         print(f"proxy at {session.proxy_url}; engine version {session.engine.get_version()}")
-        turns = int(cfg.agent.workflow_kwargs.get("max_turns", 1))
-        before, agent_before = session.evaluate(), session.evaluate(turns=turns)
+        # One greedy run of the agent gives both figures: its first reply, and its own turns.
+        first = session.evaluate()
+        before, agent_before = first.accuracy, first.agent_accuracy
         print(f"held-out greedy accuracy before training: {before:.3f} first reply, {agent_before:.3f} within "
-              f"{turns} turns ({len(session.eval_problems)} problems)")
+              f"{turns} turns ({first.n} problems)")
         history = session.run(cfg.total_steps)
-        after, agent_after = session.evaluate(), session.evaluate(turns=turns)
+        last = session.evaluate()
+        after, agent_after = last.accuracy, last.agent_accuracy
         print(f"held-out greedy accuracy after training:  {after:.3f} first reply, {agent_after:.3f} within "
               f"{turns} turns")
         batch = session.last_batch
@@ -86,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         "agent_turns": turns,
         "agent_accuracy_before": agent_before,  # greedy, the agent's loop: solved within agent_turns
         "agent_accuracy_after": agent_after,
-        "eval_problems": cfg.data.eval_size,
+        "eval_problems": first.n,
+        "eval_reward_before": first.reward_mean,  # mean episode return of the greedy agent
+        "eval_reward_after": last.reward_mean,
         "wall_s": wall,
         "config": str(args.config),
         "overrides": args.overrides,

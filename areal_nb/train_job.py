@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,13 +16,16 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.session import Session
 
     cfg = load_config(args.config, args.overrides)
-    run_dir = Path(cfg.logging.run_dir)
+    run_dir = cfg.run_dir  # logging.run_dir, or runs/<experiment_name>
     run_dir.mkdir(parents=True, exist_ok=True)
     with Session(cfg) as session:
         history = session.run(cfg.total_steps)
-        accuracy = session.evaluate()
+        result = session.evaluate()
         session.save(run_dir / "final")
     history.to_csv(run_dir / "history.csv", index=False)
-    (run_dir / "final_eval.json").write_text(json.dumps({"eval_accuracy": accuracy}))
-    print(f"done: {len(history)} steps, held-out accuracy {accuracy:.3f}; wrote {run_dir}")
+    figures = {"experiment_name": cfg.experiment_name, "n": result.n, "rejected": result.rejected,
+               **result.as_dict()}
+    (run_dir / "final_eval.json").write_text(json.dumps(figures, indent=2))
+    print(f"done: {cfg.experiment_name}, {len(history)} steps; held-out greedy reward {result.reward_mean:.3f}, "
+          f"accuracy {result.accuracy:.3f} (first reply), {result.agent_accuracy:.3f} (agent's turns); wrote {run_dir}")
     return 0

@@ -35,10 +35,17 @@ def train_and_evaluate(cfg, steps: int, turns: int = 2) -> dict:
     """One run; the only code that touches the Session API (adapt here when it changes)."""
     from areal_nb.session import Session
 
+    # evaluate() runs the configured agent greedily: "within k turns" is within its own max_turns
+    agent_turns = int(cfg.agent.workflow_kwargs.get("max_turns", 1))
+    if agent_turns != turns:
+        raise ValueError(f"--turns {turns} differs from the agent's max_turns {agent_turns} "
+                         f"(set agent.workflow_kwargs.max_turns={turns})")
     with Session(cfg) as session:
-        before = {"first_reply": float(session.evaluate()), "within_turns": float(session.evaluate(turns=turns))}
+        first = session.evaluate()
         history = session.run(steps)
-        after = {"first_reply": float(session.evaluate()), "within_turns": float(session.evaluate(turns=turns))}
+        last = session.evaluate()
+    before = {"first_reply": first.accuracy, "within_turns": first.agent_accuracy}
+    after = {"first_reply": last.accuracy, "within_turns": last.agent_accuracy}
     return {"before": before, "after": after, "reward_per_step": [float(r) for r in history["reward_mean"]]}
 
 

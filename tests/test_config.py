@@ -26,7 +26,7 @@ def test_mapping_overrides_keep_python_objects():
     ("rollout.group_size=0", "rollout.group_size must be >= 1"),
     ("agent.mode=remote", "agent.mode must be one of"),
     ("rollout.temperature=0.5", "actor.temperature .* must equal rollout.temperature"),
-    ("agent.chat_template_type=hf", "export_style='concat' needs"),
+    ("agent.chat_template_type=hf", "Cannot export interactions in 'concat' style"),
     ("actor", "not of the form key=value"),
 ])
 def test_invalid_configs_name_the_key(override, message):
@@ -47,3 +47,34 @@ def test_gpu_variant_loads():
     cfg = load_config("configs/multi_turn_math_qwen1.5b.yaml")
     assert cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and cfg.rollout.group_size == 4
     assert cfg.actor.use_decoupled_loss and cfg.rollout.max_head_offpolicyness == 2
+
+
+def test_experiment_name_names_the_default_run_dir():
+    cfg = load_config("configs/multi_turn_math.yaml", ["experiment_name=exp-7"])
+    assert str(cfg.run_dir) == "runs/exp-7"
+    assert str(load_config(None, ["logging.run_dir=/tmp/elsewhere"]).run_dir) == "/tmp/elsewhere"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("logging.backend=mlflow", "logging.backend must be one of 'none', 'tensorboard' or 'wandb', got 'mlflow'"),
+    ("rollout.batch_size=abc", "rollout.batch_size: expected an integer, got 'abc'"),
+    ("rollout.batch_size=2.5", "rollout.batch_size: expected an integer, got 2.5"),
+    ("actor.lr=abc", "actor.lr: expected a number, got 'abc'"),
+    ("agent.discount_mode=flat", "agent.discount_mode must be one of 'tree' or 'linear'"),
+    ("actor.kl_estimator=k9", "actor: GRPOConfig: kl_estimator must be"),
+    ("data.task.max_operandd=3", "unknown config key 'data.task.max_operandd'; did you mean 'data.task.max_operand'"),
+    ("agent.subproc_max_workers=0", "agent.subproc_max_workers must be >= 1, got 0"),
+    ("rollout.max_concurrent_rollouts=2", r"max_concurrent_rollouts \(2\) must be >= rollout.group_size \(8\)"),
+])
+def test_errors_name_the_key_and_the_value(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/multi_turn_math.yaml", [override])
+
+
+def test_values_are_checked_on_assignment_too():
+    from pydantic import ValidationError
+
+    cfg = load_config(None)
+    cfg.rollout.batch_size = 4
+    with pytest.raises(ValidationError, match="batch_size"):
+        cfg.rollout.batch_size = "four"

@@ -4,6 +4,9 @@ Seed 003's `MultiturnRLVRWorkflow`: one `ArealOpenAI` client per episode bound t
 answer → math-verify reward → on a wrong answer the fixed correction prompt and one more try,
 per-turn rewards, `apply_reward_discount(0.9)` and export. New code should prefer the proxy
 agent in `math_agent.py`, which needs no areal_nb imports at all.
+
+`tokenizer` may be a name or path ("tiny-math", a Hugging Face id), so a config can say
+`workflow_kwargs: {tokenizer: tiny-math, ...}`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
         check_export_style(export_style)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if isinstance(tokenizer, str):
+            from areal_nb.models import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.export_style = export_style

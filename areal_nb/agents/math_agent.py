@@ -2,7 +2,9 @@
 
 Plain OpenAI SDK code: nothing here knows about tokens, log-probs or the trainer. Each turn's
 completion gets its own reward (1.0 correct, 0.0 wrong); the episode stops at the first
-correct answer or after `max_turns`.
+correct answer or after `max_turns`. Sampling (temperature, token budget) is left to the server
+unless given here: behind a Session's proxy that is the config's `rollout.temperature`,
+`rollout.top_p` and `rollout.max_new_tokens`, and greedy during `evaluate()`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ class MultiTurnMathAgent:
         self,
         max_turns: int = 2,
         model: str = "default",
-        temperature: float = 1.0,
-        max_completion_tokens: int = 64,
+        temperature: float | None = None,  # None: the server's default
+        max_completion_tokens: int | None = None,
         reward_timeout: float = 15.0,
     ) -> None:
         if max_turns < 1:
@@ -52,15 +54,12 @@ class MultiTurnMathAgent:
             http_client=extra_kwargs.get("http_client"),
             max_retries=0,
         )
+        sampling = {k: v for k, v in (("temperature", self.temperature),
+                                      ("max_completion_tokens", self.max_completion_tokens)) if v is not None}
         messages = list(data["messages"])
         rewards: dict[str, float] = {}
         for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(
-                model=self.model,
-                messages=messages,
-                temperature=self.temperature,
-                max_completion_tokens=self.max_completion_tokens,
-            )
+            completion = await client.chat.completions.create(model=self.model, messages=messages, **sampling)
             message = completion.choices[0].message
             reward = await self._reward_fn()(message.content or "", data["answer"])
             rewards[completion.id] = reward

@@ -1,6 +1,6 @@
 """Task data: generated GSM8K-format arithmetic problems, real GSM8K, math-verify scoring."""
 
-from .gsm8k import load_gsm8k
+from .gsm8k import load_gsm8k, load_gsm8k_split
 from .problems import (
     CORRECTION_PROMPT,
     TaskConfig,
@@ -17,6 +17,7 @@ __all__ = [
     "TaskConfig",
     "generate_problems",
     "load_gsm8k",
+    "load_gsm8k_split",
     "make_problem",
     "reference_reply",
     "reply_for",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .problems import make_problem
+from .problems import make_problem, split_of
 
 HUB_NAMES = ("openai/gsm8k", "gsm8k")
 
@@ -29,6 +29,25 @@ def load_gsm8k(path_or_name: str, split: str = "train") -> list[dict]:
         f"{path_or_name!r} is neither a local JSONL file, a folder with {split}.jsonl, "
         f"nor one of the hub names {HUB_NAMES}"
     )
+
+
+def load_gsm8k_split(source: str, split: str) -> list[dict]:
+    """The `split` ("train" or "test") of a GSM8K source, never overlapping the other.
+
+    A folder (`train.jsonl`/`test.jsonl`) or the hub name: that split. A file whose name holds
+    "train" next to the same name with "test" (`gsm8k_train.jsonl`, `gsm8k_test.jsonl`): the file
+    for training, its sibling for testing. Any other single file is split by question
+    (`split_of`, 10 % test), so evaluation never scores a question the policy trained on.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    path = Path(source).expanduser()
+    if not path.is_file():
+        return load_gsm8k(source, split)
+    sibling = path.with_name(path.name.replace("train", "test"))
+    if "train" in path.name and sibling.is_file():
+        return _load_jsonl(path if split == "train" else sibling)
+    return [p for p in _load_jsonl(path) if split_of(p["question"]) == split]
 
 
 def _load_jsonl(path: Path) -> list[dict]:

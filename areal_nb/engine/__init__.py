@@ -3,6 +3,8 @@
 A scripted engine for tests lives in `areal_nb.testing`.
 """
 
+from .factory import ENGINE_TYPES, create_engine
+
 
 def __getattr__(name: str):
     # LocalEngine pulls in torch and transformers; import it only when asked for.
@@ -13,4 +15,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
 
 
-__all__ = ["EngineClosedError", "EngineStats", "LocalEngine"]
+__all__ = ["ENGINE_TYPES", "EngineClosedError", "EngineStats", "LocalEngine", "create_engine"]

@@ -130,7 +130,7 @@ class ArealOpenAI(openai.AsyncOpenAI):
         reasoning_parser: str = "qwen3",
         engine_max_tokens: int | None = None,
         chat_template_type: ChatTemplateType = "hf",
-        default_max_new_tokens: int = 512,
+        default_max_new_tokens: int | None = None,
         cache: InteractionCache | None = None,
         **kwargs: Any,
     ) -> None:

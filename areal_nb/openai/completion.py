@@ -49,7 +49,12 @@ class CompletionSettings:
     engine_max_tokens: int | None = None  # cap on prompt + output tokens
     tool_call_parser: str = "qwen"
     reasoning_parser: str = "qwen3"
-    default_max_new_tokens: int = 512
+    # Used when a request leaves them out, so a server can set its agents' sampling (the Session
+    # serves its rollout.temperature / top_p / max_new_tokens). default_max_new_tokens=None:
+    # 512 with a warning, since nobody chose the budget.
+    default_temperature: float = 1.0
+    default_top_p: float = 1.0
+    default_max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
@@ -60,7 +65,17 @@ class CompletionSettings:
             raise ValueError(f"reasoning_parser must be one of {SUPPORTED_REASONING_PARSERS}, got {self.reasoning_parser!r}")
         if self.engine_max_tokens is not None:
             _check_positive_int("engine_max_tokens", self.engine_max_tokens, ValueError)
-        _check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
+        if self.default_max_new_tokens is not None:
+            _check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
+        if not self.default_temperature >= 0:
+            raise ValueError(f"default_temperature must be >= 0, got {self.default_temperature}")
+        if not 0 < self.default_top_p <= 1:
+            raise ValueError(f"default_top_p must be in (0, 1], got {self.default_top_p}")
+
+    def fill_sampling(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
+        """The request's temperature and top_p, or these settings' defaults where it has none."""
+        return (self.default_temperature if temperature is None else temperature,
+                self.default_top_p if top_p is None else top_p)
 
 
 def _check_positive_int(name: str, value: Any, error: type[Exception] = CompletionRequestError) -> int:
@@ -84,7 +99,7 @@ def resolve_token_budget(
     max_completion_tokens: int | None = None,
     max_total_tokens: int | None = None,
     engine_max_tokens: int | None = None,
-    default_max_new_tokens: int = 512,
+    default_max_new_tokens: int | None = None,
 ) -> TokenBudget:
     """The token budget rules of the semantics digest §3.1."""
     if max_tokens is not None and max_completion_tokens is not None:
@@ -92,6 +107,8 @@ def resolve_token_budget(
             "max_tokens and max_completion_tokens cannot be set at the same time. "
             "max_tokens has been deprecated; use max_completion_tokens instead."
         )
+    if max_tokens is None and max_completion_tokens is None and default_max_new_tokens is not None:
+        max_completion_tokens = default_max_new_tokens  # the server's choice stands in for the request's
     if max_tokens is not None:
         max_completion_tokens = _check_positive_int("max_tokens", max_tokens)
     elif max_completion_tokens is not None:
@@ -110,11 +127,11 @@ def resolve_token_budget(
     if max_completion_tokens is not None:
         max_new = max_completion_tokens if max_new is None else min(max_new, max_completion_tokens)
     if max_new is None:
+        max_new = 512
         warnings.warn(
-            f"no max_tokens, max_completion_tokens or max_total_tokens given; generating at most {default_max_new_tokens} tokens",
+            f"no max_tokens, max_completion_tokens or max_total_tokens given; generating at most {max_new} tokens",
             stacklevel=3,
         )
-        max_new = default_max_new_tokens
     return TokenBudget(max_new_tokens=max_new, max_total_tokens=prompt_len + max_new if total is None else total)
 
 
@@ -222,7 +239,9 @@ async def generate_for_messages(
     budget = resolve_token_budget(
         len(prompt), engine_max_tokens=settings.engine_max_tokens, default_max_new_tokens=settings.default_max_new_tokens, **budget_kwargs
     )
-    gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling_kwargs)
+    sampling = dict(sampling_kwargs)
+    sampling["temperature"], sampling["top_p"] = settings.fill_sampling(sampling.get("temperature"), sampling.get("top_p"))
+    gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
     if metadata is not None and not isinstance(metadata, dict):
         raise CompletionRequestError(f"metadata must be a dict, got {type(metadata).__name__}")
     interaction = InteractionWithTokenLogpReward(

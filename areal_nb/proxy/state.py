@@ -194,6 +194,11 @@ class ProxyState:
         session._finished.set()  # wake exports waiting on it
         return True
 
+    def live_caches(self) -> dict[str, Any]:
+        """The InteractionCache of every session not yet exported or expired, by session id."""
+        with self._lock:
+            return {session_id: session.cache for session_id, session in self.sessions.items()}
+
     def sweep(self) -> int:
         with self._lock:
             return self._sweep_locked(force=True)

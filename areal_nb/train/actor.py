@@ -25,7 +25,7 @@ from torch import Tensor
 
 from areal_nb.api import CreditMode, InferenceEngine
 
-from .advantages import compute_advantages
+from .advantages import compute_advantages, kl_estimate
 from .config import GRPOConfig
 from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
 from .loss import ppo_actor_loss
@@ -112,6 +112,11 @@ class Actor:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
             adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention)
         adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
+        kl_stats = {}
+        if "ref_logprobs" in adv_inputs and bool(mask.any()):
+            # the KL estimate the penalty used, per generated token, before the kl_ctl factor
+            kl = kl_estimate(old_logprobs, adv_inputs["ref_logprobs"], cfg.kl_estimator)
+            kl_stats["kl_ref"] = float(kl[mask].mean())
         advantages = adv["advantages"]
 
         loss_stats: list[dict[str, float]] = []
@@ -157,6 +162,7 @@ class Actor:
             **_reward_and_advantage_stats(batch["rewards"], adv["scores"], advantages, mask),
             **_aggregate(loss_stats),
             **self._staleness(batch.get("versions"), mask),
+            **kl_stats,
             "n_tokens": float(mask.sum()),
             "n_rows": float(n_rows),
             "train_seconds": elapsed,

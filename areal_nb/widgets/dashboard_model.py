@@ -9,10 +9,12 @@ from typing import Any
 # (history column, label); columns missing from a session's history are skipped.
 METRICS: tuple[tuple[str, str], ...] = (
     ("reward_mean", "reward"),
-    ("eval_accuracy", "held-out accuracy"),
+    ("eval_accuracy", "held-out accuracy"),  # evaluate(): first reply rewarded
+    ("eval_reward", "held-out reward"),  # evaluate(): mean episode return of the greedy agent
     ("loss", "loss"),
     ("clip_frac", "clip fraction"),
     ("approx_kl", "approx KL"),
+    ("kl_ref", "KL to reference"),  # only with actor.kl_ctl > 0
     ("entropy", "entropy"),
     ("staleness_mean", "staleness"),
     ("rollout_tokens_per_s", "rollout tokens/s"),

@@ -66,3 +66,31 @@ def test_hub_without_datasets_or_network_is_a_clear_error():
     else:  # installed but offline in tests (HF_HUB_OFFLINE=1)
         with pytest.raises(RuntimeError, match="could not load openai/gsm8k"):
             load_gsm8k("openai/gsm8k")
+
+
+def test_splits_of_a_source_never_overlap(tmp_path):
+    from areal_nb.data import generate_problems, load_gsm8k_split, split_of
+
+    # generated problems already respect split_of: 180 training questions, then 20 held-out ones
+    problems = generate_problems(180, seed=3) + generate_problems(20, split="test")
+    rows = [{"question": p["question"], "answer": p["answer"]} for p in problems]
+    # a folder: its train.jsonl and test.jsonl
+    (tmp_path / "dir").mkdir()
+    _write(tmp_path / "dir" / "train.jsonl", rows[:150])
+    _write(tmp_path / "dir" / "test.jsonl", rows[150:])
+    assert [p["question"] for p in load_gsm8k_split(str(tmp_path / "dir"), "test")] == \
+        [r["question"] for r in rows[150:]]
+    # a *train* file next to its *test* sibling: the file trains, the sibling tests
+    _write(tmp_path / "gsm8k_train.jsonl", rows[:150])
+    _write(tmp_path / "gsm8k_test.jsonl", rows[150:160])
+    assert len(load_gsm8k_split(str(tmp_path / "gsm8k_train.jsonl"), "train")) == 150
+    assert len(load_gsm8k_split(str(tmp_path / "gsm8k_train.jsonl"), "test")) == 10
+    # any other single file: split by question, so no held-out question is ever trained on
+    _write(tmp_path / "all.jsonl", rows)
+    train = load_gsm8k_split(str(tmp_path / "all.jsonl"), "train")
+    test = load_gsm8k_split(str(tmp_path / "all.jsonl"), "test")
+    assert [p["question"] for p in test] == [r["question"] for r in rows[180:]]
+    assert all(split_of(p["question"]) == "train" for p in train)
+    assert len(train) + len(test) == 200 and test and not {p["question"] for p in train} & {p["question"] for p in test}
+    with pytest.raises(ValueError, match="split"):
+        load_gsm8k_split(str(tmp_path / "all.jsonl"), "validation")

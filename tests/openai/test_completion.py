@@ -181,6 +181,30 @@ def test_function_is_usable_without_a_client(tiny_tokenizer):
         CompletionSettings(chat_template_type="chatml")
 
 
+def test_settings_supply_sampling_a_request_leaves_out(tiny_tokenizer):
+    """A server's defaults (the Session's rollout.temperature/top_p/max_new_tokens) fill the gaps;
+    what the request says wins; no default chosen keeps the 512-token budget with a warning."""
+    engine = ScriptedEngine(tiny_tokenizer, "x " * 40)
+    settings = CompletionSettings(default_temperature=0.7, default_top_p=0.9, default_max_new_tokens=16,
+                                  engine_max_tokens=1000)  # a context limit does not replace the default
+
+    def generate(**kw):
+        run(create_chat_completion(engine=engine, tokenizer=tiny_tokenizer, settings=settings, cache=None,
+                                   messages=Q, **kw))
+        return engine.requests[-1].gconfig
+
+    g = generate()
+    assert (g.temperature, g.top_p, g.max_new_tokens, g.greedy) == (0.7, 0.9, 16, False)
+    g = generate(temperature=0.0, top_p=0.5, max_completion_tokens=3)
+    assert (g.temperature, g.top_p, g.max_new_tokens, g.greedy) == (0.0, 0.5, 3, True)
+    settings = CompletionSettings()
+    with pytest.warns(UserWarning, match="generating at most 512"):
+        g = generate()
+    assert (g.temperature, g.top_p, g.max_new_tokens) == (1.0, 1.0, 512)
+    with pytest.raises(ValueError, match="default_top_p"):
+        CompletionSettings(default_top_p=0.0)
+
+
 # ----- streaming --------------------------------------------------------------------------------
 def test_stream_chunks(tiny_tokenizer):
     text = 'Calling.\n<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'

@@ -129,6 +129,14 @@ def test_kl_to_reference_model(tiny_qwen2):
     stats = Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1), ref_model=ref).train_step(batch, [0, 0, 0, 0])
     # identical weights: KL 0, advantages are the plain group scores
     assert stats["adv_max"] == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-5), rel=1e-5)
+    assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    # another reference: kl_ref is the k1 estimate log pi - log pi_ref, averaged over generated tokens
+    other = make_tiny_qwen2(seed=1)
+    policy = make_tiny_qwen2()
+    expected = torch.cat(generated_logprobs(policy, batch)) - torch.cat(generated_logprobs(other, batch))
+    stats = Actor(policy, GRPOConfig(kl_ctl=0.1), ref_model=other).train_step(batch, [0, 0, 0, 0])
+    assert stats["kl_ref"] == pytest.approx(float(expected.clamp(-10, 10).mean()), rel=1e-5)
+    assert "kl_ref" not in Actor(make_tiny_qwen2(), GRPOConfig()).train_step(batch, [0, 0, 0, 0])
 
 
 class RecordingEngine:

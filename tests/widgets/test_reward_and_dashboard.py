@@ -100,4 +100,4 @@ def test_dashboard_series_skip_unmeasured_points():
     html = dashboard_html(list(series.values()), 2)
     assert 'data-metric="reward_mean" data-points="2"' in html
     assert 'data-metric="eval_accuracy" data-points="1"' in html and html.count('class="anb-pt"') == 5
-    assert len(history_series(pd.DataFrame())) == 9  # empty history: every metric, no points
+    assert len(history_series(pd.DataFrame())) == 11  # empty history: every metric, no points

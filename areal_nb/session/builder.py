@@ -1,0 +1,152 @@
+"""Build a Session's components from its config: model, engine, actor, proxy, workflows.
+
+Read top to bottom, this is what `Session.start()` does. Each function takes the config (and
+what earlier steps built) and returns one component; nothing here keeps state.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.config import SessionConfig
+
+from .evaluation import EVAL_PREFIX, GreedyEngine
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def build_policy(cfg: SessionConfig) -> tuple[Any, torch.nn.Module]:
+    """The tokenizer and the trainable policy, on the configured device and dtype."""
+    from areal_nb.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.path)
+    policy = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg))
+    return tokenizer, policy
+
+
+def policy_device(cfg: SessionConfig) -> str:
+    return cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any) -> InferenceEngine:
+    from areal_nb.engine import create_engine
+
+    return create_engine(cfg.engine, policy, tokenizer, model_path=cfg.model.path, device=policy_device(cfg),
+                         dtype=getattr(torch, cfg.model.dtype))
+
+
+def build_actor(cfg: SessionConfig, policy: torch.nn.Module):
+    """The GRPO actor; with `actor.kl_ctl > 0` also a reference model, a frozen copy of the
+    initial policy (the KL penalty pulls towards where training started)."""
+    from areal_nb.train import Actor
+
+    actor_cfg = cfg.actor
+    if actor_cfg.lr_schedule != "constant" and actor_cfg.lr_decay_steps is None:
+        actor_cfg = dataclasses.replace(actor_cfg, lr_decay_steps=cfg.total_steps)  # the run's length
+    ref_model = None
+    if actor_cfg.kl_ctl > 0:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    return Actor(policy, actor_cfg, ref_model=ref_model, version=0)
+
+
+@dataclass
+class Proxy:
+    app: Any  # the FastAPI app; its greedy evaluation twin is mounted at EVAL_PREFIX
+    server: Any  # areal_nb.proxy.ProxyServer, started
+    admin_key: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def eval_url(self) -> str:
+        return self.server.url + EVAL_PREFIX
+
+    def live_caches(self) -> dict[str, Any]:
+        return self.app.state.proxy.live_caches()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> Proxy:
+    """The proxy agents talk to, started on `agent.host:agent.port`.
+
+    Agents that leave sampling out of their requests get `rollout.temperature`, `top_p` and
+    `max_new_tokens`. The app mounted at `/eval` serves the same engine greedily (evaluation).
+    """
+    from areal_nb.openai import CompletionSettings
+    from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+
+    admin_key = cfg.agent.admin_api_key or secrets.token_urlsafe(24)
+    completion = CompletionSettings(
+        chat_template_type=cfg.agent.chat_template_type,
+        engine_max_tokens=getattr(engine, "max_context", None),
+        default_temperature=cfg.rollout.temperature,
+        default_top_p=cfg.rollout.top_p,
+        default_max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+
+    def settings() -> ProxySettings:
+        return ProxySettings(admin_api_key=admin_key, session_timeout=cfg.agent.session_timeout, completion=completion)
+
+    app = create_app(engine, tokenizer, settings())
+    app.mount(EVAL_PREFIX, create_app(GreedyEngine(engine), tokenizer, settings()))
+    server = ProxyServer(app, host=cfg.agent.host, port=cfg.agent.port)
+    server.start()
+    return Proxy(app=app, server=server, admin_key=admin_key)
+
+
+def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
+    """`agent.workflow` resolved with exactly `agent.workflow_kwargs` (nothing injected).
+
+    Agents are wrapped to run through the proxy; each episode they receive the documented
+    per-episode arguments (`base_url`, `api_key`, `http_client`, or the env vars in subproc mode).
+    """
+    from areal_nb.rollout.resolve import resolve_workflow
+
+    return resolve_workflow(cfg.agent.workflow, dict(cfg.agent.workflow_kwargs), group_size=1,
+                            proxy_addr=proxy.url, admin_api_key=proxy.admin_key, **_proxy_workflow_kwargs(cfg))
+
+
+def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkflow) -> RolloutWorkflow:
+    """The same agent, talking to the greedy `/eval` proxy; a direct RolloutWorkflow is reused
+    as it is (it gets the greedy engine view from the evaluation executor)."""
+    from areal_nb.proxy import OpenAIProxyWorkflow
+
+    if not isinstance(workflow, OpenAIProxyWorkflow):
+        return workflow
+    return OpenAIProxyWorkflow(agent=workflow.agent, proxy_addr=proxy.eval_url, admin_api_key=proxy.admin_key,
+                               **_proxy_workflow_kwargs(cfg))
+
+
+def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
+    # Every call is kept (individual export); the RolloutBatch applies the configured style later.
+    return {"mode": cfg.agent.mode, "discount": cfg.agent.turn_discount, "export_style": "individual",
+            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers}
+
+
+def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: InferenceEngine):
+    from areal_nb.rollout.executor import RolloutExecutor
+
+    return RolloutExecutor(workflow, engine, group_size=cfg.rollout.group_size, batch_size=cfg.rollout.batch_size,
+                           max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
+                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=cfg.agent.agent_timeout)

@@ -1,0 +1,78 @@
+"""Session checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint folder holds `model/` (weights + tokenizer, loadable by transformers),
+`config.yaml` (the run's config, with `model.path` pointing at `model/`), `state.pt` (optimizer,
+step, version, RNG states, data position) and `history.json` (the stats rows so far).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from areal_nb.config import ConfigError, dump_config
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+def save_checkpoint(session: Session, path: str | Path) -> Path:
+    path = Path(path)
+    cfg = copy.deepcopy(session.config)
+    if not isinstance(cfg.agent.workflow, str):
+        raise ConfigError("save() needs agent.workflow as an import string so the run can be restored")
+    path.mkdir(parents=True, exist_ok=True)
+    session.actor.model.save_pretrained(path / "model")
+    session.tokenizer.save_pretrained(path / "model")
+    cfg.model.path = str((path / "model").resolve())
+    dump_config(cfg, path / "config.yaml")
+    engine = session.engine
+    state = {
+        "step_count": session.step_count,
+        "version": session.version,
+        "actor": session.actor.state_dict(),
+        "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
+        "data_pos": session.data.pos,
+        # the KL reference is the run's *initial* policy, not the saved weights it restarts from
+        "ref_model": session.actor.ref_model.state_dict() if session.actor.ref_model is not None else None,
+    }
+    torch.save(state, path / "state.pt")
+    (path / "history.json").write_text(json.dumps(session._history, default=float))
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The saved state (with its history); the config is loaded separately from config.yaml."""
+    path = Path(path)
+    if not (path / "state.pt").exists():
+        raise FileNotFoundError(f"{path} is not a Session checkpoint (no state.pt)")
+    state = torch.load(path / "state.pt", weights_only=False)
+    state["history"] = json.loads((path / "history.json").read_text())
+    return state
+
+
+def restore(session: Session, state: dict[str, Any]) -> None:
+    """Put a started Session where the checkpoint's run was: weights, optimizer, RNGs, data."""
+    from .data import DataStream
+
+    session.step_count = state["step_count"]
+    session.version = state["version"]
+    actor, engine = session.actor, session.engine
+    actor.load_state_dict(state["actor"])
+    if actor.ref_model is not None and state.get("ref_model") is not None:
+        actor.ref_model.load_state_dict(state["ref_model"])
+    actor.version = session.version
+    actor.push_weights(engine, session.version)
+    engine.set_version(session.version)
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state.get("engine_rng") is not None and hasattr(engine, "set_rng_state"):
+        engine.set_rng_state(state["engine_rng"])
+    session.data = DataStream(session.config.data, pos=state["data_pos"])
+    session._history = list(state.get("history", []))

@@ -1,0 +1,127 @@
+"""`evaluate()`: the configured agent, decoding greedily, on held-out problems.
+
+Evaluation runs the *same* workflow as training (no copy of the agent's loop), through the same
+engine, with one difference: every generation is greedy. Agents behind the proxy reach the
+engine through a second proxy app mounted at `/eval` that serves a `GreedyEngine` view of it;
+direct `RolloutWorkflow`s get the view as their engine. Evaluation episodes run on their own
+executor: they are never training data, and the policy version does not move.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, RolloutWorkflow
+from areal_nb.rollout.batch import RolloutBatch
+from areal_nb.rollout.executor import RolloutExecutor
+
+EVAL_PREFIX = "/eval"  # where the greedy proxy app is mounted on the Session's proxy
+EVAL_COLUMNS = ("eval_reward", "eval_accuracy", "eval_agent_accuracy")  # history columns, see as_dict
+
+
+class GreedyEngine:
+    """A read-only view of an engine that decodes every request greedily.
+
+    Sampling settings of the request are overridden; budgets, stops and the engine's weights and
+    version are the engine's own. Weight updates and closing go to the engine itself, not here.
+    """
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self.engine = engine
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        greedy = ModelRequest(input_ids=req.input_ids, gconfig=req.gconfig.new(greedy=True), rid=req.rid,
+                              metadata=req.metadata, tokenizer=req.tokenizer)
+        return await self.engine.agenerate(greedy)
+
+    def get_version(self) -> int:
+        return self.engine.get_version()
+
+    @property
+    def max_context(self) -> int | None:
+        return getattr(self.engine, "max_context", None)
+
+    def set_version(self, version: int) -> None:
+        raise RuntimeError("GreedyEngine is an evaluation view; set the version on the engine itself")
+
+    def update_weights(self, weights: Any, version: int | None = None) -> None:
+        raise RuntimeError("GreedyEngine is an evaluation view; update the weights of the engine itself")
+
+    def pause(self) -> None:
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def close(self) -> None:
+        """Nothing to release: the view owns nothing."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Greedy episodes of the configured agent on `n` held-out problems.
+
+    `reward_mean` is the mean episode return (sum of the rewards the agent set, before discount)
+    over accepted episodes, the same quantity as the training `reward_mean`. The two accuracies
+    count every problem (a rejected episode solved nothing): `accuracy`, the first call of the
+    episode was rewarded (> 0) — for the math agent, first-reply accuracy; `agent_accuracy`, some
+    call was rewarded — success within the agent's own turns.
+    """
+
+    reward_mean: float
+    accuracy: float
+    agent_accuracy: float
+    n: int
+    rejected: int
+    version: int
+    batch: RolloutBatch = field(repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures as `session.history` columns."""
+        return dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
+
+
+async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,
+                              max_concurrent: int, episode_timeout: float | None) -> list:
+    """One greedy episode per problem, on an executor of their own (no staleness accounting)."""
+    executor = RolloutExecutor(workflow, GreedyEngine(engine), group_size=1, batch_size=len(problems),
+                               max_head_offpolicyness=0, max_concurrent=max_concurrent,
+                               episode_timeout=episode_timeout)
+    for problem in problems:
+        executor.submit(problem)  # explicit: started as concurrency allows, at the current version
+    try:
+        groups = await executor.wait_groups(len(problems))
+    except BaseException:
+        await executor.cancel_all()
+        raise
+    return [ep for group in groups for ep in group]
+
+
+def summarize(batch: RolloutBatch) -> EvalResult:
+    n = len(batch.episodes)
+    returns, first_ok, any_ok = [], 0, 0
+    for i, ep in enumerate(batch.episodes):
+        if not ep.accepted:
+            continue
+        calls = batch.calls(i)  # in the order they were made
+        rewards = [_raw_reward(c) for c in calls]
+        returns.append(batch.episode_return(i))
+        first_ok += bool(rewards) and rewards[0] > 0
+        any_ok += any(r > 0 for r in rewards)
+    return EvalResult(
+        reward_mean=sum(returns) / len(returns) if returns else math.nan,
+        accuracy=first_ok / n if n else math.nan,
+        agent_accuracy=any_ok / n if n else math.nan,
+        n=n,
+        rejected=len(batch.rejected),
+        version=batch.version,
+        batch=batch,
+    )
+
+
+def _raw_reward(call: Any) -> float:
+    raw = getattr(call, "raw_reward", None)
+    value = raw if raw is not None else call.reward
+    return float(value or 0.0)

@@ -1,0 +1,377 @@
+"""The Session: engine, proxy, rollouts and GRPO training inside one notebook kernel.
+
+This module is the user-facing API only; the parts live beside it, named for what they do:
+`builder.py` makes the components from the config, `runtime.py` runs the background event loop
+(and Ctrl-C), `data.py` streams the task data, `evaluation.py` runs greedy evaluation
+episodes, `checkpoint.py` saves and restores runs, `metrics.py` sends stats to TensorBoard/wandb.
+
+Threads (DESIGN.md §3): the engine decodes in its own worker thread; the proxy server runs
+uvicorn in its own thread; one background thread runs the Session's asyncio loop, where the
+rollout executor and the agents' HTTP clients live. Notebook methods are sync facades over
+that loop (`rollout`, `train_step`, `run`, ...), with `a`-prefixed async twins for `await`.
+Training runs in the calling thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
+from areal_nb.config import SessionConfig, load_config, to_dict
+from areal_nb.rollout.batch import RolloutBatch
+
+from . import builder
+from .checkpoint import read_checkpoint, restore, save_checkpoint
+from .data import DataStream, held_out_problems
+from .evaluation import EVAL_COLUMNS, EvalResult, run_greedy_episodes, summarize
+from .metrics import create_metrics_sink
+from .runtime import LoopRuntime
+
+logger = logging.getLogger(__name__)
+
+_LIVE_SESSIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _flatten_overrides(overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`rollout={"batch_size": 4}` or `rollout__batch_size=4` → {"rollout.batch_size": 4}.
+
+    Values stay Python objects, so an agent instance or class can be passed as
+    `agent__workflow=MyAgent()`. A dict value for `workflow_kwargs` is kept whole.
+    """
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        path = prefix + key.replace("__", ".")
+        if isinstance(value, dict) and value and not path.endswith("workflow_kwargs"):
+            out.update(_flatten_overrides(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+class Session:
+    """`Session(config | yaml_path | None, **overrides)`; see the README for a tour.
+
+    Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
+    (`rollout={"batch_size": 4}`).
+    """
+
+    def __init__(self, config: SessionConfig | str | Path | dict | None = None, *, start: bool = True,
+                 **overrides: Any) -> None:
+        self.config: SessionConfig = load_config(config, _flatten_overrides(overrides))
+        self.step_count = 0
+        self.version = 0
+        self.last_batch: RolloutBatch | None = None
+        self._history: list[dict[str, Any]] = []
+        self._callbacks: list[Callable[[dict[str, Any]], None]] = []
+        self._started = False
+        self._closed = False
+        self._resume_state: dict[str, Any] | None = None
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Session:
+        """Build the model, engine, actor and proxy, and start the background loop."""
+        if self._started:
+            return self
+        if self._closed:
+            raise RuntimeError("this Session is closed; create a new one")
+        cfg = self.config
+        try:
+            builder.seed_everything(cfg.seed)
+            self.tokenizer, policy = builder.build_policy(cfg)
+            self.engine = builder.build_engine(cfg, policy, self.tokenizer)
+            self.actor = builder.build_actor(cfg, policy)
+            self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
+            self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
+            self.workflow = builder.build_workflow(cfg, self._proxy)
+            self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
+            self.executor = self._runtime.call(self._make_executor())
+            self.eval_problems = held_out_problems(cfg.data)
+            self.data = DataStream(cfg.data)
+            self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
+                                                project=cfg.experiment_name, config=_plain(self.config))
+        except BaseException:
+            self._shutdown()  # what was built so far: no thread or port outlives a failed start
+            self._closed = True
+            raise
+        self._started = True
+        _LIVE_SESSIONS.add(self)
+        if self._resume_state is not None:
+            restore(self, self._resume_state)
+            self._resume_state = None
+        return self
+
+    def close(self) -> None:
+        """Stop rollouts, the proxy, the engine and the loop thread. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            self._shutdown()
+        _LIVE_SESSIONS.discard(self)
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def proxy_url(self) -> str:
+        """Agents point `base_url` here (+ "/v1")."""
+        return self._proxy.url
+
+    @property
+    def admin_key(self) -> str:
+        return self._proxy.admin_key
+
+    @property
+    def app(self):
+        """The proxy's FastAPI app."""
+        return self._proxy.app
+
+    def proxy_caches(self) -> dict[str, Any]:
+        """The live InteractionCache of every session currently open in the proxy (training only)."""
+        return self._proxy.live_caches()
+
+    def add_step_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        """`fn(stats)` runs after every training step (the dashboard uses this)."""
+        self._callbacks.append(fn)
+
+    @property
+    def history(self):
+        """One row of stats per training step, as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self._history)
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(self, n_prompts: int | None = None) -> RolloutBatch:
+        """Run `n_prompts` × `group_size` episodes (default: rollout.batch_size prompts).
+
+        Groups already generated in the background by `run()` come first (they are within
+        `max_head_offpolicyness`); new ones are generated now, at the current policy version.
+        """
+        self._check_open()
+        return self._runtime.call(self.arollout(n_prompts))
+
+    async def arollout(self, n_prompts: int | None = None) -> RolloutBatch:
+        self._check_open()
+        n = n_prompts or self.config.rollout.batch_size
+        start = time.perf_counter()
+        for _ in range(max(0, n - self.executor.n_waiting)):
+            self.executor.submit(next(self.data))
+        groups = await self.executor.wait_groups(n)
+        batch = self._batch([ep for group in groups for ep in group])
+        elapsed = time.perf_counter() - start
+        accepted = [i for i, ep in enumerate(batch.episodes) if ep.accepted]
+        out_tokens = sum(c.model_response.output_len for i in accepted for c in batch.calls(i)
+                         if c.model_response is not None)
+        returns = [batch.episode_return(i) for i in accepted]
+        batch.stats.update({
+            "rollout_s": elapsed,
+            "episodes": len(batch.episodes),
+            "rejected": len(batch.rejected),
+            "reward_mean": sum(returns) / len(returns) if returns else float("nan"),
+            "generated_tokens": out_tokens,
+            "rollout_tokens_per_s": out_tokens / elapsed if elapsed > 0 else float("nan"),
+        })
+        self.last_batch = batch
+        return batch
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One GRPO update on `batch`; the new weights go to the engine as version + 1."""
+        self._check_open()
+        tensors = batch.to_tensors()
+        # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
+        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=batch.credit))
+        self.version = self.actor.version
+        self.actor.push_weights(self.engine, self.version)
+        self._runtime.call_soon(self.executor.on_version_change)
+        self.step_count += 1
+        row = {"step": self.step_count, **batch.stats, **stats}
+        row["version"] = self.version  # the version the engine serves after this step
+        for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
+            row.setdefault(key, float("nan"))
+        self._history.append(row)
+        self._after_step(row)
+        return row
+
+    async def atrain_step(self, batch: RolloutBatch) -> dict[str, float]:
+        return await asyncio.to_thread(self.train_step, batch)
+
+    def step(self) -> dict[str, float]:
+        """Rollout + train."""
+        return self.train_step(self.rollout())
+
+    def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
+        """Train for `steps` steps, rollouts running ahead within the staleness bound.
+
+        Every `logging.eval_every` steps the row also gets `evaluate()`'s figures
+        (`eval_reward`, `eval_accuracy`, `eval_agent_accuracy`); every `checkpoint.save_every`
+        steps a checkpoint goes to `checkpoint.save_dir/step<N>`.
+        """
+        from tqdm.auto import tqdm
+
+        self._check_open()
+        cfg = self.config
+        steps = cfg.total_steps if steps is None else steps
+        if cfg.rollout.prefetch:
+            self._runtime.call_soon(self.executor.set_feeder, self.data)
+        show = cfg.logging.progress if progress is None else progress
+        bar = tqdm(total=steps, desc=f"GRPO {cfg.experiment_name}", disable=not show)
+        try:
+            for _ in range(steps):
+                row = self.step()
+                if cfg.logging.eval_every and self.step_count % cfg.logging.eval_every == 0:
+                    figures = self.evaluate().as_dict()
+                    row.update(figures)  # the history row is this dict
+                    self._log_metrics(self.step_count, figures)
+                if cfg.checkpoint.save_dir and cfg.checkpoint.save_every and \
+                        self.step_count % cfg.checkpoint.save_every == 0:
+                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
+                bar.update(1)
+                bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}")
+        finally:
+            bar.close()
+            if cfg.rollout.prefetch and not self._closed:
+                self._runtime.call_soon(self.executor.set_feeder, None)
+        return self.history
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, n: int | None = None, *, problems: list[dict] | None = None) -> EvalResult:
+        """Greedy episodes of the configured agent on the held-out split (or on `problems`).
+
+        The agent runs exactly as in training — same workflow, same engine and weights — except
+        that every generation is greedy. Returns an `EvalResult`: `reward_mean` (mean episode
+        return), `accuracy` (first call rewarded: first-reply accuracy for the math agent),
+        `agent_accuracy` (some call rewarded: success within the agent's turns), and the
+        episodes as `.batch`. Nothing is trained on and the policy version does not move.
+        """
+        self._check_open()
+        return self._runtime.call(self.aevaluate(n, problems=problems))
+
+    async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None) -> EvalResult:
+        self._check_open()
+        problems = list(self.eval_problems if problems is None else problems)[: n or None]
+        if not problems:
+            raise ValueError("evaluate() needs at least one problem")
+        episodes = await run_greedy_episodes(self._eval_workflow, self.engine, problems,
+                                             max_concurrent=self.config.rollout.max_concurrent_rollouts,
+                                             episode_timeout=self.config.agent.agent_timeout)
+        return summarize(self._batch(episodes))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path) -> Path:
+        """Model, optimizer, step, version, RNG states, data position, config and history."""
+        self._check_open()
+        return save_checkpoint(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides: Any) -> Session:
+        """A Session that continues the saved run."""
+        state = read_checkpoint(path)
+        session = cls(Path(path) / "config.yaml", start=False, **overrides)
+        session._resume_state = state
+        return session.start()
+
+    # ------------------------------------------------------------------ widgets
+    def dashboard(self):
+        """Live training curves, updated after every step."""
+        from areal_nb.widgets import Dashboard
+
+        return Dashboard(self)
+
+    def __repr__(self) -> str:
+        status = "closed" if self._closed else ("running" if self._started else "not started")
+        url = self._proxy.url if self._started else None
+        return (f"Session({status}, model={self.config.model.path!r}, step={self.step_count}, "
+                f"version={self.version}, proxy={url!r})")
+
+    # ------------------------------------------------------------------ plumbing
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Session is closed; create a new one")
+        if not self._started:
+            self.start()
+
+    async def _make_executor(self):
+        # Made on the loop that will drive it (it owns asyncio primitives).
+        return builder.build_executor(self.config, self.workflow, self.engine)
+
+    def _shutdown(self) -> None:
+        """Release whatever `start()` built, in reverse order; every step runs even if one fails."""
+        runtime = getattr(self, "_runtime", None)
+        if runtime is not None and getattr(self, "executor", None) is not None:
+            try:
+                runtime.call(self.executor.cancel_all(), timeout=30)
+            except Exception as e:  # closing must go on
+                logger.warning("cancelling rollouts failed: %s", e)
+        workflows = [getattr(self, "workflow", None), getattr(self, "_eval_workflow", None)]
+        for workflow in {id(w): w for w in workflows if w is not None}.values():
+            try:
+                if hasattr(workflow, "aclose") and runtime is not None:
+                    runtime.call(workflow.aclose(), timeout=30)
+                elif hasattr(workflow, "close"):
+                    workflow.close()
+            except Exception as e:
+                logger.warning("closing the workflow failed: %s", e)
+        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_runtime", "close")):
+            part = getattr(self, name, None)
+            if part is not None:
+                try:
+                    getattr(part, stop)()
+                except Exception as e:
+                    logger.warning("closing %s failed: %s", name.lstrip("_"), e)
+
+    async def _cancel_rollouts(self) -> None:
+        await self.executor.cancel_all()
+
+    def _batch(self, episodes: list) -> RolloutBatch:
+        agent = self.config.agent
+        return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
+                            discount_mode=agent.discount_mode, version=self.engine.get_version(),
+                            tokenizer=self.tokenizer, credit=self.config.actor.credit)
+
+    def _after_step(self, row: dict[str, Any]) -> None:
+        self._log_metrics(row["step"], row)
+        for fn in list(self._callbacks):
+            try:
+                fn(row)
+            except Exception as e:  # a broken widget must not stop training
+                logger.warning("step callback %r failed: %s", fn, e)
+
+    def _log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.log(step, metrics)
+
+
+def _plain(cfg: SessionConfig) -> dict[str, Any]:
+    """The config as JSON-able data (an agent object given in Python is named by its repr)."""
+    import json
+
+    return json.loads(json.dumps(to_dict(cfg), default=repr))
+
+
+@atexit.register
+def _close_all_sessions() -> None:
+    for session in list(_LIVE_SESSIONS):
+        try:
+            session.close()
+        except Exception:
+            pass
