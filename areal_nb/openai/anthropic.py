@@ -24,8 +24,10 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
+from areal_nb.api import InvalidRequestError
 
-class AnthropicRequestError(ValueError):
+
+class AnthropicRequestError(InvalidRequestError):
     """A Messages request that cannot be converted: the proxy answers HTTP 400."""
 
 

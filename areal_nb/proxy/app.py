@@ -17,16 +17,18 @@ deliberate differences:
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from areal_nb.api import InvalidRequestError
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -56,7 +58,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
-_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def bearer_token(request: Request) -> str | None:
@@ -72,28 +73,11 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
-def _check_chat_messages(messages: list[dict[str, Any]]) -> None:
-    """Reject message shapes no chat template can render, with the offending index."""
-    for i, message in enumerate(messages):
-        role = message.get("role")
-        if role not in _CHAT_ROLES:
-            raise ProxyError(400, f"messages[{i}].role must be one of {sorted(_CHAT_ROLES)}, got {role!r}", "invalid_message")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise ProxyError(400, f"messages[{i}].content must be a string or a list of parts", "invalid_message")
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise ProxyError(400, f"messages[{i}].content parts must be objects", "invalid_message")
-        calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-            raise ProxyError(400, f"messages[{i}].tool_calls must be a list of objects", "invalid_message")
-
-
 def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
     """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
     # Imported here so `import areal_nb.proxy` stays light.
     from areal_nb.openai.cache import InteractionCache
     from areal_nb.openai.completion import (
-        CompletionRequestError,
         CompletionSettings,
         chat_completion_stream_chunks,
         create_chat_completion,
@@ -103,15 +87,6 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
     settings = settings or ProxySettings()
     completion_settings = settings.completion if settings.completion is not None else CompletionSettings()
     state = ProxyState(settings, InteractionCache)
-    # pydantic.ValidationError: request values echoed into the OpenAI response objects
-    bad_input = (CompletionRequestError, AnthropicRequestError, TypeError, NotImplementedError, ValidationError)
-    try:
-        from jinja2 import TemplateError
-
-        bad_input = (*bad_input, TemplateError)  # a template that rejects the conversation
-    except ImportError:  # pragma: no cover - jinja2 comes with transformers
-        pass
-
     app = FastAPI(title="areal_nb proxy", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.proxy = state
     app.state.engine = engine
@@ -159,9 +134,9 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
             return await call
         except ProxyError:
             raise
-        except bad_input as exc:
+        except InvalidRequestError as exc:  # input errors only: validation raises these types
             raise ProxyError(400, str(exc) or type(exc).__name__, "invalid_request") from exc
-        except Exception as exc:  # engine failure: answer 500, keep serving
+        except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
             logger.exception("generation failed")
             raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
 
@@ -196,10 +171,14 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
         return StartSessionResponse(session_id=session.session_id, api_key=session.api_key)
 
     @app.post("/export_trajectories", dependencies=[Depends(admin)])
-    async def export_trajectories(body: ExportTrajectoriesRequest) -> JSONResponse:
+    async def export_trajectories(body: ExportTrajectoriesRequest, request: Request) -> Response:
+        """One-shot export. The session is removed only once its data was handed to the client:
+        a failed, cancelled or abandoned export leaves it exportable, with the same result."""
         session = state.get_session(body.session_id)
         timeout = body.wait_timeout if body.wait_timeout is not None else settings.export_wait_timeout
-        if not await session.wait_ended(timeout):
+        if not await session.wait_ended(timeout, gave_up=request.is_disconnected):
+            if await request.is_disconnected():
+                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
             raise ProxyError(
                 504,
                 f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
@@ -207,16 +186,30 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
                 "export_timeout",
             )
         state.claim_export(session)
-        try:
-            interactions = _export(session, body)
-        except Exception as exc:
+
+        def give_back() -> None:  # the export did not reach anyone: keep the session exportable
+            session.cache.undo_reward_discount()
             state.release_export(session)
-            if isinstance(exc, ValueError | RuntimeError):
+
+        try:
+            payload = await asyncio.to_thread(_export_json, session, body)
+        except BaseException as exc:  # includes cancellation
+            give_back()
+            if isinstance(exc, InvalidRequestError):
                 raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+            if isinstance(exc, Exception):
+                logger.exception("export of session %r failed", body.session_id)
+                raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
             raise
-        state.remove_session(session, "was exported")
+        if await request.is_disconnected():
+            give_back()
+            raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
+        return _HandOver(payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back)
+
+    def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
+        interactions = _export(session, body)
         wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
-        return JSONResponse({"session_id": session.session_id, "interactions": wire})
+        return json.dumps({"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False).encode()
 
     def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
         cache = session.cache
@@ -226,7 +219,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
             # Checked before the one-shot discount so a wrong style loses nothing.
             wrong = [iid for iid, it in cache.items() if getattr(it, "chat_template_type", "concat") != "concat"]
             if wrong:
-                raise ValueError(
+                raise InvalidRequestError(
                     f"style 'concat' needs interactions made with chat_template_type='concat'; "
                     f"{len(wrong)} were not (first: {wrong[0]!r}); export with style='individual'"
                 )
@@ -261,7 +254,6 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
     async def chat_completions(
         body: ChatCompletionRequest, session: SessionData = Depends(open_session)
     ) -> Response:
-        _check_chat_messages(body.messages)
         completion = await generate(
             create_chat_completion(
                 **capture_kwargs(session),
@@ -278,6 +270,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
                 n=body.n,
                 metadata=body.metadata,
                 frequency_penalty=body.frequency_penalty,
+                presence_penalty=body.presence_penalty,
                 extra_body=extra_body_of(body),
             )
         )
@@ -319,7 +312,6 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
             chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
         except AnthropicRequestError as exc:
             raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-        _check_chat_messages(chat_kwargs["messages"])
         completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs))
         session.tool_arguments.update(tool_arguments_of(completion))
         message = chat_completion_to_anthropic(completion, model=body.model)
@@ -328,3 +320,21 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
         return JSONResponse(message)
 
     return app
+
+
+class _HandOver(Response):
+    """A JSON response that reports whether it was sent (export hands a session over)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, *, on_sent: Callable[[], Any], on_failed: Callable[[], Any]) -> None:
+        super().__init__(content)
+        self._on_sent, self._on_failed = on_sent, on_failed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            self._on_failed()
+            raise
+        self._on_sent()

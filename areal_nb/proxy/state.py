@@ -12,6 +12,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,14 +49,21 @@ class SessionData:
     def is_stale(self, timeout: float, now: float) -> bool:
         return now - self.last_access > timeout
 
-    async def wait_ended(self, timeout: float) -> bool:
-        """True once the session ended (or was swept); False after `timeout` seconds."""
+    async def wait_ended(self, timeout: float, gave_up: Callable[[], Awaitable[bool]] | None = None) -> bool:
+        """True once the session ended (or was swept); False after `timeout` seconds or as
+        soon as `gave_up()` (checked every 0.25 s, e.g. "the client disconnected") is true."""
         deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + 0.25
         # Poll a threading.Event: end_session may come from any loop or thread.
         while not self._finished.is_set():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 return False
+            if gave_up is not None and now >= next_check:
+                if await gave_up():
+                    return False
+                next_check = now + 0.25
             await asyncio.sleep(min(0.02, left))
         return True
 
