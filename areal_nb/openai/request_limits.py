@@ -110,7 +110,7 @@ def template_variables(tokenizer: Any) -> frozenset[str]:
         cached = _template_variables.get(tokenizer)
     if cached is not None:
         return cached
-    from jinja2 import TemplateSyntaxError, meta
+    from jinja2 import TemplateSyntaxError, meta, nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
@@ -120,9 +120,12 @@ def template_variables(tokenizer: Any) -> frozenset[str]:
     for source in sources:
         if isinstance(source, str):
             try:
-                found |= meta.find_undeclared_variables(env.parse(source))
+                ast = env.parse(source)
             except TemplateSyntaxError:
-                pass  # a template we cannot parse accepts no extra variables
+                continue  # a template we cannot parse accepts no extra variables
+            # a name the template sets itself is read in an inner scope, not taken from the caller
+            assigned = {n.name for node in ast.find_all(nodes.Assign) for n in node.find_all(nodes.Name)}
+            found |= meta.find_undeclared_variables(ast) - assigned
     special = set(getattr(tokenizer, "special_tokens_map", {}) or {})
     options = set(inspect.signature(tokenizer.apply_chat_template).parameters)
     allowed = frozenset(found - _RENDERER_VARIABLES - special - options)

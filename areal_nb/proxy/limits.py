@@ -39,10 +39,13 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body too large: the limit is {limit} bytes")
 
 
-def json_depth(body: bytes) -> int:
-    """Deepest bracket nesting of a JSON text (strings skipped); exact for valid JSON."""
-    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
-        return min(body.count(b"[") + body.count(b"{"), MAX_JSON_DEPTH)  # cannot be deeper
+def json_depth(body: bytes, at_least: int = 0) -> int:
+    """Deepest bracket nesting of a JSON text (strings skipped; exact for valid JSON).
+
+    Bodies with at most `at_least` brackets in all are not scanned: 0 is returned.
+    """
+    if body.count(b"[") + body.count(b"{") <= at_least:
+        return 0
     brackets = _STRING.sub(b"", _ESCAPE.sub(b"", body)).translate(None, _NOT_BRACKETS)
     codes = np.frombuffer(brackets, dtype=np.uint8)
     steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
@@ -74,7 +77,7 @@ def lone_surrogate_path(body: bytes) -> str | None:
 
 def body_problem(body: bytes) -> tuple[str, str] | None:
     """(message, code) for a body no route should parse, or None."""
-    depth = json_depth(body)
+    depth = json_depth(body, at_least=MAX_JSON_DEPTH)
     if depth > MAX_JSON_DEPTH:
         return f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted", "nesting_too_deep"
     where = lone_surrogate_path(body)

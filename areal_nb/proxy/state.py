@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -21,6 +22,9 @@ from .settings import ProxySettings
 
 # How many keys of exported/expired sessions are remembered, to answer 410 instead of 401.
 _RETIRED_KEYS_KEPT = 10_000
+# A key travels in an HTTP header and is stripped there: visible ASCII, inner spaces allowed.
+# Anything else (edge spaces, control characters, non-ASCII) could never authenticate.
+_HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
 @dataclass
@@ -117,6 +121,14 @@ class ProxyState:
             return self.capacity
 
     def start_session(self, task_id: str, api_key: str | None = None) -> SessionData:
+        if api_key is not None and not _HEADER_SAFE_KEY.fullmatch(api_key):
+            raise ProxyError(
+                400,
+                "api_key must be visible ASCII characters (spaces only between them): a key with "
+                "leading/trailing whitespace, control or non-ASCII characters can never be sent back "
+                "in an Authorization header",
+                "invalid_api_key",
+            )
         with self._lock:
             self._sweep_locked(force=False)
             if self.capacity <= 0:
