@@ -39,7 +39,7 @@ from areal_nb.openai.anthropic import (
 )
 
 from .errors import ProxyError, describe_validation_errors, error_response
-from .limits import BodyLimitMiddleware
+from .limits import BodyLimitMiddleware, body_limit
 from .schemas import (
     ChatCompletionRequest,
     ExportTrajectoriesRequest,
@@ -82,6 +82,7 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
         chat_completion_stream_chunks,
         create_chat_completion,
     )
+    from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
     from areal_nb.openai.responses import create_response
 
     settings = settings or ProxySettings()
@@ -91,7 +92,10 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
     app.state.proxy = state
     app.state.engine = engine
     app.state.tokenizer = tokenizer
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    context = context_tokens(engine, None)
+    max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
+    app.state.max_body_bytes = max_body
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body)
 
     # ------------------------------------------------------------------ error dialects
     @app.exception_handler(ProxyError)
@@ -185,7 +189,10 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
                 "/rl/end_session before its trajectories can be exported (the session is kept; retry)",
                 "export_timeout",
             )
-        state.claim_export(session)
+        while not state.claim_export(session):  # another export holds it: wait for its outcome
+            if await request.is_disconnected():
+                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+            await asyncio.sleep(0.02)
 
         def give_back() -> None:  # the export did not reach anyone: keep the session exportable
             session.cache.undo_reward_discount()

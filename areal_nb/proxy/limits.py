@@ -1,6 +1,9 @@
 """Checks on the raw request body, before any route parses it.
 
-- size: 413 above `max_body_bytes`, checked on Content-Length and again while reading;
+- size: 413 above the body limit, checked on Content-Length and again while reading. The limit
+  is `ProxySettings.max_body_bytes`, lowered to what the model's context can use when the
+  engine reports one (`body_limit`): parsing megabytes a 512-token model can never read would
+  only stall the event loop;
 - JSON nesting: 400 above `MAX_JSON_DEPTH` levels (deep nesting makes every recursive consumer —
   pydantic, copying, templates, export — raise `RecursionError`);
 - text: 400 for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
@@ -24,6 +27,17 @@ from .errors import error_response
 
 MAX_JSON_DEPTH = 64
 _THREAD_BYTES = 256 * 1024
+# A prompt character costs at most 12 body bytes (a surrogate pair escaped as \uXXXX\uXXXX);
+# the rest of a body (tools' schemas, metadata) gets the same again, and never less than 1 MiB.
+_BODY_BYTES_PER_PROMPT_CHAR = 24
+MIN_CONTEXT_BODY_BYTES = 1024 * 1024
+
+
+def body_limit(configured: int, context: int | None, chars_per_token: int | None) -> int:
+    """The body limit: `configured`, or less when the model's context bounds what is useful."""
+    if context is None or chars_per_token is None:
+        return configured
+    return min(configured, max(MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token))
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
@@ -36,7 +50,7 @@ class BodyTooLarge(HTTPException):
     """Raised from `receive` mid-body; an HTTPException so FastAPI passes it through as is."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body too large: the limit is {limit} bytes")
+        super().__init__(413, f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')")
 
 
 def json_depth(body: bytes, at_least: int = 0) -> int:

@@ -181,16 +181,18 @@ class ProxyState:
                 raise ProxyError(404, f"unknown session_id {session_id!r} (never started, already exported, or expired)", "unknown_session")
             return session
 
-    def claim_export(self, session: SessionData) -> None:
-        """Mark a session as being exported; exports are one-shot."""
+    def claim_export(self, session: SessionData) -> bool:
+        """Mark a session as being exported (exports are one-shot); False while another export
+        holds it (it either hands the session over or gives it back: ask again)."""
         with self._lock:
             if self.sessions.get(session.session_id) is not session:
                 if session.removed_reason == "was exported":
                     raise ProxyError(404, f"session {session.session_id!r} was already exported", "unknown_session")
                 raise ProxyError(410, f"session {session.session_id!r} {session.removed_reason}", "session_gone")
             if session.exporting:
-                raise ProxyError(404, f"session {session.session_id!r} is already being exported", "unknown_session")
+                return False
             session.exporting = True
+            return True
 
     def release_export(self, session: SessionData) -> None:
         with self._lock:

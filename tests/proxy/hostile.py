@@ -48,7 +48,8 @@ class Hostile:
     needle: str
 
 
-HUGE = "7+" * 3_500_000  # 7 MB of prompt text: must be refused before tokenizing
+HUGE = "7+" * 3_500_000  # 7 MB: more than tiny-math's context can use, refused unread (413)
+BIG = "7+" * 400_000  # 800 kB: read, but refused before tokenizing (400)
 LONG = "1+" * 3_000  # fits the character bound, but not the 512-token context
 LONE = "\ud800"
 
@@ -64,9 +65,11 @@ HOSTILE: list[Hostile] = [
     Hostile("too many stops", "/v1/chat/completions", chat(stop=[str(i) for i in range(17)]), 400, "at most 16 stop strings"),
     Hostile("max_tokens over the context", "/v1/chat/completions", chat(max_tokens=CONTEXT + 1), 400, "larger than the model context"),
     # 2. size: refused before tokenizing
-    Hostile("7 MB prompt (chat)", "/v1/chat/completions", chat(HUGE), 400, "prompt is too long"),
-    Hostile("7 MB prompt (anthropic)", "/v1/messages", anthropic(HUGE), 400, "prompt is too long"),
-    Hostile("7 MB prompt (responses)", "/v1/responses", {"input": HUGE}, 400, "prompt is too long"),
+    Hostile("7 MB prompt (chat)", "/v1/chat/completions", chat(HUGE), 413, "body too large"),
+    Hostile("7 MB prompt (anthropic)", "/v1/messages", anthropic(HUGE), 413, "body too large"),
+    Hostile("800 kB prompt (chat)", "/v1/chat/completions", chat(BIG), 400, "prompt is too long"),
+    Hostile("800 kB prompt (anthropic)", "/v1/messages", anthropic(BIG), 400, "prompt is too long"),
+    Hostile("800 kB prompt (responses)", "/v1/responses", {"input": BIG}, 400, "prompt is too long"),
     Hostile("too many messages", "/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 600}, 400, "messages cannot fit"),
     # 3. deep nesting, wherever it is
     Hostile("deep content", "/v1/chat/completions", chat(nested(300)), 400, "nested"),
@@ -123,7 +126,8 @@ def check_answer(case: Hostile, response: httpx.Response) -> None:
     assert response.status_code == case.status, f"{case.name}: {response.status_code} {response.text[:300]}"
     body = response.json()
     if case.path == "/v1/messages":
-        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+        kind = "request_too_large" if case.status == 413 else "invalid_request_error"
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
     else:
         assert body["error"]["type"] == "invalid_request_error", body
     assert case.needle in body["error"]["message"], f"{case.name}: {body['error']['message'][:300]}"
