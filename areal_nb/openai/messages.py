@@ -74,7 +74,7 @@ def check_chat_messages(messages: list[dict[str, Any]]) -> None:
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise CompletionRequestError(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.80}")
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
