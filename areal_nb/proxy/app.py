@@ -12,7 +12,14 @@ deliberate differences:
 - keys of exported or expired sessions answer 410 (not 401), so a late agent call says why;
 - unknown body fields are ignored, except that `chat_template_kwargs` at the top level (where
   the OpenAI SDK merges `extra_body`) is forwarded, not dropped (§12.7);
-- errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style).
+- errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style);
+- only `InvalidRequestError` (input validation in the capture layer and the engine) becomes a
+  400; any other exception is our fault: 500 with a logged traceback. The body is checked
+  before any route parses it (`limits.py`: size, JSON depth, lone surrogates), and the limits
+  that follow from the model's context before the template is rendered (README, "Limits and
+  errors");
+- an export removes its session only once the response was sent: a failed, cancelled or
+  abandoned export leaves the session exportable with the same result.
 """
 
 from __future__ import annotations
