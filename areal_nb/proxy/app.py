@@ -205,16 +205,19 @@ def create_app(engine: Any, tokenizer: Any, settings: ProxySettings | None = Non
             session.cache.undo_reward_discount()
             state.release_export(session)
 
+        work = asyncio.ensure_future(asyncio.to_thread(_export_json, session, body))
         try:
-            payload = await asyncio.to_thread(_export_json, session, body)
-        except BaseException as exc:  # includes cancellation
-            give_back()
-            if isinstance(exc, InvalidRequestError):
-                raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
-            if isinstance(exc, Exception):
-                logger.exception("export of session %r failed", body.session_id)
-                raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
+            payload = await asyncio.shield(work)
+        except asyncio.CancelledError:  # the thread runs on: give the session back once it is done
+            work.add_done_callback(lambda _: give_back())
             raise
+        except InvalidRequestError as exc:
+            give_back()
+            raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+        except Exception as exc:
+            give_back()
+            logger.exception("export of session %r failed", body.session_id)
+            raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
         if await request.is_disconnected():
             give_back()
             raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
