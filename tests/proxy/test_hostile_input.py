@@ -20,7 +20,7 @@ from tests.proxy.hostile import CONTEXT, HOSTILE, Hostile, chat, check_answer, e
 
 pytestmark = pytest.mark.slow
 
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+PROPERTY = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
 @pytest.fixture(scope="module")
