@@ -43,14 +43,15 @@ def context_tokens(engine: Any, engine_max_tokens: int | None) -> int | None:
 
 
 def max_chars_per_token(tokenizer: Any) -> int:
-    """The longest text any single token of `tokenizer` decodes to (special tokens included)."""
+    """An upper bound on the text one token of `tokenizer` stands for: its longest vocabulary
+    entry. A token's text is never longer than its vocabulary string (byte-level BPE maps one
+    byte to one character, SentencePiece's `▁` is one space, `<0x0A>` is one byte), so the bound
+    is sound and costs one pass over the vocabulary, not a decode per token."""
     with _cache_lock:
         cached = _chars_per_token.get(tokenizer)
     if cached is not None:
         return cached
-    longest = 1
-    for token_id in tokenizer.get_vocab().values():
-        longest = max(longest, len(tokenizer.decode([token_id], skip_special_tokens=False)))
+    longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
     with _cache_lock:
         _chars_per_token[tokenizer] = longest
     return longest
