@@ -47,6 +47,7 @@ from areal_nb.openai.anthropic import (
 
 from .errors import ProxyError, describe_validation_errors, error_response
 from .limits import BodyLimitMiddleware, body_limit
+from .logs import RepeatFilter
 from .schemas import (
     ChatCompletionRequest,
     ExportTrajectoriesRequest,
@@ -61,6 +62,7 @@ from .settings import ProxySettings
 from .state import ProxyState, SessionData
 
 logger = logging.getLogger(__name__)
+logger.addFilter(RepeatFilter())  # one traceback per kind of failure per 10 s, not per request
 
 T = TypeVar("T")
 

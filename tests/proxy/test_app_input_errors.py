@@ -81,7 +81,16 @@ def test_a_prompt_too_large_for_the_context_is_never_rendered(tiny_tokenizer):
         assert spy.renders == 0
 
 
-def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(make_app, tiny_tokenizer, caplog):
+@pytest.fixture
+def fresh_log_filter(monkeypatch):
+    """The proxy logger's repeat filter, emptied: earlier tests' failures do not count."""
+    import areal_nb.proxy.app as app_module
+    from areal_nb.proxy.logs import RepeatFilter
+
+    monkeypatch.setattr(app_module.logger, "filters", [RepeatFilter()])
+
+
+def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(make_app, tiny_tokenizer, caplog, fresh_log_filter):
     from fastapi.testclient import TestClient
 
     def script(req):
@@ -101,7 +110,7 @@ def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(make_app, ti
         assert bad.status_code == 400 and bad.json()["error"] == {"type": "invalid_request_error", "message": "the engine found an input error"}
 
 
-def test_a_failed_export_leaves_the_session_exportable_with_the_same_result(app_client, monkeypatch, caplog):
+def test_a_failed_export_leaves_the_session_exportable_with_the_same_result(app_client, monkeypatch, caplog, fresh_log_filter):
     sid, key = start_session(app_client)
     first = app_client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).json()
     follow = {**CHAT, "messages": [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "and 3+3?"}]}
@@ -154,3 +163,17 @@ def test_only_the_templates_own_variables_are_accepted(thinking_tokenizer):
             r = client.post("/v1/chat/completions", headers=session_headers(key), json={**CHAT, "chat_template_kwargs": kwargs})
             assert r.status_code == 400 and "allowed keys: ['enable_thinking']" in r.json()["error"]["message"], r.text
         assert len(engine.requests) == 1
+
+
+def test_a_failure_repeated_on_every_request_is_logged_once_per_interval(make_app, tiny_tokenizer, caplog, fresh_log_filter):
+    from fastapi.testclient import TestClient
+
+    def broken(req):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    with TestClient(make_app(ScriptedEngine(tiny_tokenizer, broken))) as client, caplog.at_level(logging.ERROR):
+        _, key = start_session(client)
+        statuses = [client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).status_code for _ in range(20)]
+    assert statuses == [500] * 20  # every request answered
+    logged = [r for r in caplog.records if r.getMessage().startswith("generation failed")]
+    assert len(logged) == 1 and logged[0].exc_info[0] is RuntimeError  # one traceback, 19 left out
