@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
 from areal_nb.train import GRPOConfig
@@ -70,8 +71,9 @@ class RolloutConfig(_Section):
     max_head_offpolicyness: int = Field(2, ge=0)  # how many versions a trained token may lag behind
     max_concurrent_rollouts: int = Field(64, ge=1)
     # Sampling the proxy uses when an agent's request leaves it out (agents normally do).
-    # temperature > 0: log-probs of a greedy policy are degenerate for RL.
-    temperature: float = Field(1.0, gt=0)
+    # temperature > 0: log-probs of a greedy policy are degenerate for RL; below MIN_TEMPERATURE
+    # logits / T overflows float32 and the engine refuses the request.
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(16, ge=1)
     prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
