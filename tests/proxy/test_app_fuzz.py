@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.models import load_tokenizer
 from areal_nb.proxy import ProxySettings, create_app
 from areal_nb.proxy.limits import MAX_JSON_DEPTH

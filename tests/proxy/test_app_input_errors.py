@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from areal_nb.api import InvalidRequestError
-from areal_nb.engine.scripted import ScriptedEngine
+from areal_nb.testing import ScriptedEngine
 from areal_nb.openai.interaction import InteractionWithTokenLogpReward
 from areal_nb.proxy import ProxyServer
 from tests.proxy.conftest import PROXY_ADMIN_KEY, SCRIPTED_REPLY, admin_headers, session_headers, start_session
@@ -42,6 +42,7 @@ class SpyTokenizer:
         )
 
 
+@pytest.mark.server
 def test_rendering_runs_off_the_event_loop(tiny_tokenizer):
     from areal_nb.proxy import ProxySettings, create_app
 
