@@ -195,8 +195,8 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     async def update_weights_from_disk(request: Request):
         body = UpdateWeightsFromDiskRequest.model_validate(await body_of(request))
         try:
-            path = _allowed_weights_path(body.model_path, weights_root)
             version = _int_version(body.weight_version) if body.weight_version is not None else None
+            path = _allowed_weights_path(body.model_path, weights_root)
         except BadRequest as exc:
             return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
         if body.abort_all_requests:

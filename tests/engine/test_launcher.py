@@ -1,0 +1,121 @@
+"""Server child processes: health wait, log streaming, death during start-up, and no orphans after
+stop or interpreter exit (checked by PID). The launch path is the one the Session uses for
+`engine.type: sglang`, with the command swapped for `areal-nb engine-server`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from areal_nb.engine.launcher import (
+    ServerLaunchError,
+    ServerProcess,
+    engine_server_command,
+    free_port,
+    sglang_command,
+)
+
+# A "server" that ignores SIGTERM and has a child of its own, like sglang's scheduler processes.
+STUBBORN = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    print(f"child {child.pid}", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_for_line(lines: list[str], prefix: str, proc: ServerProcess) -> str:
+    for _ in range(600):
+        found = [line for line in lines if line.startswith(prefix)]
+        if found:
+            return found[0]
+        assert proc.alive, proc.log_tail()
+        time.sleep(0.05)
+    raise AssertionError(f"no line starting with {prefix!r}: {proc.log_tail()}")
+
+
+@pytest.mark.slow
+def test_engine_server_launch_health_log_and_stop_leaves_no_process(tmp_path):
+    port = free_port()
+    lines: list[str] = []
+    proc = ServerProcess(engine_server_command("tiny-math", port=port), f"http://127.0.0.1:{port}",
+                         log_path=tmp_path / "server.log", on_log=lines.append)
+    proc.start()
+    proc.wait_ready(timeout=300)
+    assert httpx.get(f"{proc.url}/model_info").json()["weight_version"] == "0"
+    assert any("listening on" in line for line in lines)  # the callback a log widget attaches to
+    pid = proc.pid
+    assert os.getpgid(pid) == pid  # its own process group: a notebook Ctrl-C does not reach it
+    assert proc.stop() == 0  # SIGTERM: the server shuts down cleanly
+    assert not alive(pid)
+    assert "listening on" in (tmp_path / "server.log").read_text()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+def test_a_server_that_dies_during_start_up_is_reported_with_its_log(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('cannot load model xyz', flush=True); sys.exit(3)"]
+    proc = ServerProcess(cmd, f"http://127.0.0.1:{free_port()}", log_path=tmp_path / "dead.log")
+    proc.start()
+    with pytest.raises(ServerLaunchError, match="exited with code 3") as info:
+        proc.wait_ready(timeout=60)
+    assert "cannot load model xyz" in str(info.value)
+    proc.stop()
+
+
+def test_stop_kills_the_whole_group_when_sigterm_is_ignored():
+    lines: list[str] = []
+    proc = ServerProcess([sys.executable, "-c", STUBBORN], "http://127.0.0.1:9", on_log=lines.append).start()
+    child = int(wait_for_line(lines, "child ", proc).split()[1])
+    leader = proc.pid
+    assert alive(leader) and alive(child)
+    proc.stop(grace=0.5)
+    assert not alive(leader) and not alive(child)
+
+
+def test_interpreter_exit_stops_servers_it_started(tmp_path):
+    script = tmp_path / "leaves_a_server.py"
+    script.write_text(textwrap.dedent(
+        f"""
+        import sys, time
+        from areal_nb.engine.launcher import ServerProcess
+        lines = []
+        proc = ServerProcess([sys.executable, "-c", {STUBBORN!r}], "http://127.0.0.1:9", on_log=lines.append).start()
+        while not any(l.startswith("child ") for l in lines):
+            time.sleep(0.05)
+        print(proc.pid, lines[0].split()[1], flush=True)
+        # exits without stop(): the atexit hook must clean up
+        """
+    ))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert out.returncode == 0, out.stderr
+    leader, child = (int(x) for x in out.stdout.split())
+    assert not alive(leader) and not alive(child)
+
+
+def test_sglang_command_uses_the_contract_flags():
+    cmd = sglang_command("/models/m", host="0.0.0.0", port=31000, tp_size=2, dp_size=1,
+                         mem_fraction_static=0.6, api_key="k", python="python")
+    assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--host", "0.0.0.0",
+                   "--port", "31000", "--tp-size", "2", "--dp-size", "1", "--weight-version", "0",
+                   "--mem-fraction-static", "0.6", "--api-key", "k"]
