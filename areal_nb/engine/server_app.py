@@ -23,6 +23,7 @@ The engine is any object with LocalEngine's surface (`agenerate`, `abort`, `abor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import uuid
@@ -156,7 +157,8 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
             if isinstance(out, BaseException):
                 raise out
         replies = [_reply(engine, item, out, state) for item, out in zip(items, outputs, strict=True)]
-        return replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0]
+        # a JSONResponse skips FastAPI's jsonable_encoder walk over every log-prob triple
+        return JSONResponse(replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0])
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
@@ -246,6 +248,14 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
 
     app.get("/model_info")(model_info)
     app.get("/get_model_info")(model_info)
+
+    @app.get("/server_info")
+    async def server_info():
+        # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
+        stats = getattr(engine, "stats", None)
+        internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
+        return {"model_path": settings.model_path, "version": "areal-nb", "internal_states": [internal],
+                "paused": state.paused}
 
     @app.get("/health")
     @app.get("/health_generate")
