@@ -48,9 +48,10 @@ class ServerUnderTest:
             return c.get("/model_info").json()["weight_version"]
 
 
-def start_engine_server(tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server") -> ServerProcess:
+def start_engine_server(tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server",
+                        weights_dir: Path | None = None) -> ServerProcess:
     port = free_port()
-    weights = tmp_dir / "weights"
+    weights = weights_dir or tmp_dir / "weights"
     weights.mkdir(parents=True, exist_ok=True)
     proc = ServerProcess(
         engine_server_command("tiny-math", port=port, api_key=api_key, weights_dir=weights),
