@@ -8,7 +8,11 @@ and `stop()` can signal the server together with the scheduler/detokenizer child
 the error carries its exit code and the tail of its log. Every line of output goes to `log_path`
 and to the `on_log` callbacks (a notebook widget can attach with `add_log_callback`).
 `stop()` sends SIGTERM to the group, then SIGKILL after `grace` seconds; servers still running
-when the interpreter exits are stopped by an `atexit` hook.
+when the interpreter exits are stopped by an `atexit` hook. On Linux the server also gets SIGTERM
+when its parent dies without running `atexit` (a kernel killed by a signal): the command runs behind
+a small shim that sets `PR_SET_PDEATHSIG` and then `exec`s it. Linux ties that signal to the
+*thread* that started the child, so start servers from a thread that lives as long as they should
+(the notebook's main thread, the Session's loop thread).
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ import httpx
 LogCallback = Callable[[str], None]
 
 _RUNNING: set[ServerProcess] = set()  # started and not yet stopped: the atexit hook stops these
+
+
+# Runs as `python -c SHIM cmd...`: asks the kernel for SIGTERM when the parent dies, then becomes cmd.
+_DEATH_SIGNAL_SHIM = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # 1 = PR_SET_PDEATHSIG
+    "os.getppid() == 1 and sys.exit(1); "  # the parent already died before prctl took effect
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 class ServerLaunchError(RuntimeError):
@@ -97,11 +110,13 @@ class ServerProcess:
         on_log: LogCallback | None = None,
         env: dict[str, str] | None = None,
         tail_lines: int = 200,
+        die_with_parent: bool = True,
     ) -> None:
         self.command = [str(c) for c in command]
         self.url = url.rstrip("/")
         self.log_path = Path(log_path) if log_path is not None else None
         self.env = env
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self._callbacks: list[LogCallback] = [on_log] if on_log is not None else []
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -139,8 +154,9 @@ class ServerProcess:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **(self.env or {})}
+        argv = [sys.executable, "-c", _DEATH_SIGNAL_SHIM, *self.command] if self.die_with_parent else self.command
         self._proc = subprocess.Popen(
-            self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )
         _RUNNING.add(self)

@@ -119,3 +119,32 @@ def test_sglang_command_uses_the_contract_flags():
     assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--host", "0.0.0.0",
                    "--port", "31000", "--tp-size", "2", "--dp-size", "1", "--weight-version", "0",
                    "--mem-fraction-static", "0.6", "--api-key", "k"]
+
+
+def test_a_server_gets_sigterm_when_its_parent_is_killed(tmp_path):
+    """The kernel died without atexit (SIGKILL): PR_SET_PDEATHSIG still stops the server."""
+    script = tmp_path / "killed_parent.py"
+    script.write_text(textwrap.dedent(
+        """
+        import sys, time
+        from areal_nb.engine.launcher import ServerProcess
+        cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+        lines = []
+        proc = ServerProcess(cmd, "http://127.0.0.1:9", on_log=lines.append).start()
+        while not lines:
+            time.sleep(0.05)
+        print(proc.pid, flush=True)
+        time.sleep(600)
+        """
+    ))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    server = int(parent.stdout.readline())
+    assert alive(server)
+    parent.kill()
+    parent.wait()
+    for _ in range(200):  # the kernel delivers SIGTERM at once; allow the child a moment to exit
+        if not alive(server):
+            break
+        time.sleep(0.05)
+    assert not alive(server)

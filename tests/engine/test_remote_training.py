@@ -76,6 +76,8 @@ def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):
     actor = Actor(load_reference(model_path), GRPOConfig(lr=1e-2, temperature=TEMPERATURE),
                   version=engine.get_version())
     start = engine.get_version()
+    # earlier tests may have left other weights on the servers: start from the trainer's own
+    actor.push_weights(engine, start)
     for step in range(1, 4):
         batch, groups = rollout(engine)
         generated = batch["versions"][batch["loss_mask"].bool()]
