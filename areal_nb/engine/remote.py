@@ -148,6 +148,7 @@ class SGLangEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="SGLangEngine-loop", daemon=True)
         self._thread.start()
         self._resumed: asyncio.Event = self._call(self._make_event())
+        self._update_lock = asyncio.Lock()  # binds to the engine loop on first use
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient = self._call(self._make_client(headers))
         if check:
@@ -321,13 +322,14 @@ class SGLangEngine:
             body["weight_version"] = str(int(version))
         # update_weights_from_disk needs no begin/end_weight_update session (only the tensor and
         # distributed updates do in sglang >= 0.5.21; sglang-contract.md, "Changes that break clients")
-        await self.apause()
-        try:
-            await self._gather_live(lambda s: self._post(s, "/update_weights_from_disk", body))
-            if version is not None:
-                self._version = int(version)
-        finally:
-            await self.aresume()
+        async with self._update_lock:  # one update at a time: pause/continue must not interleave
+            await self.apause()
+            try:
+                await self._gather_live(lambda s: self._post(s, "/update_weights_from_disk", body))
+                if version is not None:
+                    self._version = int(version)
+            finally:
+                await self.aresume()
 
     async def aabort(self, rid: str) -> None:
         async def run() -> None:
@@ -469,13 +471,19 @@ class SGLangEngine:
         return _json_or_raise(response, server.url, "/model_info")
 
     async def _gather_live(self, fn) -> list[Any]:
-        """Run `fn(server)` on every live server; raise the first error after all have finished."""
+        """Run `fn(server)` on every live server; raise the first error after all have finished.
+
+        A server found dead on the way is only taken out (the others carry on without it), unless
+        none is left."""
         live = self._live()
         results = await asyncio.gather(*(fn(s) for s in live), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, ServerDownError)]
         if errors:
             raise errors[0]
-        return results
+        if not self._live():
+            reasons = "; ".join(f"{s.url}: {s.down}" for s in self.servers)
+            raise ServerDownError(f"no live engine server left ({reasons})")
+        return [r for r in results if not isinstance(r, BaseException)]
 
     async def _acheck(self) -> None:
         results = await asyncio.gather(*(self._model_info(s) for s in self.servers), return_exceptions=True)

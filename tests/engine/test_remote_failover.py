@@ -7,11 +7,14 @@ import asyncio
 import os
 import signal
 
+from pathlib import Path
+
 import pytest
-from servers import API_KEY, start_engine_server
+from servers import API_KEY, load_reference, start_engine_server
 
 from areal_nb.api import GenerationConfig, ModelRequest
 from areal_nb.engine.remote import ServerDownError, SGLangEngine
+from areal_nb.models import resolve_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +23,8 @@ PROMPT = [5, 17, 42, 99, 7, 31]
 
 @pytest.fixture
 def two_servers(tmp_path):
-    procs = [start_engine_server(tmp_path / name, name=name) for name in ("a", "b")]
+    shared = tmp_path / "shared-weights"
+    procs = [start_engine_server(tmp_path / name, name=name, weights_dir=shared) for name in ("a", "b")]
     yield procs
     for proc in procs:
         proc.stop()
@@ -64,7 +68,9 @@ def test_conversations_stick_to_their_server_and_new_ones_spread(two_servers):
 
 def test_killing_one_server_mid_generation_fails_its_requests_and_the_rest_finish(two_servers):
     dead, survivor = two_servers
-    engine = SGLangEngine([p.url for p in two_servers], api_key=API_KEY)
+    weights_dir = Path(survivor.command[survivor.command.index("--weights-dir") + 1])
+    engine = SGLangEngine([p.url for p in two_servers], api_key=API_KEY, weights_dir=weights_dir)
+    new_weights = load_reference(resolve_model_path("tiny-math")).state_dict()
     n_new = 480
 
     async def run():
@@ -73,6 +79,8 @@ def test_killing_one_server_mid_generation_fails_its_requests_and_the_rest_finis
         os.killpg(dead.pid, signal.SIGKILL)  # a crash, not a clean shutdown
         # a hang guard, not a timing assertion: every request must end
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=300)
+        # a weight update goes on without the dead server
+        await engine.aupdate_weights(new_weights, version=1)
         after = await engine.agenerate(_req(99, 5))
         return results, after
 
@@ -86,6 +94,6 @@ def test_killing_one_server_mid_generation_fails_its_requests_and_the_rest_finis
     assert len(failed) == 4 and len(finished) == 4
     assert all(isinstance(e, ServerDownError) and dead.url in str(e) for e in failed)
     assert all(r.stop_reason == "length" and r.output_len == n_new for r in finished)
-    assert after.output_len == 5  # new requests go to the survivor
+    assert after.output_len == 5 and after.output_versions == [1] * 5  # the survivor, updated
     assert status[0]["down"] is not None and status[1]["down"] is None
     assert status[1]["url"] == survivor.url
