@@ -1,4 +1,5 @@
-"""Inference engines: `LocalEngine` (embedded, continuous batching) and `ScriptedEngine` (tests)."""
+"""Inference engines: `LocalEngine` (embedded, continuous batching), `SGLangEngine` (client of SGLang
+HTTP servers and `areal-nb engine-server`) and `ScriptedEngine` (tests)."""
 
 from .scripted import ScriptedEngine
 
@@ -9,7 +10,12 @@ def __getattr__(name: str):
         from . import local
 
         return getattr(local, name)
+    if name in ("SGLangEngine", "EngineServerError", "ServerDownError"):
+        from . import remote
+
+        return getattr(remote, name)
     raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
 
 
-__all__ = ["EngineClosedError", "EngineStats", "LocalEngine", "ScriptedEngine"]
+__all__ = ["EngineClosedError", "EngineServerError", "EngineStats", "LocalEngine", "SGLangEngine", "ScriptedEngine",
+           "ServerDownError"]
