@@ -4,6 +4,7 @@ stop or interpreter exit (checked by PID). The launch path is the one the Sessio
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -148,3 +149,37 @@ def test_a_server_gets_sigterm_when_its_parent_is_killed(tmp_path):
             break
         time.sleep(0.05)
     assert not alive(server)
+
+
+@pytest.mark.slow
+def test_launch_remote_engine_with_engine_servers_serves_and_close_leaves_no_process(tmp_path):
+    """The Session's `engine.type: sglang` path with the command swapped for `areal-nb engine-server`."""
+    from areal_nb.api import GenerationConfig, ModelRequest
+    from areal_nb.engine.remote_launch import launch_remote_engine
+
+    lines: list[tuple[int, str]] = []
+    engine = launch_remote_engine("tiny-math", server="engine-server", n_servers=2, api_key="k",
+                                  weights_dir=tmp_path / "weights", log_dir=tmp_path / "logs",
+                                  on_log=lambda i, line: lines.append((i, line)))
+    pids = [p.pid for p in engine.owned_processes]
+    try:
+        request = ModelRequest([5, 6, 7], GenerationConfig(max_new_tokens=4, ignore_eos=True))
+        response = asyncio.run(engine.agenerate(request))
+        assert response.output_len == 4
+        assert {i for i, line in lines if "listening on" in line} == {0, 1}
+        assert all(alive(pid) for pid in pids)
+    finally:
+        engine.close()
+    assert not any(alive(pid) for pid in pids)
+    assert all("listening on" in (tmp_path / "logs" / f"server-{i}.log").read_text() for i in (0, 1))
+
+
+def test_launch_remote_engine_stops_every_server_when_one_never_gets_healthy():
+    from areal_nb.engine.remote_launch import launch_remote_engine
+
+    pids: list[int] = []
+    never_healthy = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
+    with pytest.raises(ServerLaunchError, match="not healthy"):
+        launch_remote_engine("m", server=never_healthy, n_servers=2, ready_timeout=3.0,
+                             on_log=lambda i, line: pids.append(int(line)))
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
