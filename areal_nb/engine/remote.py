@@ -118,10 +118,12 @@ class SGLangEngine:
         request_timeout: float | None = 3600.0,
         max_tracked_sequences: int = 65536,
         owned_processes: Sequence[Any] = (),
+        max_context: int | None = None,
         check: bool = True,
     ) -> None:
         """`addresses`: base URLs (`http://host:port`). `owned_processes`: launcher `ServerProcess`es
-        this engine stops on `close()`. `check`: read every server's `/model_info` now (a server that
+        this engine stops on `close()`. `max_context`: the model's context length, which the proxy
+        uses to cap requests (servers do not report it in `/model_info`). `check`: read every server's `/model_info` now (a server that
         does not answer is marked down; none answering is an error) and adopt their weight version."""
         urls = [addresses] if isinstance(addresses, str) else list(addresses)
         if not urls:
@@ -135,6 +137,7 @@ class SGLangEngine:
         if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(int(tokenizer.eos_token_id))
         self.owned_processes = list(owned_processes)
+        self.max_context = max_context
         self._timeout = httpx.Timeout(connect=connect_timeout, read=request_timeout, write=60.0, pool=None)
         self._prefixes = _PrefixTable(max_tracked_sequences)
         self._tie_break = itertools.count()

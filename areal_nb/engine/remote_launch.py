@@ -37,6 +37,7 @@ def launch_remote_engine(
     on_log: Callable[[int, str], None] | None = None,
     ready_timeout: float = 600.0,
     tokenizer: Any = None,
+    max_context: int | None = None,
 ) -> SGLangEngine:
     """Start the servers, wait until every one is healthy, return the engine that owns them.
 
@@ -62,7 +63,7 @@ def launch_remote_engine(
             proc.wait_ready(timeout=ready_timeout, headers=headers)
         return SGLangEngine([p.url for p in procs], api_key=api_key, weights_dir=weights_dir,
                             config_source=model_path if Path(model_path).is_dir() else None,
-                            tokenizer=tokenizer, owned_processes=procs)
+                            tokenizer=tokenizer, owned_processes=procs, max_context=max_context)
     except BaseException:
         for proc in procs:
             proc.stop()
