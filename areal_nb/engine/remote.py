@@ -169,6 +169,9 @@ class SGLangEngine:
         return event
 
     async def _make_client(self, headers: dict[str, str]) -> httpx.AsyncClient:
+        # No connection cap: a capped pool would cap how many requests a server batches. httpx's
+        # pool costs more CPU per request as connections grow (about 3 ms at 32 concurrent, 17 ms
+        # at 256 on the development machine): beyond a few hundred concurrent requests, shard.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         return httpx.AsyncClient(timeout=self._timeout, limits=limits, headers=headers)
 
