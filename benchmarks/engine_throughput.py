@@ -6,12 +6,16 @@ temperature 1, served three ways:
   engine      LocalEngine, all N submitted at once (continuous batching)
   one_by_one  `model.generate` per request, sequentially
   static      one left-padded `model.generate` call over all N (every row runs to the longest)
+  remote      (with --remote) the same N requests through `SGLangEngine` to an `areal-nb engine-server`
+              subprocess (same model, batch size and seed) over HTTP on loopback; `ratio_remote` is
+              remote / engine, the cost of the HTTP hop and the JSON (target >= 0.85 at 32 requests)
 Each way runs --repeats times (interleaved) and the best time counts: the shared 2-core machine is
 noisy. Throughput counts the tokens the requests asked for (the static batch's extra tokens past a row's
 own limit are waste, not output). The last line printed is one JSON object; `ratio` and
 `ratio_static` are for the first --requests value.
 
     python benchmarks/engine_throughput.py --model tiny-math --requests 32 128
+    python benchmarks/engine_throughput.py --requests 32 --remote
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 
@@ -41,15 +46,54 @@ def make_requests(n: int, vocab: int, rng: random.Random, args) -> list[ModelReq
     ]
 
 
+# CPU seconds of the latest run of each way (the machine is shared: CPU time is the steadier figure)
+CPU_SECONDS: dict[str, float] = {}
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_engine(engine: LocalEngine, reqs: list[ModelRequest]) -> tuple[float, int]:
     async def all_at_once():
         return await asyncio.gather(*(engine.agenerate(r.copy()) for r in reqs))
 
+    cpu = time.process_time()
     start = time.perf_counter()
     responses = asyncio.run(all_at_once())
     elapsed = time.perf_counter() - start
+    CPU_SECONDS["engine"] = time.process_time() - cpu
     assert all(r.output_len == q.gconfig.max_new_tokens for r, q in zip(responses, reqs, strict=True))
     return elapsed, sum(r.output_len for r in responses)
+
+
+def run_remote(remote, reqs: list[ModelRequest]) -> tuple[float, int]:
+    async def all_at_once():
+        return await asyncio.gather(*(remote.agenerate(r.copy()) for r in reqs))
+
+    server_pid = remote.owned_processes[0].pid
+    cpu, server_cpu = time.process_time(), process_cpu_seconds(server_pid)
+    start = time.perf_counter()
+    responses = asyncio.run(all_at_once())
+    elapsed = time.perf_counter() - start
+    CPU_SECONDS["remote_client"] = time.process_time() - cpu
+    CPU_SECONDS["remote_server"] = process_cpu_seconds(server_pid) - server_cpu
+    assert all(r.output_len == q.gconfig.max_new_tokens for r, q in zip(responses, reqs, strict=True))
+    return elapsed, sum(r.output_len for r in responses)
+
+
+def start_remote(args):
+    """An engine-server subprocess with the benchmark's settings, and an SGLangEngine over it."""
+    from areal_nb.engine.launcher import ServerProcess, engine_server_command, free_port
+    from areal_nb.engine.remote import SGLangEngine
+
+    port = free_port()
+    cmd = engine_server_command(args.model, port=port, extra_args=[
+        "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed)])
+    proc = ServerProcess(cmd, f"http://127.0.0.1:{port}").start()
+    proc.wait_ready(timeout=600)
+    return proc, SGLangEngine([proc.url], owned_processes=[proc])
 
 
 def _sampling_kwargs(n_new: int) -> dict:
@@ -95,6 +139,8 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
+    parser.add_argument("--only", nargs="+", default=None, help="subset of ways to run, e.g. engine remote")
     args = parser.parse_args()
 
     engine = LocalEngine(resolve_model_path(args.model), max_batch_size=args.max_batch_size, seed=args.seed)
@@ -104,10 +150,15 @@ def main() -> None:
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
           f"torch threads {torch.get_num_threads()}, device {engine.device}")
 
+    remote = None
+    if args.remote:
+        _proc, remote = start_remote(args)
     warm = make_requests(4, engine.vocab_size, rng, args)
     run_engine(engine, warm)
     run_one_by_one(model, warm[:1], pad_id)
     run_static_batch(model, warm, pad_id)
+    if remote is not None:
+        run_remote(remote, warm)
 
     results: dict[str, dict] = {}
     for n in args.requests:
@@ -120,12 +171,19 @@ def main() -> None:
             "one_by_one": lambda: run_one_by_one(model, reqs, pad_id),
             "static": lambda: run_static_batch(model, reqs, pad_id),
         }
+        if remote is not None:
+            ways["remote"] = lambda: run_remote(remote, reqs)
+        if args.only:
+            ways = {k: v for k, v in ways.items() if k in args.only}
         best: dict[str, tuple[float, int]] = {}
         for _ in range(args.repeats):
             for name, fn in ways.items():
                 elapsed, tokens = fn()
                 if name not in best or elapsed < best[name][0]:
                     best[name] = (elapsed, tokens)
+                    for key, value in CPU_SECONDS.items():
+                        if key.startswith(name):
+                            row[f"{key}_cpu_s"] = round(value, 3)
         for name, (elapsed, tokens) in best.items():
             row[f"{name}_s"] = round(elapsed, 3)
             row[f"{name}_tok_s"] = round(tokens / elapsed, 1)
@@ -133,17 +191,25 @@ def main() -> None:
                   f"(best of {args.repeats})", flush=True)
         row["engine_decode_steps"] = (engine.stats.decode_steps - before[0]) // args.repeats
         row["engine_max_active"] = engine.stats.max_active
-        row["ratio"] = round(row["engine_tok_s"] / row["one_by_one_tok_s"], 2)
-        row["ratio_static"] = round(row["engine_tok_s"] / row["static_tok_s"], 2)
-        print(f"  N={n:4d} engine/one_by_one = {row['ratio']:.2f}x, engine/static = {row['ratio_static']:.2f}x "
-              f"({row['engine_decode_steps']} decode steps, up to {row['engine_max_active']} rows per step)",
+        for key, other in (("ratio", "one_by_one"), ("ratio_static", "static")):
+            if f"{other}_tok_s" in row and "engine_tok_s" in row:
+                row[key] = round(row["engine_tok_s"] / row[f"{other}_tok_s"], 2)
+        if "remote_tok_s" in row and "engine_tok_s" in row:
+            row["ratio_remote"] = round(row["remote_tok_s"] / row["engine_tok_s"], 2)
+            # CPU the server spent on the same tokens vs the embedded engine (client CPU reported apart)
+            row["ratio_remote_cpu"] = round(row["engine_cpu_s"] / row["remote_server_cpu_s"], 2)
+        print(f"  N={n:4d} " + ", ".join(f"{k} = {row[k]:.2f}x" for k in ("ratio", "ratio_static", "ratio_remote")
+                                       if k in row)
+              + f" ({row['engine_decode_steps']} decode steps, up to {row['engine_max_active']} rows per step)",
               flush=True)
         results[str(n)] = row
     engine.close()
+    if remote is not None:
+        remote.close()  # stops the engine-server it owns
 
     first = results[str(args.requests[0])]
-    print(json.dumps({"model": args.model, "ratio": first["ratio"], "ratio_static": first["ratio_static"],
-                      "by_requests": results}))
+    summary = {k: first[k] for k in ("ratio", "ratio_static", "ratio_remote", "ratio_remote_cpu") if k in first}
+    print(json.dumps({"model": args.model, **summary, "by_requests": results}))
 
 
 if __name__ == "__main__":
