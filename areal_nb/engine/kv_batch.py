@@ -90,6 +90,7 @@ class PaddedKVBatch:
         self.model = model
         self.fast = Qwen2FastForward(model) if fast_forward and Qwen2FastForward.supports(model) else None
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self._cache_kwarg = _cache_kwarg(model)
         self.num_layers = int(model.config.num_hidden_layers)
         self.cache: Cache | None = None
@@ -140,7 +141,9 @@ class PaddedKVBatch:
         if self.cache is None or last_tokens.shape[0] != self.size:
             raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
         cols = torch.arange(self.length + 1, device=self.device)
-        mask = (cols[None, :] >= self.pads[:, None])[:, None, None, :]  # [B, 1, 1, length+1]
+        # additive float mask, built once per step: sdpa would convert a boolean one in every layer
+        padding = (cols[None, :] < self.pads[:, None])[:, None, None, :]  # [B, 1, 1, length+1]
+        mask = torch.zeros(padding.shape, device=self.device, dtype=self.dtype).masked_fill_(padding, float("-inf"))
         positions = (self.length - self.pads)[:, None]
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1
