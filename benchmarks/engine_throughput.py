@@ -90,10 +90,10 @@ class VllmWorker:
         self.proc.stdin.flush()
 
     def _receive(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its stderr is above")
-        return json.loads(line)
+        for line in self.proc.stdout:
+            if line.startswith("@vllm-answer "):
+                return json.loads(line.removeprefix("@vllm-answer "))
+        raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its stderr is above")
 
     def run(self, reqs: list[ModelRequest]) -> tuple[float, int]:
         self._send({"prompts": [r.input_ids for r in reqs], "max_new_tokens": [r.gconfig.max_new_tokens for r in reqs]})

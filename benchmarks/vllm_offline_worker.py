@@ -19,13 +19,22 @@ import sys
 import time
 
 
+ANSWER = "@vllm-answer "  # answers are the only stdout lines that start with this
+_answers = None
+
+
 def _answer(obj: dict) -> None:
-    sys.__stdout__.write(json.dumps(obj) + "\n")
-    sys.__stdout__.flush()
+    _answers.write(ANSWER + json.dumps(obj) + "\n")
+    _answers.flush()
 
 
 def main() -> None:
-    sys.stdout = sys.stderr  # keep stdout for answers: vLLM and its libraries print freely
+    global _answers
+    # Answers get a private copy of stdout; fd 1 itself (inherited by vLLM's worker processes,
+    # which print freely) is pointed at stderr.
+    _answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import vllm
     from vllm import LLM, SamplingParams
