@@ -202,7 +202,8 @@ def main() -> None:
     model, pad_id = engine.model, engine.tokenizer.pad_token_id or 0
     rng = random.Random(args.seed)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-          f"torch threads {torch.get_num_threads()}, device {engine.device}", flush=True)
+          f"torch threads {torch.get_num_threads()}, device {engine.device}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}", flush=True)
 
     vllm = None
     if args.vllm_python:

@@ -1,15 +1,15 @@
 """`PaddedKVBatch`: the running batch of sequences and their shared, left-padded KV cache.
 
 Layout: every row's tokens are right-aligned in a cache of `length` columns; row i has `pads[i]`
-padding columns on the left. Attention masks are built here as explicit 4-D boolean masks
-(True = may attend) and positions as explicit per-row `position_ids`, so a row computes exactly
+padding columns on the left. Attention masks are built here as explicit 4-D masks (boolean,
+True = may attend, for prefill; additive float, -inf on padding, for a decoding step) and positions as explicit per-row `position_ids`, so a row computes exactly
 what it would compute alone, unpadded: padding keys are always masked out, and padding *queries*
 (during a left-padded prefill) attend only to themselves so that they stay finite (a fully
 masked query row would turn into NaN keys/values in the next layer, and 0 * NaN poisons the
 real rows).
 
-Rows join with `prefill` (their cache is left-padded to the common length and concatenated on
-the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
+Rows join with `prefill` (prompts of similar length run as one forward, see `length_groups`; the
+new rows' cache is left-padded to the common length and concatenated on the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
 any more are trimmed). The KV tensors are transformers' own `DynamicCache` layers, whose
 `.keys`/`.values` ([batch, kv_heads, seq, head_dim]) are rewritten in place on join/leave.
 

@@ -30,6 +30,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _single_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of one query per row (a decoding step): q [B, Hq, 1, D], k/v [B, Hkv, L, D].
+
+    Two batched matmuls and a softmax. torch's CPU flash-attention kernel (what sdpa picks) is
+    built for long queries and took about twice as long per decoding step at 128 rows. Query
+    heads that share a key/value head (GQA) are laid out as that head's rows, so k/v are never
+    repeated. `mask` is additive ([B, 1, 1, L], -inf on padding).
+    """
+    batch, n_q, _, dim = q.shape
+    n_kv = k.shape[1]
+    q = q.reshape(batch, n_kv, n_q // n_kv, dim)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.matmul(probs, v).reshape(batch, n_q, 1, dim)
+
+
 class Qwen2FastForward:
     @staticmethod
     def supports(model: PreTrainedModel) -> bool:
@@ -98,8 +116,11 @@ class Qwen2FastForward:
             qk = qkv[:, : n_q + n_kv]
             qk = qk * cos + _rotate_half(qk) * sin
             k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
-            out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=attn.scaling,
-                                                 enable_gqa=self.gqa)
+            if length == 1 and mask.is_floating_point():  # a decoding step (kv_batch.decode)
+                out = _single_query_attention(qk[:, :n_q], k, v, mask, attn.scaling)
+            else:
+                out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=attn.scaling,
+                                                     enable_gqa=self.gqa)
             out = out.transpose(1, 2).reshape(batch, length, -1)
             hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(hidden, layer.post_attention_layernorm)
