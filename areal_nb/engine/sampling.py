@@ -44,8 +44,10 @@ def sample_next_tokens(
     # Per-step Python work and small tensor builds add up at ~100 steps/s: skip what is uniform.
     greedy_rows = [i for i, p in enumerate(params) if p.greedy]
     temperatures = {1.0 if p.greedy else p.temperature for p in params}
-    if len(temperatures) == 1:
-        scaled = logits / temperatures.pop() if temperatures != {1.0} else logits
+    if temperatures == {1.0}:
+        scaled = logits
+    elif len(temperatures) == 1:
+        scaled = logits / temperatures.pop()
     else:
         temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
         scaled = logits / temperature[:, None]
