@@ -70,7 +70,8 @@ class Session:
         flat = _flatten_overrides(overrides)
         for key, value in (("data.source", dataset), ("data.eval_source", eval_dataset)):
             if value is not None:
-                flat[key] = value
+                # a one-shot iterator is read once here; the Session (and save()) need its rows again
+                flat[key] = value if hasattr(value, "__len__") or isinstance(value, Path) else list(value)
         self.config: SessionConfig = load_config(config, flat)
         self.step_count = 0
         self.version = 0
@@ -391,10 +392,17 @@ class Session:
 
 
 def _plain(cfg: SessionConfig) -> dict[str, Any]:
-    """The config as JSON-able data (an agent object given in Python is named by its repr)."""
+    """The config as JSON-able data (an agent object given in Python is named by its repr, a
+    dataset given in Python by its type and length, not its rows)."""
     import json
 
-    return json.loads(json.dumps(to_dict(cfg), default=repr))
+    data = to_dict(cfg)
+    for key in ("source", "eval_source"):
+        value = data["data"][key]
+        if value is not None and not isinstance(value, str):
+            size = len(value) if hasattr(value, "__len__") else "?"
+            data["data"][key] = f"<{type(value).__name__} of {size} rows>"
+    return json.loads(json.dumps(data, default=repr))
 
 
 @atexit.register
