@@ -33,6 +33,12 @@ class TaskData:
 def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
     """Load and check the configured data; `picklable` for agents in `subproc` mode."""
     train: list[dict] | None
+    if cfg.eval_fraction > 0 and cfg.eval_source is not None:
+        raise ConfigError("give data.eval_source or data.eval_fraction, not both")
+    row_source = not (isinstance(cfg.source, str) and (cfg.source == "generated" or _is_gsm8k(cfg.source, cfg.format)))
+    if cfg.eval_fraction > 0 and not row_source:
+        raise ConfigError(f"data.eval_fraction splits a dataset of rows; data.source {cfg.source!r} has its own "
+                          f"test split")
     if isinstance(cfg.source, str) and cfg.source == "generated":
         train, held_out = None, generate_problems(cfg.eval_size, seed=0, split="test", config=cfg.task)
     elif _is_gsm8k(cfg.source, cfg.format):
