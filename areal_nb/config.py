@@ -80,8 +80,17 @@ class RolloutConfig(_Section):
 
 
 class DataConfig(_Section):
-    # "generated", a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k"
-    source: str = "generated"
+    # "generated"; a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k";
+    # or your own rows: a JSONL/JSON/Parquet/CSV path, or (from Python) a list of dicts, a pandas
+    # DataFrame or a datasets.Dataset. Rows reach the agent unchanged (areal_nb.data.load_rows).
+    source: Any = "generated"
+    # The held-out rows evaluate() runs on (same forms); None: the source's test split, or
+    # eval_fraction of a row source.
+    eval_source: Any = None
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # How a .jsonl path is read: "auto" reads rows with "question"/"answer" and no "messages" as
+    # GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one.
+    format: Literal["auto", "rows", "gsm8k"] = "auto"
     seed: int = 0
     eval_size: int = Field(200, ge=1)  # held-out problems evaluate() runs on
     task: TaskConfig = Field(default_factory=TaskConfig)
