@@ -230,7 +230,7 @@ class Actor:
             packed = pack_rows(input_ids, attention, pack_ids)
             logprobs, entropy = packed_token_logprobs_and_entropy(model, packed, self.cfg.temperature)
             assert entropy is not None
-            return logprobs, entropy, packed.n_positions
+            return logprobs, entropy, packed.n_nodes
         logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
         return logprobs, entropy, input_ids.numel()
 

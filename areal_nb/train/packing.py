@@ -36,12 +36,13 @@ class PackedRows:
     parents: Tensor  # [P, N] index of the parent node within the pack, -1 for roots and padding
     tree_mask: Tensor  # [P, N, N] bool: node i attends to node j (ancestor or itself)
     node_of: Tensor  # [B, L] flat index (pack * N + node) of each row position, -1 on padding
-    n_nodes: int  # real (non-padding) nodes over all packs
+    lengths: list[int]  # real nodes of each sequence (the rest is padding)
 
     @property
-    def n_positions(self) -> int:
-        """Positions the model computes, padding nodes included."""
-        return self.input_ids.numel()
+    def n_nodes(self) -> int:
+        """Nodes over all sequences: the positions the model computes (each sequence is run at its
+        own length, so padding nodes are never computed)."""
+        return sum(self.lengths)
 
 
 def build_trie(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
@@ -74,10 +75,13 @@ def count_unique_tokens(input_ids: Tensor, attention_mask: Tensor) -> int:
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any] | Tensor | None = None) -> PackedRows:
-    """Pack right-padded rows `[B, L]` into one trie per distinct `pack_ids` value (default: one pack).
+    """Pack right-padded rows `[B, L]` into tries laid out as `[P, N]` sequences.
 
-    Rows in different packs share nothing; choose packs whose rows share prefixes (a GRPO group),
-    since each pack's attention is dense over its N nodes.
+    Rows with equal `pack_ids` (a GRPO group: its rows share their prompt) go into one trie
+    (default: all rows). Then small tries are combined into one sequence, first-fit decreasing, up
+    to the largest trie's size N: fewer padding nodes, and no sequence longer than it has to be
+    (attention is dense over a sequence's N nodes). A sequence's trie is built over all its rows,
+    so prefixes shared across their groups are stored once too.
     """
     n_rows, width = input_ids.shape
     lengths = attention_mask.sum(1).tolist()
@@ -89,14 +93,26 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
     for row, key in enumerate(keys):
         members.setdefault(key, []).append(row)
 
-    tries = [build_trie([ids[r][: lengths[r]] for r in rows]) for rows in members.values()]
+    sizes = {key: len(build_trie([ids[r][: lengths[r]] for r in rows])[0]) for key, rows in members.items()}
+    capacity = max(sizes.values())
+    bins: list[list[int]] = []  # rows of each packed sequence
+    room: list[int] = []
+    for key in sorted(members, key=lambda k: -sizes[k]):
+        fit = next((i for i, free in enumerate(room) if free >= sizes[key]), None)
+        if fit is None:
+            bins.append([])
+            room.append(capacity)
+            fit = len(bins) - 1
+        bins[fit].extend(members[key])
+        room[fit] -= sizes[key]
+    tries = [build_trie([ids[r][: lengths[r]] for r in rows]) for rows in bins]
     n = max(len(t[0]) for t in tries)
     n_packs = len(tries)
     tokens = torch.zeros(n_packs, n, dtype=torch.long)
     positions = torch.zeros(n_packs, n, dtype=torch.long)
     parents = torch.full((n_packs, n), -1, dtype=torch.long)
     node_of = torch.full((n_rows, width), -1, dtype=torch.long)
-    for p, ((tok, par, dep, paths), rows) in enumerate(zip(tries, members.values(), strict=True)):
+    for p, ((tok, par, dep, paths), rows) in enumerate(zip(tries, bins, strict=True)):
         k = len(tok)
         tokens[p, :k] = torch.tensor(tok)
         positions[p, :k] = torch.tensor(dep)
@@ -117,7 +133,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
         parents=parents.to(input_ids.device),
         tree_mask=mask.to(input_ids.device),
         node_of=node_of.to(input_ids.device),
-        n_nodes=sum(len(t[0]) for t in tries),
+        lengths=[len(t[0]) for t in tries],
     )
 
 
@@ -130,29 +146,35 @@ def packed_token_logprobs_and_entropy(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     dtype = next(model.parameters()).dtype
-    additive = torch.zeros(packed.tree_mask.shape, dtype=dtype, device=packed.tree_mask.device)
-    additive.masked_fill_(~packed.tree_mask, torch.finfo(dtype).min)
-    logits = model(
-        input_ids=packed.input_ids,
-        attention_mask=additive.unsqueeze(1),  # [P, 1, N, N]: used as-is by sdpa/eager attention
-        position_ids=packed.position_ids,
-        use_cache=False,
-    ).logits
-    log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [P, N, V]
-    n_packs, n = packed.input_ids.shape
-    flat = log_probs.reshape(n_packs * n, -1)
-    has_parent = packed.parents >= 0
-    parent_flat = (packed.parents.clamp(min=0) + torch.arange(n_packs, device=flat.device)[:, None] * n).reshape(-1)
-    # a node's token log-prob is read at its parent's logits; roots have no context (0)
-    node_lp = flat[parent_flat, packed.input_ids.reshape(-1)]
-    node_lp = torch.where(has_parent.reshape(-1), node_lp, 0.0)
-    node_entropy = None
-    if with_entropy:
-        with torch.no_grad():  # reported, not trained on
-            lp = flat.detach()
-            entropy = -(lp.exp() * lp).sum(-1)
-            node_entropy = torch.where(has_parent.reshape(-1), entropy[parent_flat], 0.0)
-    return _to_rows(node_lp, packed.node_of), (None if node_entropy is None else _to_rows(node_entropy, packed.node_of))
+    n = packed.input_ids.shape[1]
+    node_lp, node_entropy = [], []
+    # one forward per sequence at its own length: no padding node is computed
+    for p, k in enumerate(packed.lengths):
+        additive = torch.zeros((1, 1, k, k), dtype=dtype, device=packed.tree_mask.device)
+        additive.masked_fill_(~packed.tree_mask[p, :k, :k], torch.finfo(dtype).min)
+        logits = model(
+            input_ids=packed.input_ids[p : p + 1, :k],
+            attention_mask=additive,  # a 4D mask is used as-is by sdpa/eager attention
+            position_ids=packed.position_ids[p : p + 1, :k],
+            use_cache=False,
+        ).logits[0]
+        log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [k, V]
+        parents = packed.parents[p, :k]
+        has_parent = parents >= 0
+        parents = parents.clamp(min=0)
+        padding = log_probs.new_zeros(n - k)
+        # a node's token log-prob is read at its parent's logits; roots have no context (0)
+        lp = torch.where(has_parent, log_probs[parents, packed.input_ids[p, :k]], 0.0)
+        node_lp.append(torch.cat([lp, padding]))
+        if with_entropy:
+            with torch.no_grad():  # reported, not trained on
+                detached = log_probs.detach()
+                entropy = -(detached.exp() * detached).sum(-1)
+                node_entropy.append(torch.cat([torch.where(has_parent, entropy[parents], 0.0), padding]))
+    flat_lp = torch.cat(node_lp)
+    if not with_entropy:
+        return _to_rows(flat_lp, packed.node_of), None
+    return _to_rows(flat_lp, packed.node_of), _to_rows(torch.cat(node_entropy), packed.node_of)
 
 
 def _to_rows(per_node: Tensor, node_of: Tensor) -> Tensor:

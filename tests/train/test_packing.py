@@ -86,8 +86,15 @@ def test_trie_holds_each_prefix_once():
         [1, 1, 0, 1, 1],
     ]
     assert packed.tree_mask[1].int().tolist() == torch.eye(5, dtype=torch.int).tolist()  # padding: self only
-    assert packed.n_nodes == 6 and packed.n_positions == 10
+    assert packed.lengths == [5, 1] and packed.n_nodes == 6
     assert count_unique_tokens(ids, attention) == 6
+    # small tries share a sequence up to the largest one's size (first-fit decreasing), and the
+    # sequence's trie shares their common prefix ("5") across packs
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0], [5, 7, 0, 0]])
+    packed = pack_rows(ids, ids > 0, [0, 1, 2])
+    assert packed.lengths == [4, 3]
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4], [5, 6, 7, 0]]
+    assert packed.node_of.tolist() == [[0, 1, 2, 3], [4, 5, -1, -1], [4, 6, -1, -1]]
     with pytest.raises(ValueError, match="pack_ids has 2 entries for 3 rows"):
         pack_rows(ids, attention, [0, 1])
 
