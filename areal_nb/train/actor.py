@@ -139,7 +139,7 @@ class Actor:
         advantages = adv["advantages"]
 
         loss_stats: list[dict[str, float]] = []
-        trained_positions = 0  # positions the training forward computed (padding included)
+        trained_positions = 0  # positions the training forward computed (padded rows: with the padding)
         minibatch_losses, grad_norms = [], []
         for rows in torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches):
             self.optimizer.zero_grad(set_to_none=True)
