@@ -25,10 +25,11 @@ from torch import Tensor
 
 from areal_nb.api import CreditMode, InferenceEngine
 
-from .advantages import compute_advantages, kl_estimate
+from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
-from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy
+from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_actor_loss
+from .packing import pack_rows, packed_token_logprobs_and_entropy
 
 __all__ = ["Actor", "GRPOConfig"]
 
@@ -75,6 +76,14 @@ class Actor:
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
+        With `cfg.pack` the rows of one group (`group_ids`, else `batch["group_ids"]`; without
+        either, each micro-batch) are merged into a token trie so shared prefixes are computed
+        once; the per-row log-probs equal the padded computation (see `packing.py`).
+        The no-grad recomputation of π_prox (π_old without the decoupled loss) is skipped when
+        the training forward computes the same values (`cfg.skip_redundant_recompute`, one
+        minibatch: the forward runs the pre-update weights); its detached log-probs are used
+        instead and stats hold `recompute_skipped = 1`.
+
         `credit` ("leaf" | "turn") overrides `cfg.credit` for this step (a RolloutBatch's own
         setting). Returns the step's stats; afterwards `self.version` is one higher.
         """
@@ -98,19 +107,29 @@ class Actor:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+        if group_ids is None:
+            group_ids = batch.get("group_ids")
+        pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
+
         prox_logprobs = None
-        if cfg.computes_prox_logprobs:
-            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention)
+        recompute_skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
+        if recompute_skipped:
+            # filled micro-batch by micro-batch from the training forward (pre-update weights)
+            prox_logprobs = torch.zeros_like(engine_logprobs)
+        elif cfg.computes_prox_logprobs:
+            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids)
         # π_old in the clipped ratio: the engine's record in decoupled mode or without
         # recomputation; otherwise the recomputed values (identical on-policy, but exact).
         use_engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
-        old_logprobs = engine_logprobs if use_engine_as_old else prox_logprobs
+        # (skipped recomputation without the decoupled loss: only the loss below reads π_old, and
+        # takes it from the forward; kl_ctl is 0 there, so the advantages do not read it)
+        old_logprobs = engine_logprobs if use_engine_as_old or recompute_skipped else prox_logprobs
 
         adv_inputs = dict(batch, old_logprobs=old_logprobs)
         if cfg.kl_ctl > 0 and "ref_logprobs" not in batch:
             if self.ref_model is None:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
-            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention)
+            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention, pack_ids)
         adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
         kl_stats = {}
         if "ref_logprobs" in adv_inputs and bool(mask.any()):
@@ -120,6 +139,7 @@ class Actor:
         advantages = adv["advantages"]
 
         loss_stats: list[dict[str, float]] = []
+        trained_positions = 0  # positions the training forward computed (padded rows: with the padding)
         minibatch_losses, grad_norms = [], []
         for rows in torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches):
             self.optimizer.zero_grad(set_to_none=True)
@@ -130,12 +150,21 @@ class Actor:
             for micro in rows.split(cfg.micro_batch_size or len(rows)):
                 width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
                 cols = slice(0, width)
-                logprobs, entropy = compute_token_logprobs_and_entropy(
-                    self.model, input_ids[micro, cols], attention[micro, cols], cfg.temperature
+                # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows
+                logprobs, entropy, positions = self._row_logprobs(
+                    self.model, input_ids[micro, cols], attention[micro, cols],
+                    None if pack_ids is None else pack_ids[micro],
                 )
+                trained_positions += positions
+                micro_old = old_logprobs[micro, cols]
+                if recompute_skipped:
+                    assert prox_logprobs is not None
+                    prox_logprobs[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
+                    if not use_engine_as_old:
+                        micro_old = prox_logprobs[micro, cols]
                 loss, stats = ppo_actor_loss(
                     logprobs,
-                    old_logprobs[micro, cols],
+                    micro_old,
                     advantages[micro, cols],
                     mask[micro, cols],
                     eps_clip=cfg.eps_clip,
@@ -166,8 +195,10 @@ class Actor:
             "n_tokens": float(mask.sum()),
             "n_rows": float(n_rows),
             "train_seconds": elapsed,
-            # all non-padding tokens pass through the model, prompt included
+            # all non-padding tokens of the rows are trained on, prompt included
             "train_tokens_per_s": float(attention.sum()) / elapsed if elapsed > 0 else 0.0,
+            "train_positions": float(trained_positions),  # < row tokens when prefixes are shared
+            "recompute_skipped": float(recompute_skipped),
         }
         if prox_logprobs is not None and bool(mask.any()):
             diff = (prox_logprobs - engine_logprobs).abs()[mask]
@@ -179,14 +210,40 @@ class Actor:
         self.steps_done += 1
         return out
 
+    def _recompute_is_redundant(self) -> bool:
+        """Whether the training forward computes the recomputation's values: with one minibatch
+        every micro-batch runs the weights from before the (only) optimizer step. With more, later
+        minibatches run updated weights, and their π_prox must be the pre-step policy."""
+        cfg = self.cfg
+        return (
+            cfg.skip_redundant_recompute
+            and cfg.ppo_n_minibatches == 1
+            and (cfg.use_decoupled_loss or cfg.kl_ctl == 0)  # π_old feeds the KL penalty before the forward
+        )
+
+    def _row_logprobs(
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None
+    ) -> tuple[Tensor, Tensor, int]:
+        """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
+        id (`cfg.pack`) or the padded rows, and the number of positions the model computed."""
+        if self.cfg.pack:
+            packed = pack_rows(input_ids, attention, pack_ids)
+            logprobs, entropy = packed_token_logprobs_and_entropy(model, packed, self.cfg.temperature)
+            assert entropy is not None
+            return logprobs, entropy, packed.n_nodes
+        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
+        return logprobs, entropy, input_ids.numel()
+
     @torch.no_grad()
-    def _logprobs_no_grad(self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor) -> Tensor:
+    def _logprobs_no_grad(
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None = None
+    ) -> Tensor:
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for micro in torch.arange(input_ids.shape[0]).split(self.cfg.micro_batch_size or input_ids.shape[0]):
             width = int(attention[micro].sum(1).max())
-            out[micro, :width] = compute_token_logprobs(
-                model, input_ids[micro, :width], attention[micro, :width], self.cfg.temperature
-            )
+            out[micro, :width] = self._row_logprobs(
+                model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro]
+            )[0]
         return out
 
     def _staleness(self, versions: Tensor | None, mask: Tensor) -> dict[str, float]:

@@ -49,6 +49,16 @@ class GRPOConfig:
     behave_imp_weight_cap: float | None = 5.0  # tokens with pi_prox/pi_behave above it are masked
     temperature: float = 1.0  # must equal the sampling temperature
     recompute_logprob: bool = True
+    # Skip that separate no-grad pass when the training forward computes the same values: with
+    # one optimizer step per train step (ppo_n_minibatches == 1) every micro-batch's forward runs
+    # the pre-update weights, i.e. π_prox itself, so its detached log-probs are used (exact, for
+    # on- and off-policy tokens alike). Not skipped without the decoupled loss when kl_ctl > 0
+    # (the KL penalty needs π_old before the forward). False: always recompute.
+    skip_redundant_recompute: bool = True
+    # Train on unique tokens: the rows of a group are merged into a token trie and each shared
+    # prefix (the group's prompt, earlier turns of concat rows) is computed once
+    # (`packing.py`); False runs every right-padded row through the model.
+    pack: bool = True
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists

@@ -1,0 +1,93 @@
+"""Training on unique tokens: trained tokens / unique tokens and the training time of one step with
+and without prefix sharing (`actor.pack`) and the skipped recomputation
+(`actor.skip_redundant_recompute`), on one demo batch (16 prompts x 8 samples, concat, 2 turns).
+
+    .venv/bin/python benchmarks/train_tokens.py [--repeats 3] [overrides ...]
+
+Every variant trains a copy of the same actor on the same batch, interleaved, so the machine's
+load hits them alike. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+VARIANTS = {  # name: actor overrides
+    "padded+recompute": {"pack": False, "skip_redundant_recompute": False},  # before issue 14
+    "padded": {"pack": False},
+    "packed+recompute": {"pack": True, "skip_redundant_recompute": False},
+    "packed": {"pack": True},  # the default
+}
+
+
+def token_report(tensors: dict[str, Any], packed_positions: float, padded_positions: float) -> dict[str, float]:
+    """Trained positions (padding included) over unique tokens (distinct prefixes of the batch)."""
+    from areal_nb.train.packing import count_unique_tokens
+
+    unique = count_unique_tokens(tensors["input_ids"], tensors["attention_mask"])
+    return {
+        "unique_tokens": unique,
+        "row_tokens": int(tensors["attention_mask"].sum()),
+        "trained_tokens_packed": packed_positions,
+        "trained_tokens_padded": padded_positions,
+        "trained_over_unique_packed": packed_positions / unique,
+        "trained_over_unique_padded": padded_positions / unique,
+    }
+
+
+def time_variants(actor: Any, tensors: dict[str, Any], credit: str, repeats: int) -> dict[str, dict[str, float]]:
+    """Median train_step seconds of each variant on copies of `actor` (the batch is not consumed)."""
+    from areal_nb.train import Actor
+
+    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    stats: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        for name, overrides in VARIANTS.items():
+            clone = Actor(copy.deepcopy(actor.model), dataclasses.replace(actor.cfg, **overrides), version=actor.version)
+            clone.steps_done = actor.steps_done
+            t0 = time.perf_counter()
+            stats[name] = clone.train_step(tensors, tensors["group_ids"], credit=credit)
+            seconds[name].append(time.perf_counter() - t0)
+    return {name: {"train_s": statistics.median(seconds[name]), "loss": stats[name]["loss"],
+                   "positions": stats[name]["train_positions"]} for name in VARIANTS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi_turn_math.yaml"))
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    from areal_nb.config import load_config
+    from areal_nb.session import Session
+
+    cfg = load_config(args.config, [*args.overrides, "logging.progress=false", "rollout.prefetch=false"])
+    with Session(cfg) as session:
+        batch = session.rollout()
+        tensors = batch.to_tensors()
+        timings = time_variants(session.actor, tensors, batch.credit, args.repeats)
+    report = token_report(tensors, timings["packed"]["positions"], timings["padded"]["positions"])
+    report.update({f"{name}_train_s": t["train_s"] for name, t in timings.items()})
+    report["loss_diff_packed_vs_padded"] = abs(timings["packed"]["loss"] - timings["padded+recompute"]["loss"])
+    report["rows"] = int(tensors["input_ids"].shape[0])
+    report["style"] = batch.style
+    print(f"{report['rows']} {batch.style} rows: {report['row_tokens']} row tokens, {report['unique_tokens']} unique; "
+          f"trained/unique {report['trained_over_unique_packed']:.2f} packed, "
+          f"{report['trained_over_unique_padded']:.2f} padded")
+    for name, t in timings.items():
+        print(f"  {name:18s} train step {t['train_s']:.2f} s (median of {args.repeats})")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
