@@ -1,5 +1,6 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
+from .by_value import NotSerializableError
 from .engine_api import InferenceEngine
 from .io_struct import (
     MAX_STOP_STRING_CHARS,
@@ -49,6 +50,7 @@ __all__ = [
     "InferenceEngine",
     "ModelRequest",
     "ModelResponse",
+    "NotSerializableError",
     "RolloutWorkflow",
     "can_export_concat",
     "check_export_style",

@@ -14,6 +14,9 @@ Modes: `inline` awaits `agent.run(data, base_url=<proxy>/v1, api_key=<session ke
 http_client=<shared httpx.AsyncClient>)` in the caller's loop; `subproc` runs
 `asyncio.run(agent.run(data))` in a spawn-context process pool with `OPENAI_BASE_URL`,
 `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` set, so sync SDK code works.
+The agent travels to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class
+defined in a notebook cell works; an agent holding something that cannot travel (a lock, a
+socket) is refused at construction with `NotSerializableError` naming the attribute.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import httpx
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
+from areal_nb.api.by_value import dumps_by_value, loads_by_value
 
 from .client import OpenAIProxyClient, ProxyRequestError
 
@@ -53,11 +57,12 @@ class EpisodeRejected(Exception):
         super().__init__(message)
 
 
-def _run_agent_in_subprocess(agent: Any, data: dict[str, Any], env: dict[str, str]) -> Any:
-    """Pool worker entry: set the session's env, run the agent, restore the env.
+def _run_agent_in_subprocess(agent_payload: bytes, data: dict[str, Any], env: dict[str, str]) -> Any:
+    """Pool worker entry: set the session's env, run a fresh copy of the agent, restore the env.
 
     Workers are reused across episodes, so the previous episode's key must not linger.
     """
+    agent = loads_by_value(agent_payload)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -152,6 +157,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             raise ValueError(f"subproc_max_workers must be >= 1, got {subproc_max_workers}")
         if agent_timeout is not None and agent_timeout <= 0:
             raise ValueError(f"agent_timeout must be positive or None, got {agent_timeout}")
+        if mode == "subproc":
+            dumps_by_value(agent, "agent")  # refuse now, not at the first episode
         self.mode = mode
         self.agent = agent
         self.proxy_addr = proxy_addr.rstrip("/").removesuffix("/v1")
@@ -253,7 +260,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             "ANTHROPIC_API_KEY": session_api_key,
         }
         pool = self._process_pool()
-        future = asyncio.get_running_loop().run_in_executor(pool, _run_agent_in_subprocess, self.agent, data, env)
+        payload = dumps_by_value(self.agent, "agent")  # per episode: the agent's current state
+        future = asyncio.get_running_loop().run_in_executor(pool, _run_agent_in_subprocess, payload, data, env)
         try:
             return await asyncio.wait_for(future, self.agent_timeout)
         except TimeoutError as exc:

@@ -4,9 +4,11 @@ Semantics follow AReaL's wrapper (reference §6.1) with these deliberate differe
 
 - Workers are started with the `spawn` context: the notebook kernel runs threads, and `fork`
   copies their locks in whatever state they are in. (`forkserver` would leave its server
-  process running after the pool is gone.) Consequence: the reward function must be
-  importable by module path in a fresh interpreter; a function defined in a notebook cell
-  (`__main__`) is not. Put it in a `.py` file.
+  process running after the pool is gone.) The reward function travels by value with
+  cloudpickle (`areal_nb.api.by_value`), so one defined in a notebook cell works; one that
+  closes over something that cannot travel (a lock, a socket) is refused at construction with
+  `NotSerializableError` naming it.
+- The reward function may be `async def`: the worker runs it to completion with `asyncio.run`.
 - A call that times out does not leave a hung process occupying a worker: the pool is
   replaced at once (new calls go to the fresh pool) and the old one is killed as soon as no
   other call still waits on it. The same happens when a call is cancelled (a KeyboardInterrupt
@@ -30,8 +32,8 @@ import functools
 import importlib
 import logging
 import multiprocessing
+import inspect
 import os
-import pickle
 import re
 import threading
 import weakref
@@ -39,6 +41,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
+
+from areal_nb.api.by_value import dumps_by_value, loads_by_value
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +75,24 @@ def default_max_workers() -> int:
 
 def _import_module(name: str) -> None:
     importlib.import_module(name)
+
+
+@functools.lru_cache(maxsize=16)
+def _reward_function(payload: bytes) -> Callable[..., Any]:
+    # Unpickled once per worker process: a by-value function may carry sizeable globals.
+    return loads_by_value(payload)
+
+
+def _call_reward(payload: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Worker entry: the reward function from its cloudpickle bytes, called (and awaited)."""
+    result = _reward_function(payload)(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return result
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
 
 
 class _Pool:
@@ -195,14 +217,7 @@ class AsyncRewardWrapper:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if on_timeout not in ("raise", "zero"):
             raise ValueError(f"on_timeout must be 'raise' or 'zero', got {on_timeout!r}")
-        try:
-            pickle.dumps(reward_fn)
-        except Exception as exc:
-            raise TypeError(
-                f"reward function {reward_fn!r} cannot be pickled into a worker process; "
-                "define it at module level in an importable .py file (not a lambda, closure "
-                "or notebook cell)"
-            ) from exc
+        self._payload = dumps_by_value(reward_fn, "reward function")
         self.reward_fn = reward_fn
         self.timeout_seconds = timeout_seconds
         self.max_workers = max_workers if max_workers is not None else default_max_workers()
@@ -224,7 +239,7 @@ class AsyncRewardWrapper:
         if shared is None:
             raise RuntimeError("AsyncRewardWrapper is closed")
         loop = asyncio.get_running_loop()
-        job = functools.partial(self.reward_fn, *args, **kwargs)
+        job = functools.partial(_call_reward, self._payload, args, kwargs)
         attempts = self.max_retries + 1
         last: BaseException | None = None
         # The timeout measures the reward function, not the queue: at most max_workers calls
@@ -234,9 +249,12 @@ class AsyncRewardWrapper:
             await slots.acquire()
             pool = shared.acquire()
             try:
+                # A by-value function (notebook cell, `__main__`) has no module to import there;
+                # warming up this module still starts the interpreters off the clock.
                 module = getattr(self.reward_fn, "__module__", None)
-                if module and module != "__main__":
-                    await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
+                if not module or module == "__main__":
+                    module = __name__
+                await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
                 future = loop.run_in_executor(pool.executor, job)
                 return float(await asyncio.wait_for(future, self.timeout_seconds))
             except TimeoutError as exc:

@@ -76,6 +76,7 @@ class Session:
         self.step_count = 0
         self.version = 0
         self.last_batch: RolloutBatch | None = None
+        self.last_inspection = None  # a train.LossInspection, from train_step(batch, inspect=True)
         self._history: list[dict[str, Any]] = []
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._started = False
@@ -206,12 +207,19 @@ class Session:
         return batch
 
     # ------------------------------------------------------------------ training
-    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
-        """One GRPO update on `batch`; the new weights go to the engine as version + 1."""
+    def train_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
+        """One GRPO update on `batch`; the new weights go to the engine as version + 1.
+
+        `inspect=True` keeps the update's per-token values (advantage, ratio, clipping,
+        behaviour weight, entropy, loss share) in `self.last_inspection`; `show_loss(session)`
+        draws them on the token chips.
+        """
         self._check_open()
         tensors = batch.to_tensors()
         # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
-        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=batch.credit))
+        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=batch.credit, inspect=inspect))
+        if inspect:
+            self.last_inspection = self.actor.last_inspection
         self.version = self.actor.version
         self.actor.push_weights(self.engine, self.version)
         self._runtime.call_soon(self.executor.on_version_change)
@@ -224,8 +232,8 @@ class Session:
         self._after_step(row)
         return row
 
-    async def atrain_step(self, batch: RolloutBatch) -> dict[str, float]:
-        return await asyncio.to_thread(self.train_step, batch)
+    async def atrain_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
+        return await asyncio.to_thread(self.train_step, batch, inspect)
 
     def step(self) -> dict[str, float]:
         """Rollout + train."""

@@ -4,11 +4,14 @@ from .actor import Actor
 from .advantages import RewardShaping, compute_advantages, group_normalize, kl_estimate
 from .config import GRPOConfig
 from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy, logits_to_token_logprobs
-from .loss import ppo_actor_loss
+from .inspection import LossInspection
+from .loss import LossTerms, ppo_actor_loss, ppo_loss_terms
 
 __all__ = [
     "Actor",
     "GRPOConfig",
+    "LossInspection",
+    "LossTerms",
     "RewardShaping",
     "compute_advantages",
     "compute_token_logprobs",
@@ -17,4 +20,5 @@ __all__ = [
     "kl_estimate",
     "logits_to_token_logprobs",
     "ppo_actor_loss",
+    "ppo_loss_terms",
 ]

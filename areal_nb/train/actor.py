@@ -27,8 +27,9 @@ from areal_nb.api import CreditMode, InferenceEngine
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
+from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .loss import ppo_actor_loss
+from .loss import ppo_loss_terms
 from .packing import pack_rows, packed_token_logprobs_and_entropy
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -53,6 +54,7 @@ class Actor:
         self.ref_model = ref_model
         self.version = version
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
+        self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         if ref_model is not None:
@@ -72,7 +74,8 @@ class Actor:
 
     # ---------------------------------------------------------------- one step
     def train_step(
-        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None, credit: CreditMode | None = None
+        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None, credit: CreditMode | None = None,
+        inspect: bool = False,
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
@@ -85,7 +88,8 @@ class Actor:
         instead and stats hold `recompute_skipped = 1`.
 
         `credit` ("leaf" | "turn") overrides `cfg.credit` for this step (a RolloutBatch's own
-        setting). Returns the step's stats; afterwards `self.version` is one higher.
+        setting). `inspect=True` keeps the update's per-token values in `self.last_inspection`
+        (a `LossInspection`). Returns the step's stats; afterwards `self.version` is one higher.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -141,7 +145,9 @@ class Actor:
         loss_stats: list[dict[str, float]] = []
         trained_positions = 0  # positions the training forward computed (padded rows: with the padding)
         minibatch_losses, grad_norms = [], []
-        for rows in torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches):
+        collector = InspectionCollector(input_ids.shape) if inspect else None
+        minibatches = torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches)
+        for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
             # Every micro-batch divides by the minibatch's token count: summed gradients are
             # exactly those of the token-level mean over the minibatch.
@@ -162,7 +168,7 @@ class Actor:
                     prox_logprobs[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
                     if not use_engine_as_old:
                         micro_old = prox_logprobs[micro, cols]
-                loss, stats = ppo_actor_loss(
+                terms = ppo_loss_terms(
                     logprobs,
                     micro_old,
                     advantages[micro, cols],
@@ -175,6 +181,9 @@ class Actor:
                     entropy=entropy,
                     normalizer=max(minibatch_tokens, 1),
                 )
+                loss, stats = terms.loss, terms.stats
+                if collector is not None:
+                    collector.add(micro, width, minibatch, logprobs, terms)
                 loss.backward()
                 minibatch_loss += float(loss.detach())
                 loss_stats.append(stats)
@@ -206,6 +215,8 @@ class Actor:
             out["logprob_abs_diff_max"] = float(diff.max())
         out["version"] = float(self.version)
         out["lr"] = lr
+        if collector is not None:
+            self.last_inspection = self._inspection(collector, batch, mask, old_logprobs, prox_logprobs, out)
         self.version += 1
         self.steps_done += 1
         return out
@@ -233,6 +244,21 @@ class Actor:
             return logprobs, entropy, packed.n_nodes
         logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
         return logprobs, entropy, input_ids.numel()
+
+
+    def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,
+                    prox_logprobs: Tensor | None, stats: dict[str, float]) -> LossInspection:
+        cfg = self.cfg
+        turn_ids = batch.get("turn_ids")
+        return LossInspection(
+            input_ids=batch["input_ids"].cpu(), attention_mask=batch["attention_mask"].cpu(), loss_mask=mask.cpu(),
+            turn_ids=None if turn_ids is None else turn_ids.cpu(), old_logprobs=old_logprobs.float().cpu(),
+            prox_logprobs=None if prox_logprobs is None else prox_logprobs.cpu(),
+            rewards=batch["rewards"].float().cpu(), minibatch=collector.minibatch, eps_clip=cfg.eps_clip,
+            eps_clip_higher=cfg.eps_clip_higher,
+            behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
+            version=self.version, stats=dict(stats), **collector.tensors,
+        )
 
     @torch.no_grad()
     def _logprobs_no_grad(

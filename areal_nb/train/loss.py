@@ -14,8 +14,30 @@ still push on a token the behaviour policy considered unlikely.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+
+@dataclass
+class LossTerms:
+    """One `ppo_loss_terms` call: the loss, its stats and the per-token values it is made of.
+
+    Every tensor has the input's shape and is detached except `loss`. Outside `loss_mask` the
+    values are neutral (ratio 1, weight 1, flags False, contribution 0).
+    """
+
+    loss: Tensor  # scalar with gradient: Σ contribution
+    stats: dict[str, float]
+    advantages: Tensor
+    ratio: Tensor  # r = π_θ / π_prox (decoupled) or π_θ / π_old
+    clipped: Tensor  # bool: the clipped branch of the PPO max was taken
+    dual_clipped: Tensor  # bool: dual clip bounded the loss (A < 0)
+    behave_weight: Tensor  # w = π_prox / π_behave (1 without the decoupled loss)
+    behave_capped: Tensor  # bool: w > behave_imp_weight_cap, the token is masked out
+    entropy: Tensor | None
+    contribution: Tensor  # the token's share of `loss` (0 for masked-out tokens)
 
 
 def ppo_actor_loss(
@@ -47,8 +69,27 @@ def ppo_actor_loss(
     KL(π_ref‖π_θ) where π_ref is π_prox or π_old), `approx_kl_k1` (mean −log r),
     `importance_weight_mean/min/max` (r), and with `prox_logprobs`
     `behave_imp_weight_mean/min/max` (w, before capping) and `behave_masked_frac`; `entropy`
-    if given.
+    if given. `ppo_loss_terms` takes the same arguments and also returns the per-token values.
     """
+    terms = ppo_loss_terms(logprobs, old_logprobs, advantages, loss_mask, eps_clip, eps_clip_higher, c_clip,
+                           prox_logprobs, behave_imp_weight_cap, entropy, normalizer)
+    return terms.loss, terms.stats
+
+
+def ppo_loss_terms(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    prox_logprobs: Tensor | None = None,
+    behave_imp_weight_cap: float | None = None,
+    entropy: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
+) -> LossTerms:
+    """`ppo_actor_loss` with the per-token values kept (for loss inspection)."""
     if c_clip is not None and c_clip <= 1:
         raise ValueError(f"c_clip must be > 1 (dual clip), got {c_clip}")
     if behave_imp_weight_cap is not None and behave_imp_weight_cap <= 1:
@@ -85,6 +126,7 @@ def ppo_actor_loss(
 
     token_mask = mask
     stats: dict[str, float] = {}
+    behave_weight = torch.ones_like(ratio)
     if prox_logprobs is not None:
         behave_weight = torch.where(mask, anchor - old_logprobs, 0.0).exp()
         if behave_imp_weight_cap is not None:
@@ -93,7 +135,8 @@ def ppo_actor_loss(
         stats.update(_min_mean_max("behave_imp_weight", behave_weight, mask))
         stats["behave_masked_frac"] = _frac(mask & ~token_mask, n_tokens)
 
-    loss = torch.where(token_mask, pg_loss, 0.0).sum() / normalizer
+    contribution = torch.where(token_mask, pg_loss, 0.0) / normalizer
+    loss = contribution.sum()
 
     with torch.no_grad():
         stats["n_tokens"] = float(n_tokens)
@@ -104,7 +147,18 @@ def ppo_actor_loss(
         stats.update(_min_mean_max("importance_weight", ratio, mask))
         if entropy is not None:
             stats["entropy"] = _masked_mean(entropy.detach().float(), mask, n_tokens)
-    return loss, stats
+    return LossTerms(
+        loss=loss,
+        stats=stats,
+        advantages=torch.where(mask, advantages, 0.0),
+        ratio=ratio.detach(),
+        clipped=clipped,
+        dual_clipped=dual_clipped,
+        behave_weight=behave_weight.detach(),
+        behave_capped=mask & ~token_mask,
+        entropy=None if entropy is None else torch.where(mask, entropy.detach().float(), 0.0),
+        contribution=contribution.detach(),
+    )
 
 
 def _frac(selected: Tensor, n_tokens: int) -> float:

@@ -1,6 +1,6 @@
 """Live notebook views: conversation trees, token masks, reward propagation, training dashboard.
 
-`show_tree`, `show_tokens`, `show_rewards` return ipywidgets that follow their source while it
+`show_tree`, `show_tokens`, `show_rewards`, `show_loss` return ipywidgets that follow their source while it
 changes; `Dashboard(session)` follows training. The view models (`build_tree`,
 `build_token_view`, `reward_state`, `history_series`) are plain data for tests and custom
 plots. ipywidgets is imported only when a view is built.
@@ -13,6 +13,7 @@ from typing import Any
 from areal_nb.api import CreditMode, CreditNorm, DiscountMode, ExportStyle
 
 from .dashboard_model import Series, history_series
+from .loss_model import LOSS_FILTERS, LossFilter, build_loss_view
 from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
 from .token_model import build_token_view
 from .tree_model import build_tree
@@ -52,6 +53,20 @@ def show_rewards(source: Any, index: int | None = None, group: list[Any] | None 
                       raw_rewards=raw_rewards, live=live, credit=credit, credit_norm=credit_norm)
 
 
+def show_loss(source: Any, tokenizer: Any | None = None, rows: list[int] | range | None = None,
+              loss_filter: LossFilter = "all", live: bool = True):
+    """A train step's per-token loss terms on token chips: advantage, ratio (✂ clipped),
+    behaviour weight (⊘ capped), entropy and each token's share of the loss, with per-row and
+    per-turn sums and a filter for clipped/capped tokens (`loss_filter`, toggled in the view).
+
+    `source`: a session after `session.train_step(batch, inspect=True)` (follows its next
+    inspected step), or a `LossInspection` with `tokenizer=`. `rows`: which batch rows (all).
+    """
+    from .views import LossView
+
+    return LossView(source, tokenizer=tokenizer, rows=rows, loss_filter=loss_filter, live=live)
+
+
 def _register_batch_views() -> None:
     # RolloutBatch (rollout layer, below us) offers batch.show_tree(i) etc. through these.
     from areal_nb.rollout.batch import register_batch_view
@@ -66,7 +81,7 @@ _register_batch_views()
 
 
 def __getattr__(name: str):
-    if name in ("Dashboard", "TreeView", "TokenView", "RewardView"):
+    if name in ("Dashboard", "TreeView", "TokenView", "RewardView", "LossView"):
         from . import views
 
         return getattr(views, name)
@@ -74,7 +89,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Dashboard", "RewardSource", "RewardView", "Series", "TokenView", "TreeView", "build_token_view",
-    "build_tree", "discounted_rewards", "group_normalised", "history_series", "reward_state", "show_rewards",
-    "show_tokens", "show_tree",
+    "LOSS_FILTERS", "Dashboard", "LossView", "RewardSource", "RewardView", "Series", "TokenView", "TreeView",
+    "build_loss_view", "build_token_view", "build_tree", "discounted_rewards", "group_normalised", "history_series",
+    "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree",
 ]

@@ -17,6 +17,7 @@ from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES
 from . import render
 from .dashboard_model import history_length, history_series
 from .live import Refresher
+from .loss_model import LOSS_FILTERS, build_loss_view
 from .reward_model import RewardSource, reward_state
 from .sources import collect_interactions, is_complete, node_key, resolve_source, snapshot_key
 from .token_model import build_token_view, tokenizer_of
@@ -215,3 +216,34 @@ class Dashboard(LiveView):
         batch = getattr(self.session, "last_batch", None)
         table = render.batch_table_html(batch) if batch is not None else ""
         return render.dashboard_html(history_series(history), history_length(history), table)
+
+
+class LossView(LiveView):
+    """A train step's per-token loss terms on token chips, with a clipped/capped filter.
+
+    Follows `session.last_inspection` when given a session: the next inspected step shows up.
+    """
+
+    def __init__(self, source: Any, tokenizer: Any | None = None, rows: list[int] | range | None = None,
+                 loss_filter: str = "all", live: bool = True, interval: float = 0.4) -> None:
+        self.source, self.tokenizer, self.rows = source, tokenizer, rows
+        build_loss_view(source, tokenizer, rows, loss_filter)  # bad input fails here, not in a poller
+        self.filter_toggle = w.ToggleButtons(options=list(LOSS_FILTERS), value=loss_filter, description="show",
+                                             tooltips=["every row", "rows with clipped ratios",
+                                                       "rows with capped behaviour weights", "either"])
+        self.body = w.HTML()
+        super().__init__([self.filter_toggle, self.body])
+        self.add_class("anb-loss-view")
+        self.filter_toggle.observe(lambda _: self.refresh(), names="value")
+        follows = not hasattr(source, "contribution")  # a session/actor: its next inspected step
+        self._setup_live(lambda: id(getattr(self.source, "last_inspection", self.source)), live and follows, interval)
+
+    def _model(self):
+        return build_loss_view(self.source, self.tokenizer, self.rows, self.filter_toggle.value)
+
+    def _render(self) -> None:
+        self.model = self._model()
+        self.body.value = render.loss_view_html(self.model)
+
+    def to_html(self) -> str:
+        return render.loss_view_html(self._model())

@@ -6,10 +6,16 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from areal_nb.api import NotSerializableError
+from areal_nb.api.by_value import dumps_by_value
 from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.workflow import (
     EpisodeRejected,
@@ -20,6 +26,7 @@ from areal_nb.proxy.workflow import (
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
+ROOT = Path(__file__).resolve().parents[2]
 OK = {"messages": [{"role": "user", "content": "q"}]}
 
 
@@ -74,11 +81,68 @@ def test_subprocess_entry_sets_and_restores_the_environment(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "outer")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     env = {"OPENAI_API_KEY": "session-key", "ANTHROPIC_API_KEY": "session-key"}
-    seen = _run_agent_in_subprocess(_EnvAgent(), {"keys": list(env)}, env)
+    seen = _run_agent_in_subprocess(dumps_by_value(_EnvAgent(), "agent"), {"keys": list(env)}, env)
     assert seen == env
     assert os.environ["OPENAI_API_KEY"] == "outer" and "ANTHROPIC_API_KEY" not in os.environ
     # a sync run is called as is
-    assert _run_agent_in_subprocess(agents.SyncRunAgent(), {}, {}) == 1.0
+    assert _run_agent_in_subprocess(dumps_by_value(agents.SyncRunAgent(), "agent"), {}, {}) == 1.0
+
+
+class _SocketAgent:
+    def __init__(self):
+        self.conn = socket.socket()
+
+    def run(self, data, **kw):
+        return 1.0
+
+
+def test_subproc_agent_that_cannot_travel_is_refused_naming_the_attribute():
+    agent = _SocketAgent()
+    try:
+        with pytest.raises(NotSerializableError, match=r"agent '_SocketAgent instance'.*attribute 'conn' \(socket\)"):
+            OpenAIProxyWorkflow(mode="subproc", agent=agent, proxy_addr="http://127.0.0.1:1", admin_api_key="k")
+    finally:
+        agent.conn.close()
+
+
+MAIN_SCRIPT = """
+import asyncio, sys
+from openai import OpenAI
+from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+
+BONUS = 0.75
+
+
+class CellAgent:  # defined in __main__, like a class in a notebook cell; sync SDK code
+    def __init__(self, reward):
+        self.reward = reward
+
+    def run(self, data):
+        reply = OpenAI(max_retries=0).chat.completions.create(
+            model="default", messages=data["messages"], max_completion_tokens=4)
+        return self.reward(reply.choices[0].message.content)
+
+async def main(url, key):
+    wf = OpenAIProxyWorkflow(mode="subproc", agent=CellAgent(lambda text: BONUS * (len(text) > 0)),
+                             proxy_addr=url, admin_api_key=key, subproc_max_workers=1)
+    out = await wf.arun_episode(None, {"messages": [{"role": "user", "content": "q"}]})
+    await wf.aclose()
+    [interaction] = out.values()
+    print(wf.last_rejection_reason, interaction.reward)
+
+if __name__ == "__main__":  # spawn re-imports a script's main module (a notebook has none)
+    asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.server
+def test_subproc_agent_defined_in_main_runs_through_the_proxy(proxy, tmp_path):
+    script = tmp_path / "cell_like.py"
+    script.write_text(MAIN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), proxy.url, ADMIN_KEY], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None 0.75"
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,14 @@
 import asyncio
 import multiprocessing
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from areal_nb.api import NotSerializableError
 from areal_nb.reward import (
     AsyncRewardWrapper,
     RewardFunctionError,
@@ -19,6 +22,8 @@ from areal_nb.reward import (
 # Spawned workers import reward functions by module name: make `faulty_rewards` importable.
 sys.path.insert(0, str(Path(__file__).parent))
 import faulty_rewards  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:
@@ -156,9 +161,54 @@ def test_close_leaves_no_child_processes():
         asyncio.run(a())
 
 
-def test_unpicklable_function_is_refused():
-    with pytest.raises(TypeError, match="cannot be pickled"):
-        AsyncRewardWrapper(lambda **kw: 1.0)
+def test_function_closing_over_a_lock_is_refused_naming_it():
+    lock = threading.Lock()
+    with pytest.raises(NotSerializableError, match=r"reward function '.*<lambda>'.*closure variable 'lock' \(lock\)"):
+        AsyncRewardWrapper(lambda **kw: 1.0 if lock else 0.0)
+
+
+def test_a_lambda_closure_travels_by_value():
+    bonus = 0.25
+    with AsyncRewardWrapper(lambda x: x + bonus, max_workers=1) as reward:
+        assert asyncio.run(reward(1.0)) == 1.25
+
+
+MAIN_SCRIPT = """
+import asyncio, os
+from areal_nb.reward import AsyncRewardWrapper
+
+SCALE = 2.0  # a global of __main__: travels with the function
+
+def sync_reward(completion, answer):
+    return SCALE * float(completion.strip() == answer)
+
+async def async_reward(completion, answer):
+    await asyncio.sleep(0)
+    return float(answer in completion) + 0.5
+
+class Pid:
+    def __call__(self, **_):
+        return float(os.getpid())
+
+async def main():
+    with AsyncRewardWrapper(sync_reward, max_workers=1) as s, AsyncRewardWrapper(async_reward, max_workers=1) as a:
+        print(await s("7", "7"), await s("8", "7"), await a("is 7", "7"), await a("no", "7"))
+        print(await s(completion=" 7 ", answer="7"), (await AsyncRewardWrapper(Pid(), max_workers=1)()) != os.getpid())
+
+if __name__ == "__main__":  # spawn re-imports a script's main module (a notebook has none)
+    asyncio.run(main())
+"""
+
+
+def test_reward_functions_defined_in_main_run_in_workers(tmp_path):
+    """Functions of a script run as `__main__` (as a notebook cell's are) cannot be imported
+    by a spawned worker; they travel by value. Sync and async both."""
+    script = tmp_path / "cell_like.py"
+    script.write_text(MAIN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["2.0 0.0 1.5 0.5", "2.0 True"]
 
 
 @pytest.mark.parametrize(

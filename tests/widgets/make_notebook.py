@@ -37,12 +37,30 @@ session = Session(config)
 batch = session.rollout()
 print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episodes])'''
 
+# An off-policy copy of the batch (rewards 1 and 0; the engine 0.5 nats surer than the policy):
+# r = e^-0.5 < 1 - eps_clip, so the negative-advantage row is clipped. A copy of the policy
+# trains on it, so the session's own step (and the dashboard) are unaffected.
+LOSS_CELL = '''\
+import copy, dataclasses, torch
+from areal_nb.train import Actor
+from areal_nb.widgets import show_loss
+t = batch.to_tensors()
+t["rewards"] = torch.tensor([1.0, 0.0])
+t["logprobs"] = t["logprobs"] + 0.5 * t["loss_mask"]
+cfg = dataclasses.replace(session.actor.cfg, use_decoupled_loss=False, recompute_logprob=False, eps_clip=0.2)
+probe = Actor(copy.deepcopy(session.actor.model), cfg)
+probe.train_step(t, t["group_ids"], inspect=True)
+print("clipped tokens", int(probe.last_inspection.clipped.sum()))
+loss_view = show_loss(probe.last_inspection, tokenizer=session.tokenizer)
+loss_view'''
+
 CELLS = [
     SETUP,
     "tree = batch.show_tree(0)\ntree",
     # the proxy's responses carry no tokenizer, so the view is given the session's
     "from areal_nb.widgets import show_tokens\ntokens = show_tokens(batch.episodes[0], tokenizer=session.tokenizer)\ntokens",
     "rewards = batch.show_rewards(0)\nrewards",
+    LOSS_CELL,
     "dash = session.dashboard()\ndash",
     "stats = session.train_step(batch)\nprint('trained step', stats['step'])",
 ]

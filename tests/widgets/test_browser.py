@@ -2,7 +2,8 @@
 
 Starts `jupyter lab` on a free loopback port with a token, opens a generated notebook, runs all
 cells, and checks the DOM: the tree's node count, trained and untrained chips of a two-turn concat
-row, reward numbers that follow the discount slider, and a dashboard that grows by one point
+row, reward numbers that follow the discount slider, clipped tokens marked in the loss view (and
+kept by its "clipped" filter), and a dashboard that grows by one point
 after a training step (without re-running its cell). Screenshots go to artifacts/screenshots/.
 """
 
@@ -149,7 +150,24 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             assert (before, after) == ("1", "0.5")  # own 0 + γ · leaf 1: γ 1 → 0.5
             view.screenshot(path=str(SHOTS / "rewards.png"))
 
-            # 4. dashboard: one point per step; a new step adds one without re-running its cell
+            # 4. loss: clipped tokens are marked (as many as the inspection has), and the
+            #    "clipped" filter keeps only the row that holds them
+            loss = page.locator(".anb-loss-view").first
+            loss.scroll_into_view_if_needed()
+            n_clipped = int(page.locator("text=/clipped tokens \\d+/").first.inner_text().split()[-1])
+            assert n_clipped > 0
+            assert loss.locator(".anb-chip.anb-clipped").count() == n_clipped
+            assert loss.locator(".anb-chip.anb-clipped[data-clipped='1']").count() == n_clipped
+            assert loss.locator(".anb-loss-row").count() == 2
+            loss.screenshot(path=str(SHOTS / "loss.png"))
+            loss.locator("button", has_text="clipped").first.click()
+            page.wait_for_selector(".anb-loss-view .anb-loss[data-filter='clipped']", timeout=20_000)
+            assert loss.locator(".anb-loss-row").count() == 1
+            assert loss.locator(".anb-chip.anb-clipped").count() == n_clipped
+            assert loss.locator(".anb-chip.anb-clipped.anb-dim").count() == 0
+            loss.screenshot(path=str(SHOTS / "loss_clipped.png"))
+
+            # 5. dashboard: one point per step; a new step adds one without re-running its cell
             dash = page.locator(".anb-dashboard-view").first
             dash.scroll_into_view_if_needed()
             assert dash.locator(".anb-dashboard").get_attribute("data-steps") == "1"
