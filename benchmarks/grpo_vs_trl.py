@@ -160,6 +160,9 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
             # TRL turns activation checkpointing on by default, which also makes HF `generate`
             # run without its KV cache; we checkpoint nothing, so neither does TRL here.
             gradient_checkpointing=False,
+            # float32 like ours: TRL defaults to bf16 autocast, which on a CPU without bf16
+            # matmul units is many times slower.
+            bf16=False, fp16=False,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer])
