@@ -193,3 +193,32 @@ def test_real_engine_serves_both_loops_at_once(local_engine, tiny_tokenizer):
                 logprobs = interaction.model_response.output_logprobs
                 assert len(logprobs) == interaction.model_response.output_len > 0
         assert live_sessions(p.app) == ({}, {})
+
+
+# ----------------------------------------------------------------------------- Session wiring
+@pytest.mark.parametrize(("mode", "in_process"), [("inline", True), ("subproc", False)])
+def test_session_builder_serves_inline_agents_in_process(make_app, mode, in_process):
+    """Training sessions live in the root app's state; evaluation ones in the /eval twin's,
+    reached in-process through the root app (which routes /eval/...)."""
+    from types import SimpleNamespace
+
+    from areal_nb.config import load_config
+    from areal_nb.session import builder
+
+    cfg = load_config(builder_config_path(), [f"agent.mode={mode}"])
+    app, eval_app = make_app(), make_app()
+    proxy = builder.Proxy(app=app, server=SimpleNamespace(url=UNREACHABLE), admin_key="k", eval_app=eval_app)
+    workflow = builder.build_workflow(cfg, proxy)
+    evaluation = builder.build_eval_workflow(cfg, proxy, workflow)
+    if in_process:
+        assert workflow.asgi_app is app and workflow.proxy_state is app.state.proxy
+        assert evaluation.asgi_app is app and evaluation.proxy_state is eval_app.state.proxy
+        assert evaluation.proxy_addr == UNREACHABLE + "/eval"
+    else:
+        assert workflow.proxy_state is None and evaluation.proxy_state is None
+
+
+def builder_config_path():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
