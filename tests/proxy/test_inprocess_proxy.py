@@ -89,6 +89,26 @@ def test_rejected_in_process_episode_frees_its_session(app, agent, kind):
     assert live_sessions(app) == ({}, {})
 
 
+def test_cancelled_and_timed_out_in_process_episodes_free_their_sessions(app):
+    state = app.state.proxy
+
+    async def main() -> None:
+        wf = in_process_workflow(app, agents.HangingAgent())
+        task = asyncio.create_task(wf.arun_episode(None, QUESTION))
+        while not any(len(s.cache) for s in list(state.sessions.values())):  # the call is recorded
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        timed = in_process_workflow(app, agents.HangingAgent(), agent_timeout=0.5)
+        assert await run_episodes(timed, QUESTION) == [None]
+        assert timed.rejections == {"agent_timeout": 1}
+        await wf.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert live_sessions(app) == ({}, {})
+
+
 def test_unknown_interaction_reward_is_rejected_not_lost(app):
     wf = in_process_workflow(app, agents.ChatAgent())
     assert asyncio.run(run_episodes(wf, {**QUESTION, "ret": {"no-such-call": 1.0}})) == [None]
