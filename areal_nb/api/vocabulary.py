@@ -7,6 +7,8 @@ so a value checked in one place means the same thing everywhere.
 from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
+from .io_struct import InvalidRequestError
+
 # How an episode's interactions become training rows: one row per LLM call, or one row per
 # conversation leaf whose prompt reuses its parent's exact tokens.
 ExportStyle = Literal["individual", "concat"]
@@ -42,15 +44,16 @@ def check_export_style(style: str, chat_template_types: Mapping[str, str] | None
     `style` must be one of EXPORT_STYLES. Style `concat` trains on one row per conversation
     leaf whose prompt reuses its parent's exact tokens, so it needs calls made with
     chat_template_type `concat`: `chat_template_types` maps each call (or config field) by name
-    to the template type it was made with. Raises ValueError naming the first offender.
+    to the template type it was made with. Raises InvalidRequestError (a ValueError: the
+    caller's choice is wrong, HTTP 400 in the proxy) naming the first offender.
     """
     if style not in EXPORT_STYLES:
-        raise ValueError(f"Invalid export style {style!r}; expected one of {EXPORT_STYLES}")
+        raise InvalidRequestError(f"Invalid export style {style!r}; expected one of {EXPORT_STYLES}")
     if style != "concat" or chat_template_types is None:
         return
     wrong = [name for name, kind in chat_template_types.items() if kind != "concat"]
     if wrong:
-        raise ValueError(
+        raise InvalidRequestError(
             "Cannot export interactions in 'concat' style when interaction.chat_template_type != "
             f"'concat': {len(wrong)} of {len(chat_template_types)} are not (first: {wrong[0]!r}); "
             "a concat row reuses its parent's exact tokens. Generate with "

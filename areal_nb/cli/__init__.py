@@ -15,6 +15,7 @@ commands:
   demo     train the multi-turn math agent on the built-in tiny model (the main job)
   proxy    serve the OpenAI/Anthropic-compatible proxy with the embedded engine
   train    run GRPO training from a YAML config (areal-nb train --config FILE key=value ...)
+  engine-server  serve the embedded engine over SGLang's native HTTP API
 """
 
 
@@ -36,5 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         from areal_nb.train_job import main as train_main
 
         return train_main(rest) or 0
+    if command == "engine-server":
+        from areal_nb.cli.engine_server import main as engine_server_main
+        return engine_server_main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

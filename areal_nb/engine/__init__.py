@@ -1,4 +1,5 @@
-"""Inference engines: `LocalEngine`, the embedded transformers engine with continuous batching.
+"""Inference engines: `LocalEngine` (embedded transformers engine, continuous batching) and
+`SGLangEngine` (client of SGLang HTTP servers and `areal-nb engine-server`).
 
 A scripted engine for tests lives in `areal_nb.testing`.
 """
@@ -12,7 +13,20 @@ def __getattr__(name: str):
         from . import local
 
         return getattr(local, name)
+    if name in ("SGLangEngine", "EngineServerError", "ServerDownError"):
+        from . import remote
+
+        return getattr(remote, name)
     raise AttributeError(f"module 'areal_nb.engine' has no attribute {name!r}")
 
 
-__all__ = ["ENGINE_TYPES", "EngineClosedError", "EngineStats", "LocalEngine", "create_engine"]
+__all__ = [
+    "ENGINE_TYPES",
+    "EngineClosedError",
+    "EngineServerError",
+    "EngineStats",
+    "LocalEngine",
+    "SGLangEngine",
+    "ServerDownError",
+    "create_engine",
+]

@@ -1,15 +1,15 @@
 """`PaddedKVBatch`: the running batch of sequences and their shared, left-padded KV cache.
 
 Layout: every row's tokens are right-aligned in a cache of `length` columns; row i has `pads[i]`
-padding columns on the left. Attention masks are built here as explicit 4-D boolean masks
-(True = may attend) and positions as explicit per-row `position_ids`, so a row computes exactly
+padding columns on the left. Attention masks are built here as explicit 4-D masks (boolean,
+True = may attend, for prefill; additive float, -inf on padding, for a decoding step) and positions as explicit per-row `position_ids`, so a row computes exactly
 what it would compute alone, unpadded: padding keys are always masked out, and padding *queries*
 (during a left-padded prefill) attend only to themselves so that they stay finite (a fully
 masked query row would turn into NaN keys/values in the next layer, and 0 * NaN poisons the
 real rows).
 
-Rows join with `prefill` (their cache is left-padded to the common length and concatenated on
-the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
+Rows join with `prefill` (prompts of similar length run as one forward, see `length_groups`; the
+new rows' cache is left-padded to the common length and concatenated on the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
 any more are trimmed). The KV tensors are transformers' own `DynamicCache` layers, whose
 `.keys`/`.values` ([batch, kv_heads, seq, head_dim]) are rewritten in place on join/leave.
 
@@ -90,6 +90,7 @@ class PaddedKVBatch:
         self.model = model
         self.fast = Qwen2FastForward(model) if fast_forward and Qwen2FastForward.supports(model) else None
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         self._cache_kwarg = _cache_kwarg(model)
         self.num_layers = int(model.config.num_hidden_layers)
         self.cache: Cache | None = None
@@ -119,7 +120,43 @@ class PaddedKVBatch:
         return out.logits[:, -1, :]
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Add `prompts` as new rows at the end of the batch; return their next-token logits [k, V]."""
+        """Add `prompts` as new rows at the end of the batch; return their next-token logits [k, V].
+
+        Prompts of very different lengths run as separate forwards over groups of similar length
+        (`length_groups`), so padding costs little compute; their caches are then joined.
+        """
+        groups = length_groups([len(p) for p in prompts])
+        if len(groups) == 1:
+            new_cache, pads, width, logits = self._prefill_padded(prompts)
+            self._merge(new_cache, pads, width)
+            return logits
+        width = max(len(p) for p in prompts)
+        logits: torch.Tensor | None = None
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for rows in groups:
+            cache, _, group_width, group_logits = self._prefill_padded([prompts[i] for i in rows])
+            index = torch.tensor(rows, dtype=torch.long, device=self.device)
+            if logits is None:
+                logits = group_logits.new_empty(len(prompts), group_logits.shape[1])
+                for layer in cache.layers:
+                    batch, heads, _, dim = layer.keys.shape
+                    keys.append(layer.keys.new_zeros(len(prompts), heads, width, dim))
+                    values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
+                                                         layer.values.shape[3]))
+            logits[index] = group_logits
+            for layer, k, v in zip(cache.layers, keys, values, strict=True):
+                k[index, :, width - group_width :] = layer.keys
+                v[index, :, width - group_width :] = layer.values
+        joined = _new_cache(self.num_layers)
+        for layer, k, v in zip(joined.layers, keys, values, strict=True):
+            layer.load(k, v)
+        pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
+        self._merge(joined, pads, width)
+        return logits
+
+    def _prefill_padded(self, prompts: list[list[int]]) -> tuple[Cache, torch.Tensor, int, torch.Tensor]:
+        """One left-padded forward over `prompts`: (their cache, pads, width, next-token logits)."""
         width = max(len(p) for p in prompts)
         pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
         ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
@@ -132,15 +169,16 @@ class PaddedKVBatch:
         positions = (cols[None, :] - pads[:, None]).clamp(min=0)
         new_cache = _new_cache(self.num_layers)
         logits = self._forward(ids, mask[:, None], positions, new_cache)
-        self._merge(new_cache, pads, width)
-        return logits
+        return new_cache, pads, width, logits
 
     def decode(self, last_tokens: torch.Tensor) -> torch.Tensor:
         """Feed each row's last sampled token [B]; return next-token logits [B, V]."""
         if self.cache is None or last_tokens.shape[0] != self.size:
             raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
         cols = torch.arange(self.length + 1, device=self.device)
-        mask = (cols[None, :] >= self.pads[:, None])[:, None, None, :]  # [B, 1, 1, length+1]
+        # additive float mask, built once per step: sdpa would convert a boolean one in every layer
+        padding = (cols[None, :] < self.pads[:, None])[:, None, None, :]  # [B, 1, 1, length+1]
+        mask = torch.zeros(padding.shape, device=self.device, dtype=self.dtype).masked_fill_(padding, float("-inf"))
         positions = (self.length - self.pads)[:, None]
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1
@@ -170,6 +208,26 @@ class PaddedKVBatch:
             old.load(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length))
         self.pads = torch.cat([self.pads + (length - self.length), new_pads + (length - new_length)])
         self.length = length
+
+
+def length_groups(lengths: list[int], max_waste: float = 0.25, max_tokens: int = 4096) -> list[list[int]]:
+    """Split row indices into groups of similar length for prefill, longest first.
+
+    A group closes when the next row would pad more than `max_waste` of the group's longest
+    length, or when the group's padded size would pass `max_tokens` (big matmuls gain nothing
+    more). Prompts of one length (a GRPO group's samples) stay one group.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            group = groups[-1]
+            longest = lengths[group[0]]
+            if lengths[i] >= (1 - max_waste) * longest and (len(group) + 1) * longest <= max_tokens:
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int) -> torch.Tensor:

@@ -53,6 +53,28 @@ class EngineClosedError(RuntimeError):
     """The engine was closed before (or while) serving the request."""
 
 
+class _RateLimitedLog:
+    """Log an error at most once per `interval` seconds, counting the repeats left out.
+
+    A fault that recurs on every scheduler iteration must not write millions of lines.
+    """
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._last = -float("inf")
+        self._suppressed = 0
+
+    def exception(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self._suppressed += 1
+            return
+        if self._suppressed:
+            message += f" ({self._suppressed} similar errors not logged in the last {self.interval:g} s)"
+        self._last, self._suppressed = now, 0
+        logger.exception(message, *args)
+
+
 @dataclass
 class EngineStats:
     """Counters for benchmarks and tests (read-only for users)."""
@@ -75,6 +97,7 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     stop_reason: str | None = None
     aborted: bool = False  # set from any thread; the worker finishes the row with "abort"
+    error: BaseException | None = None  # set by the worker: the row leaves the batch failed
     checked_text_len: int = 0  # decoded output text already searched for stop strings
 
 
@@ -124,6 +147,7 @@ class LocalEngine:
         self._paused = False
         self._closed = False
         self._in_step = False
+        self._errors = _RateLimitedLog()
         self._thread = threading.Thread(target=self._run, name="LocalEngine-worker", daemon=True)
         self._thread.start()
 
@@ -332,8 +356,11 @@ class LocalEngine:
                     self._retire(abort_only=True)
                     if self._in_step:
                         self._step(admitted)
-                except Exception:  # never let the worker die: it serves every other request
-                    logger.exception("LocalEngine worker iteration failed")
+                except Exception as exc:  # never let the worker die: it serves every other request
+                    self._errors.exception("LocalEngine worker iteration failed")
+                    # The batch state is unknown now: fail its rows rather than retry the same
+                    # failing step forever (every request gets an answer, the loop never spins).
+                    self._fail_all(admitted, RuntimeError(f"LocalEngine step failed: {exc!r}"))
                 finally:
                     with self._cond:
                         self._in_step = False
@@ -386,6 +413,13 @@ class LocalEngine:
         self._sample_and_record(logits, self._active)
         self._retire()
 
+    def _fail_all(self, admitted: list[_Row], error: BaseException) -> None:
+        for row in {*self._active, *admitted}:
+            if row in self._live:
+                self._fail(row, error)
+        self._active = []
+        self._batch.clear()
+
     def _drop_aborted(self, rows: list[_Row]) -> list[_Row]:
         keep = []
         for row in rows:
@@ -401,12 +435,18 @@ class LocalEngine:
             banned = [
                 sorted(r.plan.stop_token_ids) if len(r.output) < r.plan.min_new_tokens else [] for r in rows
             ]
-        tokens, logprobs = sample_next_tokens(
-            logits, [r.plan.sampling for r in rows], self._generator, banned
-        )
+        try:
+            tokens, logprobs = sample_next_tokens(logits, [r.plan.sampling for r in rows], self._generator, banned)
+            picked = list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
+        except Exception:
+            # A row whose sampling fails fails alone: sample row by row, the others go on.
+            picked = [self._sample_one(logits[i : i + 1], row, None if banned is None else [banned[i]]) for i, row in enumerate(rows)]
         version = self._version
         now = time.perf_counter()
-        for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
+        for row, choice in zip(rows, picked, strict=True):
+            if choice is None:
+                continue  # failed: _retire takes it out of the batch
+            token, logprob = choice
             row.output.append(token)
             row.logprobs.append(logprob)
             row.versions.append(version)
@@ -414,6 +454,15 @@ class LocalEngine:
                 row.first_token_at = now
             row.stop_reason = self._stop_reason(row, token)
         self.stats.tokens += len(rows)
+
+    def _sample_one(self, logits: torch.Tensor, row: _Row, banned: list[list[int]] | None) -> tuple[int, float] | None:
+        try:
+            tokens, logprobs = sample_next_tokens(logits, [row.plan.sampling], self._generator, banned)
+            return int(tokens[0]), float(logprobs[0])
+        except Exception as exc:
+            self._errors.exception("LocalEngine could not sample request %s", row.plan.rid)
+            row.error = RuntimeError(f"LocalEngine sampling failed for this request: {exc!r}")
+            return None
 
     def _stop_reason(self, row: _Row, token: int) -> str | None:
         plan = row.plan
@@ -434,6 +483,9 @@ class LocalEngine:
         """Finish rows that stopped (or were aborted) and drop them from the batch."""
         keep: list[int] = []
         for index, row in enumerate(self._active):
+            if row.error is not None:
+                self._fail(row, row.error)
+                continue
             if row.aborted and row.stop_reason is None:
                 row.stop_reason = "abort"
             if row.stop_reason is None or (abort_only and row.stop_reason != "abort"):

@@ -18,6 +18,8 @@ from transformers.cache_utils import Cache
 
 def _rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     dtype = hidden.dtype
+    if dtype == torch.float32:  # one fused kernel, bitwise the same as the three-step form below
+        return F.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
     x = hidden.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * x.to(dtype)
@@ -26,6 +28,24 @@ def _rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _single_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of one query per row (a decoding step): q [B, Hq, 1, D], k/v [B, Hkv, L, D].
+
+    Two batched matmuls and a softmax. torch's CPU flash-attention kernel (what sdpa picks) is
+    built for long queries and took about twice as long per decoding step at 128 rows. Query
+    heads that share a key/value head (GQA) are laid out as that head's rows, so k/v are never
+    repeated. `mask` is additive ([B, 1, 1, L], -inf on padding).
+    """
+    batch, n_q, _, dim = q.shape
+    n_kv = k.shape[1]
+    q = q.reshape(batch, n_kv, n_q // n_kv, dim)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.matmul(probs, v).reshape(batch, n_q, 1, dim)
 
 
 class Qwen2FastForward:
@@ -45,6 +65,7 @@ class Qwen2FastForward:
         self.inner = model.model
         cfg = model.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.gqa = cfg.num_key_value_heads != cfg.num_attention_heads
         self._fused: list[tuple] | None = None
 
@@ -85,18 +106,21 @@ class Qwen2FastForward:
         cos, sin = cos[:, None], sin[:, None]
         batch, length, _ = hidden.shape
         fused = self._fused_weights()
+        n_q, n_kv = self.n_heads, self.n_kv_heads
         for index, layer in enumerate(inner.layers):
             attn = layer.self_attn
-            w_qkv, b_qkv, splits, w_gu, b_gu = fused[index]
+            w_qkv, b_qkv, _, w_gu, b_gu = fused[index]
             x = _rms_norm(hidden, layer.input_layernorm)
-            q, k, v = F.linear(x, w_qkv, b_qkv).split(splits, dim=-1)
-            q = q.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
-            k = k.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
-            v = v.reshape(batch, length, -1, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            k, v = cache.layers[index].update(k, v)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.gqa)
+            # q|k|v as heads of one tensor: rotary is applied to q and k together, fewer small ops
+            qkv = F.linear(x, w_qkv, b_qkv).view(batch, length, n_q + 2 * n_kv, self.head_dim).transpose(1, 2)
+            qk = qkv[:, : n_q + n_kv]
+            qk = qk * cos + _rotate_half(qk) * sin
+            k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
+            if length == 1 and mask.is_floating_point():  # a decoding step (kv_batch.decode)
+                out = _single_query_attention(qk[:, :n_q], k, v, mask, attn.scaling)
+            else:
+                out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=attn.scaling,
+                                                     enable_gqa=self.gqa)
             out = out.transpose(1, 2).reshape(batch, length, -1)
             hidden = hidden + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(hidden, layer.post_attention_layernorm)

@@ -1,7 +1,8 @@
 """Validation of a `ModelRequest` into the exact plan the scheduler runs.
 
 All bad input is rejected here, in the caller's thread, before anything reaches the worker:
-a bad request raises a `ValueError` naming the problem and never disturbs other requests.
+a bad request raises `InvalidRequestError` (a `ValueError`) naming the problem and never
+disturbs other requests.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.api import ModelRequest
+from areal_nb.api import InvalidRequestError, ModelRequest
 
 from .sampling import SamplingParams
 
@@ -38,49 +39,35 @@ def plan_request(
     try:
         prompt = [operator.index(t) for t in req.input_ids]
     except TypeError as exc:
-        raise ValueError(f"input_ids must be integer token ids: {exc}") from None
+        raise InvalidRequestError(f"input_ids must be integer token ids: {exc}") from None
     if g.n_samples != 1:
-        raise ValueError(
+        raise InvalidRequestError(
             f"LocalEngine generates one sample per request, got n_samples={g.n_samples}; "
             "send n_samples separate requests instead"
         )
     if not prompt:
-        raise ValueError("empty prompt: input_ids must contain at least one token")
+        raise InvalidRequestError("empty prompt: input_ids must contain at least one token")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+        raise InvalidRequestError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
     if len(prompt) >= max_context:
-        raise ValueError(
+        raise InvalidRequestError(
             f"prompt of {len(prompt)} tokens is too long for the model context of {max_context} "
             f"tokens (at most {max_context - 1} prompt tokens leave room for one output token)"
         )
-    if g.max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be at least 1, got {g.max_new_tokens}")
     if g.max_tokens - len(prompt) <= 0:
-        raise ValueError(
+        raise InvalidRequestError(
             f"max_tokens={g.max_tokens} leaves no room to generate after a prompt of {len(prompt)} tokens"
         )
-    if g.min_new_tokens < 0:
-        raise ValueError(f"min_new_tokens must be >= 0, got {g.min_new_tokens}")
-    if g.frequency_penalty:
-        raise ValueError(f"LocalEngine does not support frequency_penalty (got {g.frequency_penalty})")
+    g.check()  # sampling ranges, stop strings, unsupported penalties
     unknown_stops = [t for t in g.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if unknown_stops:
-        raise ValueError(f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})")
+        raise InvalidRequestError(f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})")
     stop_strings = tuple(g.stop or ())
-    if any(not isinstance(s, str) or not s for s in stop_strings):
-        raise ValueError(f"stop strings must be non-empty strings, got {list(stop_strings)!r}")
     if stop_strings and tokenizer is None:
-        raise ValueError("stop strings need a tokenizer; this LocalEngine was built without one")
+        raise InvalidRequestError("stop strings need a tokenizer; this LocalEngine was built without one")
 
     greedy = g.greedy or g.temperature == 0
-    if not greedy:
-        if not g.temperature > 0:
-            raise ValueError(f"temperature must be >= 0, got {g.temperature}")
-        if not 0 < g.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {g.top_p}")
-        if g.top_k == 0 or g.top_k < -1:
-            raise ValueError(f"top_k must be >= 1 (or -1 for no limit), got {g.top_k}")
 
     # "ignore_eos" means generate to the length limit: the model's EOS never ends a request.
     stop_ids = set(g.stop_token_ids)

@@ -24,8 +24,10 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
+from areal_nb.api import InvalidRequestError
 
-class AnthropicRequestError(ValueError):
+
+class AnthropicRequestError(InvalidRequestError):
     """A Messages request that cannot be converted: the proxy answers HTTP 400."""
 
 
@@ -131,6 +133,8 @@ def _convert_message(
         if not isinstance(block, Mapping):
             raise AnthropicRequestError(f"{bwhere} must be an object, got {type(block).__name__}")
         kind = block.get("type")
+        if not isinstance(kind, str):
+            raise AnthropicRequestError(f"{bwhere}.type must be a string, got {type(kind).__name__}")
         if kind == "text":
             texts.append(_require_str(block, "text", bwhere))
         elif kind == "image":

@@ -44,6 +44,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         self._lock = threading.RLock()
         self._completed_order: list[str] = []
         self._discount_applied = False
+        self._rewards_before_discount: dict[str, tuple[float | None, float | None]] = {}
 
     def __deepcopy__(self, memo: dict) -> InteractionCache:
         if len(self):
@@ -159,6 +160,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             if self._discount_applied:
                 raise RuntimeError("apply_reward_discount should only be called once.")
             self._discount_applied = True
+            self._rewards_before_discount = {k: (v.reward, v.raw_reward) for k, v in self.items()}
             if mode == "linear":
                 self._discount_linear(float(turn_discount))
             else:
@@ -183,6 +185,20 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                 stacklevel=4,
             )
         self._store_discounted(nodes, discounted_rewards(nodes, gamma, "tree"))
+
+    def undo_reward_discount(self) -> None:
+        """Put back the rewards as the agent set them, so the discount can be applied again.
+
+        For an export that failed or was abandoned after the discount: the session must stay
+        exportable with the same result.
+        """
+        with self._lock:
+            if not self._discount_applied:
+                return
+            for key, (reward, raw_reward) in self._rewards_before_discount.items():
+                if key in self:
+                    self[key].reward, self[key].raw_reward = reward, raw_reward
+            self._discount_applied = False
 
     @staticmethod
     def _store_discounted(interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]) -> None:

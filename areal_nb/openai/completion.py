@@ -2,24 +2,41 @@
 
 `create_chat_completion` turns an OpenAI-style request into prompt ids (hf or concat template),
 asks the engine, records the call in an `InteractionCache` and returns an OpenAI
-`ChatCompletion`. Invalid requests raise `CompletionRequestError` (HTTP 400 in the proxy)
-before anything is cached; a failing engine call removes its cache entry, so the cache never
+`ChatCompletion`. Invalid requests raise `CompletionRequestError` (an `InvalidRequestError`, HTTP 400 in the
+proxy) before anything is cached: sizes are checked before the template is rendered, and
+rendering plus tokenizing run in a worker thread so a large prompt never blocks the event loop; a failing engine call removes its cache entry, so the cache never
 holds an incomplete interaction because of an error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, GenerationConfig, InferenceEngine, ModelRequest, ModelResponse
+from areal_nb.api import (
+    CHAT_TEMPLATE_TYPES,
+    ChatTemplateType,
+    GenerationConfig,
+    InferenceEngine,
+    InvalidRequestError,
+    ModelRequest,
+    ModelResponse,
+)
 
 from .cache import InteractionCache
 from .interaction import InteractionWithTokenLogpReward
-from .messages import CompletionRequestError, MessageTypeError, normalize_messages
+from .messages import CompletionRequestError, MessageTypeError, check_chat_messages, normalize_messages
+from .request_limits import (
+    check_chat_template_kwargs,
+    check_max_tokens,
+    check_prompt_size,
+    check_prompt_tokens,
+    context_tokens,
+)
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
 from .tool_calls import (
     SUPPORTED_REASONING_PARSERS,
@@ -136,14 +153,23 @@ def resolve_token_budget(
 
 
 def sampling_config(
-    *, temperature: float | None, top_p: float | None, frequency_penalty: float | None, stop: Any, tokenizer: Any, budget: TokenBudget
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    frequency_penalty: float | None,
+    stop: Any,
+    tokenizer: Any,
+    budget: TokenBudget,
+    presence_penalty: float | None = None,
 ) -> GenerationConfig:
-    temp = 1.0 if temperature is None else float(temperature)
-    if temp < 0:
-        raise CompletionRequestError(f"temperature must be >= 0, got {temperature}")
-    top = 1.0 if not top_p else float(top_p)
-    if not 0 < top <= 1:
-        raise CompletionRequestError(f"top_p must be in (0, 1], got {top_p}")
+    """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`."""
+    if presence_penalty:
+        raise CompletionRequestError(f"presence_penalty is not supported (got {presence_penalty}); send 0 or omit it")
+    temp = 1.0 if temperature is None else temperature
+    top = 1.0 if top_p is None else top_p
+    for name, value in (("temperature", temp), ("top_p", top)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise CompletionRequestError(f"{name} must be a number, got {value!r:.80}")
     if stop is None:
         stops = None
     elif isinstance(stop, str):
@@ -151,17 +177,21 @@ def sampling_config(
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = list(stop) or None
     else:
-        raise CompletionRequestError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise CompletionRequestError(f"stop must be a string or a list of strings, got {stop!r:.80}")
     gconfig = GenerationConfig(
         n_samples=1,
         max_new_tokens=budget.max_new_tokens,
         max_tokens=budget.max_total_tokens,
         greedy=temp == 0.0,
-        temperature=temp,
-        top_p=top,
+        temperature=float(temp),
+        top_p=float(top),
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
     )
+    try:
+        gconfig.check()
+    except InvalidRequestError as exc:
+        raise CompletionRequestError(str(exc)) from None
     return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
 
 
@@ -232,13 +262,24 @@ async def generate_for_messages(
     """
     if cache is not None and interaction_id in cache:
         raise CompletionRequestError(f"interaction id {interaction_id} already exists in the cache")
+    check_chat_messages(messages)
+    chat_template_kwargs = check_chat_template_kwargs(chat_template_kwargs, tokenizer)
+    context = context_tokens(engine, settings.engine_max_tokens)
+    check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
+    sampling_config(tokenizer=tokenizer, budget=TokenBudget(1, 2), **sampling_kwargs)  # bad values fail before rendering
     parent = cache.find_parent(messages) if cache is not None else None
-    prompt = build_prompt_ids(
-        settings=settings, tokenizer=tokenizer, messages=messages, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
-    )
+
+    def render() -> list[int]:  # work proportional to the input: off the event loop
+        check_prompt_size(messages, tools, tokenizer, context)
+        return build_prompt_ids(
+            settings=settings, tokenizer=tokenizer, messages=messages, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
+        )
+
+    prompt = await asyncio.to_thread(render)
     budget = resolve_token_budget(
         len(prompt), engine_max_tokens=settings.engine_max_tokens, default_max_new_tokens=settings.default_max_new_tokens, **budget_kwargs
     )
+    check_prompt_tokens(len(prompt), context)
     sampling = dict(sampling_kwargs)
     sampling["temperature"], sampling["top_p"] = settings.fill_sampling(sampling.get("temperature"), sampling.get("top_p"))
     gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
@@ -292,6 +333,7 @@ async def create_chat_completion(
     n: int | None = None,
     metadata: dict[str, Any] | None = None,
     frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
     extra_body: dict[str, Any] | None = None,
     **ignored: Any,
 ):
@@ -315,7 +357,8 @@ async def create_chat_completion(
         tools=tools_list,
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
-        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop},
+        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop,
+                         "presence_penalty": presence_penalty},
         metadata=metadata,
     )
     text = decode_output(tokenizer, response)

@@ -13,8 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from areal_nb.api import InvalidRequestError
 
-class CompletionRequestError(ValueError):
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+class CompletionRequestError(InvalidRequestError):
     """An invalid request: the proxy answers it with HTTP 400 and `str(error)`."""
 
 
@@ -59,3 +63,38 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 def is_prefix(prefix: list[dict[str, Any]], full: list[dict[str, Any]]) -> bool:
     return len(prefix) <= len(full) and all(a == b for a, b in zip(prefix, full, strict=False))
+
+
+def check_chat_messages(messages: list[dict[str, Any]]) -> None:
+    """Reject message shapes a chat template cannot render, naming the offending field.
+
+    Run on every path (chat, Responses items, Anthropic) after conversion, so a template never
+    sees a role, part or tool call it would fail on (or render wrongly).
+    """
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        role = message.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise CompletionRequestError(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.80}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise CompletionRequestError(f"{where}.content must be a string or a list of parts")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, Mapping):
+                raise CompletionRequestError(f"{where}.content[{j}] must be an object, got {type(part).__name__}")
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise CompletionRequestError(f"{where}.content[{j}].text must be a string")
+        for key in ("name", "tool_call_id"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise CompletionRequestError(f"{where}.{key} must be a string")
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if role != "assistant" or not isinstance(calls, list):
+            raise CompletionRequestError(f"{where}.tool_calls must be a list and only on assistant messages")
+        for j, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise CompletionRequestError(f"{where}.tool_calls[{j}] must be an object with function.name (a non-empty string)")
+            if not isinstance(fn.get("arguments", ""), str | Mapping):
+                raise CompletionRequestError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")

@@ -27,6 +27,7 @@ from .messages import CompletionRequestError, MessageTypeError, normalize_messag
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
 
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
+_ITEM_ROLES = ("user", "assistant", "system", "developer")
 
 
 def _content_text(content: Any, index: int) -> str:
@@ -42,7 +43,10 @@ def _content_text(content: Any, index: int) -> str:
             raise CompletionRequestError(
                 f"input[{index}].content[{j}] has unsupported type {part.get('type')!r}; only text parts are supported"
             )
-        texts.append(part.get("text", ""))
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise CompletionRequestError(f"input[{index}].content[{j}].text must be a string")
+        texts.append(text)
     return "\n".join(texts)
 
 
@@ -53,12 +57,17 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
     for i, item in enumerate(items):
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            if "role" not in item:
-                raise CompletionRequestError(f"input[{i}] is a message without a role")
+            if item.get("role") not in _ITEM_ROLES:
+                raise CompletionRequestError(f"input[{i}].role must be one of {list(_ITEM_ROLES)}, got {item.get('role')!r:.80}")
             messages.append({"role": item["role"], "content": _content_text(item.get("content", ""), i)})
         elif kind == "function_call":
+            name, arguments = item.get("name"), item.get("arguments", "")
+            if not isinstance(name, str) or not name:
+                raise CompletionRequestError(f"input[{i}] is a function_call without a name (a non-empty string)")
+            if not isinstance(arguments, str):
+                raise CompletionRequestError(f"input[{i}].arguments must be a JSON string")
             call = {"id": item.get("call_id", item.get("id")), "type": "function",
-                    "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+                    "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and previous_type in ("message", "function_call"):
                 last.setdefault("tool_calls", []).append(call)
@@ -66,6 +75,8 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
+            if item.get("call_id") is not None and not isinstance(item.get("call_id"), str):
+                raise CompletionRequestError(f"input[{i}].call_id must be a string")
             messages.append({"role": "tool", "content": output if isinstance(output, str) else _content_text(output, i),
                              "tool_call_id": item.get("call_id")})
         else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .interaction import InteractionWithTokenLogpReward
+from .messages import CompletionRequestError
 
 
 class ConcatAlignmentError(RuntimeError):
@@ -25,15 +26,24 @@ def render_prompt_ids(
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The tokenizer's chat template over `messages`, with the generation prompt, as ids."""
-    ids = tokenizer.apply_chat_template(
-        messages,
-        tools=tools or None,
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-        **(chat_template_kwargs or {}),
-    )
+    """The tokenizer's chat template over `messages`, with the generation prompt, as ids.
+
+    A conversation the template rejects (`raise_exception` in the template) is the caller's
+    input error: `CompletionRequestError`.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **(chat_template_kwargs or {}),
+        )
+    except TemplateError as exc:
+        raise CompletionRequestError(f"the model's chat template rejected this conversation: {exc}") from exc
     if hasattr(ids, "keys"):  # some tokenizers ignore return_dict=False
         ids = ids["input_ids"]
     return [int(t) for t in ids]

@@ -12,22 +12,30 @@ deliberate differences:
 - keys of exported or expired sessions answer 410 (not 401), so a late agent call says why;
 - unknown body fields are ignored, except that `chat_template_kwargs` at the top level (where
   the OpenAI SDK merges `extra_body`) is forwarded, not dropped (§12.7);
-- errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style).
+- errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style);
+- only `InvalidRequestError` (input validation in the capture layer and the engine) becomes a
+  400; any other exception is our fault: 500 with a logged traceback. The body is checked
+  before any route parses it (`limits.py`: size, JSON depth, lone surrogates), and the limits
+  that follow from the model's context before the template is rendered (README, "Limits and
+  errors");
+- an export removes its session only once the response was sent: a failed, cancelled or
+  abandoned export leaves the session exportable with the same result.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from areal_nb.api import InferenceEngine, check_export_style
+from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -38,7 +46,8 @@ from areal_nb.openai.anthropic import (
 )
 
 from .errors import ProxyError, describe_validation_errors, error_response
-from .limits import BodyLimitMiddleware
+from .limits import BodyLimitMiddleware, body_limit
+from .logs import RepeatFilter
 from .schemas import (
     ChatCompletionRequest,
     ExportTrajectoriesRequest,
@@ -53,11 +62,11 @@ from .settings import ProxySettings
 from .state import ProxyState, SessionData
 
 logger = logging.getLogger(__name__)
+logger.addFilter(RepeatFilter())  # one traceback per kind of failure per 10 s, not per request
 
 T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
-_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def bearer_token(request: Request) -> str | None:
@@ -73,51 +82,29 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
-def _check_chat_messages(messages: list[dict[str, Any]]) -> None:
-    """Reject message shapes no chat template can render, with the offending index."""
-    for i, message in enumerate(messages):
-        role = message.get("role")
-        if role not in _CHAT_ROLES:
-            raise ProxyError(400, f"messages[{i}].role must be one of {sorted(_CHAT_ROLES)}, got {role!r}", "invalid_message")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise ProxyError(400, f"messages[{i}].content must be a string or a list of parts", "invalid_message")
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise ProxyError(400, f"messages[{i}].content parts must be objects", "invalid_message")
-        calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-            raise ProxyError(400, f"messages[{i}].tool_calls must be a list of objects", "invalid_message")
-
-
 def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
     """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
     # Imported here so `import areal_nb.proxy` stays light.
     from areal_nb.openai.cache import InteractionCache
     from areal_nb.openai.completion import (
-        CompletionRequestError,
         CompletionSettings,
         chat_completion_stream_chunks,
         create_chat_completion,
     )
+    from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
     from areal_nb.openai.responses import create_response
 
     settings = settings or ProxySettings()
     completion_settings = settings.completion if settings.completion is not None else CompletionSettings()
     state = ProxyState(settings, InteractionCache)
-    # pydantic.ValidationError: request values echoed into the OpenAI response objects
-    bad_input = (CompletionRequestError, AnthropicRequestError, TypeError, NotImplementedError, ValidationError)
-    try:
-        from jinja2 import TemplateError
-
-        bad_input = (*bad_input, TemplateError)  # a template that rejects the conversation
-    except ImportError:  # pragma: no cover - jinja2 comes with transformers
-        pass
-
     app = FastAPI(title="areal_nb proxy", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.proxy = state
     app.state.engine = engine
     app.state.tokenizer = tokenizer
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    context = context_tokens(engine, None)
+    max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
+    app.state.max_body_bytes = max_body
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body)
 
     # ------------------------------------------------------------------ error dialects
     @app.exception_handler(ProxyError)
@@ -160,9 +147,9 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             return await call
         except ProxyError:
             raise
-        except bad_input as exc:
+        except InvalidRequestError as exc:  # input errors only: validation raises these types
             raise ProxyError(400, str(exc) or type(exc).__name__, "invalid_request") from exc
-        except Exception as exc:  # engine failure: answer 500, keep serving
+        except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
             logger.exception("generation failed")
             raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
 
@@ -197,27 +184,51 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return StartSessionResponse(session_id=session.session_id, api_key=session.api_key)
 
     @app.post("/export_trajectories", dependencies=[Depends(admin)])
-    async def export_trajectories(body: ExportTrajectoriesRequest) -> JSONResponse:
+    async def export_trajectories(body: ExportTrajectoriesRequest, request: Request) -> Response:
+        """One-shot export. The session is removed only once its data was handed to the client:
+        a failed, cancelled or abandoned export leaves it exportable, with the same result."""
         session = state.get_session(body.session_id)
         timeout = body.wait_timeout if body.wait_timeout is not None else settings.export_wait_timeout
-        if not await session.wait_ended(timeout):
+        if not await session.wait_ended(timeout, gave_up=request.is_disconnected):
+            if await request.is_disconnected():
+                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
             raise ProxyError(
                 504,
                 f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
                 "/rl/end_session before its trajectories can be exported (the session is kept; retry)",
                 "export_timeout",
             )
-        state.claim_export(session)
-        try:
-            interactions = _export(session, body)
-        except Exception as exc:
+        while not state.claim_export(session):  # another export holds it: wait for its outcome
+            if await request.is_disconnected():
+                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+            await asyncio.sleep(0.02)
+
+        def give_back() -> None:  # the export did not reach anyone: keep the session exportable
+            session.cache.undo_reward_discount()
             state.release_export(session)
-            if isinstance(exc, ValueError | RuntimeError):
-                raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+
+        work = asyncio.ensure_future(asyncio.to_thread(_export_json, session, body))
+        try:
+            payload = await asyncio.shield(work)
+        except asyncio.CancelledError:  # the thread runs on: give the session back once it is done
+            work.add_done_callback(lambda _: give_back())
             raise
-        state.remove_session(session, "was exported")
+        except InvalidRequestError as exc:
+            give_back()
+            raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+        except Exception as exc:
+            give_back()
+            logger.exception("export of session %r failed", body.session_id)
+            raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
+        if await request.is_disconnected():
+            give_back()
+            raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
+        return _HandOver(payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back)
+
+    def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
+        interactions = _export(session, body)
         wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
-        return JSONResponse({"session_id": session.session_id, "interactions": wire})
+        return json.dumps({"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False).encode()
 
     def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
         cache = session.cache
@@ -256,7 +267,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     async def chat_completions(
         body: ChatCompletionRequest, session: SessionData = Depends(open_session)
     ) -> Response:
-        _check_chat_messages(body.messages)
         completion = await generate(
             create_chat_completion(
                 **capture_kwargs(session),
@@ -273,6 +283,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 n=body.n,
                 metadata=body.metadata,
                 frequency_penalty=body.frequency_penalty,
+                presence_penalty=body.presence_penalty,
                 extra_body=extra_body_of(body),
             )
         )
@@ -314,7 +325,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
         except AnthropicRequestError as exc:
             raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-        _check_chat_messages(chat_kwargs["messages"])
         completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs))
         session.tool_arguments.update(tool_arguments_of(completion))
         message = chat_completion_to_anthropic(completion, model=body.model)
@@ -323,3 +333,21 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return JSONResponse(message)
 
     return app
+
+
+class _HandOver(Response):
+    """A JSON response that reports whether it was sent (export hands a session over)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, *, on_sent: Callable[[], Any], on_failed: Callable[[], Any]) -> None:
+        super().__init__(content)
+        self._on_sent, self._on_failed = on_sent, on_failed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException:
+            self._on_failed()
+            raise
+        self._on_sent()

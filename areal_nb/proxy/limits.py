@@ -1,23 +1,111 @@
-"""Request-body size limit (413), checked on Content-Length and again while reading."""
+"""Checks on the raw request body, before any route parses it.
+
+- size: 413 above the body limit, checked on Content-Length and again while reading. The limit
+  is `ProxySettings.max_body_bytes`, lowered to what the model's context can use when the
+  engine reports one (`body_limit`): parsing megabytes a 512-token model can never read would
+  only stall the event loop;
+- JSON nesting: 400 above `MAX_JSON_DEPTH` levels (deep nesting makes every recursive consumer —
+  pydantic, copying, templates, export — raise `RecursionError`);
+- text: 400 for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
+  is valid JSON but no valid text, and would only fail later (at export, after the episode).
+
+Bodies larger than `_THREAD_BYTES` are inspected in a worker thread so a large request never
+stalls the event loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 from typing import Any
 
+import numpy as np
 from starlette.exceptions import HTTPException
 
 from .errors import error_response
+
+MAX_JSON_DEPTH = 64
+_THREAD_BYTES = 256 * 1024
+# A prompt character costs at most 12 body bytes (a surrogate pair escaped as \uXXXX\uXXXX);
+# the rest of a body (tools' schemas, metadata) gets the same again, and never less than 1 MiB.
+_BODY_BYTES_PER_PROMPT_CHAR = 24
+MIN_CONTEXT_BODY_BYTES = 1024 * 1024
+
+
+def body_limit(configured: int, context: int | None, chars_per_token: int | None) -> int:
+    """The body limit: `configured`, or less when the model's context bounds what is useful."""
+    if context is None or chars_per_token is None:
+        return configured
+    return min(configured, max(MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token))
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class BodyTooLarge(HTTPException):
     """Raised from `receive` mid-body; an HTTPException so FastAPI passes it through as is."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body too large: the limit is {limit} bytes")
+        super().__init__(413, f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')")
+
+
+def json_depth(body: bytes, at_least: int = 0) -> int:
+    """Deepest bracket nesting of a JSON text (strings skipped; exact for valid JSON).
+
+    Bodies with at most `at_least` brackets in all are not scanned: 0 is returned.
+    """
+    if body.count(b"[") + body.count(b"{") <= at_least:
+        return 0
+    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", body)).translate(None, _NOT_BRACKETS)
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max()) if len(steps) else 0
+
+
+def lone_surrogate_path(body: bytes) -> str | None:
+    """Where the first lone surrogate in a JSON body is (`messages[0].content`), or None."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return None  # raw UTF-8 cannot hold surrogates; only \uD8xx..\uDFxx escapes can
+    try:
+        stack: list[tuple[str, Any]] = [("body", json.loads(body))]
+    except ValueError:
+        return None  # not JSON: the route answers that itself
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return where
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return f"{where} (a key)"
+                stack.append((f"{where}.{key}", item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def body_problem(body: bytes) -> tuple[str, str] | None:
+    """(message, code) for a body no route should parse, or None."""
+    depth = json_depth(body, at_least=MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        return f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted", "nesting_too_deep"
+    where = lone_surrogate_path(body)
+    if where is not None:
+        return (
+            f"invalid text in {where}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character; "
+            "send valid Unicode",
+            "invalid_unicode",
+        )
+    return None
 
 
 class BodyLimitMiddleware:
-    """Pure ASGI middleware: cheap on the hot path (one header lookup, one counter)."""
+    """Pure ASGI middleware: reads the body (bounded), checks it, then replays it to the app."""
 
     def __init__(self, app: Any, max_body_bytes: int) -> None:
         self.app = app
@@ -28,6 +116,7 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
+        path = scope.get("path", "")
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -35,19 +124,38 @@ class BodyLimitMiddleware:
                 except ValueError:
                     too_large = False  # the server rejects malformed lengths itself
                 if too_large:
-                    response = error_response(scope.get("path", ""), 413, BodyTooLarge(limit).detail, "body_too_large")
-                    await response(scope, receive, send)
+                    await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
                     return
                 break
+
+        chunks: list[bytes] = []
         received = 0
-
-        async def limited_receive() -> dict[str, Any]:
-            nonlocal received
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(limit)
-            return message
+            if message["type"] != "http.request":  # disconnected while sending the body
+                return
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > limit:
+                await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body:
+            problem = await asyncio.to_thread(body_problem, body) if len(body) > _THREAD_BYTES else body_problem(body)
+            if problem is not None:
+                await error_response(path, 400, *problem)(scope, receive, send)
+                return
 
-        await self.app(scope, limited_receive, send)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as usual
+
+        await self.app(scope, replay, send)

@@ -24,6 +24,7 @@ class GrantCapacityRequest(_Body):
 
 class StartSessionRequest(_Body):
     task_id: str = Field(min_length=1, max_length=256)
+    # 8-512 visible ASCII characters (inner spaces allowed); other keys → 400 (state.py)
     api_key: str | None = Field(None, min_length=8, max_length=512)
 
 
@@ -54,7 +55,7 @@ class ChatCompletionRequest(_Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_total_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -62,7 +63,9 @@ class ChatCompletionRequest(_Body):
     store: bool | None = None
     n: int | None = Field(None, ge=1, le=1)
     metadata: dict[str, Any] | None = None
+    # accepted by the schema so that a non-zero value gets a 400 "not supported", not silence
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     extra_body: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -75,7 +78,7 @@ class ResponsesRequest(_Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
@@ -94,5 +97,5 @@ class MessagesRequest(_Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     stop_sequences: list[str] | None = None

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,9 @@ from .settings import ProxySettings
 
 # How many keys of exported/expired sessions are remembered, to answer 410 instead of 401.
 _RETIRED_KEYS_KEPT = 10_000
+# A key travels in an HTTP header and is stripped there: visible ASCII, inner spaces allowed.
+# Anything else (edge spaces, control characters, non-ASCII) could never authenticate.
+_HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
 @dataclass
@@ -48,14 +53,21 @@ class SessionData:
     def is_stale(self, timeout: float, now: float) -> bool:
         return now - self.last_access > timeout
 
-    async def wait_ended(self, timeout: float) -> bool:
-        """True once the session ended (or was swept); False after `timeout` seconds."""
+    async def wait_ended(self, timeout: float, gave_up: Callable[[], Awaitable[bool]] | None = None) -> bool:
+        """True once the session ended (or was swept); False after `timeout` seconds or as
+        soon as `gave_up()` (checked every 0.25 s, e.g. "the client disconnected") is true."""
         deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + 0.25
         # Poll a threading.Event: end_session may come from any loop or thread.
         while not self._finished.is_set():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 return False
+            if gave_up is not None and now >= next_check:
+                if await gave_up():
+                    return False
+                next_check = now + 0.25
             await asyncio.sleep(min(0.02, left))
         return True
 
@@ -109,6 +121,14 @@ class ProxyState:
             return self.capacity
 
     def start_session(self, task_id: str, api_key: str | None = None) -> SessionData:
+        if api_key is not None and not _HEADER_SAFE_KEY.fullmatch(api_key):
+            raise ProxyError(
+                400,
+                "api_key must be visible ASCII characters (spaces only between them): a key with "
+                "leading/trailing whitespace, control or non-ASCII characters can never be sent back "
+                "in an Authorization header",
+                "invalid_api_key",
+            )
         with self._lock:
             self._sweep_locked(force=False)
             if self.capacity <= 0:
@@ -161,16 +181,18 @@ class ProxyState:
                 raise ProxyError(404, f"unknown session_id {session_id!r} (never started, already exported, or expired)", "unknown_session")
             return session
 
-    def claim_export(self, session: SessionData) -> None:
-        """Mark a session as being exported; exports are one-shot."""
+    def claim_export(self, session: SessionData) -> bool:
+        """Mark a session as being exported (exports are one-shot); False while another export
+        holds it (it either hands the session over or gives it back: ask again)."""
         with self._lock:
             if self.sessions.get(session.session_id) is not session:
                 if session.removed_reason == "was exported":
                     raise ProxyError(404, f"session {session.session_id!r} was already exported", "unknown_session")
                 raise ProxyError(410, f"session {session.session_id!r} {session.removed_reason}", "session_gone")
             if session.exporting:
-                raise ProxyError(404, f"session {session.session_id!r} is already being exported", "unknown_session")
+                return False
             session.exporting = True
+            return True
 
     def release_export(self, session: SessionData) -> None:
         with self._lock:

@@ -2,7 +2,8 @@
 
 A checkpoint folder holds `model/` (weights + tokenizer, loadable by transformers),
 `config.yaml` (the run's config, with `model.path` pointing at `model/`), `state.pt` (optimizer,
-step, version, RNG states, data position) and `history.json` (the stats rows so far).
+step, version, RNG states, data position), `history.json` (the stats rows so far), and `data/`
+when the dataset was given as a Python object (its rows as JSONL; see `_store_python_datasets`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_nb.config import ConfigError, dump_config
+from areal_nb.data import load_rows, write_jsonl
 
 if TYPE_CHECKING:
     from .session import Session
@@ -27,6 +29,7 @@ def save_checkpoint(session: Session, path: str | Path) -> Path:
     if not isinstance(cfg.agent.workflow, str):
         raise ConfigError("save() needs agent.workflow as an import string so the run can be restored")
     path.mkdir(parents=True, exist_ok=True)
+    _store_python_datasets(cfg.data, path / "data")
     session.actor.model.save_pretrained(path / "model")
     session.tokenizer.save_pretrained(path / "model")
     cfg.model.path = str((path / "model").resolve())
@@ -47,6 +50,20 @@ def save_checkpoint(session: Session, path: str | Path) -> Path:
     return path
 
 
+def _store_python_datasets(data_cfg: Any, folder: Path) -> None:
+    """A dataset given as a Python object (list of dicts, DataFrame, datasets.Dataset) cannot go
+    into config.yaml: its rows are written to `data/train.jsonl` / `data/eval.jsonl` in the
+    checkpoint and the saved config points there (read back as rows, unchanged), so the
+    checkpoint restores on its own. A path source stays a path (the file is not copied)."""
+    for field, name in (("source", "train"), ("eval_source", "eval")):
+        value = getattr(data_cfg, field)
+        if value is None or isinstance(value, (str, Path)):
+            continue
+        rows = load_rows(value, name=f"data.{field}")
+        setattr(data_cfg, field, str(write_jsonl(rows, folder / f"{name}.jsonl", name=f"data.{field}").resolve()))
+        data_cfg.format = "rows"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The saved state (with its history); the config is loaded separately from config.yaml."""
     path = Path(path)
@@ -59,8 +76,6 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def restore(session: Session, state: dict[str, Any]) -> None:
     """Put a started Session where the checkpoint's run was: weights, optimizer, RNGs, data."""
-    from .data import DataStream
-
     session.step_count = state["step_count"]
     session.version = state["version"]
     actor, engine = session.actor, session.engine
@@ -74,5 +89,5 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     torch.set_rng_state(state["rng"]["torch"])
     if state.get("engine_rng") is not None and hasattr(engine, "set_rng_state"):
         engine.set_rng_state(state["engine_rng"])
-    session.data = DataStream(session.config.data, pos=state["data_pos"])
+    session.data = session.data.at(state["data_pos"])
     session._history = list(state.get("history", []))

@@ -1,51 +1,117 @@
 """The Session's task data: an endless, seeded training stream and the held-out split.
 
-Both come from the same `data.source`: generated GSM8K-format problems (the test split is a
-fixed held-out stream), or a GSM8K source whose test split `evaluate()` scores
-(`areal_nb.data.load_gsm8k_split`).
+`data.source` is one of three kinds:
+- "generated": fresh GSM8K-format problems per chunk; the test split is a fixed held-out stream;
+- a GSM8K source (file, folder, hub name): its train split streams, its test split is held out;
+- the user's own rows (a list of dicts, DataFrame, datasets.Dataset, JSONL/JSON/Parquet/CSV path),
+  passed to the agent unchanged; held out: `data.eval_source`, else `data.eval_fraction` of them.
+Rows are checked when the Session starts (`areal_nb.data.check_rows`), so an empty dataset or a row
+that is not a mapping fails there, not as rejected episodes later.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from areal_nb.config import ConfigError, DataConfig
-from areal_nb.data import generate_problems, load_gsm8k_split
+from areal_nb.data import check_rows, generate_problems, is_row_file, load_gsm8k_split, load_rows, split_rows
 
 
-def held_out_problems(cfg: DataConfig) -> list[dict]:
-    """The first `cfg.eval_size` problems of the source's test split."""
-    if cfg.source == "generated":
-        return generate_problems(cfg.eval_size, seed=0, split="test", config=cfg.task)
-    problems = load_gsm8k_split(cfg.source, "test")
-    if not problems:
-        raise ConfigError(f"data.source {cfg.source!r} holds no test problems to evaluate on")
-    return problems[: cfg.eval_size]
+@dataclass
+class TaskData:
+    """What `data.source` resolves to: the training rows (None: generated per chunk) and the held-out rows."""
+
+    train: list[dict] | None
+    held_out: list[dict]
+
+
+def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
+    """Load and check the configured data; `picklable` for agents in `subproc` mode."""
+    train: list[dict] | None
+    if cfg.eval_fraction > 0 and cfg.eval_source is not None:
+        raise ConfigError("give data.eval_source or data.eval_fraction, not both")
+    row_source = not (isinstance(cfg.source, str) and (cfg.source == "generated" or _is_gsm8k(cfg.source, cfg.format)))
+    if cfg.eval_fraction > 0 and not row_source:
+        raise ConfigError(f"data.eval_fraction splits a dataset of rows; data.source {cfg.source!r} has its own "
+                          f"test split")
+    if isinstance(cfg.source, str) and cfg.source == "generated":
+        train, held_out = None, generate_problems(cfg.eval_size, seed=0, split="test", config=cfg.task)
+    elif _is_gsm8k(cfg.source, cfg.format):
+        train = load_gsm8k_split(cfg.source, "train")
+        if not train:
+            raise ConfigError(f"data.source {cfg.source!r} holds no training problems")
+        held_out = load_gsm8k_split(cfg.source, "test")
+        if not held_out and cfg.eval_source is None:
+            raise ConfigError(f"data.source {cfg.source!r} holds no test problems to evaluate on")
+    else:
+        train, held_out = load_rows(cfg.source, name="data.source"), []
+        check_rows(train, name="data.source", picklable=picklable)
+        if cfg.eval_source is None and cfg.eval_fraction > 0:
+            train, held_out = split_rows(train, cfg.eval_fraction, seed=cfg.seed)
+    if cfg.eval_source is not None:
+        if _is_gsm8k(cfg.eval_source, cfg.format):
+            held_out = load_gsm8k_split(cfg.eval_source, "test")
+        else:
+            held_out = load_rows(cfg.eval_source, name="data.eval_source")
+            check_rows(held_out, name="data.eval_source", picklable=picklable)
+    return TaskData(train=train, held_out=held_out[: cfg.eval_size])
+
+
+def _is_gsm8k(source: Any, fmt: str) -> bool:
+    """A string source read as GSM8K: a folder, a hub name, or (format "auto") a JSONL file whose
+    first row has "question" and "answer" but no "messages"."""
+    if not isinstance(source, str) or fmt == "rows":
+        return False
+    if fmt == "gsm8k" or not is_row_file(source):
+        return True
+    path = Path(source).expanduser()
+    if path.suffix.lower() != ".jsonl" or not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and "question" in row and "answer" in row and "messages" not in row
 
 
 class DataStream:
-    """An endless, seeded stream of training prompts whose position can be saved."""
+    """An endless, seeded stream of training rows whose position can be saved.
 
-    def __init__(self, cfg: DataConfig, pos: int = 0) -> None:
+    Chunk k is 512 fresh generated problems, or the k-th seeded shuffle of the training rows.
+    """
+
+    def __init__(self, cfg: DataConfig, pos: int = 0, *, rows: list[dict] | None = None) -> None:
+        self.cfg = cfg
+        self.rows = rows
         self.pos = 0
-        self._chunk = self._chunk_maker(cfg)
+        self._chunk = self._chunk_maker(cfg, rows)
         self._buffer: list[dict] = []
         self._chunk_index = 0
         for _ in range(pos):
             next(self)
 
+    def at(self, pos: int) -> DataStream:
+        """The same stream, positioned after `pos` rows (checkpoint restore)."""
+        return DataStream(self.cfg, pos, rows=self.rows)
+
+    def first_row(self) -> dict:
+        """Row 0 of the dataset (of the first generated chunk), without moving the stream."""
+        return self.rows[0] if self.rows else self._chunk(0)[0]
+
     @staticmethod
-    def _chunk_maker(cfg: DataConfig) -> Callable[[int], list[dict]]:
-        """Chunk k of the stream: 512 fresh generated problems, or the k-th shuffle of the file."""
-        if cfg.source == "generated":
+    def _chunk_maker(cfg: DataConfig, rows: list[dict] | None) -> Callable[[int], list[dict]]:
+        if rows is None:
             return lambda k: generate_problems(512, seed=cfg.seed * 100_003 + k, split="train", config=cfg.task)
-        items = load_gsm8k_split(cfg.source, "train")
-        if not items:
-            raise ConfigError(f"data.source {cfg.source!r} holds no training problems")
 
         def chunk(k: int) -> list[dict]:
-            order = list(items)
+            order = list(rows)
             random.Random(cfg.seed * 100_003 + k).shuffle(order)
             return order
 

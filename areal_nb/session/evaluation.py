@@ -77,17 +77,36 @@ class EvalResult:
     rejected: int
     version: int
     batch: RolloutBatch = field(repr=False, compare=False)
+    # With `evaluate(pass_k=k)`: the share of problems that k sampled episodes (rollout.temperature)
+    # solved at least once (some call rewarded > 0), and those episodes.
+    k: int | None = None
+    pass_at_k: float | None = None
+    samples: RolloutBatch | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, float]:
-        """The figures as `session.history` columns."""
-        return dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
+        """The figures as `session.history` columns (plus `eval_pass@k` when it was measured)."""
+        out = dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
+        if self.k is not None:
+            out[f"eval_pass@{self.k}"] = self.pass_at_k
+        return out
 
 
 async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,
                               max_concurrent: int, episode_timeout: float | None) -> list:
     """One greedy episode per problem, on an executor of their own (no staleness accounting)."""
-    executor = RolloutExecutor(workflow, GreedyEngine(engine), group_size=1, batch_size=len(problems),
-                               max_head_offpolicyness=0, max_concurrent=max_concurrent,
+    return await run_episodes(workflow, GreedyEngine(engine), problems, group_size=1,
+                              max_concurrent=max_concurrent, episode_timeout=episode_timeout)
+
+
+async def run_episodes(workflow: RolloutWorkflow, engine: Any, problems: list[dict], *, group_size: int,
+                       max_concurrent: int, episode_timeout: float | None) -> list:
+    """`group_size` episodes per problem on an executor of their own: never training data.
+
+    Sampling is whatever `workflow` and `engine` do: the greedy `/eval` proxy and a GreedyEngine
+    for greedy evaluation, the training proxy and engine for pass@k samples.
+    """
+    executor = RolloutExecutor(workflow, engine, group_size=group_size, batch_size=len(problems),
+                               max_head_offpolicyness=0, max_concurrent=max(max_concurrent, group_size),
                                episode_timeout=episode_timeout)
     for problem in problems:
         executor.submit(problem)  # explicit: started as concurrency allows, at the current version
@@ -125,3 +144,13 @@ def _raw_reward(call: Any) -> float:
     raw = getattr(call, "raw_reward", None)
     value = raw if raw is not None else call.reward
     return float(value or 0.0)
+
+
+def pass_at_k(samples: RolloutBatch, k: int) -> float:
+    """The share of problems (groups of `k` episodes) with at least one successful episode."""
+    by_group: dict[int, bool] = {}
+    for i, ep in enumerate(samples.episodes):
+        ok = ep.accepted and any(_raw_reward(c) > 0 for c in samples.calls(i))
+        by_group[ep.group_id] = by_group.get(ep.group_id, False) or ok
+    solved = list(by_group.values())
+    return sum(solved) / len(solved) if solved else math.nan

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import logging
 import time
 import weakref
@@ -29,9 +30,10 @@ from areal_nb.rollout.batch import RolloutBatch
 
 from . import builder
 from .checkpoint import read_checkpoint, restore, save_checkpoint
-from .data import DataStream, held_out_problems
-from .evaluation import EVAL_COLUMNS, EvalResult, run_greedy_episodes, summarize
+from .data import DataStream, load_task_data
+from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
+from .preflight import check_first_episode
 from .runtime import LoopRuntime
 
 logger = logging.getLogger(__name__)
@@ -59,12 +61,18 @@ class Session:
     """`Session(config | yaml_path | None, **overrides)`; see the README for a tour.
 
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
-    (`rollout={"batch_size": 4}`).
+    (`rollout={"batch_size": 4}`). `dataset` / `eval_dataset` set `data.source` / `data.eval_source`:
+    a list of dicts, a pandas DataFrame, a `datasets.Dataset` or a JSONL/JSON/Parquet/CSV path.
     """
 
     def __init__(self, config: SessionConfig | str | Path | dict | None = None, *, start: bool = True,
-                 **overrides: Any) -> None:
-        self.config: SessionConfig = load_config(config, _flatten_overrides(overrides))
+                 dataset: Any = None, eval_dataset: Any = None, **overrides: Any) -> None:
+        flat = _flatten_overrides(overrides)
+        for key, value in (("data.source", dataset), ("data.eval_source", eval_dataset)):
+            if value is not None:
+                # a one-shot iterator is read once here; the Session (and save()) need its rows again
+                flat[key] = value if hasattr(value, "__len__") or isinstance(value, Path) else list(value)
+        self.config: SessionConfig = load_config(config, flat)
         self.step_count = 0
         self.version = 0
         self.last_batch: RolloutBatch | None = None
@@ -73,6 +81,7 @@ class Session:
         self._started = False
         self._closed = False
         self._resume_state: dict[str, Any] | None = None
+        self._first_episode_checked = False  # see preflight.py
         if start:
             self.start()
 
@@ -86,6 +95,8 @@ class Session:
         cfg = self.config
         try:
             builder.seed_everything(cfg.seed)
+            # data first: a bad dataset fails before anything is built
+            task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
             self.engine = builder.build_engine(cfg, policy, self.tokenizer)
             self.actor = builder.build_actor(cfg, policy)
@@ -94,8 +105,8 @@ class Session:
             self.workflow = builder.build_workflow(cfg, self._proxy)
             self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
             self.executor = self._runtime.call(self._make_executor())
-            self.eval_problems = held_out_problems(cfg.data)
-            self.data = DataStream(cfg.data)
+            self.eval_problems = task_data.held_out
+            self.data = DataStream(cfg.data, rows=task_data.train)
             self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
                                                 project=cfg.experiment_name, config=_plain(self.config))
         except BaseException:
@@ -172,6 +183,7 @@ class Session:
     async def arollout(self, n_prompts: int | None = None) -> RolloutBatch:
         self._check_open()
         n = n_prompts or self.config.rollout.batch_size
+        await self._check_first_episode()
         start = time.perf_counter()
         for _ in range(max(0, n - self.executor.n_waiting)):
             self.executor.submit(next(self.data))
@@ -231,6 +243,7 @@ class Session:
         self._check_open()
         cfg = self.config
         steps = cfg.total_steps if steps is None else steps
+        self._runtime.call(self._check_first_episode())  # before background rollouts start
         if cfg.rollout.prefetch:
             self._runtime.call_soon(self.executor.set_feeder, self.data)
         show = cfg.logging.progress if progress is None else progress
@@ -254,7 +267,8 @@ class Session:
         return self.history
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, n: int | None = None, *, problems: list[dict] | None = None) -> EvalResult:
+    def evaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
+                 pass_k: int | None = None) -> EvalResult:
         """Greedy episodes of the configured agent on the held-out split (or on `problems`).
 
         The agent runs exactly as in training — same workflow, same engine and weights — except
@@ -262,19 +276,28 @@ class Session:
         return), `accuracy` (first call rewarded: first-reply accuracy for the math agent),
         `agent_accuracy` (some call rewarded: success within the agent's turns), and the
         episodes as `.batch`. Nothing is trained on and the policy version does not move.
+        With `pass_k=k` it also samples k episodes per problem at `rollout.temperature` and
+        reports `pass_at_k`, the share of problems solved (some call rewarded) at least once.
         """
         self._check_open()
-        return self._runtime.call(self.aevaluate(n, problems=problems))
+        return self._runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
 
-    async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None) -> EvalResult:
+    async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
+                        pass_k: int | None = None) -> EvalResult:
         self._check_open()
         problems = list(self.eval_problems if problems is None else problems)[: n or None]
         if not problems:
-            raise ValueError("evaluate() needs at least one problem")
-        episodes = await run_greedy_episodes(self._eval_workflow, self.engine, problems,
-                                             max_concurrent=self.config.rollout.max_concurrent_rollouts,
-                                             episode_timeout=self.config.agent.agent_timeout)
-        return summarize(self._batch(episodes))
+            raise ValueError("evaluate() needs at least one problem: this dataset has no held-out rows; pass "
+                             "eval_dataset=..., set data.eval_fraction, or call evaluate(problems=rows)")
+        if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
+            raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
+        limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
+                      episode_timeout=self.config.agent.agent_timeout)
+        result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems, **limits)))
+        if pass_k is None:
+            return result
+        samples = self._batch(await run_episodes(self.workflow, self.engine, problems, group_size=pass_k, **limits))
+        return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> Path:
@@ -309,6 +332,13 @@ class Session:
             raise RuntimeError("this Session is closed; create a new one")
         if not self._started:
             self.start()
+
+    async def _check_first_episode(self) -> None:
+        """Once, before the first rollout: the agent must succeed on the first training row."""
+        if self._first_episode_checked:
+            return
+        await check_first_episode(self._eval_workflow, self.engine, self.data.first_row(), row_index=0)
+        self._first_episode_checked = True
 
     async def _make_executor(self):
         # Made on the loop that will drive it (it owns asyncio primitives).
@@ -362,10 +392,17 @@ class Session:
 
 
 def _plain(cfg: SessionConfig) -> dict[str, Any]:
-    """The config as JSON-able data (an agent object given in Python is named by its repr)."""
+    """The config as JSON-able data (an agent object given in Python is named by its repr, a
+    dataset given in Python by its type and length, not its rows)."""
     import json
 
-    return json.loads(json.dumps(to_dict(cfg), default=repr))
+    data = to_dict(cfg)
+    for key in ("source", "eval_source"):
+        value = data["data"][key]
+        if value is not None and not isinstance(value, str):
+            size = len(value) if hasattr(value, "__len__") else "?"
+            data["data"][key] = f"<{type(value).__name__} of {size} rows>"
+    return json.loads(json.dumps(data, default=repr))
 
 
 @atexit.register

@@ -186,3 +186,27 @@ def test_stock_transformers_forward_path_is_token_consistent_too(tiny_model_path
 
 def test_fast_path_is_used_for_qwen2(engine):
     assert engine._batch.fast is not None
+
+
+def test_one_token_prompts_and_mixed_lengths_in_one_admission_are_token_consistent(engine, reference_model):
+    # one-token prompts make a one-column prefill (the boolean-mask path, not the decoding step's);
+    # lengths 1..60 in one admission are prefilled as several length groups and joined
+    rng = random.Random(7)
+    lengths = [1, 1, 60, 2, 45, 30, 1, 59, 8]
+    reqs = [
+        ModelRequest(input_ids=[rng.randrange(3, engine.vocab_size) for _ in range(n)],
+                     gconfig=GenerationConfig(max_new_tokens=6, ignore_eos=True))
+        for n in lengths
+    ]
+    engine.pause()  # all of them queue, then are admitted together
+    async def run():
+        tasks = [asyncio.create_task(engine.agenerate(r)) for r in reqs]
+        await asyncio.sleep(0.05)
+        engine.resume()
+        return await asyncio.gather(*tasks)
+
+    responses = asyncio.run(run())
+    assert engine.stats.prefills == 1
+    for req, resp in zip(reqs, responses, strict=True):
+        assert resp.input_tokens == req.input_ids and resp.output_len == 6
+        assert max_logprob_error(reference_model, resp) <= 1e-4

@@ -51,7 +51,7 @@ def create(client, **kw):
         ({"max_completion_tokens": 0}, CompletionRequestError, "max_completion_tokens must be positive"),
         ({"max_completion_tokens": True}, CompletionRequestError, "max_completion_tokens must be an integer"),
         ({"max_total_tokens": 5}, CompletionRequestError, r"len of prompt tokens \d+ exceeds max_total_tokens 5"),
-        ({"temperature": -1.0}, CompletionRequestError, "temperature must be >= 0"),
+        ({"temperature": -1.0}, CompletionRequestError, r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"),
         ({"stop": 3}, CompletionRequestError, "stop must be a string or a list"),
         ({"tools": {"a": 1}}, CompletionRequestError, "tools must be a list"),
         ({"extra_body": {"chat_template_kwargs": 1}}, CompletionRequestError, "chat_template_kwargs must be a dict"),

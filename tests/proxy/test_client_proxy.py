@@ -86,7 +86,7 @@ def test_start_session_retries_are_bounded_on_429(proxy):
 
 def test_start_session_succeeds_once_capacity_arrives(proxy):
     async def late_capacity():
-        client = OpenAIProxyClient(proxy.url, ADMIN_KEY, "late", start_attempts=20, retry_delay=0.05)
+        client = OpenAIProxyClient(proxy.url, ADMIN_KEY, "late", start_attempts=400, retry_delay=0.05)
         granter = OpenAIProxyClient(proxy.url, ADMIN_KEY, "granter")
 
         async def grant_later():

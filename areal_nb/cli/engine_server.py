@@ -1,0 +1,81 @@
+"""`areal-nb engine-server`: the embedded engine behind SGLang's native HTTP API subset.
+
+    areal-nb engine-server --model tiny-math --host 127.0.0.1 --port 30000 \\
+        --api-key KEY --weights-dir /shared/weights
+
+What CPU machines, CI and the cluster export's CPU path run where a GPU machine runs
+`python -m sglang.launch_server`; the `SGLangEngine` client talks to both the same way.
+`--api-key` is required off loopback (clients send `Authorization: Bearer KEY`);
+`/update_weights_from_disk` reads only directories under `--weights-dir`. Prints
+`areal-nb engine-server listening on URL` once it accepts connections; stops on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+import threading
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="areal-nb engine-server", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    parser.add_argument("--api-key", default=None, help="required when --host is not a loopback address")
+    parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
+    parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.api_key and not is_loopback(args.host):
+        print(f"areal-nb engine-server: --api-key is required to listen on {args.host} (not loopback)",
+              file=sys.stderr)
+        return 2
+
+    from areal_nb.engine import LocalEngine
+    from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
+    from areal_nb.models import load_tokenizer, resolve_model_path
+    from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
+
+    model_path = resolve_model_path(args.model)
+    engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
+                         max_batch_size=args.max_batch_size, seed=args.seed)
+    engine.set_version(args.weight_version)
+    settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
+                                    api_key=args.api_key, weights_dir=args.weights_dir)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
+    try:
+        server.start()
+        print(f"areal-nb engine-server listening on {server.url} (model {args.model})", flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("areal-nb engine-server: stopping", flush=True)
+    finally:
+        server.stop()
+        engine.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

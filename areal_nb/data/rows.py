@@ -1,0 +1,128 @@
+"""A user's task data in any common form, as a list of rows (plain dicts) reaching the agent as is.
+
+Accepted: a list (or other iterable) of mappings, a pandas DataFrame, a Hugging Face
+`datasets.Dataset`, or a path to a JSONL, JSON, Parquet or CSV file. Nothing is renamed or
+converted: the agent's `run(data)` gets each row exactly as the source holds it (a DataFrame's
+row as `df.to_dict("records")` gives it). `check_rows` turns the mistakes that would otherwise
+reject every episode (an empty dataset, a row that is not a mapping, a row a `subproc` agent
+cannot receive) into one clear error before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be trained or evaluated on; the message names the row and why."""
+
+
+def is_row_file(source: Any) -> bool:
+    return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in ROW_FILE_SUFFIXES
+
+
+def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
+    """The rows of `source` (see the module doc) as a new list; `name` is used in errors."""
+    if isinstance(source, (str, os.PathLike)):
+        return read_row_file(source, name=name)
+    module = type(source).__module__.split(".")[0]
+    if module == "datasets" and isinstance(source, Mapping):  # a DatasetDict
+        raise DatasetError(f"{name} is a DatasetDict with splits {list(source.keys())}; pass one split, "
+                           f"e.g. ds['train'] (and ds['test'] as the eval dataset)")
+    if isinstance(source, Mapping):
+        raise DatasetError(f"{name} is a single mapping; pass a list of rows (dicts)")
+    if module == "pandas" and hasattr(source, "to_dict"):
+        return source.to_dict(orient="records")
+    if module == "datasets" and hasattr(source, "to_list"):
+        return source.to_list()
+    if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
+        return list(source)
+    raise DatasetError(f"{name} must be a list of dicts, a pandas DataFrame, a datasets.Dataset or a "
+                       f"path to a {'/'.join(ROW_FILE_SUFFIXES)} file; got {type(source).__name__}")
+
+
+def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dict]:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DatasetError(f"{name}: no such file {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    if suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise DatasetError(f"{path}: a .json dataset must hold a list of rows (use .jsonl for one row per line)")
+        return rows
+    import pandas as pd  # parquet needs pyarrow (or fastparquet) installed
+
+    if suffix == ".parquet":
+        return pd.read_parquet(path).to_dict(orient="records")
+    if suffix == ".csv":
+        return pd.read_csv(path).to_dict(orient="records")
+    raise DatasetError(f"{name}: {str(path)!r} is not a {'/'.join(ROW_FILE_SUFFIXES)} file")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+    return rows
+
+
+def write_jsonl(rows: list[dict], path: str | os.PathLike, *, name: str = "dataset") -> Path:
+    """`rows` as a JSONL file `read_row_file` reads back equal (rows must be JSON data)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, row in enumerate(rows):
+        try:
+            lines.append(json.dumps(row, ensure_ascii=False, allow_nan=True))
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"{name} row {i} cannot be written as JSON ({e}); pass the dataset as a file "
+                               f"path (data.source) so the checkpoint can refer to it") from e
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def check_rows(rows: list, *, name: str = "dataset", picklable: bool = False) -> None:
+    """Raise `DatasetError` for an empty dataset, a row that is not a mapping, or (with `picklable`,
+    for agents in `subproc` mode, which receive each row pickled) a row pickle cannot send."""
+    if not rows:
+        raise DatasetError(f"{name} is empty: there is nothing to train or evaluate on")
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DatasetError(f"{name} row {i} is a {type(row).__name__}, not a mapping: every row reaches the "
+                               f"agent as its `data` dict")
+        if picklable:
+            try:
+                pickle.dumps(row)
+            except Exception as e:  # noqa: BLE001 - pickle raises several types
+                raise DatasetError(f"{name} row {i} cannot be pickled ({type(e).__name__}: {e}), so it cannot be "
+                                   f"sent to an agent in mode 'subproc'; use plain data or agent.mode 'inline'") from e
+
+
+def split_rows(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+    """A seeded (train, held-out) split holding out `fraction` of the rows (at least one)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the held-out fraction must be in (0, 1), got {fraction}")
+    if len(rows) < 2:
+        raise DatasetError(f"{len(rows)} row(s) cannot be split into training and held-out rows")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n_test = min(len(rows) - 1, max(1, round(fraction * len(rows))))
+    held_out = set(order[:n_test])
+    return ([r for i, r in enumerate(rows) if i not in held_out], [r for i, r in enumerate(rows) if i in held_out])

@@ -1,0 +1,253 @@
+"""Engine servers as child processes: start, wait until healthy, stream the log, stop.
+
+`ServerProcess(command, url)` starts any server command (`sglang_command(...)` builds
+`python -m sglang.launch_server ...`; `engine_server_command(...)` builds `areal-nb engine-server ...`)
+in its own process group (`start_new_session=True`): a Ctrl-C in the notebook does not reach it,
+and `stop()` can signal the server together with the scheduler/detokenizer children SGLang spawns.
+`wait_ready()` polls `GET /health` until 200 while checking the process is still alive; if it dies
+the error carries its exit code and the tail of its log. Every line of output goes to `log_path`
+and to the `on_log` callbacks (a notebook widget can attach with `add_log_callback`).
+`stop()` sends SIGTERM to the group, then SIGKILL after `grace` seconds; servers still running
+when the interpreter exits are stopped by an `atexit` hook. On Linux the server also gets SIGTERM
+when its parent dies without running `atexit` (a kernel killed by a signal): the command runs behind
+a small shim that sets `PR_SET_PDEATHSIG` and then `exec`s it. Linux ties that signal to the
+*thread* that started the child, so start servers from a thread that lives as long as they should
+(the notebook's main thread, the Session's loop thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+LogCallback = Callable[[str], None]
+
+_RUNNING: set[ServerProcess] = set()  # started and not yet stopped: the atexit hook stops these
+
+
+# Runs as `python -c SHIM cmd...`: asks the kernel for SIGTERM when the parent dies, then becomes cmd.
+_DEATH_SIGNAL_SHIM = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # 1 = PR_SET_PDEATHSIG
+    "os.getppid() == 1 and sys.exit(1); "  # the parent already died before prctl took effect
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+class ServerLaunchError(RuntimeError):
+    """The server process exited (or never became healthy) during start-up."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def sglang_command(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    tp_size: int = 1,
+    dp_size: int = 1,
+    mem_fraction_static: float | None = None,
+    api_key: str | None = None,
+    weight_version: int = 0,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """`python -m sglang.launch_server ...` with the flags named in sglang-contract.md §4.1."""
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
+           "--port", str(port), "--tp-size", str(tp_size), "--dp-size", str(dp_size),
+           "--weight-version", str(weight_version)]
+    if mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd + list(extra_args)
+
+
+def engine_server_command(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    api_key: str | None = None,
+    weights_dir: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """`areal-nb engine-server ...` (run as `python -m areal_nb.cli`, so no console script is needed)."""
+    cmd = [python, "-m", "areal_nb.cli", "engine-server", "--model", str(model), "--host", host, "--port", str(port)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    if weights_dir is not None:
+        cmd += ["--weights-dir", str(weights_dir)]
+    return cmd + list(extra_args)
+
+
+class ServerProcess:
+    """One server child process; see the module docstring."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        url: str,
+        *,
+        log_path: str | os.PathLike | None = None,
+        on_log: LogCallback | None = None,
+        env: dict[str, str] | None = None,
+        tail_lines: int = 200,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.command = [str(c) for c in command]
+        self.url = url.rstrip("/")
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.env = env
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
+        self._callbacks: list[LogCallback] = [on_log] if on_log is not None else []
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(list(self._tail)[-lines:])
+
+    def add_log_callback(self, callback: LogCallback) -> None:
+        self._callbacks.append(callback)
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else ("stopped" if self._proc else "not started")
+        return f"ServerProcess({self.url}, pid={self.pid}, {state})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> ServerProcess:
+        if self._proc is not None:
+            raise RuntimeError(f"{self!r} was already started")
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env or {})}
+        argv = [sys.executable, "-c", _DEATH_SIGNAL_SHIM, *self.command] if self.die_with_parent else self.command
+        self._proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env,
+        )
+        _RUNNING.add(self)
+        self._reader = threading.Thread(target=self._pump_log, name=f"server-log-{self._proc.pid}", daemon=True)
+        self._reader.start()
+        return self
+
+    def wait_ready(self, timeout: float = 600.0, interval: float = 0.25, headers: dict[str, str] | None = None) -> None:
+        """Block until `GET /health` answers 200; raise ServerLaunchError if the process dies first."""
+        if self._proc is None:
+            raise RuntimeError("call start() first")
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    self._reader and self._reader.join(5)
+                    raise ServerLaunchError(
+                        f"server {self.url} exited with code {code} during start-up "
+                        f"(command: {' '.join(self.command)}); last log lines:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerLaunchError(
+                        f"server {self.url} was not healthy within {timeout} s; last log lines:\n{self.log_tail()}"
+                    )
+                time.sleep(interval)
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """SIGTERM to the process group, SIGKILL after `grace` s; returns the exit code. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return None
+        pgid = proc.pid  # start_new_session: the child leads its own group
+        if proc.poll() is None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # the leader may be gone while children it spawned still run: always sweep the group
+        _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._reader is not None:
+            self._reader.join(5)
+        _RUNNING.discard(self)
+        return proc.poll()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ log
+
+    def _pump_log(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        log = open(self.log_path, "a", buffering=1, encoding="utf-8") if self.log_path else None  # noqa: SIM115
+        try:
+            for raw in self._proc.stdout:
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                self._tail.append(line)
+                if log is not None:
+                    log.write(line + "\n")
+                for callback in list(self._callbacks):
+                    try:
+                        callback(line)
+                    except Exception:  # a broken widget must not stop the log
+                        pass
+        finally:
+            if log is not None:
+                log.close()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _stop_all_servers() -> None:
+    for server in list(_RUNNING):
+        server.stop(grace=5.0)

@@ -1,0 +1,149 @@
+"""SGLang's native HTTP API (the subset an RL client uses), as types both sides share.
+
+`sglang-contract.md` §1–§3 is the source: the closed `sampling_params` key set of sglang 0.5.23
+(`sglang/api/v1/api_types.py::_FIELDS_SamplingParams`), the `finish_reason` objects, and the
+per-token version spans of `meta_info.weight_versions` (0.5.20+). `SGLangEngine` builds requests
+and parses responses with these; `areal-nb engine-server` validates requests with the same models,
+so an unknown sampling key is a 400 on both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, field_validator
+
+# sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
+SAMPLING_PARAM_KEYS: tuple[str, ...] = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
+    "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
+    "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)
+
+# finish_reason.type → our STOP_REASONS (areal_nb.api.io_struct). Every SGLang FINISH_* class has
+# one of these three types; anything else is a protocol error, never silently "stop".
+FINISH_TYPE_TO_STOP_REASON: dict[str, str] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class SamplingParams(BaseModel):
+    """The closed key set; types as strict as sglang's generated schema (an int field takes no 1.0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: StrictInt | None = 128
+    stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    stop_regex: str | list[str] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: StrictInt = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: StrictInt = 0
+    n: StrictInt = 1
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = False
+    stream_interval: StrictInt | None = None
+    logit_bias: dict[str, float] | None = None
+    sampling_seed: StrictInt | None = None
+    custom_params: dict[str, Any] | None = None
+    beam_width: StrictInt | None = None
+    watermark: Any = None
+    choice: Any = None
+
+
+class GenerateRequest(BaseModel):
+    """`POST /generate`. Unknown top-level keys are ignored, as in sglang."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | list[str] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    input_embeds: Any = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    stream: bool = False
+
+
+class AbortRequest(BaseModel):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class PauseRequest(BaseModel):
+    mode: str = "abort"
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
+        return mode
+
+
+class UpdateWeightsFromDiskRequest(BaseModel):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+    keep_pause: bool = False
+
+
+class UpdateWeightVersionRequest(BaseModel):
+    new_version: str
+    abort_all_requests: bool = True
+
+
+def unknown_sampling_keys(params: dict[str, Any]) -> list[str]:
+    return sorted(set(params) - set(SAMPLING_PARAM_KEYS))
+
+
+def unknown_field_message(key: str) -> str:
+    """sglang 0.5.22+'s wording for an unknown sampling key (serde-style)."""
+    return f"unknown field `{key}`, expected one of " + ", ".join(f"`{k}`" for k in SAMPLING_PARAM_KEYS)
+
+
+def version_spans(versions: list[int]) -> list[dict[str, Any]]:
+    """Per-token versions → `[{"version", "start", "end"}]` spans over output-token indices."""
+    spans: list[dict[str, Any]] = []
+    for index, version in enumerate(versions):
+        if spans and spans[-1]["version"] == str(version):
+            spans[-1]["end"] = index + 1
+        else:
+            spans.append({"version": str(version), "start": index, "end": index + 1})
+    return spans
+
+
+def versions_from_meta(meta: dict[str, Any], n_tokens: int, parse: Any) -> list[int]:
+    """One version per output token: from `weight_versions` spans if present (0.5.20+), else the
+    single `weight_version` for every token. `parse` turns a version string into an int."""
+    spans = meta.get("weight_versions")
+    if spans:
+        out: list[int | None] = [None] * n_tokens
+        for span in spans:
+            version = parse(span["version"])
+            for i in range(max(0, int(span["start"])), min(n_tokens, int(span["end"]))):
+                out[i] = version
+        if all(v is not None for v in out):
+            return out  # type: ignore[return-value]
+        # spans that do not cover every token (e.g. an abort before the span was closed): fill the
+        # gaps with the single version, which is the server's version when the output was sent
+        fallback = parse(meta.get("weight_version"))
+        return [fallback if v is None else v for v in out]
+    return [parse(meta.get("weight_version"))] * n_tokens

@@ -1,0 +1,587 @@
+"""`SGLangEngine`: an `InferenceEngine` that generates on SGLang servers (or `areal-nb engine-server`).
+
+Token in, token out through SGLang's native API (`sglang-contract.md` §7): `POST /generate` with
+`input_ids`, the closed `sampling_params` key set and `return_logprob`; tokens and log-probs come from
+`meta_info.output_token_logprobs`, the stop reason from `finish_reason.type`, one version per token
+from `meta_info.weight_versions` spans (0.5.20+) or else the single `meta_info.weight_version`.
+
+Threads. The engine owns one event loop in a daemon thread and one `httpx.AsyncClient` on it; every
+HTTP call runs there. `agenerate` may be awaited from any loop in any thread (like `LocalEngine`),
+and the sync control methods (`pause`, `resume`, `update_weights`, `set_version`, `close`) may be
+called from any thread but the engine's own.
+
+Several servers. A request whose prompt extends the exact tokens (prompt + output) of a request this
+engine finished earlier goes to the server that produced them, so the server's prefix cache holds the
+conversation so far; any other request (a new conversation, or a turn whose prompt was re-rendered)
+goes to the live server with the fewest requests in flight. The table of finished sequences is an
+LRU of `max_tracked_sequences` entries keyed by (length, hash of the tokens).
+
+Failure. Connecting times out after `connect_timeout` s. A transport error on a request (the server
+process died, the connection was reset) marks that server down: the request fails with
+`ServerDownError` naming the server and the cause, every later request goes to the other servers, and
+a down server never comes back by itself (a restarted server could serve other weights). With no live
+server left, `agenerate` fails at once. A 400 from the server is a `ValueError` with its message.
+
+Pause and weight updates. `pause()` sends `/pause_generation` in `abort` mode: in-flight requests come
+back with partial output and are re-sent, after `resume()`, with the partial output appended to the
+prompt and the remaining token budget (AReaL's interruption loop), so a caller sees one response whose
+per-token versions show both weight versions. `update_weights(weights, version)` writes the weights
+under `weights_dir` (atomic rename, `weight_sync.write_weights`) unless given a directory, then
+pause → `/update_weights_from_disk` with `weight_version` → continue on every live server.
+An explicit `abort(rid)` returns the partial output with stop reason "abort".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+
+from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+
+from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
+from .weight_sync import write_weights
+
+T = TypeVar("T")
+
+
+class EngineServerError(RuntimeError):
+    """An engine server answered with an error, broke the protocol, or the engine was closed."""
+
+
+class ServerDownError(EngineServerError):
+    """The server that held the request is down (process died, connection lost)."""
+
+
+@dataclass(eq=False)
+class _Server:
+    url: str
+    index: int
+    in_flight: int = 0
+    assigned: int = 0
+    down: str | None = None  # why it was taken out
+    tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+class _PrefixTable:
+    """LRU of finished token sequences → the server that holds them in its prefix cache."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._table: collections.OrderedDict[tuple[int, int], _Server] = collections.OrderedDict()
+        self._lengths: collections.Counter[int] = collections.Counter()
+
+    def remember(self, tokens: Sequence[int], server: _Server) -> None:
+        key = (len(tokens), hash(tuple(tokens)))
+        if key in self._table:
+            self._table.move_to_end(key)
+        else:
+            self._lengths[key[0]] += 1
+        self._table[key] = server
+        while len(self._table) > self.max_entries:
+            (length, _), _ = self._table.popitem(last=False)
+            self._lengths[length] -= 1
+            if not self._lengths[length]:
+                del self._lengths[length]
+
+    def lookup(self, prompt: Sequence[int]) -> _Server | None:
+        """The server of the longest remembered sequence that is a strict prefix of `prompt`."""
+        for length in sorted((n for n in self._lengths if n < len(prompt)), reverse=True):
+            server = self._table.get((length, hash(tuple(prompt[:length]))))
+            if server is not None and server.down is None:
+                return server
+        return None
+
+
+class SGLangEngine:
+    """Client of one or more SGLang-API servers; see the module docstring."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        api_key: str | None = None,
+        weights_dir: str | os.PathLike | None = None,
+        config_source: str | os.PathLike | None = None,
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] = (),
+        connect_timeout: float = 5.0,
+        request_timeout: float | None = 3600.0,
+        max_tracked_sequences: int = 65536,
+        owned_processes: Sequence[Any] = (),
+        max_context: int | None = None,
+        check: bool = True,
+    ) -> None:
+        """`addresses`: base URLs (`http://host:port`). `owned_processes`: launcher `ServerProcess`es
+        this engine stops on `close()`. `max_context`: the model's context length, which the proxy
+        uses to cap requests (servers do not report it in `/model_info`). `check`: read every server's `/model_info` now (a server that
+        does not answer is marked down; none answering is an error) and adopt their weight version."""
+        urls = [addresses] if isinstance(addresses, str) else list(addresses)
+        if not urls:
+            raise ValueError("SGLangEngine needs at least one server address")
+        self.servers = [_Server(url=_normalize_url(u), index=i) for i, u in enumerate(urls)]
+        self.api_key = api_key
+        self.weights_dir = weights_dir
+        self.config_source = config_source
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.eos_token_ids:
+            self.eos_token_ids.append(int(tokenizer.eos_token_id))
+        self.owned_processes = list(owned_processes)
+        self.max_context = max_context
+        self._timeout = httpx.Timeout(connect=connect_timeout, read=request_timeout, write=60.0, pool=None)
+        self._prefixes = _PrefixTable(max_tracked_sequences)
+        self._tie_break = itertools.count()
+        self._version = 0
+        self._pause_epoch = 0
+        self._user_aborted: set[str] = set()
+        self._attempts: dict[str, tuple[_Server, str]] = {}  # caller rid → (server, server rid)
+        self._closed = False
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="SGLangEngine-loop", daemon=True)
+        self._thread.start()
+        self._resumed: asyncio.Event = self._call(self._make_event())
+        self._update_lock = asyncio.Lock()  # binds to the engine loop on first use
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient = self._call(self._make_client(headers))
+        if check:
+            try:
+                self._call(self._acheck())
+            except BaseException:
+                self.close()
+                raise
+
+    # ------------------------------------------------------------------ loop plumbing
+
+    async def _make_event(self) -> asyncio.Event:
+        event = asyncio.Event()
+        event.set()
+        return event
+
+    async def _make_client(self, headers: dict[str, str]) -> httpx.AsyncClient:
+        # No connection cap: a capped pool would cap how many requests a server batches. httpx's
+        # pool costs more CPU per request as connections grow (about 3 ms at 32 concurrent, 17 ms
+        # at 256 on the development machine): beyond a few hundred concurrent requests, shard.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        return httpx.AsyncClient(timeout=self._timeout, limits=limits, headers=headers)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("SGLangEngine's sync methods cannot run on its own loop; await the a-methods")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the engine loop from whatever loop awaits this; cancellation propagates."""
+        try:
+            if asyncio.get_running_loop() is self._loop:
+                return await coro
+        except RuntimeError:
+            pass
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+
+    # ------------------------------------------------------------------ InferenceEngine
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        if self._closed:
+            raise EngineServerError("SGLangEngine is closed")
+        return await self._on_loop(self._agenerate(req))
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Set the version servers report for their current weights (`/update_weight_version`)."""
+        self._call(self.aset_version(version))
+
+    def pause(self) -> None:
+        self._call(self.apause())
+
+    def resume(self) -> None:
+        self._call(self.aresume())
+
+    def update_weights(self, weights: Any, version: int | None = None) -> None:
+        """New weights on every live server; tokens sampled afterwards carry `version`.
+
+        `weights`: a directory the servers can read (under `weights_dir` for engine-server), a
+        `PreTrainedModel` or a state dict (both written under `weights_dir` first)."""
+        self._call(self.aupdate_weights(weights, version))
+
+    def abort(self, rid: str) -> None:
+        """Stop request `rid`: it returns its partial output with stop reason "abort"."""
+        self._call(self.aabort(rid))
+
+    def close(self) -> None:
+        """Fail in-flight requests, close the HTTP client, stop the loop and owned servers. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._loop.is_running():
+                try:
+                    self._call(self._aclose(), timeout=30)
+                except Exception:  # noqa: BLE001 - closing must go on
+                    pass
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(10)
+            if not self._loop.is_running():
+                self._loop.close()
+        for proc in self.owned_processes:
+            proc.stop()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> SGLangEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        live = sum(s.down is None for s in self.servers)
+        return f"SGLangEngine({live}/{len(self.servers)} servers live, version {self._version})"
+
+    # ------------------------------------------------------------------ info
+
+    def server_status(self) -> list[dict[str, Any]]:
+        return [{"url": s.url, "in_flight": s.in_flight, "assigned": s.assigned, "down": s.down} for s in self.servers]
+
+    def model_info(self) -> list[dict[str, Any]]:
+        """`/model_info` of every live server (falls back to `/get_model_info` on a 404)."""
+        return self._call(self.amodel_info())
+
+    async def amodel_info(self) -> list[dict[str, Any]]:
+        return await self._on_loop(self._gather_live(self._model_info))
+
+    def health(self) -> list[bool]:
+        return self._call(self.ahealth())
+
+    async def ahealth(self) -> list[bool]:
+        async def one(server: _Server) -> bool:
+            try:
+                return (await self._client.get(f"{server.url}/health")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        async def run() -> list[bool]:
+            return list(await asyncio.gather(*(one(s) for s in self._live())))
+
+        return await self._on_loop(run())
+
+    # ------------------------------------------------------------------ async control
+
+    async def apause(self) -> None:
+        async def run() -> None:
+            self._resumed.clear()
+            self._pause_epoch += 1
+            await self._gather_live(lambda s: self._post(s, "/pause_generation", {"mode": "abort"}))
+
+        await self._on_loop(run())
+
+    async def aresume(self) -> None:
+        async def run() -> None:
+            try:
+                await self._gather_live(lambda s: self._post(s, "/continue_generation", {}))
+            finally:
+                self._resumed.set()
+
+        await self._on_loop(run())
+
+    async def aset_version(self, version: int) -> None:
+        async def run() -> None:
+            body = {"new_version": str(int(version)), "abort_all_requests": False}
+            await self._gather_live(lambda s: self._post(s, "/update_weight_version", body))
+            self._version = int(version)
+
+        await self._on_loop(run())
+
+    async def aupdate_weights(self, weights: Any, version: int | None = None) -> None:
+        if isinstance(weights, (str, os.PathLike)):
+            path = os.path.abspath(weights)
+        else:
+            if self.weights_dir is None:
+                raise ValueError("SGLangEngine.update_weights with tensors needs weights_dir (a directory the servers share)")
+            target = self._version + 1 if version is None else int(version)
+            # written in a worker thread: serialising weights must not stall the engine loop
+            path = str(await asyncio.to_thread(write_weights, self.weights_dir, target, weights,
+                                               config_source=self.config_source))
+        await self._on_loop(self._aupdate_from_disk(path, version))
+
+    async def _aupdate_from_disk(self, path: str, version: int | None) -> None:
+        body: dict[str, Any] = {"model_path": path, "flush_cache": True, "abort_all_requests": False}
+        if version is not None:
+            body["weight_version"] = str(int(version))
+        # update_weights_from_disk needs no begin/end_weight_update session (only the tensor and
+        # distributed updates do in sglang >= 0.5.21; sglang-contract.md, "Changes that break clients")
+        async with self._update_lock:  # one update at a time: pause/continue must not interleave
+            await self.apause()
+            try:
+                await self._gather_live(lambda s: self._post(s, "/update_weights_from_disk", body))
+                if version is not None:
+                    self._version = int(version)
+            finally:
+                await self.aresume()
+
+    async def aabort(self, rid: str) -> None:
+        async def run() -> None:
+            self._user_aborted.add(rid)
+            attempt = self._attempts.get(rid)
+            if attempt is not None and attempt[0].down is None:
+                await self._post(attempt[0], "/abort_request", {"rid": attempt[1]})
+
+        await self._on_loop(run())
+
+    # ------------------------------------------------------------------ generation (engine loop)
+
+    async def _agenerate(self, req: ModelRequest) -> ModelResponse:
+        g = req.gconfig
+        if g.n_samples != 1:
+            raise ValueError(f"SGLangEngine sends one sample per request, got n_samples={g.n_samples}")
+        prompt = list(req.input_ids)
+        budget = min(g.max_new_tokens, g.max_tokens - len(prompt))
+        if budget <= 0:
+            raise ValueError(f"no room to generate: max_new_tokens={g.max_new_tokens}, max_tokens={g.max_tokens}, "
+                             f"prompt of {len(prompt)} tokens")
+        start = time.perf_counter()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        server = self._route(prompt)
+        self._user_aborted.discard(req.rid)
+        try:
+            while True:
+                await self._resumed.wait()
+                if server.down is not None:
+                    server = self._route(prompt + tokens)
+                epoch = self._pause_epoch
+                payload = _generate_payload(prompt + tokens, budget - len(tokens), g, len(tokens), uuid.uuid4().hex)
+                self._attempts[req.rid] = (server, payload["rid"])
+                out = await self._generate_on(server, payload)
+                meta = out.get("meta_info") or {}
+                new_tokens, new_logprobs = _tokens_and_logprobs(out, server.url)
+                tokens += new_tokens
+                logprobs += new_logprobs
+                versions += versions_from_meta(meta, len(new_tokens), self._parse_version)
+                reason = _stop_reason(meta, server.url)
+                interrupted = reason == "abort" and req.rid not in self._user_aborted and (
+                    epoch != self._pause_epoch or not self._resumed.is_set()
+                )
+                if not interrupted or len(tokens) >= budget:
+                    if interrupted:
+                        reason = "length"  # the budget ran out exactly at the pause
+                    break
+        finally:
+            self._attempts.pop(req.rid, None)
+            self._user_aborted.discard(req.rid)
+        self._prefixes.remember(prompt + tokens, server)
+        return ModelResponse(
+            input_tokens=prompt,
+            output_tokens=tokens,
+            output_logprobs=logprobs,
+            output_versions=versions,
+            stop_reason=reason,
+            latency=time.perf_counter() - start,
+            ttft=0.0,  # not reported by a non-streaming /generate
+            tokenizer=self.tokenizer,
+            eos_token_ids=list(self.eos_token_ids),
+        )
+
+    def _live(self) -> list[_Server]:
+        return [s for s in self.servers if s.down is None]
+
+    def _route(self, prompt: Sequence[int]) -> _Server:
+        live = self._live()
+        if not live:
+            reasons = "; ".join(f"{s.url}: {s.down}" for s in self.servers)
+            raise ServerDownError(f"no live engine server left ({reasons})")
+        server = self._prefixes.lookup(prompt)
+        if server is None:
+            server = min(live, key=lambda s: (s.in_flight, s.assigned, next(self._tie_break)))
+        server.assigned += 1
+        return server
+
+    async def _generate_on(self, server: _Server, payload: dict[str, Any]) -> dict[str, Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        server.in_flight += 1
+        server.tasks.add(task)
+        try:
+            response = await self._client.post(f"{server.url}/generate", json=payload)
+        except httpx.TransportError as exc:
+            self._mark_down(server, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            raise ServerDownError(f"engine server {server.url} is down ({server.down}); request failed") from exc
+        except asyncio.CancelledError:
+            if self._closed:
+                raise EngineServerError("SGLangEngine was closed before the request finished") from None
+            if server.down is None:  # the caller gave up: free the server's slot too
+                asyncio.get_running_loop().create_task(self._abort_quietly(server, payload["rid"]))
+            raise
+        finally:
+            server.in_flight -= 1
+            server.tasks.discard(task)
+        return _json_or_raise(response, server.url, "/generate")
+
+    async def _abort_quietly(self, server: _Server, server_rid: str) -> None:
+        try:
+            await self._client.post(f"{server.url}/abort_request", json={"rid": server_rid})
+        except httpx.HTTPError:
+            pass
+
+    def _mark_down(self, server: _Server, reason: str) -> None:
+        if server.down is None:
+            server.down = reason
+
+    def _parse_version(self, value: Any) -> int:
+        # a server that never had a versioned update reports "default" (sglang's --weight-version)
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return self._version
+
+    # ------------------------------------------------------------------ control helpers (engine loop)
+
+    async def _post(self, server: _Server, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = await self._client.post(f"{server.url}{path}", json=body)
+        except httpx.TransportError as exc:
+            self._mark_down(server, f"{type(exc).__name__} on {path}")
+            raise ServerDownError(f"engine server {server.url} is down ({server.down})") from exc
+        data = _json_or_raise(response, server.url, path)
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineServerError(f"{server.url}{path} failed: {data.get('message')}")
+        return data
+
+    async def _model_info(self, server: _Server) -> dict[str, Any]:
+        try:
+            response = await self._client.get(f"{server.url}/model_info")
+            if response.status_code == 404:  # sglang before /model_info existed
+                response = await self._client.get(f"{server.url}/get_model_info")
+        except httpx.TransportError as exc:
+            self._mark_down(server, f"{type(exc).__name__} on /model_info")
+            raise ServerDownError(f"engine server {server.url} is down ({server.down})") from exc
+        return _json_or_raise(response, server.url, "/model_info")
+
+    async def _gather_live(self, fn) -> list[Any]:
+        """Run `fn(server)` on every live server; raise the first error after all have finished.
+
+        A server found dead on the way is only taken out (the others carry on without it), unless
+        none is left."""
+        live = self._live()
+        results = await asyncio.gather(*(fn(s) for s in live), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, ServerDownError)]
+        if errors:
+            raise errors[0]
+        if not self._live():
+            reasons = "; ".join(f"{s.url}: {s.down}" for s in self.servers)
+            raise ServerDownError(f"no live engine server left ({reasons})")
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def _acheck(self) -> None:
+        results = await asyncio.gather(*(self._model_info(s) for s in self.servers), return_exceptions=True)
+        infos = [r for r in results if not isinstance(r, BaseException)]
+        if not infos:
+            raise ServerDownError(f"no engine server answered: {[str(r) for r in results]}")
+        for r in results:
+            if isinstance(r, EngineServerError) and not isinstance(r, ServerDownError):
+                raise r
+        versions = {self._parse_version(info.get("weight_version")) for info in infos}
+        if len(versions) == 1:
+            self._version = versions.pop()
+
+    async def _aclose(self) -> None:
+        for server in self.servers:
+            for task in list(server.tasks):
+                task.cancel()
+        await asyncio.sleep(0)
+        await self._client.aclose()
+
+
+# ---------------------------------------------------------------------- wire helpers
+
+
+def _normalize_url(address: str) -> str:
+    address = address.strip().rstrip("/")
+    return address if "://" in address else f"http://{address}"
+
+
+def _generate_payload(input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str) -> dict[str, Any]:
+    """The /generate body: only keys of the closed sampling_params set (sglang-contract.md §1.2)."""
+    params: dict[str, Any] = {
+        "max_new_tokens": int(max_new),
+        "min_new_tokens": max(0, int(g.min_new_tokens) - produced),
+        "temperature": 0.0 if g.greedy else float(g.temperature),
+        "top_p": float(g.top_p),
+        "top_k": -1 if g.top_k >= 1 << 20 else int(g.top_k),  # our "no limit" default is 1e8
+        "stop_token_ids": [int(t) for t in g.stop_token_ids],
+        "ignore_eos": bool(g.ignore_eos),
+        "skip_special_tokens": bool(g.skip_special_tokens),
+        "no_stop_trim": True,
+    }
+    if g.stop:
+        params["stop"] = list(g.stop)
+    if g.frequency_penalty:
+        params["frequency_penalty"] = float(g.frequency_penalty)
+    return {"input_ids": input_ids, "rid": rid, "sampling_params": params, "return_logprob": True, "stream": False}
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message", error))
+    return str(error)
+
+
+def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
+    if response.status_code == 400:
+        raise ValueError(f"engine server {url}{path} rejected the request: {_error_message(response)}")
+    if response.status_code != 200:
+        raise EngineServerError(f"engine server {url}{path} answered {response.status_code}: {_error_message(response)}")
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise EngineServerError(f"engine server {url}{path} sent invalid JSON: {response.text[:200]!r}") from exc
+
+
+def _tokens_and_logprobs(out: Any, url: str) -> tuple[list[int], list[float]]:
+    if not isinstance(out, dict) or "meta_info" not in out:
+        raise EngineServerError(f"engine server {url}/generate sent no meta_info: {str(out)[:200]}")
+    triples = out["meta_info"].get("output_token_logprobs")
+    ids = out.get("output_ids")
+    if triples is None:
+        if ids:
+            raise EngineServerError(f"engine server {url}/generate sent tokens without output_token_logprobs")
+        return [], []  # aborted in the waiting queue: nothing generated
+    tokens = [int(t[1]) for t in triples]
+    if ids is not None and list(ids) != tokens:
+        raise EngineServerError(f"engine server {url}/generate: output_ids differ from output_token_logprobs ids")
+    return tokens, [float(t[0]) for t in triples]
+
+
+def _stop_reason(meta: dict[str, Any], url: str) -> str:
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind not in FINISH_TYPE_TO_STOP_REASON:
+        raise EngineServerError(f"engine server {url}/generate sent an unknown finish_reason {finish!r}")
+    return FINISH_TYPE_TO_STOP_REASON[kind]
+

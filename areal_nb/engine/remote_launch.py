@@ -1,0 +1,89 @@
+"""`launch_remote_engine(...)`: start N engine servers as child processes and return one
+`SGLangEngine` over them that stops them on `close()`.
+
+What `engine.type: sglang` means for the Session: `server="sglang"` runs
+`python -m sglang.launch_server`; `server="engine-server"` runs `areal-nb engine-server` (CPU
+machines, and the tests, which exercise this exact path); a list of strings is any other command,
+with `{model}`, `{host}`, `{port}`, `{api_key}`, `{weights_dir}` filled in per server.
+All servers start at once; if one fails, the ones already started are stopped before the error
+(with that server's log tail) is raised.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .launcher import ServerProcess, engine_server_command, free_port, sglang_command
+from .remote import SGLangEngine
+
+
+def launch_remote_engine(
+    model_path: str,
+    *,
+    server: str | Sequence[str] = "sglang",
+    n_servers: int = 1,
+    host: str = "127.0.0.1",
+    ports: Sequence[int] | None = None,
+    tp_size: int = 1,
+    dp_size: int = 1,
+    mem_fraction_static: float | None = None,
+    api_key: str | None = None,
+    weights_dir: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+    log_dir: str | os.PathLike | None = None,
+    on_log: Callable[[int, str], None] | None = None,
+    ready_timeout: float = 600.0,
+    tokenizer: Any = None,
+    max_context: int | None = None,
+) -> SGLangEngine:
+    """Start the servers, wait until every one is healthy, return the engine that owns them.
+
+    `on_log(server_index, line)` receives every log line (a notebook widget attaches here);
+    logs also go to `log_dir/server-<i>.log` when `log_dir` is given."""
+    if n_servers < 1:
+        raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+    if ports is not None and len(ports) != n_servers:
+        raise ValueError(f"{len(ports)} ports for {n_servers} servers")
+    procs: list[ServerProcess] = []
+    try:
+        for i in range(n_servers):
+            port = ports[i] if ports is not None else free_port(host)
+            cmd = _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key,
+                           weights_dir, extra_args)
+            connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
+            log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
+            callback = (lambda line, i=i: on_log(i, line)) if on_log is not None else None
+            procs.append(ServerProcess(cmd, f"http://{_bracket(connect_host)}:{port}", log_path=log_path,
+                                       on_log=callback).start())
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        for proc in procs:
+            proc.wait_ready(timeout=ready_timeout, headers=headers)
+        return SGLangEngine([p.url for p in procs], api_key=api_key, weights_dir=weights_dir,
+                            config_source=model_path if Path(model_path).is_dir() else None,
+                            tokenizer=tokenizer, owned_processes=procs, max_context=max_context)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key, weights_dir,
+             extra_args) -> list[str]:
+    if server == "sglang":
+        return sglang_command(model_path, host=host, port=port, tp_size=tp_size, dp_size=dp_size,
+                              mem_fraction_static=mem_fraction_static, api_key=api_key, extra_args=extra_args)
+    if server == "engine-server":
+        return engine_server_command(model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir,
+                                     extra_args=extra_args)
+    if isinstance(server, str):
+        raise ValueError(f"server must be 'sglang', 'engine-server' or a command list, got {server!r}")
+    fields = {"model": model_path, "host": host, "port": port, "api_key": api_key or "",
+              "weights_dir": weights_dir or ""}
+    return [part.format(**fields) for part in server] + list(extra_args)

@@ -1,0 +1,444 @@
+"""`create_engine_app(engine, settings)`: an in-process engine behind SGLang's native HTTP API subset.
+
+What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU path), and what the
+`SGLangEngine` client is tested against. The semantics follow `sglang-contract.md`:
+- `/generate`: `input_ids` (one prompt or a batch), the closed `sampling_params` key set (an unknown
+  key is a 400), `return_logprob`; the reply has `text`, `output_ids` and `meta_info` with
+  `finish_reason` objects, `output_token_logprobs` triples, `weight_version` and per-token
+  `weight_versions` spans, `prompt_tokens`, `completion_tokens`.
+- `/pause_generation` (`abort`: in-flight requests return partial output with an abort reason;
+  `retract` / `in_place`: they freeze and go on after `/continue_generation`, under the new weights
+  if an update came in between); new `/generate` calls wait while paused.
+- `/update_weights_from_disk`: when not paused it waits for in-flight generations and holds new ones
+  back (sglang's writer lock); when paused it applies at once. Only directories under
+  `settings.weights_dir` are read (resolved, so `..` and symlinks cannot leave it).
+- `--api-key`: every route but `/health*` needs `Authorization: Bearer KEY` (401 otherwise).
+Bad input is a 400 and disturbs nothing; our own faults are 500s with a logged traceback.
+
+The engine is any object with LocalEngine's surface (`agenerate`, `abort`, `abort_all`, `pause`,
+`resume`, `update_weights(path, version)`, `set_version`, `get_version`, `tokenizer`,
+`max_context`, `eos_token_ids`); this module never loads a model itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+
+from .native_api import (
+    AbortRequest,
+    GenerateRequest,
+    PauseRequest,
+    SamplingParams,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightVersionRequest,
+    unknown_field_message,
+    unknown_sampling_keys,
+    version_spans,
+)
+
+logger = logging.getLogger(__name__)
+
+_UNSUPPORTED_IF_SET = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
+                       "sampling_seed", "custom_params", "beam_width", "watermark", "choice")
+
+
+@dataclass
+class EngineServerSettings:
+    model_path: str = ""
+    served_model_name: str = ""
+    api_key: str | None = None
+    weights_dir: str | None = None  # the only tree /update_weights_from_disk may read
+
+
+class BadRequest(ValueError):
+    """Client error: answered with 400 and `{"error": {"message": ...}}` (sglang's ValueError shape)."""
+
+
+class ContractViolation(BadRequest):
+    """A body the API schema rejects: 400 with `{"error": "..."}` (sglang 0.5.22+'s api_contract shape)."""
+
+
+class _ServingState:
+    """Pause gate, sglang's model-update lock and the in-flight rids, all on the server's loop."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.cond = asyncio.Condition()
+        self.paused = False
+        self.updating = False
+        self.in_flight: dict[str, int] = {}  # rid → 1 (a dict keeps insertion order for prefix aborts)
+
+    async def admit(self, rids: list[str]) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.paused and not self.updating)
+            duplicates = [r for r in rids if r in self.in_flight or rids.count(r) > 1]
+            if duplicates:
+                raise BadRequest(f"Duplicate request ID detected: {duplicates[0]!r}")
+            for rid in rids:
+                self.in_flight[rid] = 1
+
+    async def release(self, rid: str) -> None:
+        async with self.cond:
+            self.in_flight.pop(rid, None)
+            self.cond.notify_all()
+
+    async def wait_idle(self) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.in_flight)
+
+
+def create_engine_app(engine: Any, settings: EngineServerSettings | None = None) -> FastAPI:
+    settings = settings or EngineServerSettings()
+    state = _ServingState(engine)
+    weights_root = Path(settings.weights_dir).resolve() if settings.weights_dir else None
+    app = FastAPI(title="areal-nb engine-server", docs_url=None, redoc_url=None)
+    app.state.engine_server = state
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        # sglang exempts the health routes from --api-key
+        if settings.api_key and not request.url.path.startswith("/health"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_request: Request, exc: BadRequest) -> JSONResponse:
+        if isinstance(exc, ContractViolation):
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+
+    @app.exception_handler(ValidationError)
+    async def invalid_body(_request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"error": _validation_message(exc)}, status_code=400)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    # ---------------------------------------------------------------- generation
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request):
+        body = GenerateRequest.model_validate(await body_of(request))
+        items = _plan_generate(body, engine)
+        rids = [item.rid for item in items]
+        await state.admit(rids)
+        try:
+            outputs = await asyncio.gather(*(_run_one(engine, item) for item in items), return_exceptions=True)
+        finally:
+            for rid in rids:
+                await state.release(rid)
+        for out in outputs:
+            if isinstance(out, ValueError):
+                raise BadRequest(str(out))
+            if isinstance(out, BaseException):
+                raise out
+        replies = [_reply(engine, item, out, state) for item, out in zip(items, outputs, strict=True)]
+        # a JSONResponse skips FastAPI's jsonable_encoder walk over every log-prob triple
+        return JSONResponse(replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0])
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = AbortRequest.model_validate(await body_of(request))
+        if body.abort_all:
+            engine.abort_all()
+        elif body.rid in state.in_flight:
+            # sglang's scheduler matches by prefix: "req-1" also aborts "req-10"
+            for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
+                engine.abort(rid)
+        return JSONResponse(None)
+
+    # ---------------------------------------------------------------- pause, weights
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = PauseRequest.model_validate(await body_of(request))
+        async with state.cond:
+            state.paused = True
+        await asyncio.to_thread(engine.pause)  # retract / in_place: rows freeze with their state
+        if body.mode == "abort":
+            engine.abort_all()
+            await state.wait_idle()  # sglang returns once nothing holds the model lock
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request):
+        await body_of(request)
+        async with state.cond:
+            state.paused = False
+            state.cond.notify_all()
+        engine.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        body = UpdateWeightsFromDiskRequest.model_validate(await body_of(request))
+        try:
+            version = _int_version(body.weight_version) if body.weight_version is not None else None
+            path = _allowed_weights_path(body.model_path, weights_root)
+        except BadRequest as exc:
+            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+        if body.abort_all_requests:
+            engine.abort_all()
+        async with state.cond:
+            locked = not state.paused  # paused: no lock, apply at once (sglang)
+            if locked:
+                await state.cond.wait_for(lambda: not state.updating)
+                state.updating = True
+        try:
+            if locked:
+                await state.wait_idle()
+            await asyncio.to_thread(engine.update_weights, str(path), version)
+        except ValueError as exc:
+            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+        finally:
+            if locked:
+                async with state.cond:
+                    state.updating = False
+                    state.cond.notify_all()
+        message = "Succeeded to update model weights."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        return {"success": True, "message": message, "num_paused_requests": 0}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        body = UpdateWeightVersionRequest.model_validate(await body_of(request))
+        version = _int_version(body.new_version)
+        if body.abort_all_requests:
+            engine.abort_all()
+        engine.set_version(version)
+        return {"success": True, "message": f"Weight version updated to {version}.", "new_version": str(version)}
+
+    # ---------------------------------------------------------------- info
+
+    def model_info() -> dict[str, Any]:
+        return {
+            "model_path": settings.model_path,
+            "served_model_name": settings.served_model_name or settings.model_path,
+            "tokenizer_path": settings.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": str(engine.get_version()),
+            "load_format": "auto",
+        }
+
+    app.get("/model_info")(model_info)
+    app.get("/get_model_info")(model_info)
+
+    @app.get("/server_info")
+    async def server_info():
+        # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
+        stats = getattr(engine, "stats", None)
+        internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
+        return {"model_path": settings.model_path, "version": "areal-nb", "internal_states": [internal],
+                "paused": state.paused}
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health():
+        return JSONResponse(None)
+
+    return app
+
+
+# -------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _Item:
+    rid: str
+    request: ModelRequest
+    sampling: SamplingParams
+    return_logprob: bool
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+
+
+def _per_item(value: Any, n: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise BadRequest(f"{name} has {len(value)} entries for a batch of {n}")
+        return value
+    return [value] * n
+
+
+def _plan_generate(body: GenerateRequest, engine: Any) -> list[_Item]:
+    if body.text is not None or body.input_embeds is not None:
+        raise BadRequest("areal-nb engine-server takes input_ids only (apply the chat template client-side)")
+    if body.input_ids is None:
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    if body.stream:
+        raise BadRequest("areal-nb engine-server does not stream; send stream=false")
+    batch = body.input_ids if body.input_ids and isinstance(body.input_ids[0], list) else [body.input_ids]
+    n = len(batch)
+    if isinstance(body.rid, str) and n > 1:
+        rids = [f"{body.rid}_{i}" for i in range(n)]
+    elif body.rid is None:
+        rids = [uuid.uuid4().hex for _ in range(n)]
+    else:
+        rids = _per_item(body.rid, n, "rid")
+    params = _per_item(body.sampling_params or {}, n, "sampling_params")
+    return_logprob = _per_item(body.return_logprob, n, "return_logprob")
+    for start in _per_item(body.logprob_start_len, n, "logprob_start_len"):
+        if start != -1:
+            raise BadRequest("areal-nb engine-server returns output log-probs only (logprob_start_len=-1)")
+    items = []
+    for ids, rid, raw, want_logprob in zip(batch, rids, params, return_logprob, strict=True):
+        if not ids:
+            raise BadRequest("input_ids cannot be empty.")
+        sampling = _sampling_params(raw)
+        gconfig = _generation_config(sampling, len(ids), engine)
+        items.append(_Item(rid, ModelRequest(input_ids=list(ids), gconfig=gconfig, rid=rid), sampling, want_logprob))
+    return items
+
+
+def _sampling_params(raw: Any) -> SamplingParams:
+    if not isinstance(raw, dict):
+        raise ContractViolation("sampling_params must be an object")
+    unknown = unknown_sampling_keys(raw)
+    if unknown:
+        raise ContractViolation(unknown_field_message(unknown[0]))
+    try:
+        return SamplingParams.model_validate(raw)
+    except ValidationError as exc:
+        raise ContractViolation(_validation_message(exc)) from None
+
+
+def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> GenerationConfig:
+    """sglang's sampling semantics → our GenerationConfig; what the engine cannot honour is a 400."""
+    for key in _UNSUPPORTED_IF_SET:
+        if getattr(sp, key) is not None:
+            raise BadRequest(f"sampling_params.{key} is not supported by areal-nb engine-server")
+    if sp.n != 1:
+        raise BadRequest("sampling_params.n must be 1: send n separate requests")
+    if sp.min_p or sp.presence_penalty or sp.repetition_penalty != 1.0:
+        raise BadRequest("min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server")
+    max_new = 128 if sp.max_new_tokens is None else sp.max_new_tokens
+    if max_new < 1:
+        raise BadRequest(f"max_new_tokens must be at least 1, got {max_new}")
+    context = getattr(engine, "max_context", None)
+    if context is not None and prompt_len + max_new > context:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {context} tokens: "
+            f"{prompt_len} prompt tokens + max_new_tokens={max_new}"
+        )
+    if sp.temperature < 0:
+        raise BadRequest(f"temperature must be >= 0, got {sp.temperature}")
+    greedy = sp.temperature < 1e-6  # sglang: below 1e-6 is greedy
+    stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop
+    return GenerationConfig(
+        max_new_tokens=max_new,
+        min_new_tokens=sp.min_new_tokens,
+        greedy=greedy,
+        temperature=1.0 if greedy else sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        stop_token_ids=list(sp.stop_token_ids or []),
+        stop=stop or None,
+        ignore_eos=sp.ignore_eos,
+        skip_special_tokens=sp.skip_special_tokens,
+        frequency_penalty=sp.frequency_penalty,
+    )
+
+
+async def _run_one(engine: Any, item: _Item) -> ModelResponse:
+    try:
+        return await engine.agenerate(item.request)
+    except asyncio.CancelledError:
+        engine.abort(item.rid)
+        raise
+
+
+def _reply(engine: Any, item: _Item, out: ModelResponse, state: _ServingState) -> dict[str, Any]:
+    sp, tokenizer = item.sampling, engine.tokenizer
+    finish, text_end = _finish_reason(engine, item, out)
+    text = ""
+    if tokenizer is not None:
+        text = tokenizer.decode(out.output_tokens[:text_end] if not sp.no_stop_trim else out.output_tokens,
+                                skip_special_tokens=sp.skip_special_tokens)
+        if finish.get("type") == "stop" and isinstance(finish.get("matched"), str) and not sp.no_stop_trim:
+            text = text[: text.find(finish["matched"])] if finish["matched"] in text else text
+    meta: dict[str, Any] = {
+        "id": item.rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(out.input_tokens),
+        "completion_tokens": len(out.output_tokens),
+        "cached_tokens": 0,
+        "weight_version": str(out.output_versions[-1] if out.output_versions else engine.get_version()),
+        "weight_versions": version_spans(out.output_versions),
+        "e2e_latency": out.latency,
+    }
+    if item.return_logprob:
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(out.output_logprobs, out.output_tokens, strict=True)
+        ]
+        meta["output_token_logprobs_length"] = len(out.output_tokens)
+    return {"text": text, "output_ids": list(out.output_tokens), "meta_info": meta}
+
+
+def _finish_reason(engine: Any, item: _Item, out: ModelResponse) -> tuple[dict[str, Any], int]:
+    """sglang's finish_reason object, and where the text ends if the stop token is trimmed."""
+    n = len(out.output_tokens)
+    if out.stop_reason == "abort":
+        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, n
+    if out.stop_reason == "length":
+        return {"type": "length", "length": item.request.gconfig.max_new_tokens}, n
+    g = item.request.gconfig
+    stop_ids = set(g.stop_token_ids) | (set() if g.ignore_eos else set(engine.eos_token_ids))
+    if out.output_tokens and out.output_tokens[-1] in stop_ids:
+        return {"type": "stop", "matched": out.output_tokens[-1]}, n - 1
+    text = engine.tokenizer.decode(out.output_tokens, skip_special_tokens=False) if engine.tokenizer else ""
+    matched = next((s for s in (g.stop or []) if s in text), None)
+    return {"type": "stop", "matched": matched}, n
+
+
+def _int_version(version: str) -> int:
+    try:
+        return int(version)
+    except (TypeError, ValueError):
+        raise BadRequest(f"weight_version must be an integer string for areal-nb engine-server, got {version!r}") from None
+
+
+def _allowed_weights_path(model_path: str, root: Path | None) -> Path:
+    """The resolved directory, if it and every weight file in it lie under `root`."""
+    if root is None:
+        raise BadRequest("this server was started without --weights-dir: it loads no weights from disk")
+    path = Path(model_path)
+    if not path.is_absolute():
+        path = root / path
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root):
+        raise BadRequest(f"model_path {model_path!r} is outside the allowed weights directory {str(root)!r}")
+    if not resolved.is_dir():
+        raise BadRequest(f"model_path {model_path!r} is not a directory under {str(root)!r}")
+    for entry in resolved.iterdir():
+        if not entry.resolve().is_relative_to(root):  # a symlinked weight file pointing elsewhere
+            raise BadRequest(f"{entry.name!r} in {model_path!r} links outside the allowed weights directory")
+    return resolved

@@ -1,0 +1,68 @@
+"""Rewards as plain functions: `reward_fn(row, completion) -> float`, sync or async.
+
+`row` is the dataset row the episode ran on (the agent's `data`), `completion` what the agent
+scores — for the built-in `ChatAgent` the reply text. A YAML config names a function by its
+import path (`"my_pkg.rewards.exact_match"` or `"my_pkg.rewards:exact_match"`). A sync function
+runs in a worker thread so a slow one does not stall the event loop the episodes share; a
+CPU-heavy or untrusted one belongs in `AsyncRewardWrapper` (separate processes, timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import numbers
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+RewardFn = Callable[[Mapping[str, Any], Any], "float | Awaitable[float]"]
+
+
+class RewardValueError(TypeError):
+    """A reward function returned something that is not a finite number."""
+
+
+def resolve_reward(fn: RewardFn | str) -> RewardFn:
+    """`fn` itself, or the function an import path (`pkg.mod.func` / `pkg.mod:func`) names."""
+    if callable(fn):
+        return fn
+    if not isinstance(fn, str) or not fn.strip():
+        raise TypeError(f"a reward must be a callable or an import path string, got {type(fn).__name__}")
+    module_name, sep, attr = fn.partition(":") if ":" in fn else fn.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"reward {fn!r}: cannot import module {module_name!r} ({e})") from e
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"reward {fn!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(target):
+        raise TypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
+    """`fn(row, completion)` as a float; exceptions from `fn` propagate unchanged."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        value = await fn(row, completion)
+    else:
+        value = await asyncio.to_thread(fn, row, completion)
+        if inspect.isawaitable(value):
+            value = await value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise RewardValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned {value!r}; "
+                               f"expected a finite number")
+    return float(value)
+
+
+def math_answer(row: Mapping[str, Any], completion: Any) -> float:
+    """The built-in math reward as a row function: math-verify `completion` against `row["answer"]`
+    (`reward_fn: areal_nb.reward.functions.math_answer`)."""
+    from .gsm8k import math_reward
+
+    return math_reward(str(completion), row["answer"])

@@ -1,0 +1,106 @@
+"""A user's rows in every accepted form come back unchanged; bad datasets fail with the row and why."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from areal_nb.data import DatasetError, check_rows, load_rows, read_row_file, split_rows, write_jsonl
+
+ROWS = [
+    {"prompt": "What is 2 + 3?", "target": "5", "difficulty": 1},
+    {"prompt": "What is 7 - 4?", "target": "3", "difficulty": 2},
+    {"prompt": "What is 6 + 1?", "target": "7", "difficulty": 1},
+]
+
+
+def test_a_list_of_dicts_is_copied_not_changed():
+    rows = load_rows(ROWS)
+    assert rows == ROWS and rows is not ROWS
+    assert load_rows(iter(ROWS)) == ROWS  # any iterable of rows
+
+
+def test_a_dataframe_gives_its_records_as_plain_python_values():
+    rows = load_rows(pd.DataFrame(ROWS))
+    assert rows == ROWS
+    assert type(rows[0]["difficulty"]) is int  # not numpy.int64: json/pickle/agents see plain data
+
+
+def test_a_hugging_face_dataset_gives_its_rows():
+    import datasets  # the `datasets` extra (in the test extra too)
+
+    assert load_rows(datasets.Dataset.from_list(ROWS)) == ROWS
+    with pytest.raises(DatasetError, match=r"DatasetDict with splits \['train'\].*ds\['train'\]"):
+        load_rows(datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet"])
+def test_files_of_every_format_read_back_the_rows(tmp_path, suffix):
+    path = tmp_path / f"rows{suffix}"
+    frame = pd.DataFrame(ROWS)
+    if suffix == ".jsonl":
+        write_jsonl(ROWS, path)
+    elif suffix == ".json":
+        path.write_text(json.dumps(ROWS))
+    elif suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path)
+    rows = load_rows(str(path))
+    if suffix == ".csv":  # CSV has no types: pandas reads "5" back as the number 5
+        assert rows == [{**r, "target": int(r["target"])} for r in ROWS]
+    else:
+        assert rows == ROWS
+    assert load_rows(path) == rows  # a Path works as well as a str
+
+
+def test_jsonl_keeps_nested_rows_exactly(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "hi ✓"}], "meta": {"tags": ["a", "b"], "score": None}}]
+    assert read_row_file(write_jsonl(rows, tmp_path / "nested.jsonl")) == rows
+
+
+def test_unreadable_sources_name_the_problem(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        load_rows(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(DatasetError, match=r"bad.jsonl:2: not valid JSON"):
+        load_rows(bad)
+    (tmp_path / "obj.json").write_text('{"a": 1}')
+    with pytest.raises(DatasetError, match="must hold a list of rows"):
+        load_rows(tmp_path / "obj.json")
+    with pytest.raises(DatasetError, match="single mapping"):
+        load_rows({"prompt": "x"})
+    with pytest.raises(DatasetError, match="got int"):
+        load_rows(3)
+    with pytest.raises(DatasetError, match="row 1 cannot be written as JSON"):
+        write_jsonl([{"a": 1}, {"a": object()}], tmp_path / "x.jsonl")
+
+
+def test_check_rows_rejects_empty_datasets_and_rows_that_are_not_mappings():
+    check_rows(ROWS)  # fine
+    with pytest.raises(DatasetError, match="data.source is empty"):
+        check_rows([], name="data.source")
+    with pytest.raises(DatasetError, match="row 2 is a str, not a mapping"):
+        check_rows([{"a": 1}, {"a": 2}, "oops"])
+
+
+def test_check_rows_for_subproc_agents_rejects_rows_pickle_cannot_send():
+    rows = [{"a": 1}, {"a": lambda: 1}]
+    check_rows(rows)  # inline agents get the row object itself
+    with pytest.raises(DatasetError, match=r"row 1 cannot be pickled .*mode 'subproc'"):
+        check_rows(rows, picklable=True)
+
+
+def test_split_rows_is_seeded_disjoint_and_holds_out_the_fraction():
+    rows = [{"i": i} for i in range(20)]
+    train, held_out = split_rows(rows, 0.25, seed=0)
+    assert len(held_out) == 5 and len(train) == 15
+    assert sorted(r["i"] for r in train + held_out) == list(range(20))
+    assert split_rows(rows, 0.25, seed=0) == (train, held_out)
+    assert split_rows(rows, 0.25, seed=1) != (train, held_out)
+    assert len(split_rows(rows[:3], 0.01, seed=0)[1]) == 1  # at least one held out
+    with pytest.raises(DatasetError, match="cannot be split"):
+        split_rows(rows[:1], 0.5, seed=0)

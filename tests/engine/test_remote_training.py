@@ -1,0 +1,91 @@
+"""GRPO steps with the trainer in this process and the engine on servers: two `areal-nb
+engine-server` processes (or a real SGLang server from the device check) behind one `SGLangEngine`.
+
+The trainer's `push_weights` hands the engine its state dict; the engine writes it under the shared
+weights directory (atomic rename) and every server loads it from disk with version + 1. The
+log-probs the servers record must equal the trainer's own recomputation after every update."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from servers import API_KEY, load_reference, sglang_under_test, start_engine_server
+
+from areal_nb.api import GenerationConfig, ModelRequest
+from areal_nb.engine.remote import SGLangEngine
+from areal_nb.train import Actor, GRPOConfig
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[5, 17, 42, 99, 7, 31], [8, 9, 10, 11]]
+TEMPERATURE = 0.8
+
+
+@pytest.fixture(params=["engine-server", "sglang"])
+def remote(request, tmp_path):
+    """(SGLangEngine, model path, log-prob tolerance)."""
+    if request.param == "sglang":
+        found = sglang_under_test()
+        if found is None:
+            pytest.skip("set AREAL_NB_SGLANG_URL (benchmarks/gpu_check.sh does) to run against real SGLang")
+        engine = SGLangEngine([found.url], api_key=found.api_key, weights_dir=found.weights_dir,
+                              config_source=found.model_path)
+        yield engine, found.model_path, found.logprob_tol
+        engine.close()
+        return
+    from areal_nb.models import resolve_model_path
+
+    shared = tmp_path / "shared-weights"
+    procs = [start_engine_server(tmp_path / n, name=n, weights_dir=shared) for n in ("a", "b")]
+    model_path = str(resolve_model_path("tiny-math"))
+    engine = SGLangEngine([p.url for p in procs], api_key=API_KEY, weights_dir=shared, config_source=model_path,
+                          owned_processes=procs)
+    yield engine, model_path, 1e-4
+    engine.close()  # stops the servers it owns
+
+
+def rollout(engine, n_samples: int = 4):
+    gconfig = GenerationConfig(max_new_tokens=8, temperature=TEMPERATURE, ignore_eos=True)
+
+    async def run():
+        reqs = [ModelRequest(list(p), gconfig) for p in PROMPTS for _ in range(n_samples)]
+        return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
+
+    responses = asyncio.run(run())
+    width = max(r.input_len + r.output_len for r in responses)
+    batch = {k: torch.zeros(len(responses), width, dtype=d)
+             for k, d in [("input_ids", torch.long), ("loss_mask", torch.long), ("logprobs", torch.float32)]}
+    batch["attention_mask"] = torch.zeros(len(responses), width, dtype=torch.bool)
+    batch["versions"] = torch.full((len(responses), width), -1, dtype=torch.long)
+    for i, r in enumerate(responses):
+        n_in, n = r.input_len, r.input_len + r.output_len
+        batch["input_ids"][i, :n] = torch.tensor(r.input_tokens + r.output_tokens)
+        batch["attention_mask"][i, :n] = True
+        batch["loss_mask"][i, n_in:n] = 1
+        batch["logprobs"][i, n_in:n] = torch.tensor(r.output_logprobs)
+        batch["versions"][i, n_in:n] = torch.tensor(r.output_versions)
+    # a reward that varies between samples (within the default reward clip)
+    batch["rewards"] = torch.tensor([(sum(r.output_tokens) % 5) / 4 for r in responses])
+    return batch, [i // n_samples for i in range(len(responses))]
+
+
+def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):
+    engine, model_path, tol = remote
+    actor = Actor(load_reference(model_path), GRPOConfig(lr=1e-2, temperature=TEMPERATURE),
+                  version=engine.get_version())
+    start = engine.get_version()
+    # earlier tests may have left other weights on the servers: start from the trainer's own
+    actor.push_weights(engine, start)
+    for step in range(1, 4):
+        batch, groups = rollout(engine)
+        generated = batch["versions"][batch["loss_mask"].bool()]
+        assert (generated == start + step - 1).all()
+        head = actor.model.lm_head.weight.detach().clone()
+        stats = actor.train_step(batch, groups)
+        assert stats["logprob_abs_diff_max"] < tol, step  # servers sampled with the trainer's weights
+        assert not torch.equal(head, actor.model.lm_head.weight), stats
+        assert actor.push_weights(engine) == start + step
+        assert engine.get_version() == start + step
+        assert {info["weight_version"] for info in engine.model_info()} == {str(start + step)}

@@ -1,0 +1,134 @@
+"""A catalogue of hostile requests, one or more per class of issue 15, shared by the per-class
+tests and the chaos test. Bodies are sent as raw bytes (`json.dumps` with its defaults), so lone
+surrogates travel as `\\ud800` escapes exactly as a careless client would send them.
+
+Every entry is `Hostile(name, path, body, status, needle)`: the expected status and a substring
+of the error message. Session routes run with a fresh session key, admin routes with the admin key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tests.proxy.conftest import PROXY_ADMIN_KEY
+
+CONTEXT = 512  # tiny-math's max_position_embeddings
+ADMIN_PATHS = ("/grant_capacity", "/rl/start_session", "/export_trajectories")
+
+
+def chat(content: Any = "2+2?", **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
+
+
+def anthropic(content: Any = "2+2?", **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny-math", "max_tokens": 4, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def nested(depth: int, leaf: Any = "x") -> Any:
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def encode(body: Any) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    path: str
+    body: Any
+    status: int
+    needle: str
+
+
+HUGE = "7+" * 3_500_000  # 7 MB: more than tiny-math's context can use, refused unread (413)
+BIG = "7+" * 400_000  # 800 kB: read, but refused before tokenizing (400)
+LONG = "1+" * 3_000  # fits the character bound, but not the 512-token context
+LONE = "\ud800"
+
+HOSTILE: list[Hostile] = [
+    # 1. input errors found late must be 400s in the route's dialect
+    Hostile("prompt over the context (chat)", "/v1/chat/completions", chat(LONG), 400, f"context is {CONTEXT} tokens"),
+    Hostile("prompt over the context (anthropic)", "/v1/messages", anthropic(LONG), 400, f"context is {CONTEXT} tokens"),
+    Hostile("prompt over the context (responses)", "/v1/responses", {"input": LONG, "max_output_tokens": 4}, 400, "context is"),
+    Hostile("frequency_penalty", "/v1/chat/completions", chat(frequency_penalty=0.5), 400, "frequency_penalty is not supported"),
+    Hostile("presence_penalty", "/v1/chat/completions", chat(presence_penalty=-1), 400, "presence_penalty is not supported"),
+    Hostile("empty stop string", "/v1/chat/completions", chat(stop=""), 400, "non-empty"),
+    Hostile("empty stop sequence", "/v1/messages", anthropic(stop_sequences=["", "x"]), 400, "non-empty"),
+    Hostile("too many stops", "/v1/chat/completions", chat(stop=[str(i) for i in range(17)]), 400, "at most 16 stop strings"),
+    Hostile("max_tokens over the context", "/v1/chat/completions", chat(max_tokens=CONTEXT + 1), 400, "larger than the model context"),
+    # 2. size: refused before tokenizing
+    Hostile("7 MB prompt (chat)", "/v1/chat/completions", chat(HUGE), 413, "body too large"),
+    Hostile("7 MB prompt (anthropic)", "/v1/messages", anthropic(HUGE), 413, "body too large"),
+    Hostile("800 kB prompt (chat)", "/v1/chat/completions", chat(BIG), 400, "prompt is too long"),
+    Hostile("800 kB prompt (anthropic)", "/v1/messages", anthropic(BIG), 400, "prompt is too long"),
+    Hostile("800 kB prompt (responses)", "/v1/responses", {"input": BIG}, 400, "prompt is too long"),
+    Hostile("too many messages", "/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 600}, 400, "messages cannot fit"),
+    # 3. deep nesting, wherever it is
+    Hostile("deep content", "/v1/chat/completions", chat(nested(300)), 400, "nested"),
+    Hostile("deep tool schema", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": nested(400)}}]), 400, "nested"),
+    Hostile("deep responses item", "/v1/responses", {"input": [{"role": "user", "content": nested(300)}]}, 400, "nested"),
+    Hostile("deep anthropic block", "/v1/messages", anthropic([{"type": "tool_result", "tool_use_id": "t", "content": nested(300)}]), 400, "nested"),
+    Hostile("deep reward body", "/rl/set_reward", b'{"reward": 1, "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "nested"),
+    # 4. invalid text, rendered or not
+    Hostile("lone surrogate in content", "/v1/chat/completions", chat("2+2" + LONE), 400, "surrogate"),
+    Hostile("lone surrogate in metadata", "/v1/chat/completions", chat(metadata={"note": LONE}), 400, "surrogate"),
+    Hostile("lone surrogate in a key", "/v1/chat/completions", chat(**{LONE: 1}), 400, "surrogate"),
+    Hostile("lone low surrogate (responses)", "/v1/responses", {"input": "\udc00"}, 400, "surrogate"),
+    Hostile("lone surrogate (anthropic system)", "/v1/messages", anthropic(system=LONE), 400, "surrogate"),
+    Hostile("lone surrogate in a reward id", "/rl/set_reward", {"reward": 1, "interaction_id": LONE}, 400, "surrogate"),
+    # 5. degenerate sampling parameters
+    Hostile("temperature 1e-300", "/v1/chat/completions", chat(temperature=1e-300), 400, "temperature must be 0"),
+    Hostile("temperature 1e-300 (anthropic)", "/v1/messages", anthropic(temperature=1e-300), 400, "temperature must be 0"),
+    Hostile("temperature 1e-300 (responses)", "/v1/responses", {"input": "hi", "temperature": 1e-300}, 400, "temperature must be 0"),
+    Hostile("temperature NaN", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 422, "temperature"),
+    Hostile("top_p 0", "/v1/chat/completions", chat(top_p=0), 422, "top_p"),
+    # 6. chat_template_kwargs: template variables only
+    Hostile("replace the template", "/v1/chat/completions", chat(chat_template_kwargs={"chat_template": "{{ 'owned' }}"}), 400, "not variables of this model's chat template"),
+    Hostile("truncate the prompt", "/v1/chat/completions", chat(extra_body={"chat_template_kwargs": {"truncation": True, "max_length": 2}}), 400, "allowed keys"),
+    Hostile("tokenize=False", "/v1/responses", {"input": "hi", "chat_template_kwargs": {"tokenize": False}}, 400, "allowed keys"),
+    # 8. the Responses path checks what chat checks
+    Hostile("function_call without name", "/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, 400, "without a name"),
+    Hostile("unknown role (responses)", "/v1/responses", {"input": [{"role": "robot", "content": "hi"}]}, 400, "role must be one of"),
+    Hostile("unknown role (chat)", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "role must be one of"),
+    Hostile("tool call without a name (chat)", "/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"arguments": "{}"}}]}]}, 400, "function.name"),
+    # 9. keys that can never authenticate
+    Hostile("key with edge spaces", "/rl/start_session", {"task_id": "evil", "api_key": " spaced-key-123 "}, 400, "visible ASCII"),
+    Hostile("key with control chars", "/rl/start_session", {"task_id": "evil", "api_key": "ctrl\x01key-123"}, 400, "visible ASCII"),
+    Hostile("non-ASCII key", "/rl/start_session", {"task_id": "evil", "api_key": "ключ-123456"}, 400, "visible ASCII"),
+    Hostile("empty key", "/rl/start_session", {"task_id": "evil", "api_key": ""}, 422, "api_key"),
+]
+
+
+def new_session_key(client: httpx.Client, task_id: str = "hostile") -> tuple[str, str]:
+    admin = {"Authorization": f"Bearer {PROXY_ADMIN_KEY}"}
+    assert client.post("/grant_capacity", headers=admin).status_code == 200
+    r = client.post("/rl/start_session", headers=admin, json={"task_id": task_id})
+    assert r.status_code == 200, r.text
+    return r.json()["session_id"], r.json()["api_key"]
+
+
+def send(client: httpx.Client, case: Hostile, session_key: str | None) -> httpx.Response:
+    key = PROXY_ADMIN_KEY if case.path in ADMIN_PATHS else session_key
+    headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    return client.post(case.path, headers=headers, content=encode(case.body))
+
+
+def check_answer(case: Hostile, response: httpx.Response) -> None:
+    """The expected status, the needle in the message, the route's error dialect, no retry."""
+    assert response.status_code == case.status, f"{case.name}: {response.status_code} {response.text[:300]}"
+    body = response.json()
+    if case.path == "/v1/messages":
+        kind = "request_too_large" if case.status == 413 else "invalid_request_error"
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
+    else:
+        assert body["error"]["type"] == "invalid_request_error", body
+    assert case.needle in body["error"]["message"], f"{case.name}: {body['error']['message'][:300]}"
+    assert response.headers.get("x-should-retry") == "false"

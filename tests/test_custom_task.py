@@ -1,0 +1,185 @@
+"""Bring your own task: rows in any common form + a reward function, trained and evaluated end to end.
+
+The task: GSM8K-style word problems as `{"prompt", "target"}` rows (not the math task's shape),
+scored by a plain function defined here. Real Session: tiny model, embedded engine, real proxy.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+import pytest
+
+from areal_nb import Session
+from areal_nb.agents.chat_agent import ChatAgent
+from areal_nb.data import DatasetError, generate_problems, write_jsonl
+from areal_nb.models.evaluation import generate_replies
+from areal_nb.session.preflight import FirstEpisodeError
+
+pytestmark = pytest.mark.slow
+
+ROWS = [{"prompt": p["question"], "target": p["answer_value"], "id": i}
+        for i, p in enumerate(generate_problems(24, seed=7, split="train"))]
+HELD_OUT = [{"prompt": p["question"], "target": p["answer_value"], "id": 100 + i}
+            for i, p in enumerate(generate_problems(12, seed=8, split="test"))]
+SMALL = dict(rollout__batch_size=2, rollout__group_size=2, rollout__max_concurrent_rollouts=8,
+             logging__progress=False, rollout__prefetch=False, model__path="tiny-math", model__dtype="float32")
+
+
+def target_in_reply(row, reply):
+    return 1.0 if row["target"] in reply else 0.0
+
+
+class RecordingAgent(ChatAgent):
+    """ChatAgent that also keeps every row it was given (to check rows arrive unchanged)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen: list[dict] = []
+        self._lock = threading.Lock()
+
+    async def run(self, data, **kw):
+        with self._lock:
+            self.seen.append(data)
+        return await super().run(data, **kw)
+
+
+def as_source(form: str, tmp_path):
+    if form == "list":
+        return list(ROWS)
+    if form == "dataframe":
+        return pd.DataFrame(ROWS)
+    if form == "jsonl":
+        return str(write_jsonl(ROWS, tmp_path / "task.jsonl"))
+    if form == "parquet":
+        path = tmp_path / "task.parquet"
+        pd.DataFrame(ROWS).to_parquet(path)
+        return str(path)
+    import datasets
+
+    return datasets.Dataset.from_list(ROWS)
+
+
+@pytest.mark.parametrize("form", ["list", "dataframe", "jsonl", "parquet", "datasets"])
+def test_the_same_task_trains_from_every_form(form, tmp_path):
+    agent = RecordingAgent(reward_fn=target_in_reply)
+    with Session(dataset=as_source(form, tmp_path), eval_dataset=HELD_OUT, agent__workflow=agent, **SMALL) as s:
+        history = s.run(2)
+        assert history["step"].tolist() == [1, 2] and s.version == 2
+        assert s.last_batch is not None and not s.last_batch.rejected
+        # every row the agent saw is one of the dataset's rows, exactly (the probe's row 0 first)
+        assert agent.seen[0] == ROWS[0]
+        assert all(row in ROWS for row in agent.seen)
+        assert s.data.pos == 4  # 2 steps x 2 prompts
+        assert s.eval_problems == HELD_OUT
+
+
+def test_the_stream_order_is_seeded_and_the_same_for_every_form(tmp_path):
+    def first_rows(source):
+        with Session(dataset=source, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL,
+                     start=False) as s:
+            s.start()
+            return [next(s.data)["id"] for _ in range(30)]  # past one pass over the 24 rows
+
+    ids = first_rows(list(ROWS))
+    assert first_rows(pd.DataFrame(ROWS)) == ids
+    assert sorted(ids[:24]) == list(range(24))  # each pass is a permutation of the rows
+    assert ids[:24] != list(range(24))  # shuffled
+
+
+def test_evaluate_is_the_mean_reward_of_greedy_episodes_and_pass_at_k():
+    with Session(dataset=ROWS, eval_dataset=HELD_OUT, agent__workflow=ChatAgent(reward_fn=target_in_reply),
+                 **SMALL) as s:
+        result = s.evaluate(pass_k=3)
+        replies = generate_replies(s.actor.model, s.tokenizer, [[{"role": "user", "content": r["prompt"]}]
+                                                                 for r in HELD_OUT])
+        expected = [target_in_reply(row, reply) for row, reply in zip(HELD_OUT, replies, strict=True)]
+        assert (result.n, result.rejected, result.version) == (12, 0, 0)
+        assert result.reward_mean == sum(expected) / len(expected)
+        assert 0 < result.reward_mean < 1  # the tiny model solves some, not all: the figure can move
+        # pass@3: 3 sampled episodes per problem; solved problems are those with a rewarded episode
+        samples = result.samples
+        assert result.k == 3 and len(samples.episodes) == 36
+        solved = {samples.episodes[i].data["id"] for i in range(36) if samples.episode_return(i) > 0}
+        assert result.pass_at_k == len(solved) / 12
+        assert result.as_dict()["eval_pass@3"] == result.pass_at_k
+        assert s.version == 0 and s.data.pos == 0  # evaluation trains on nothing
+        with pytest.raises(ValueError, match="pass_k must be an int >= 1"):
+            s.evaluate(pass_k=0)
+
+
+def test_a_held_out_fraction_splits_the_rows_when_no_eval_split_is_given():
+    agent = ChatAgent(reward_fn=target_in_reply)
+    with Session(dataset=ROWS, data__eval_fraction=0.25, agent__workflow=agent, **SMALL) as s:
+        ids = {r["id"] for r in s.eval_problems}
+        assert len(ids) == 6 and not ids & {r["id"] for r in s.data.rows}
+        assert s.evaluate().n == 6
+    with Session(dataset=ROWS, agent__workflow=agent, **SMALL) as s:
+        with pytest.raises(ValueError, match="no held-out rows; pass eval_dataset"):
+            s.evaluate()
+
+
+def test_save_stores_python_rows_and_load_continues_the_stream(tmp_path):
+    rows = [{**r, "answer": r["target"]} for r in ROWS]
+    cfg = dict(SMALL, agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+               agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"})
+    with Session(dataset=rows, eval_dataset=pd.DataFrame(rows[:4]), **cfg) as s:
+        s.run(1)
+        path = s.save(tmp_path / "ckpt")
+        upcoming = [next(s.data)["id"] for _ in range(5)]
+    assert (path / "data" / "train.jsonl").is_file() and (path / "data" / "eval.jsonl").is_file()
+    text = (path / "config.yaml").read_text()
+    assert "train.jsonl" in text and "What is" not in text  # a path, not the rows
+    with Session.load(path, logging__progress=False) as restored:
+        assert restored.data.rows == rows and restored.eval_problems == rows[:4]
+        assert restored.config.data.format == "rows"  # read back as rows even with an "answer" key
+        assert [next(restored.data)["id"] for _ in range(5)] == upcoming
+
+
+# ----------------------------------------------------------------------------- bad data fails early
+
+
+def test_an_empty_dataset_fails_in_the_constructor():
+    with pytest.raises(DatasetError, match="data.source is empty"):
+        Session(dataset=[], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL)
+
+
+def test_a_row_that_is_not_a_mapping_is_named():
+    with pytest.raises(DatasetError, match="data.source row 2 is a list, not a mapping"):
+        Session(dataset=[ROWS[0], ROWS[1], ["oops"]], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL)
+    with pytest.raises(DatasetError, match="data.eval_source row 0 is a str"):
+        Session(dataset=ROWS, eval_dataset=["x"], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL)
+
+
+def test_unpicklable_rows_fail_for_subproc_agents():
+    rows = [{**ROWS[0], "lock": threading.Lock()}, *ROWS[1:]]  # no pickler sends a lock
+    with pytest.raises(DatasetError, match=r"row 0 cannot be pickled .*mode 'subproc'"):
+        Session(dataset=rows, agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+                agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"},
+                agent__mode="subproc", **SMALL)
+
+
+def test_a_missing_key_fails_the_first_rollout_with_the_row_the_key_and_the_traceback():
+    rows = [{"prompt": r["prompt"], "answer": r["target"]} for r in ROWS]  # "target" is what the reward reads
+    agent = RecordingAgent(reward_fn=target_in_reply)
+    with Session(dataset=rows, agent__workflow=agent, **SMALL) as s:
+        with pytest.raises(FirstEpisodeError) as info:
+            s.run(1)
+        message = str(info.value)
+        assert "training row 0" in message and "KeyError: 'target'" in message
+        assert "row 0 has keys ['answer', 'prompt']" in message
+        assert "The agent's traceback:" in message and "in target_in_reply" in message
+        assert len(agent.seen) == 1  # one episode, not a batch of rejections
+        assert s.step_count == 0 and s.data.pos == 0
+        with pytest.raises(FirstEpisodeError):  # rollout() checks too, until a first episode succeeds
+            s.rollout()
+
+
+def test_a_reward_that_raises_is_reported_with_its_traceback():
+    def strict_reward(row, reply):
+        raise ValueError(f"cannot score {reply!r}")
+
+    with Session(dataset=ROWS, agent__workflow=ChatAgent(reward_fn=strict_reward), **SMALL) as s:
+        with pytest.raises(FirstEpisodeError, match=r"(?s)ValueError: cannot score.*in strict_reward"):
+            s.rollout()
