@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -212,6 +213,11 @@ def test_real_engine_serves_both_loops_at_once(local_engine, tiny_tokenizer):
             for interaction in episode.values():
                 logprobs = interaction.model_response.output_logprobs
                 assert len(logprobs) == interaction.model_response.output_len > 0
+        # An HTTP export drops its session once the response is sent, on the server's thread,
+        # which may run just after the client has the data.
+        deadline = time.monotonic() + 10
+        while live_sessions(p.app) != ({}, {}) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert live_sessions(p.app) == ({}, {})
 
 
