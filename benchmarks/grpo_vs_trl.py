@@ -123,11 +123,11 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
 
     from areal_nb.models import load_model, load_tokenizer
     from areal_nb.reward import math_reward
-    from areal_nb.session.data import DataStream
+    from areal_nb.session.data import DataStream, load_task_data
 
     cfg = session_config(steps)
     torch.manual_seed(cfg.seed)
-    stream = DataStream(cfg.data)  # the prompts the Session drew, in its order
+    stream = DataStream(cfg.data, rows=load_task_data(cfg.data).train)  # the Session's prompts, in its order
     problems = [next(stream) for _ in range(steps * PROMPTS)]
     dataset = Dataset.from_list([{"prompt": p["messages"], "answer": p["answer"]} for p in problems])
     tokenizer = load_tokenizer(cfg.model.path)
@@ -180,9 +180,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("ours", "trl"), help="run one side only")
     args = parser.parse_args()
 
-    from areal_nb.session.data import held_out_problems
+    from areal_nb.session.data import load_task_data
 
-    eval_problems = held_out_problems(session_config(args.steps).data)[: args.eval_size]
+    eval_problems = load_task_data(session_config(args.steps).data).held_out[: args.eval_size]
     result: dict[str, Any] = {}
     if args.only in (None, "ours"):
         result["ours"] = run_ours(args.steps, eval_problems)
