@@ -1,64 +1,223 @@
-"""GRPO step cost on the demo config: rollout and training time and tokens/s per step, and how
-many tokens `concat` rows train on compared with `individual` rows of the same episodes.
+"""GRPO step cost and where it goes: the multi-turn demo step against the single-turn step.
 
-    .venv/bin/python benchmarks/grpo_step.py [--steps 3] [overrides ...]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/grpo_step.py [--steps 4] [--http] [--only multi|single]
 
-The last line is one JSON object.
+Both run through a Session on `configs/multi_turn_math.yaml` (16 prompts x 8 samples, 16 new
+tokens): "multi" is the demo (MultiTurnMathAgent, up to 2 turns, concat rows), "single" is
+`benchmarks/grpo_vs_trl.py`'s one-call agent. `--http` sends inline agents over loopback HTTP
+like external ones (the path before in-process episodes), to measure what that costs.
+
+Per step (median over the steps after the first, which warms up):
+- rollout: wall time; `engine_busy_s` the engine worker's time inside decode steps (the rest of
+  the wall the engine waited on agents, proxy and lifecycle); per call `capture_ms` (the proxy's
+  chat-completion function, engine wait included) and `engine_ms` (the engine's `agenerate`
+  latency); per episode `episode_ms` (whole workflow episode), `agent_ms` (the agent's `run`:
+  SDK, transport, proxy, engine, reward) and `lifecycle_ms` (grant/start/reward/end/export =
+  episode - agent). Latencies of concurrent episodes overlap: they say where one episode waits,
+  not how the wall time splits.
+- train: `to_tensors_s`, `recompute_s` (log-prob recomputation), `forward_s`, `backward_s`,
+  `optimizer_s`, `push_s` (weights to the engine); `train_s` is their wall total.
+- tokens: `trained_tokens` (non-padding tokens through the model) over `unique_tokens`
+  (distinct prompt tokens per group + generated tokens).
+
+The last line is one JSON object with both setups and `multi_over_single` (target <= 1.5).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
+import inspect
 import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
+SETUPS = {
+    "multi": [],
+    "single": ["agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent", "agent.workflow_kwargs={}",
+               "agent.chat_template_type=hf", "agent.export_style=individual"],
+}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--config", default=str(ROOT / "configs" / "multi_turn_math.yaml"))
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+class Timers:
+    """Seconds and calls per phase, from wrapped functions (sync or async)."""
 
+    def __init__(self) -> None:
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None:  # renamed by a later change: that phase reads 0
+            print(f"# no {type(owner).__name__}.{name}: phase {phase!r} not timed", file=sys.stderr)
+            return
+        if inspect.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def timed(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    self._add(phase, start)
+        else:
+            @functools.wraps(original)
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self._add(phase, start)
+        setattr(owner, name, timed)
+
+    def _add(self, phase: str, start: float) -> None:
+        self.seconds[phase] += time.perf_counter() - start
+        self.calls[phase] += 1
+
+    def take(self) -> tuple[dict[str, float], dict[str, int]]:
+        out = dict(self.seconds), dict(self.calls)
+        self.seconds.clear()
+        self.calls.clear()
+        return out
+
+
+TIMERS = Timers()
+
+
+@functools.cache
+def instrument_modules() -> None:
+    """Wrap module- and class-level entry points, once per process (benchmark only). The proxy
+    app imports `create_chat_completion` when it is built, so this runs before the Session."""
+    import torch
+
+    import areal_nb.openai.completion as completion
+    import areal_nb.train.actor as actor_module
+    from areal_nb.rollout.batch import RolloutBatch
+
+    TIMERS.wrap(completion, "create_chat_completion", "capture")
+    TIMERS.wrap(RolloutBatch, "to_tensors", "to_tensors")
+    TIMERS.wrap(actor_module, "compute_token_logprobs_and_entropy", "forward")
+    TIMERS.wrap(torch.Tensor, "backward", "backward")
+
+
+def instrument_session(session: Any, timers: Timers) -> None:
+    """Wrap the live objects' phase methods."""
+    timers.wrap(session.engine, "agenerate", "engine")
+    if hasattr(session.engine, "_step"):  # LocalEngine's decode step, on its worker thread
+        timers.wrap(session.engine, "_step", "engine_busy")
+    workflow = session.workflow
+    inner = getattr(workflow, "workflow", workflow)  # a GroupedRolloutWorkflow wraps the proxy workflow
+    timers.wrap(inner, "arun_episode", "episode")
+    timers.wrap(inner, "_run_agent", "agent")
+    timers.wrap(session.actor, "_logprobs_no_grad", "recompute")
+    timers.wrap(session.actor.optimizer, "step", "optimizer")
+    timers.wrap(session.actor, "push_weights", "push")
+
+
+def unique_tokens(batch: Any) -> int:
+    """Distinct tokens of the batch: the nodes of a prefix tree over every call's prompt +
+    completion, one tree per group (a group's samples share the prompt; a conversation's turns
+    share their history). What prefix-shared training would push through the model."""
+    tries: dict[int, dict] = {}
+    total = 0
+    for i, episode in enumerate(batch.episodes):
+        if not episode.accepted:
+            continue
+        for call in batch.calls(i):
+            mr = call.model_response
+            if mr is None:
+                continue
+            node = tries.setdefault(episode.group_id, {})
+            for token in [*mr.input_tokens, *mr.output_tokens]:
+                if token not in node:
+                    node[token] = {}
+                    total += 1
+                node = node[token]
+    return total
+
+
+def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[str, Any]:
     from areal_nb.config import load_config
-    from areal_nb.session import Session
+    from areal_nb.session import Session, builder
 
-    cfg = load_config(args.config, [*args.overrides, "logging.progress=false", "rollout.prefetch=false"])
+    builder.IN_PROCESS_AGENTS = not http
+    timers = TIMERS
+    instrument_modules()
+    cfg = load_config(CONFIG, [*SETUPS[name], *overrides, "logging.progress=false", "logging.eval_every=0",
+                               "rollout.prefetch=false"])
     rows = []
     with Session(cfg) as session:
-        for _ in range(args.steps):
+        instrument_session(session, timers)
+        timers.take()
+        for step in range(steps):
             t0 = time.perf_counter()
             batch = session.rollout()
             t1 = time.perf_counter()
-            concat = batch.reexport(style="concat").to_tensors()
-            individual = batch.reexport(style="individual").to_tensors()
+            rollout_s, rollout_n = timers.take()
             stats = session.train_step(batch)
             t2 = time.perf_counter()
-            rows.append({
-                "rollout_s": t1 - t0,
-                "train_s": t2 - t1,
-                "rollout_tokens_per_s": stats["rollout_tokens_per_s"],
-                "train_tokens_per_s": stats["train_tokens_per_s"],
-                "episodes": len(batch.episodes),
-                "concat_rows": int(concat["input_ids"].shape[0]),
-                "individual_rows": int(individual["input_ids"].shape[0]),
-                "concat_tokens": int(concat["attention_mask"].sum()),
-                "individual_tokens": int(individual["attention_mask"].sum()),
-            })
-            print(json.dumps(rows[-1]))
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    ratio = sum(r["concat_tokens"] for r in rows) / sum(r["individual_tokens"] for r in rows)
-    print(f"rollout {med['rollout_s']:.2f} s/step ({med['rollout_tokens_per_s']:.0f} generated tok/s), "
-          f"train {med['train_s']:.2f} s/step ({med['train_tokens_per_s']:.0f} tok/s); "
-          f"concat rows hold {ratio:.2f}x the tokens of individual rows (baseline: individual)")
-    print(json.dumps({"rollout_s": med["rollout_s"], "train_s": med["train_s"],
-                      "rollout_tokens_per_s": med["rollout_tokens_per_s"],
-                      "train_tokens_per_s": med["train_tokens_per_s"],
-                      "concat_vs_individual_tokens": ratio}))
+            train_s, _ = timers.take()
+            calls = max(rollout_n.get("capture", 0), 1)
+            episodes = max(rollout_n.get("episode", 0), 1)
+            tensors = batch.to_tensors()
+            row = {
+                "setup": name, "step": step, "step_s": t2 - t0, "rollout_s": t1 - t0, "train_s": t2 - t1,
+                "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
+                "calls_per_episode": calls / episodes,
+                "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
+                "engine_ms": 1e3 * rollout_s.get("engine", 0.0) / calls,
+                "episode_ms": 1e3 * rollout_s.get("episode", 0.0) / episodes,
+                "agent_ms": 1e3 * rollout_s.get("agent", 0.0) / episodes,
+                "lifecycle_ms": 1e3 * (rollout_s.get("episode", 0.0) - rollout_s.get("agent", 0.0)) / episodes,
+                **{f"{k}_s": train_s.get(k, 0.0)
+                   for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
+                "trained_tokens": int(tensors["attention_mask"].sum()),
+                "unique_tokens": unique_tokens(batch),
+                "reward_mean": stats.get("reward_mean"),
+            }
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    measured = rows[1:] or rows
+    med = {k: statistics.median(r[k] for r in measured) for k in rows[0] if isinstance(rows[0][k], int | float)
+           and k != "step"}
+    med["trained_over_unique"] = sum(r["trained_tokens"] for r in measured) / sum(r["unique_tokens"] for r in measured)
+    return med
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4, help="steps per setup; the first is warm-up")
+    parser.add_argument("--http", action="store_true", help="inline agents over loopback HTTP (the old path)")
+    parser.add_argument("--only", choices=tuple(SETUPS), help="run one setup only")
+    parser.add_argument("overrides", nargs="*", help="config overrides for both setups, e.g. rollout.batch_size=8")
+    args = parser.parse_args()
+
+    result: dict[str, Any] = {"transport": "http" if args.http else "in-process"}
+    for name in SETUPS:
+        if args.only in (None, name):
+            result[name] = run_setup(name, args.steps, args.overrides, args.http)
+    for name in SETUPS:
+        if name in result:
+            m = result[name]
+            print(f"{name:>6}: {m['step_s']:.2f} s/step = rollout {m['rollout_s']:.2f} (engine busy "
+                  f"{m['engine_busy_s']:.2f}) + train {m['train_s']:.2f} (recompute {m['recompute_s']:.2f}, "
+                  f"forward {m['forward_s']:.2f}, backward {m['backward_s']:.2f}, optimizer {m['optimizer_s']:.2f}, "
+                  f"push {m['push_s']:.2f}); per episode {m['episode_ms']:.0f} ms (agent {m['agent_ms']:.0f}, "
+                  f"lifecycle {m['lifecycle_ms']:.1f}); per call capture {m['capture_ms']:.0f} ms, engine "
+                  f"{m['engine_ms']:.0f} ms; trained/unique tokens {m['trained_over_unique']:.2f}")
+    if "multi" in result and "single" in result:
+        result["multi_over_single"] = result["multi"]["step_s"] / result["single"]["step_s"]
+        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5)")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Prints per-phase JSON lines; the last line is one JSON object with `p50_overhead
 `p99_overhead_ms` (proxy minus direct latency per call, one session) and `calls_per_s_64`
 (proxy calls per second with 64 concurrent sessions). With `--server process` (default) the
 proxy runs in a child process, so the client and the server each get a core, as they do when
-agents run in other processes; `--server thread` runs it in this process (the notebook set-up).
+agents run in other processes; `--server thread` runs it in this process (the notebook set-up); `--server inprocess` calls the
+app through `httpx.ASGITransport` on the caller's loop, no socket (what a Session's inline agents
+get, see `areal_nb/proxy/inprocess.py`).
 """
 
 from __future__ import annotations
@@ -98,9 +100,13 @@ async def session_worker(client: httpx.AsyncClient, calls: int, latencies: list[
             raise RuntimeError(f"proxy call failed: {r.status_code} {r.text}")
 
 
-async def proxy_run(url: str, sessions: int, calls_per_session: int) -> tuple[list[float], float]:
+async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object = None) -> tuple[list[float], float]:
+    from areal_nb.proxy.inprocess import asgi_http_client
+
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+    client = asgi_http_client(app, url, timeout=60) if app is not None else \
+        httpx.AsyncClient(base_url=url, limits=limits, timeout=60)
+    async with client:
         await session_worker(client, 8, [])  # warm up connections and code paths
         latencies: list[float] = []
         start = time.perf_counter()
@@ -109,12 +115,15 @@ async def proxy_run(url: str, sessions: int, calls_per_session: int) -> tuple[li
 
 
 def start_server(mode: str) -> tuple[str, object]:
+    if mode == "inprocess":
+        app, _, _ = build_app()
+        return "http://inprocess", lambda: None, app
     if mode == "thread":
         from areal_nb.proxy import ProxyServer
 
         app, _, _ = build_app()
         server = ProxyServer(app).start()
-        return server.url, server.stop
+        return server.url, server.stop, None
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
@@ -127,7 +136,7 @@ def start_server(mode: str) -> tuple[str, object]:
         proc.terminate()
         proc.wait(10)
 
-    return url, stop
+    return url, stop, None
 
 
 def main() -> None:
@@ -135,7 +144,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400, help="calls in the one-session runs")
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--calls-per-session", type=int, default=16, help="calls per session in the concurrent run")
-    parser.add_argument("--server", choices=("process", "thread"), default="process")
+    parser.add_argument("--server", choices=("process", "thread", "inprocess"), default="process")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -143,10 +152,10 @@ def main() -> None:
         return
 
     direct = asyncio.run(direct_latencies(args.calls))
-    url, stop = start_server(args.server)
+    url, stop, app = start_server(args.server)
     try:
-        single, _ = asyncio.run(proxy_run(url, 1, args.calls))
-        many, elapsed = asyncio.run(proxy_run(url, args.concurrent, args.calls_per_session))
+        single, _ = asyncio.run(proxy_run(url, 1, args.calls, app))
+        many, elapsed = asyncio.run(proxy_run(url, args.concurrent, args.calls_per_session, app))
     finally:
         stop()
     d50, d99 = percentile(direct, 0.5) * 1e3, percentile(direct, 0.99) * 1e3

@@ -11,7 +11,11 @@ end session → export. The agent's return value says where rewards go:
   ended and exported (and the export discarded) so the proxy forgets it.
 
 Modes: `inline` awaits `agent.run(data, base_url=<proxy>/v1, api_key=<session key>,
-http_client=<shared httpx.AsyncClient>)` in the caller's loop; `subproc` runs
+http_client=<shared httpx.AsyncClient>)` in the caller's loop. Given the proxy app itself
+(`asgi_app`, as the Session does), an inline episode costs no socket: the lifecycle calls go
+straight to the app's `ProxyState` and the agent's `http_client` calls the app in-process
+(`areal_nb.proxy.inprocess`); an agent that builds its own client still reaches `base_url`
+over HTTP. `subproc` `subproc` runs
 `asyncio.run(agent.run(data))` in a spawn-context process pool with `OPENAI_BASE_URL`,
 `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` set, so sync SDK code works.
 The agent travels to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class
@@ -42,6 +46,8 @@ from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEng
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 
 from .client import OpenAIProxyClient, ProxyRequestError
+from .inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
+from .state import ProxyState
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +138,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         discount_mode: DiscountMode = "tree",
         subproc_max_workers: int = 4,
         agent_timeout: float | None = None,
+        asgi_app: Any = None,
+        proxy_state: ProxyState | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -168,6 +176,14 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         self.discount_mode = discount_mode
         self.subproc_max_workers = subproc_max_workers
         self.agent_timeout = agent_timeout
+        # In-process episodes (inline mode only): `asgi_app` answers the agent's HTTP calls,
+        # `proxy_state` (default: the app's own) takes the lifecycle calls. A sub-app mounted
+        # under proxy_addr's path (the Session's /eval) is routed through the root app, so the
+        # two can differ.
+        self.asgi_app = asgi_app if mode == "inline" else None
+        self.proxy_state = None
+        if self.asgi_app is not None:
+            self.proxy_state = proxy_state if proxy_state is not None else proxy_state_of(asgi_app)
         # Why episodes were rejected, by kind ("agent_error", "agent_timeout", "invalid_reward",
         # "no_interactions", "proxy_error", "subproc_crash"); read by executors and dashboards.
         self.rejections: collections.Counter[str] = collections.Counter()
@@ -186,10 +202,13 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         loop = asyncio.get_running_loop()
         if self._http is None or self._http_loop is not loop or self._http.is_closed:
             # The old client's loop is gone or different; its sockets die with it.
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(600.0, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
-            )
+            if self.asgi_app is not None:
+                self._http = asgi_http_client(self.asgi_app, self.proxy_addr)
+            else:
+                self._http = httpx.AsyncClient(
+                    timeout=httpx.Timeout(600.0, connect=10.0),
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
+                )
             self._http_loop = loop
         return self._http
 
@@ -281,7 +300,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 self._kill_pool()
             raise
 
-    async def _assign_rewards(self, client: OpenAIProxyClient, reward: float | dict[str, float]) -> None:
+    async def _assign_rewards(self, client: OpenAIProxyClient | InProcessProxyClient, reward: float | dict[str, float]) -> None:
         if isinstance(reward, dict):
             for interaction_id, value in reward.items():
                 try:
@@ -320,7 +339,12 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             self._task_reasons[task] = reason
         logger.warning("episode %s rejected (%s): %s", task_id, kind, message)
 
-    async def _discard_session(self, client: OpenAIProxyClient) -> None:
+    def _lifecycle_client(self, task_id: str) -> OpenAIProxyClient | InProcessProxyClient:
+        if self.proxy_state is not None:
+            return InProcessProxyClient(self.proxy_state, task_id)
+        return OpenAIProxyClient(self.proxy_addr, self.admin_api_key, task_id, http_client=self._http_client())
+
+    async def _discard_session(self, client: OpenAIProxyClient | InProcessProxyClient) -> None:
         if client._session_id is None:
             return
         try:
@@ -339,8 +363,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         current = asyncio.current_task()
         if current is not None:
             self._task_reasons[current] = None  # this task's episode has no rejection (yet)
-        http = self._http_client()
-        client = OpenAIProxyClient(self.proxy_addr, self.admin_api_key, task_id, http_client=http)
+        client = self._lifecycle_client(task_id)
         rejection: EpisodeRejected | None = None
         try:
             await client.grant_capacity()

@@ -66,11 +66,17 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module):
     return Actor(policy, actor_cfg, ref_model=ref_model, version=0)
 
 
+# Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends
+# them over loopback HTTP like external agents: for benchmarks that measure the difference.
+IN_PROCESS_AGENTS = True
+
+
 @dataclass
 class Proxy:
     app: Any  # the FastAPI app; its greedy evaluation twin is mounted at EVAL_PREFIX
     server: Any  # areal_nb.proxy.ProxyServer, started
     admin_key: str
+    eval_app: Any = None  # the twin mounted at EVAL_PREFIX
 
     @property
     def url(self) -> str:
@@ -109,10 +115,13 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
         return ProxySettings(admin_api_key=admin_key, session_timeout=cfg.agent.session_timeout, completion=completion)
 
     app = create_app(engine, tokenizer, settings())
-    app.mount(EVAL_PREFIX, create_app(GreedyEngine(engine), tokenizer, settings()))
+    eval_app = create_app(GreedyEngine(engine), tokenizer, settings())
+    app.mount(EVAL_PREFIX, eval_app)
+    # The server stays up for external agents (subproc mode, other processes) and for agents
+    # that build their own HTTP client instead of using the one they are given.
     server = ProxyServer(app, host=cfg.agent.host, port=cfg.agent.port)
     server.start()
-    return Proxy(app=app, server=server, admin_key=admin_key)
+    return Proxy(app=app, server=server, admin_key=admin_key, eval_app=eval_app)
 
 
 def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
@@ -124,7 +133,8 @@ def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
     from areal_nb.rollout.resolve import resolve_workflow
 
     return resolve_workflow(cfg.agent.workflow, dict(cfg.agent.workflow_kwargs), group_size=1,
-                            proxy_addr=proxy.url, admin_api_key=proxy.admin_key, **_proxy_workflow_kwargs(cfg))
+                            proxy_addr=proxy.url, admin_api_key=proxy.admin_key,
+                            **_proxy_workflow_kwargs(cfg), **_in_process_kwargs(cfg, proxy.app, proxy.app))
 
 
 def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkflow) -> RolloutWorkflow:
@@ -134,14 +144,22 @@ def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkf
 
     if not isinstance(workflow, OpenAIProxyWorkflow):
         return workflow
+    # In-process, requests to /eval/... are routed by the root app; sessions live in the twin.
     return OpenAIProxyWorkflow(agent=workflow.agent, proxy_addr=proxy.eval_url, admin_api_key=proxy.admin_key,
-                               **_proxy_workflow_kwargs(cfg))
+                               **_proxy_workflow_kwargs(cfg), **_in_process_kwargs(cfg, proxy.app, proxy.eval_app))
 
 
 def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
     # Every call is kept (individual export); the RolloutBatch applies the configured style later.
     return {"mode": cfg.agent.mode, "discount": cfg.agent.turn_discount, "export_style": "individual",
             "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers}
+
+
+def _in_process_kwargs(cfg: SessionConfig, asgi_app: Any, session_app: Any) -> dict[str, Any]:
+    """Inline agents share the Session's process: serve their episodes without sockets."""
+    if cfg.agent.mode != "inline" or not IN_PROCESS_AGENTS or session_app is None:
+        return {}
+    return {"asgi_app": asgi_app, "proxy_state": session_app.state.proxy}
 
 
 def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: InferenceEngine):

@@ -1,0 +1,191 @@
+"""The proxy without sockets, for agents that run in the proxy's own process (issue 14).
+
+Two pieces, both over the same FastAPI app and `ProxyState` that uvicorn serves to external
+agents:
+
+- `InProcessProxyClient`: the session lifecycle (grant capacity, start, reward, end, export)
+  as direct calls on the app's `ProxyState` — same interface and errors as
+  `OpenAIProxyClient`, no HTTP, no JSON round trip of the exported tensors;
+- `asgi_http_client(app)`: an `httpx.AsyncClient` whose transport calls the app in-process
+  (`httpx.ASGITransport`), handed to inline agents as their `http_client`, so the OpenAI /
+  Anthropic SDK request still goes through the app's routes, auth and validation — only the
+  socket, the HTTP parser and the second thread hop are gone.
+
+Why this is safe next to uvicorn: the ASGI transport runs the app on the *calling* loop (the
+Session's loop) while uvicorn runs it on its own thread and loop. `ProxyState` guards its maps
+with a `threading.Lock` and signals session ends with a `threading.Event`; the engine's
+`agenerate` resolves a future on whichever loop awaited it. Nothing the app holds is bound to
+one loop. A session is driven by one agent at a time, so its `InteractionCache` is not shared
+between loops in practice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+import httpx
+
+from areal_nb.api import DiscountMode, ExportStyle, check_export_style
+
+from .client import ProxyRequestError
+from .errors import ProxyError
+from .state import ProxyState, SessionData
+
+if TYPE_CHECKING:
+    from areal_nb.openai import InteractionWithTokenLogpReward
+
+
+def asgi_http_client(app: Any, base_url: str, timeout: float = 600.0) -> httpx.AsyncClient:
+    """An httpx client that serves requests from `app` on the calling event loop, no socket.
+
+    `raise_app_exceptions=False`: an exception inside the app becomes the same 500 response a
+    real server sends, not an exception raised into the agent.
+    """
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+
+
+def proxy_state_of(app: Any) -> ProxyState:
+    state = getattr(getattr(app, "state", None), "proxy", None)
+    if not isinstance(state, ProxyState):
+        raise TypeError(f"{type(app).__name__} is not a proxy app from areal_nb.proxy.create_app (no app.state.proxy)")
+    return state
+
+
+class InProcessProxyClient:
+    """One session on a proxy app's state in this process: `OpenAIProxyClient`'s API as direct calls.
+
+    Errors are `ProxyRequestError` with the status the HTTP endpoint would answer, so callers
+    handle both clients alike.
+    """
+
+    def __init__(self, state: ProxyState, task_id: str) -> None:
+        if not isinstance(state, ProxyState):
+            raise TypeError(f"InProcessProxyClient needs a ProxyState (app.state.proxy), got {type(state).__name__}")
+        if not task_id:
+            raise ValueError("InProcessProxyClient needs a non-empty task_id")
+        self.state = state
+        self.task_id = task_id
+        self._session: SessionData | None = None
+        self.session_ended = False
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def _session_id(self) -> str | None:  # read by OpenAIProxyWorkflow like OpenAIProxyClient's
+        return self._session.session_id if self._session is not None else None
+
+    @property
+    def session_id(self) -> str:
+        return self._started().session_id
+
+    @property
+    def session_api_key(self) -> str:
+        return self._started().api_key
+
+    def _started(self) -> SessionData:
+        if self._session is None:
+            raise ValueError("no session: use `async with InProcessProxyClient(...)` first")
+        return self._session
+
+    # ----------------------------------------------------------------- lifecycle
+    async def grant_capacity(self) -> int:
+        return self.state.grant_capacity(1)
+
+    async def start_session(self) -> str:
+        if self._session is not None:
+            raise RuntimeError(f"session {self._session.session_id} already started by this client")
+        with _as_request_error("rl/start_session"):
+            self._session = self.state.start_session(self.task_id)
+        self.session_ended = False
+        return self._session.session_id
+
+    async def end_session(self, attempts: int = 1) -> None:
+        with _as_request_error("rl/end_session"):
+            self.state.end_session(self._started())
+        self.session_ended = True
+
+    async def __aenter__(self) -> Self:
+        await self.start_session()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.end_session()
+        except ProxyRequestError:
+            if exc is None:
+                raise  # otherwise keep the error that ended the block; the stale sweep reclaims it
+
+    async def aclose(self) -> None:
+        """Nothing to close; kept for `OpenAIProxyClient` parity."""
+
+    # ----------------------------------------------------------------- rewards
+    async def set_reward(self, interaction_id: str, reward: float) -> None:
+        cache = self._live_cache("rl/set_reward")
+        try:
+            cache.set_reward(interaction_id, reward)
+        except KeyError:
+            raise ProxyRequestError(
+                "rl/set_reward", 400, f"interaction {interaction_id!r} not found in session {self.session_id!r}"
+            ) from None
+
+    async def set_last_reward(self, reward: float) -> None:
+        cache = self._live_cache("rl/set_reward")
+        if len(cache) == 0:
+            raise ProxyRequestError("rl/set_reward", 400, f"no interactions in session {self.session_id!r} to reward")
+        cache.set_last_reward(reward)
+
+    def _live_cache(self, endpoint: str) -> Any:
+        """The session's cache, or the 410 the HTTP endpoint answers once the session is gone."""
+        session = self._started()
+        with _as_request_error(endpoint):
+            self.state.session_for_key(session.api_key)
+        return session.cache
+
+    # ----------------------------------------------------------------- export
+    async def export_interactions(
+        self, discount: float = 1.0, style: ExportStyle = "individual", discount_mode: DiscountMode = "tree"
+    ) -> dict[str, InteractionWithTokenLogpReward]:
+        """The session's interactions with discounted rewards; removes the session (one-shot).
+
+        Same steps as `/export_trajectories`, minus the wait (this client ended the session)
+        and minus the JSON round trip: the interaction objects are returned as they are.
+        """
+        endpoint = "export_trajectories"
+        session = self._started()
+        if not session.ended:
+            raise ProxyRequestError(endpoint, 504, f"session {session.session_id!r} has not ended: call end_session first")
+        with _as_request_error(endpoint):
+            session = self.state.get_session(session.session_id)
+            if self.state.claim_export(session) is False:  # a concurrent export holds it
+                raise ProxyError(409, f"session {session.session_id!r} is being exported", "export_in_progress")
+        try:
+            cache = session.cache
+            interactions: dict[str, Any] = {}
+            if len(cache):
+                # Checked before the one-shot discount so a wrong style loses nothing.
+                check_export_style(style, {iid: it.chat_template_type for iid, it in cache.items()})
+                cache.apply_reward_discount(discount, mode=discount_mode)
+                interactions = cache.export_interactions(style)
+        except (ValueError, RuntimeError) as exc:
+            self.state.release_export(session)
+            raise ProxyRequestError(endpoint, 400, f"cannot export session {session.session_id!r}: {exc}") from exc
+        except BaseException:
+            self.state.release_export(session)
+            raise
+        self.state.remove_session(session, "was exported")
+        return interactions
+
+
+class _as_request_error:
+    """`with _as_request_error(endpoint):` turns a ProxyError into the client's ProxyRequestError."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if isinstance(exc, ProxyError):
+            raise ProxyRequestError(self.endpoint, exc.status, exc.message) from exc
+        return False
