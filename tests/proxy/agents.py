@@ -245,7 +245,15 @@ def proxy_state(app: Any) -> Any:
     return app.state.proxy
 
 
-def live_sessions(app: Any) -> tuple[dict, dict]:
-    """(sessions, key → session map) still held by the proxy."""
+def live_sessions(app: Any, settle_s: float = 10.0) -> tuple[dict, dict]:
+    """(sessions, key → session map) still held by the proxy.
+
+    The proxy removes an exported session only after the export's response went out, so a client
+    can hold the data a moment before the removal: wait (at most `settle_s`) for exports still
+    being sent to settle before looking.
+    """
     state = proxy_state(app)
+    deadline = time.monotonic() + settle_s
+    while any(s.exporting for s in list(state.sessions.values())) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return dict(state.sessions), dict(state._key_to_session)
