@@ -13,6 +13,7 @@ from typing import Any
 from areal_nb.api import CreditMode, CreditNorm, DiscountMode, ExportStyle
 
 from .dashboard_model import Series, history_series
+from .engine_log import EngineLog
 from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
 from .token_model import build_token_view
 from .tree_model import build_tree
@@ -74,7 +75,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Dashboard", "RewardSource", "RewardView", "Series", "TokenView", "TreeView", "build_token_view",
+    "Dashboard", "EngineLog", "RewardSource", "RewardView", "Series", "TokenView", "TreeView", "build_token_view",
     "build_tree", "discounted_rewards", "group_normalised", "history_series", "reward_state", "show_rewards",
     "show_tokens", "show_tree",
 ]
