@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,19 @@ def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_
             assert "engine-server listening on" in text
             assert any(line.startswith(f"[server {i}] ") and "listening on" in line for line in log.lines)
         assert log.widget().value.splitlines()[-1] == log.lines[-1]
+        # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving
+        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            session.rollout(64)  # far more than fits in a second
+        timer.join()
+        for _ in range(300):  # the cancellations reach the engine's own loop thread; a hang guard
+            if [s["in_flight"] for s in session.engine.server_status()] == [0, 0]:
+                break
+            time.sleep(0.1)
+        assert [s["in_flight"] for s in session.engine.server_status()] == [0, 0]
+        assert all(p.alive for p in procs) and session.engine.health() == [True, True]
+        assert len(session.rollout(1).episodes) == 2
     finally:
         session.close()
     assert all(process_group_gone(pid) for pid in pids)
