@@ -188,3 +188,27 @@ def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish
         session.train_step(batch)
         again = session._runtime.call(session.arollout(), timeout=300)
         assert not again.rejected and again.version == 1
+
+
+KERNEL = """
+import sys
+from areal_nb import Session
+from areal_nb.config import load_config
+cfg = load_config(sys.argv[1], {"logging.run_dir": sys.argv[2], "logging.progress": False,
+                                "engine.type": "sglang", "engine.launch.command": "engine-server"})
+session = Session(cfg)
+print("PIDS", *[p.pid for p in session.engine.owned_processes], flush=True)
+# the kernel exits without session.close(): the atexit hooks must stop the servers
+"""
+
+
+def test_kernel_exit_without_close_stops_the_servers(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KERNEL, str(CONFIG), str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PIDS")]
+    pids = [int(p) for p in line.split()[1:]]
+    assert len(pids) == 1 and all(process_group_gone(pid) for pid in pids)
