@@ -9,6 +9,7 @@ servers started here (`spec.launch`) and owned by the returned engine, which sto
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from areal_nb.api import InferenceEngine
@@ -72,7 +73,8 @@ def create_engine(
         if not addresses:
             raise ValueError("engine.type='remote' needs addresses (the servers' base URLs)")
         return SGLangEngine(addresses, api_key=getattr(spec, "api_key", None), weights_dir=weights_dir,
-                            config_source=model_path, tokenizer=tokenizer, max_context=max_context)
+                            config_source=model_path if model_path and Path(model_path).is_dir() else None,
+                            tokenizer=tokenizer, max_context=max_context)
     raise ValueError(f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}")
 
 
