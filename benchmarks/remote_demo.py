@@ -52,7 +52,7 @@ def main() -> int:
     procs = start_servers(args.servers, weights_dir, out)
     try:
         addresses = ",".join(p.url for p in procs)
-        demo.main(["--out", str(out), f"engine.type=remote", f"engine.addresses=[{addresses}]",
+        demo.main(["--out", str(out), "engine.type=remote", f"engine.addresses=[{addresses}]",
                    f"engine.api_key={API_KEY}", f"engine.weights_dir={weights_dir}", *args.overrides])
     finally:
         for proc in procs:
