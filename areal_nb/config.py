@@ -40,10 +40,50 @@ class ModelConfig(_Section):
     device: str | None = None  # None: cuda if available, else cpu
 
 
+class LaunchConfig(_Section):
+    """How `engine.type: sglang` starts its servers (areal_nb.engine.launch_remote_engine)."""
+
+    # "sglang": python -m sglang.launch_server; "engine-server": areal-nb engine-server (CPU);
+    # or a command list with {model} {host} {port} {api_key} {weights_dir} filled in per server.
+    command: Literal["sglang", "engine-server"] | list[str] = "sglang"
+    n_servers: int = Field(1, ge=1)
+    host: str = "127.0.0.1"
+    ports: list[int] | None = None  # None: a free port per server
+    tp_size: int = Field(1, ge=1)
+    dp_size: int = Field(1, ge=1)
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    extra_args: list[str] = Field(default_factory=list)
+    log_dir: str | None = None  # None: <run_dir>/engine_logs
+    ready_timeout: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ports_match(self) -> LaunchConfig:
+        if self.ports is not None and len(self.ports) != self.n_servers:
+            raise ValueError(f"engine.launch.ports lists {len(self.ports)} ports for n_servers={self.n_servers}")
+        return self
+
+
 class EngineConfig(_Section):
-    type: Literal["local", "sglang"] = "local"  # made by areal_nb.engine.create_engine
+    # "local": the embedded engine; "sglang": the Session starts SGLang-API servers (engine.launch)
+    # and stops them on close(); "remote": servers someone else started, at engine.addresses.
+    type: Literal["local", "sglang", "remote"] = "local"  # made by areal_nb.engine.create_engine
     max_batch_size: int = Field(64, ge=1)
     seed: int = 0
+    addresses: list[str] = Field(default_factory=list)  # engine.type remote: http://host:port per server
+    api_key: str | None = None  # sent to the servers as Authorization: Bearer
+    # Where the trainer writes new weights for the servers to load (a directory both can read).
+    # None: <run_dir>/weights for sglang; for remote, weights go over the servers' own default.
+    weights_dir: str | None = None
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+
+    @model_validator(mode="after")
+    def _addresses(self) -> EngineConfig:
+        if self.type == "remote" and not self.addresses:
+            raise ValueError("engine.type=remote needs engine.addresses (the servers' base URLs, "
+                             "e.g. ['http://127.0.0.1:30000'])")
+        if self.type != "remote" and self.addresses:
+            raise ValueError(f"engine.addresses is only read with engine.type=remote (engine.type is {self.type!r})")
+        return self
 
 
 class AgentConfig(_Section):

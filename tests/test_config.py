@@ -47,6 +47,33 @@ def test_gpu_variant_loads():
     cfg = load_config("configs/multi_turn_math_qwen1.5b.yaml")
     assert cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and cfg.rollout.group_size == 4
     assert cfg.actor.use_decoupled_loss and cfg.rollout.max_head_offpolicyness == 2
+    assert cfg.engine.type == "sglang" and cfg.engine.launch.command == "sglang"
+    assert cfg.engine.launch.mem_fraction_static == 0.5
+
+
+def test_engine_server_settings():
+    cfg = load_config(None, ["engine.type=remote", "engine.addresses=[http://10.0.0.2:30000,http://10.0.0.3:30000]",
+                             "engine.api_key=k", "engine.weights_dir=/shared/weights"])
+    assert cfg.engine.addresses == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
+    assert (cfg.engine.api_key, cfg.engine.weights_dir) == ("k", "/shared/weights")
+    launch = load_config(None, {"engine.type": "sglang", "engine.launch.command": ["my-server", "--port", "{port}"],
+                                "engine.launch.n_servers": 2, "engine.launch.ports": [30000, 30001]}).engine.launch
+    assert launch.command == ["my-server", "--port", "{port}"] and launch.ports == [30000, 30001]
+    assert (launch.host, launch.tp_size, launch.dp_size, launch.ready_timeout) == ("127.0.0.1", 1, 1, 600.0)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["engine.type=remote"], "engine.type=remote needs engine.addresses"),
+    (["engine.addresses=[http://h:1]"], "engine.addresses is only read with engine.type=remote (engine.type is 'local')"),
+    (["engine.type=sglang", "engine.launch.n_servers=2", "engine.launch.ports=[30000]"],
+     "engine.launch.ports lists 1 ports for n_servers=2"),
+    (["engine.type=vllm"], "engine.type must be one of 'local', 'sglang' or 'remote', got 'vllm'"),
+    (["engine.launch.n_server=2"], "did you mean 'engine.launch.n_servers'?"),
+])
+def test_engine_server_settings_errors(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert message in str(info.value)
 
 
 def test_experiment_name_names_the_default_run_dir():

@@ -1,16 +1,20 @@
 """`create_engine`: the one place an engine is made from its config section.
 
 The Session (and any script) asks for an engine here by `type`; new engine types are added
-here, not in the Session. Today: "local", the embedded transformers engine.
+here, not in the Session. "local": the embedded transformers engine; "sglang": N SGLang-API
+servers started here (`spec.launch`) and owned by the returned engine, which stops them on
+`close()`; "remote": servers someone else started, at `spec.addresses`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from areal_nb.api import InferenceEngine
 
-ENGINE_TYPES = ("local",)
+ENGINE_TYPES = ("local", "sglang", "remote")
 
 
 class EngineSpec(Protocol):
@@ -19,6 +23,9 @@ class EngineSpec(Protocol):
     type: str
     max_batch_size: int
     seed: int
+    # read by "sglang" / "remote" only (getattr: a spec for "local" may leave them out)
+    # addresses: list[str]; api_key: str | None; launch: command, n_servers, host, ports, tp_size,
+    # dp_size, mem_fraction_static, extra_args, ready_timeout
 
 
 def create_engine(
@@ -29,11 +36,18 @@ def create_engine(
     model_path: str | None = None,
     device: Any = None,
     dtype: Any = None,
+    weights_dir: str | None = None,
+    log_dir: str | None = None,
+    on_log: Callable[[int, str], None] | None = None,
+    max_context: int | None = None,
 ) -> InferenceEngine:
     """An engine serving `model` (a loaded model, or a path for engines that load their own).
 
-    `model_path` names the weights for engines that run out of process; `device` and `dtype`
-    say where the embedded engine keeps its copy.
+    `model_path` names the weights for engines that run out of process (a model directory the
+    servers can read); `device` and `dtype` say where the embedded engine keeps its copy.
+    `weights_dir` is where new weights are written for servers to load; `log_dir` and
+    `on_log(server_index, line)` receive the launched servers' logs; `max_context` is the
+    model's context length (servers do not report it).
     """
     if spec.type == "local":
         import torch
@@ -42,4 +56,29 @@ def create_engine(
 
         return LocalEngine(model if model is not None else model_path, tokenizer, device=device,
                            dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed)
+    if spec.type == "sglang":
+        from .remote_launch import launch_remote_engine
+
+        launch = spec.launch  # type: ignore[attr-defined]
+        return launch_remote_engine(
+            _need_path(model_path, spec.type), server=launch.command, n_servers=launch.n_servers,
+            host=launch.host, ports=launch.ports, tp_size=launch.tp_size, dp_size=launch.dp_size,
+            mem_fraction_static=launch.mem_fraction_static, api_key=getattr(spec, "api_key", None),
+            weights_dir=weights_dir, extra_args=launch.extra_args, log_dir=log_dir, on_log=on_log,
+            ready_timeout=launch.ready_timeout, tokenizer=tokenizer, max_context=max_context)
+    if spec.type == "remote":
+        from .remote import SGLangEngine
+
+        addresses = list(getattr(spec, "addresses", None) or [])
+        if not addresses:
+            raise ValueError("engine.type='remote' needs addresses (the servers' base URLs)")
+        return SGLangEngine(addresses, api_key=getattr(spec, "api_key", None), weights_dir=weights_dir,
+                            config_source=model_path if model_path and Path(model_path).is_dir() else None,
+                            tokenizer=tokenizer, max_context=max_context)
     raise ValueError(f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}")
+
+
+def _need_path(model_path: str | None, engine_type: str) -> str:
+    if model_path is None:
+        raise ValueError(f"engine.type={engine_type!r} needs model_path: the model directory the servers load")
+    return model_path

@@ -10,7 +10,9 @@ import copy
 import dataclasses
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,16 +47,40 @@ def policy_device(cfg: SessionConfig) -> str:
     return cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any) -> InferenceEngine:
+def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any,
+                 on_log: Callable[[int, str], None] | None = None) -> InferenceEngine:
+    """The engine `engine.type` names. Server engines ("sglang", "remote") load the model by
+    path (resolved here: the engine layer does not know the model registry), read new weights
+    from `engine.weights_dir` (default `<run_dir>/weights`), and send launched servers' log lines
+    to `engine_logs/server-<i>.log` and to `on_log(server_index, line)`.
+
+    Called from the notebook's main thread: launched servers get SIGTERM when the thread that
+    started them exits (launcher's parent-death signal), so not from a short-lived thread."""
     from areal_nb.engine import create_engine
 
-    return create_engine(cfg.engine, policy, tokenizer, model_path=cfg.model.path, device=policy_device(cfg),
-                         dtype=getattr(torch, cfg.model.dtype))
+    if cfg.engine.type == "local":
+        return create_engine(cfg.engine, policy, tokenizer, model_path=cfg.model.path, device=policy_device(cfg),
+                             dtype=getattr(torch, cfg.model.dtype))
+    from areal_nb.models import resolve_model_path
+
+    weights_dir = Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()
+    log_dir = Path(cfg.engine.launch.log_dir or cfg.run_dir / "engine_logs").absolute()
+    return create_engine(cfg.engine, None, tokenizer, model_path=resolve_model_path(cfg.model.path),
+                         weights_dir=str(weights_dir), log_dir=str(log_dir), on_log=on_log,
+                         max_context=getattr(policy.config, "max_position_embeddings", None))
 
 
-def build_actor(cfg: SessionConfig, policy: torch.nn.Module):
+def sync_engine_weights(cfg: SessionConfig, actor: Any, engine: InferenceEngine) -> None:
+    """Servers someone else started ("remote") may serve other weights than `model.path`'s:
+    push the trainer's once, at the servers' version, so recorded log-probs match the trainer."""
+    if cfg.engine.type == "remote":
+        actor.push_weights(engine, engine.get_version())
+
+
+def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0):
     """The GRPO actor; with `actor.kl_ctl > 0` also a reference model, a frozen copy of the
-    initial policy (the KL penalty pulls towards where training started)."""
+    initial policy (the KL penalty pulls towards where training started). `version`: the
+    engine's weight version (servers that already served updates report theirs)."""
     from areal_nb.train import Actor
 
     actor_cfg = cfg.actor
@@ -63,7 +89,7 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module):
     ref_model = None
     if actor_cfg.kl_ctl > 0:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return Actor(policy, actor_cfg, ref_model=ref_model, version=0)
+    return Actor(policy, actor_cfg, ref_model=ref_model, version=version)
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends

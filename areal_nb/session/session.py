@@ -27,6 +27,7 @@ from typing import Any
 import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.rollout.batch import RolloutBatch
+from areal_nb.widgets import EngineLog
 
 from . import builder
 from .checkpoint import read_checkpoint, restore, save_checkpoint
@@ -99,8 +100,11 @@ class Session:
             # data first: a bad dataset fails before anything is built
             task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
-            self.engine = builder.build_engine(cfg, policy, self.tokenizer)
-            self.actor = builder.build_actor(cfg, policy)
+            self._engine_log = EngineLog()
+            self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
+            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version())
+            builder.sync_engine_weights(cfg, self.actor, self.engine)
+            self.version = self.actor.version
             self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
             self.workflow = builder.build_workflow(cfg, self._proxy)
@@ -159,6 +163,11 @@ class Session:
     def proxy_caches(self) -> dict[str, Any]:
         """The live InteractionCache of every session currently open in the proxy (training only)."""
         return self._proxy.live_caches()
+
+    def engine_log(self) -> EngineLog:
+        """The launched engine servers' log lines (`engine.type: sglang`) as a notebook view;
+        the full logs are in `<run_dir>/engine_logs/` (or `engine.launch.log_dir`)."""
+        return self._engine_log
 
     def add_step_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """`fn(stats)` runs after every training step (the dashboard uses this)."""

@@ -13,6 +13,7 @@ from typing import Any
 from areal_nb.api import CreditMode, CreditNorm, DiscountMode, ExportStyle
 
 from .dashboard_model import Series, history_series
+from .engine_log import EngineLog
 from .loss_model import LOSS_FILTERS, LossFilter, build_loss_view
 from .reward_model import RewardSource, discounted_rewards, group_normalised, reward_state
 from .token_model import build_token_view
@@ -89,7 +90,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "LOSS_FILTERS", "Dashboard", "LossView", "RewardSource", "RewardView", "Series", "TokenView", "TreeView",
-    "build_loss_view", "build_token_view", "build_tree", "discounted_rewards", "group_normalised", "history_series",
-    "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree",
+    "LOSS_FILTERS", "Dashboard", "EngineLog", "LossView", "RewardSource", "RewardView", "Series", "TokenView",
+    "TreeView", "build_loss_view", "build_token_view", "build_tree", "discounted_rewards", "group_normalised",
+    "history_series", "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree",
 ]

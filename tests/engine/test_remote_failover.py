@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-
 from pathlib import Path
 
+import httpx
 import pytest
 from servers import API_KEY, load_reference, start_engine_server
 
@@ -97,3 +97,29 @@ def test_killing_one_server_mid_generation_fails_its_requests_and_the_rest_finis
     assert after.output_len == 5 and after.output_versions == [1] * 5  # the survivor, updated
     assert status[0]["down"] is not None and status[1]["down"] is None
     assert status[1]["url"] == survivor.url
+
+
+def test_a_dropped_connection_to_a_healthy_server_fails_one_request_and_keeps_the_server(tmp_path):
+    from areal_nb.engine.remote import EngineServerError
+
+    proc = start_engine_server(tmp_path / "a", name="a")
+    engine = SGLangEngine([proc.url], api_key=API_KEY)
+    real_post = engine._client.post
+    dropped = []
+
+    async def post(url, **kw):
+        if url.endswith("/generate") and not dropped:
+            dropped.append(url)
+            raise httpx.ReadError("connection reset")  # what a keep-alive connection closed under us gives
+        return await real_post(url, **kw)
+
+    engine._client.post = post
+    try:
+        with pytest.raises(EngineServerError, match="the server is up and stays in use") as info:
+            asyncio.run(engine.agenerate(_req(0, 4)))
+        assert not isinstance(info.value, ServerDownError)
+        assert engine.server_status()[0]["down"] is None
+        assert asyncio.run(engine.agenerate(_req(1, 4))).output_len == 4
+    finally:
+        engine.close()
+        proc.stop()

@@ -1,0 +1,214 @@
+"""The Session on server engines: `engine.type: sglang` (the launch path, with the command
+swapped for `areal-nb engine-server`) and `engine.type: remote` (two engine servers this test
+starts), with the real proxy, agent and tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from servers import API_KEY, start_engine_server
+
+from areal_nb import Session
+from areal_nb.config import load_config
+from areal_nb.session import builder
+from areal_nb.train.logprobs import compute_token_logprobs
+
+pytestmark = [pytest.mark.slow, pytest.mark.server]
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
+SMALL = dict(rollout__batch_size=2, rollout__group_size=2, logging__progress=False, rollout__prefetch=False,
+             total_steps=3)
+
+
+def config(tmp_path: Path, **kw):
+    overrides = {**SMALL, "logging.run_dir": str(tmp_path / "run"), **kw}
+    return load_config(CONFIG, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+def process_group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)  # signal 0: does any process of the server's group still exist?
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def two_servers(tmp_path):
+    shared = tmp_path / "shared-weights"
+    procs = [start_engine_server(tmp_path / name, name=name, weights_dir=shared) for name in ("a", "b")]
+    yield procs, shared
+    for proc in procs:
+        proc.stop()
+
+
+def launch_config(tmp_path: Path, n_servers: int = 2):
+    return config(tmp_path, **{"engine.type": "sglang", "engine.launch.command": "engine-server",
+                               "engine.launch.n_servers": n_servers, "engine.api_key": "launch-key"})
+
+
+def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_path):
+    session = Session(launch_config(tmp_path))
+    try:
+        procs = session.engine.owned_processes
+        pids = [p.pid for p in procs]
+        assert len(pids) == 2 and session.engine.health() == [True, True]  # ready before start() returned
+        batch = session.rollout()
+        assert len(batch.episodes) == 4 and not batch.rejected
+        row = session.train_step(batch)
+        assert row["version"] == 1 and session.engine.get_version() == 1
+        assert (tmp_path / "run" / "weights").is_dir()  # default weights_dir: <run_dir>/weights
+        log = session.engine_log()
+        for i in range(2):
+            text = (tmp_path / "run" / "engine_logs" / f"server-{i}.log").read_text()
+            assert "engine-server listening on" in text
+            assert any(line.startswith(f"[server {i}] ") and "listening on" in line for line in log.lines)
+        assert log.widget().value.splitlines()[-1] == log.lines[-1]
+        # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving
+        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            session.rollout(64)  # far more than fits in a second
+        timer.join()
+        for _ in range(300):  # the cancellations reach the engine's own loop thread; a hang guard
+            if [s["in_flight"] for s in session.engine.server_status()] == [0, 0]:
+                break
+            time.sleep(0.1)
+        assert [s["in_flight"] for s in session.engine.server_status()] == [0, 0]
+        assert all(p.alive for p in procs) and session.engine.health() == [True, True]
+        assert len(session.rollout(1).episodes) == 2
+    finally:
+        session.close()
+    assert all(process_group_gone(pid) for pid in pids)
+    assert all(not p.alive for p in procs)
+
+
+def test_interrupt_during_start_stops_the_launched_servers(tmp_path, monkeypatch):
+    launched = []
+    real_build_engine = builder.build_engine
+
+    def build_engine(*args, **kwargs):
+        launched.append(real_build_engine(*args, **kwargs))
+        return launched[-1]
+
+    def build_actor(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C in the cell right after the servers came up
+
+    monkeypatch.setattr(builder, "build_engine", build_engine)
+    monkeypatch.setattr(builder, "build_actor", build_actor)
+    with pytest.raises(KeyboardInterrupt):
+        Session(launch_config(tmp_path, n_servers=1))
+    (engine,) = launched
+    assert engine.closed and all(process_group_gone(p.pid) for p in engine.owned_processes)
+
+
+def recomputed_logprobs_match(session, batch) -> float:
+    """Largest |recorded - recomputed| over the trained tokens, the trainer's model teacher-forced."""
+    t = batch.to_tensors()
+    with torch.no_grad():
+        ours = compute_token_logprobs(session.actor.model, t["input_ids"], t["attention_mask"],
+                                      temperature=session.config.actor.temperature)
+    mask = t["loss_mask"].bool()
+    assert mask.any()
+    return float((ours - t["logprobs"]).abs()[mask].max())
+
+
+def test_demo_config_trains_through_remote_servers_with_exact_logprobs(tmp_path, two_servers):
+    procs, shared = two_servers
+    cfg = config(tmp_path, **{"engine.type": "remote", "engine.addresses": [p.url for p in procs],
+                              "engine.api_key": API_KEY, "engine.weights_dir": str(shared)})
+    with Session(cfg) as session:
+        assert session.version == 0 and session.engine.get_version() == 0
+        history = session.run(3)
+        assert list(history["version"]) == [1, 2, 3]
+        # every step's batch was sampled by the servers with the weights the trainer had then
+        assert (history["logprob_abs_diff_max"] < 1e-4).all()
+        batch = session.rollout()  # after three updates
+        assert batch.version == 3 and not batch.rejected
+        assert recomputed_logprobs_match(session, batch) < 1e-4
+        assert all(s["down"] is None and s["assigned"] > 0 for s in session.engine.server_status())
+        result = session.evaluate(n=8)
+        assert result.n == 8 and result.rejected == 0 and 0.0 <= result.accuracy <= 1.0
+
+
+class KillAfterFirstTurnAgent:
+    """Two turns; after every episode's first reply, the last one to get there kills server
+    `victim` (SIGKILL to its process group), and all go on to their second turn."""
+
+    def __init__(self, victim_pgid: int, episodes: int) -> None:
+        self.victim_pgid, self.episodes = victim_pgid, episodes
+        self.first_turns = 0
+        self.killed = threading.Event()
+
+    async def run(self, data, *, base_url, api_key, http_client):
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=0)
+        messages = list(data["messages"])
+        first = await client.chat.completions.create(model="any", messages=messages, max_completion_tokens=4)
+        self.first_turns += 1
+        if self.first_turns == self.episodes:
+            os.killpg(self.victim_pgid, signal.SIGKILL)  # a crash, not a clean shutdown
+            self.killed.set()
+        for _ in range(600):  # a hang guard; the others wait for the kill
+            if self.killed.is_set():
+                break
+            await asyncio.sleep(0.05)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                     {"role": "user", "content": "Again."}]
+        await client.chat.completions.create(model="any", messages=messages, max_completion_tokens=4)
+        return 1.0
+
+
+def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish(tmp_path, two_servers):
+    procs, shared = two_servers
+    dead = procs[0]
+    agent = KillAfterFirstTurnAgent(dead.pid, episodes=8)
+    cfg = config(tmp_path, **{"engine.type": "remote", "engine.addresses": [p.url for p in procs],
+                              "engine.api_key": API_KEY, "engine.weights_dir": str(shared),
+                              "rollout.batch_size": 4, "rollout.group_size": 2, "agent.workflow": agent,
+                              "agent.workflow_kwargs": {}, "agent.agent_timeout": 120})
+    with Session(cfg) as session:
+        # the first turns spread over both servers; each second turn goes where its first was
+        batch = session._runtime.call(session.arollout(), timeout=300)  # a hang guard, not a timing
+        assert agent.killed.is_set()
+        reasons = [ep.rejection_reason for ep in batch.rejected]
+        assert 0 < len(reasons) < 8 and len(batch.episodes) == 8
+        assert all(dead.url in str(r) for r in reasons), reasons
+        status = session.engine.server_status()
+        assert status[0]["down"] is not None and status[1]["down"] is None
+        # training and the next rollout go on with the survivor alone
+        session.train_step(batch)
+        again = session._runtime.call(session.arollout(), timeout=300)
+        assert not again.rejected and again.version == 1
+
+
+KERNEL = """
+import sys
+from areal_nb import Session
+from areal_nb.config import load_config
+cfg = load_config(sys.argv[1], {"logging.run_dir": sys.argv[2], "logging.progress": False,
+                                "engine.type": "sglang", "engine.launch.command": "engine-server"})
+session = Session(cfg)
+print("PIDS", *[p.pid for p in session.engine.owned_processes], flush=True)
+# the kernel exits without session.close(): the atexit hooks must stop the servers
+"""
+
+
+def test_kernel_exit_without_close_stops_the_servers(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KERNEL, str(CONFIG), str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PIDS")]
+    pids = [int(p) for p in line.split()[1:]]
+    assert len(pids) == 1 and all(process_group_gone(pid) for pid in pids)
