@@ -3,7 +3,7 @@
 One daemon thread runs an asyncio loop; the rollout executor, the agents and their HTTP clients
 live there. A cell calls `runtime.call(coro)` and blocks on the result; Ctrl-C in the cell
 cancels that coroutine, runs the registered interrupt clean-up on the loop (the Session cancels
-its rollouts), and re-raises, so the Session stays usable (DESIGN.md §3).
+its rollouts), and re-raises, so the Session stays usable (docs/design.md §3).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ This module is the user-facing API only; the parts live beside it, named for wha
 (and Ctrl-C), `data.py` streams the task data, `evaluation.py` runs greedy evaluation
 episodes, `checkpoint.py` saves and restores runs, `metrics.py` sends stats to TensorBoard/wandb.
 
-Threads (DESIGN.md §3): the engine decodes in its own worker thread; the proxy server runs
+Threads (docs/design.md §3): the engine decodes in its own worker thread; the proxy server runs
 uvicorn in its own thread; one background thread runs the Session's asyncio loop, where the
 rollout executor and the agents' HTTP clients live. Notebook methods are sync facades over
 that loop (`rollout`, `train_step`, `run`, ...), with `a`-prefixed async twins for `await`.
