@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import signal
 import sys
-import threading
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.engine import LocalEngine
     from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
     from areal_nb.models import load_tokenizer, resolve_model_path
+    from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
     model_path = resolve_model_path(args.model)
@@ -60,21 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
                                     api_key=args.api_key, weights_dir=args.weights_dir)
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
-    try:
-        server.start()
-        print(f"areal-nb engine-server listening on {server.url} (model {args.model})", flush=True)
-        while not stop.wait(0.5):
-            pass
-        print("areal-nb engine-server: stopping", flush=True)
-    finally:
-        server.stop()
-        engine.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
+    return serve_until_signal(server, engine, "engine-server", args.model)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ SIGINT or SIGTERM (server first, then the engine).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES
 from areal_nb.proxy.settings import DEFAULT_ADMIN_API_KEY, ProxySettings, validate_admin_key
@@ -42,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.engine import LocalEngine
     from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.openai.completion import CompletionSettings
+    from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy import ProxyServer, create_app
 
     settings.completion = CompletionSettings(
@@ -49,21 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     tokenizer = load_tokenizer(args.model)
     engine = LocalEngine(resolve_model_path(args.model), tokenizer, device=args.device)
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = ProxyServer(create_app(engine, tokenizer, settings), host=args.host, port=args.port)
-    try:
-        server.start()
-        print(f"areal-nb proxy listening on {server.url} (model {args.model})", flush=True)
-        while not stop.wait(0.5):
-            pass
-        print("areal-nb proxy: stopping", flush=True)
-    finally:
-        server.stop()
-        engine.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
+    return serve_until_signal(server, engine, "proxy", args.model)
 
 
 if __name__ == "__main__":
