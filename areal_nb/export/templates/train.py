@@ -15,18 +15,24 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-os.chdir(HERE)  # the paths in config.yaml are relative to this folder
 sys.path.insert(0, str(HERE))  # agent.py
 
 from areal_nb import Session  # noqa: E402
 from areal_nb.config import load_config  # noqa: E402
 
-config = load_config("config.yaml", sys.argv[1:])
-checkpoint = Path("checkpoint")
-if (checkpoint / "state.pt").exists():
-    session = Session.load(checkpoint, config=config)  # weights, optimizer, RNGs, data position, version
-else:
-    session = Session(config)
-with session:
-    session.run(max(0, config.total_steps - session.step_count))
-    session.save(config.run_dir / "final")
+
+def main(overrides: list[str]) -> None:
+    os.chdir(HERE)  # the paths in config.yaml are relative to this folder
+    config = load_config("config.yaml", overrides)
+    checkpoint = Path("checkpoint")
+    if (checkpoint / "state.pt").exists():
+        session = Session.load(checkpoint, config=config)  # weights, optimizer, RNGs, data position, version
+    else:
+        session = Session(config)
+    with session:
+        session.run(max(0, config.total_steps - session.step_count))
+        session.save(config.run_dir / "final")
+
+
+if __name__ == "__main__":  # reward and agent worker processes import this file again: run only once
+    main(sys.argv[1:])
