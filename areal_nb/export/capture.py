@@ -107,7 +107,8 @@ def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     kwargs = {}
     for p in params:
         if p.name in state and _is_plain(state[p.name]):
-            kwargs[p.name] = state[p.name]
+            if p.default is p.empty or state[p.name] != p.default:
+                kwargs[p.name] = state[p.name]
         elif p.default is p.empty or p.name in state:
             raise ExportError(
                 f"agent.workflow is an instance of {cls.__qualname__} whose argument {p.name!r} cannot be "
