@@ -169,8 +169,8 @@ class _NotebookCode:
         head = [line for line in self.generated.values() if line.startswith(("import ", "from "))]
         consts = [line for line in self.generated.values() if not line.startswith(("import ", "from "))]
         body = [self.lines[k] for k in sorted(self.lines)]
-        text = "\n".join(sorted(head)) + "\n\n" + "\n".join(consts) + "\n\n" + "\n\n\n".join(body) + "\n"
-        return re.sub(r"\n{4,}", "\n\n\n", text).lstrip("\n"), self.modules
+        sections = ["\n".join(sorted(head)), "\n".join(consts), "\n\n\n".join(body)]
+        return "\n\n\n".join(part for part in sections if part) + "\n", self.modules
 
     def _need(self, name: str, by: str | None, value: Any = _MISSING) -> None:
         if name in self.done:

@@ -70,6 +70,7 @@ def load_agent_py(folder, source):
     return module
 
 
+@pytest.mark.server  # imports the result in a fresh interpreter
 def test_a_class_from_cells_becomes_agent_py_with_what_it_uses(as_main, tmp_path, capsys):
     main = as_main(AGENT_CELLS)
     captured = capture_workflow(main.Agent)
