@@ -32,6 +32,8 @@ def main(overrides: list[str]) -> None:
     with session:
         session.run(max(0, config.total_steps - session.step_count))
         session.save(config.run_dir / "final")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    print(f"rank {rank} of {world}: done at step {session.step_count}, policy version {session.version}")
 
 
 if __name__ == "__main__":  # reward and agent worker processes import this file again: run only once
