@@ -29,6 +29,8 @@ LR = 1e-4
 CASES: dict[str, dict] = {
     "default": {},  # packed, one minibatch, skipped recomputation
     "minibatches_micro_padded": {"ppo_n_minibatches": 2, "micro_batch_size": 1, "pack": False},
+    # one row per optimizer step: in every minibatch one of the two ranks has no row to train
+    "one_row_minibatches": {"ppo_n_minibatches": 5},
     "decoupled_recompute_kl": {"use_decoupled_loss": True, "skip_redundant_recompute": False,
                                "kl_ctl": 0.1, "adv_norm": "batch", "micro_batch_size": 2},
 }
