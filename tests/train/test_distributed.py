@@ -75,6 +75,8 @@ def test_two_ranks_give_the_one_process_step(tmp_path):
         assert g_diff <= 1e-5 * g_max, case
         # advantages normalised once on the whole batch; stats over the whole batch on rank 0
         assert torch.equal(one["advantages"], ranks["advantages"]), case
+        # inspect=True: every row's per-token loss share, assembled from both ranks
+        assert torch.allclose(one["contribution"], ranks["contribution"], atol=1e-5), case
         for key in ("loss", "grad_norm", "clip_frac", "entropy", "reward_mean", "adv_std", "n_tokens"):
             assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
         if "kl_ref" in one["stats"]:
