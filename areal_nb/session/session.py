@@ -429,13 +429,27 @@ class Session:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> Session:
-        """A Session that continues the saved run (under torchrun, rank 0 reads the state and
-        sends it to the other ranks)."""
+    def load(cls, path: str | Path, *, config: SessionConfig | str | Path | None = None,
+             **overrides: Any) -> Session:
+        """A Session that continues the saved run; `config` replaces the saved config.yaml
+        (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
+        state and sends it to the other ranks."""
         state = read_checkpoint(path) if distributed.env_rank() == 0 else None
-        session = cls(Path(path) / "config.yaml", start=False, **overrides)
+        session = cls(Path(path) / "config.yaml" if config is None else config, start=False, **overrides)
         session._resume_state = state
         return session.start()
+
+    # ------------------------------------------------------------------ export
+    def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False) -> Path:
+        """Write a run folder that continues this run as a batch job: config.yaml (every override
+        applied), train.py, the agent (its import path, or agent.py with its source taken from
+        the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
+        job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
+        state, so the job goes on from this step. Raises ExportError naming what cannot travel."""
+        from areal_nb.export import export_run
+
+        self._check_open()
+        return export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite)
 
     # ------------------------------------------------------------------ widgets
     def dashboard(self):
