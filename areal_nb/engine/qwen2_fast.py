@@ -64,18 +64,15 @@ class _Linear:
 
     torch's default CPU matmul (MKL sgemm) ran these small-batch projections 1.2-1.7x slower than
     oneDNN with a prepacked weight on this project's machines (AMD EPYC, where MKL does not pick
-    its AVX-512 kernels); the packed form is what torch.compile's own CPU backend uses too. The
-    results agree with F.linear to fp32 rounding (summation order). Other devices and dtypes use
-    F.linear.
+    its AVX-512 kernels). The results agree with F.linear to fp32 rounding (summation order).
+    Other devices and dtypes use F.linear on the model's own tensors.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.bias = None if bias is None else bias.detach().clone()
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()  # no copies
         self.packed = None
         if _ONEDNN_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.float32:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        else:
-            self.weight = weight.detach().clone()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
