@@ -17,6 +17,8 @@ Per step (median over the steps after the first, which warms up):
   not how the wall time splits.
 - train: `to_tensors_s`, `recompute_s` (log-prob recomputation), `forward_s`, `backward_s`,
   `optimizer_s`, `push_s` (weights to the engine); `train_s` is their wall total.
+- `cpu_s`: the process CPU time of the step (all threads); on a shared machine the figure that
+  still compares the work (run with `OMP_NUM_THREADS=1` there: spinning OpenMP threads count).
 - tokens: `trained_tokens`, the positions the training forward computed (the actor's
   `train_positions`: with `actor.pack` the nodes of the packed tries, padding nodes included;
   without it the padded rows), over `unique_tokens` (distinct prefixes of the batch's rows: one
@@ -142,18 +144,20 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
         instrument_session(session, timers)
         timers.take()
         for step in range(steps):
+            cpu0 = time.process_time()
             t0 = time.perf_counter()
             batch = session.rollout()
             t1 = time.perf_counter()
             rollout_s, rollout_n = timers.take()
             stats = session.train_step(batch)
             t2 = time.perf_counter()
+            cpu_s = time.process_time() - cpu0
             train_s, _ = timers.take()
             calls = max(rollout_n.get("capture", 0), 1)
             episodes = max(rollout_n.get("episode", 0), 1)
             tensors = batch.to_tensors()
             row = {
-                "setup": name, "step": step, "step_s": t2 - t0, "rollout_s": t1 - t0, "train_s": t2 - t1,
+                "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
                 "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
                 "calls_per_episode": calls / episodes,
                 "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
@@ -203,7 +207,9 @@ def main() -> None:
                   f"(unshared rows would be {m['rows_over_unique']:.2f})")
     if "multi" in result and "single" in result:
         result["multi_over_single"] = result["multi"]["step_s"] / result["single"]["step_s"]
-        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5)")
+        result["multi_over_single_cpu"] = result["multi"]["cpu_s"] / result["single"]["cpu_s"]
+        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5); CPU time per "
+              f"step {result['multi_over_single_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
     print(json.dumps(result))
 
 
