@@ -9,6 +9,7 @@ what runs where: templates/README.md. Paths in config.yaml are relative to the f
 from __future__ import annotations
 
 import copy
+import logging
 import shutil
 import sys
 import tempfile
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from areal_nb.session import Session
 
 TEMPLATES = Path(__file__).parent / "templates"
+logger = logging.getLogger(__name__)
 
 
 def export_run(path: str | Path, config: SessionConfig, *, session: Session | None = None,
@@ -109,6 +111,11 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path) -> None:
     """`session.save(path)`, recording the exported config (the agent as its import string)."""
     from areal_nb.session.checkpoint import save_checkpoint
 
+    waiting = getattr(session.executor, "n_waiting", 0)
+    if waiting:
+        logger.warning("%d prefetched rollout group(s) were not trained on: the exported run does not carry "
+                       "them and continues with the rows after them (use rollout.prefetch=false or rollout()"
+                       " + train_step() before exporting for an exact continuation)", waiting)
     original = session.config
     session.config = cfg
     try:

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
-NPROC = 1
+NPROC = 2
 
 SCONTROL = """#!/bin/bash
 # scontrol show hostnames LIST: one host per line
