@@ -42,7 +42,13 @@ class CapturedAgent:
     workflow: str  # the config's agent.workflow: an import string
     workflow_kwargs: dict[str, Any] | None = None  # set when recovered from an instance
     source: str | None = None  # agent.py, when the code came from notebook cells
-    modules: set[str] = field(default_factory=set)  # top-level modules agent.py imports
+    modules: set[str] = field(default_factory=set)  # top-level modules the agent's code imports
+
+    def local_modules(self) -> list[Path]:
+        """Files or package folders of the user's own modules the agent needs (a `%%writefile
+        my_agent.py` beside the notebook): not installed, so they are copied into the run folder."""
+        names = set(self.modules) | {self.workflow.split(".")[0]}
+        return sorted(p for p in (_local_path(name) for name in names) if p is not None)
 
 
 def capture_workflow(workflow: Any) -> CapturedAgent:
@@ -81,6 +87,24 @@ def check_imports(folder: Path, workflow: str, *, timeout: float = 120) -> None:
 # ----------------------------------------------------------------------------- importable objects
 
 
+def _local_path(module_name: str) -> Path | None:
+    """Where a top-level module lives when it is the user's own code: not the standard library,
+    not an installed package (site-packages), not areal_nb."""
+    import site
+    import sysconfig
+
+    module = sys.modules.get(module_name)
+    if module_name in ("__main__", AGENT_MODULE, "areal_nb") or module_name in sys.stdlib_module_names \
+            or module is None or not getattr(module, "__file__", None):
+        return None
+    path = Path(module.__file__).resolve()
+    installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
+                                             sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]]
+    if any(path.is_relative_to(root) for root in installed):
+        return None
+    return path.parent if path.name == "__init__.py" else path
+
+
 def _import_path(obj: Any) -> str:
     module, qualname = obj.__module__, obj.__qualname__
     if "<locals>" in qualname:
@@ -106,7 +130,7 @@ def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     state = getattr(instance, "__dict__", {})
     kwargs = {}
     for p in params:
-        if p.name in state and _is_plain(state[p.name]):
+        if p.name in state and is_plain_data(state[p.name]):
             if p.default is p.empty or state[p.name] != p.default:
                 kwargs[p.name] = state[p.name]
         elif p.default is p.empty or p.name in state:
@@ -117,7 +141,7 @@ def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _is_plain(value: Any) -> bool:
+def is_plain_data(value: Any) -> bool:
     """Data `repr` writes and `ast.literal_eval` reads back equal (numbers, strings, lists, dicts ...)."""
     try:
         return ast.literal_eval(repr(value)) == value
@@ -190,7 +214,7 @@ class _NotebookCode:
                 self._import_line(name, value)
             else:
                 self._definition(name, value, by)
-        elif _is_plain(value):
+        elif is_plain_data(value):
             self.generated[name] = f"{name} = {value!r}"
         elif isinstance(value, re.Pattern):
             self._need_module("re")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from areal_nb.config import SessionConfig, dump_config
 from areal_nb.data import load_rows, write_jsonl
 
-from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports
+from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data
 from .provenance import git_description, package_version, requirements
 
 if TYPE_CHECKING:
@@ -54,6 +54,11 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         dump_config(cfg, tmp / "config.yaml")
         if captured.source is not None:
             (tmp / f"{AGENT_MODULE}.py").write_text(_agent_header() + captured.source)
+        for local in captured.local_modules():  # the user's own modules, beside train.py
+            if local.is_dir():
+                shutil.copytree(local, tmp / local.name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
         if saved:
             _save_checkpoint(session, cfg, tmp / "checkpoint")
@@ -99,10 +104,8 @@ def _place_data(cfg: SessionConfig, folder: Path) -> None:
 
 def _check_plain(cfg: SessionConfig) -> None:
     """config.yaml holds data only: a function or object among the agent's kwargs cannot go there."""
-    from .capture import _is_plain
-
     for key, value in cfg.agent.workflow_kwargs.items():
-        if not _is_plain(value):
+        if not is_plain_data(value):
             raise ExportError(f"agent.workflow_kwargs[{key!r}] is a {type(value).__qualname__}, which config.yaml "
                               f"cannot hold: refer to it from the agent's code instead, or pass plain data")
 
