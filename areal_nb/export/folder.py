@@ -8,7 +8,6 @@ what runs where: templates/README.md. Paths in config.yaml are relative to the f
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import sys
@@ -18,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_nb.config import SessionConfig, dump_config
+from areal_nb.config import SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
 
 from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data
@@ -40,11 +39,10 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
             raise ExportError(f"{out} exists and is not empty" + ("" if overwrite else
                               "; pass overwrite=True (--overwrite) to replace an earlier export"))
-    captured = capture_workflow(config.agent.workflow)  # before anything is written
-    cfg = copy.deepcopy(config)
-    cfg.agent.workflow = captured.workflow
-    if captured.workflow_kwargs is not None:
-        cfg.agent.workflow_kwargs = captured.workflow_kwargs
+    captured = capture_workflow(config.agent.workflow, config.agent.workflow_kwargs)  # before anything is written
+    # a new config (not a deep copy: the notebook's agent object may hold worker pools or locks)
+    cfg = load_config(config, {"agent.workflow": captured.workflow,
+                               "agent.workflow_kwargs": captured.workflow_kwargs or {}})
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

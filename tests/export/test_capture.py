@@ -167,3 +167,23 @@ def test_the_users_own_module_is_copied_not_required_installed(tmp_path, monkeyp
     from areal_nb.agents.math_agent import MultiTurnMathAgent
 
     assert capture_workflow(MultiTurnMathAgent).local_modules() == []  # areal_nb's own: installed
+
+
+def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py(as_main, tmp_path):
+    main = as_main('''
+        from areal_nb.agents.chat_agent import ChatAgent
+
+        def exact(row, reply):
+            return float(reply.strip() == row["answer"])
+
+        agent = ChatAgent(reward_fn=exact, max_turns=2)
+        ''')
+    captured = capture_workflow(main.agent)
+    assert captured.workflow == "agent.AGENT" and captured.workflow_kwargs == {}
+    assert "from areal_nb.agents.chat_agent import ChatAgent" in captured.source
+    assert captured.source.rstrip().endswith("AGENT = ChatAgent(reward_fn=exact, max_turns=2)")
+    module = load_agent_py(tmp_path, captured.source)
+    assert module.AGENT.max_turns == 2 and module.AGENT.reward_fn({"answer": "4"}, " 4") == 1.0
+    # the same through the class and workflow_kwargs
+    by_class = capture_workflow(main.ChatAgent, {"reward_fn": main.exact})
+    assert by_class.workflow == "agent.AGENT" and "AGENT = ChatAgent(reward_fn=exact)" in by_class.source
