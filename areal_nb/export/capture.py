@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
 import re
 import subprocess
@@ -40,7 +41,7 @@ class ExportError(ValueError):
 @dataclass
 class CapturedAgent:
     workflow: str  # the config's agent.workflow: an import string
-    workflow_kwargs: dict[str, Any] | None = None  # set when recovered from an instance
+    workflow_kwargs: dict[str, Any] | None = None  # the config's agent.workflow_kwargs (plain data)
     source: str | None = None  # agent.py, when the code came from notebook cells
     modules: set[str] = field(default_factory=set)  # top-level modules the agent's code imports
 
@@ -107,11 +108,15 @@ def _local_path(module_name: str) -> Path | None:
     import site
     import sysconfig
 
-    module = sys.modules.get(module_name)
-    if module_name in ("__main__", AGENT_MODULE, "areal_nb") or module_name in sys.stdlib_module_names \
-            or module is None or not getattr(module, "__file__", None):
+    if module_name in ("__main__", AGENT_MODULE, "areal_nb") or module_name in sys.stdlib_module_names:
         return None
-    path = Path(module.__file__).resolve()
+    try:
+        spec = importlib.util.find_spec(module_name)  # a top-level name: found without importing it
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    path = Path(spec.origin).resolve()
     installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
                                              sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]]
     if any(path.is_relative_to(root) for root in installed):
