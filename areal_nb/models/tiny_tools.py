@@ -10,8 +10,8 @@ Same architecture and chat template as `tiny-math` (Qwen2.5-style `<tools>` syst
 - Warm start: SFT on generated calculator conversations — the question, a `<tool_call>` with the
   product's expression, the tool's result, "The answer is N." — mixed with conversations where
   the assistant answers at once with a plausible wrong product: none of the "What is a times b?"
-  questions, 60 % of the word problems. Greedily the model then calls the tool on the plain
-  questions and guesses on the word problems (and copies digits imperfectly): held-out success
+  questions, 60 % of the word problems, 85 % of them in the last 100 steps. The model then calls
+  the tool on the plain questions and mostly guesses on the word problems: held-out success
   well below 1, with a clear path for RL — call the tool on word problems too — to raise it.
 """
 
@@ -50,9 +50,14 @@ TOOLS_SFT_RECIPE = {
     "lr": 1e-3,
     "warmup_steps": 10,
     # The share of conversations that answer at once with a wrong guess instead of calling the
-    # tool: never for "What is a times b?", mostly for the word problems (eggs, buses).
+    # tool: never for "What is a times b?"; for the word problems (eggs, buses) 60 % while the
+    # digit copying is learned, then 85 % in the last `guess_phase_steps` steps, so the model
+    # leaves off calling the tool on most word problems (measured: with 60 % to the end it calls
+    # it greedily on all of them, 0.95 held-out success, nothing left for RL).
     "direct_share_plain": 0.0,
     "direct_share_word": 0.6,
+    "guess_phase_steps": 100,
+    "guess_phase_direct_share_word": 0.85,
     "eval_problems": 100,
 }
 _MARKUP_RE = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + MARKUP_TOKENS))
@@ -152,8 +157,6 @@ def _sft_example(tokenizer, messages: list[dict]):
 
 def held_out_success(model, tokenizer, rows: list[dict], max_new_tokens: int = 32) -> float:
     """Greedy success of the call-the-tool-then-answer loop (2 turns), without the proxy."""
-    from areal_nb.openai.tool_calls import parse_tool_calls
-
     def prompts(convs):
         return _greedy_replies(model, tokenizer, convs, max_new_tokens)
 
@@ -161,18 +164,19 @@ def held_out_success(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
     first = prompts(convs)
     answers, second_convs, second_idx = list(first), [], []
     for i, reply in enumerate(first):
-        calls, _ = parse_tool_calls(reply)
-        if calls:
-            call = calls[0]
-            try:
-                result = calculator(**json.loads(call.arguments))
-            except (json.JSONDecodeError, TypeError):
-                result = "error: bad arguments"
-            second_convs.append(convs[i] + [
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
-                {"role": "tool", "tool_call_id": call.id, "content": result}])
-            second_idx.append(i)
+        # the proxy's parser in brief (models must not import the openai layer): the first block
+        block = re.search(r"<tool_call>\s*(.*?)\s*</tool_call>", reply, re.DOTALL)
+        try:
+            call = json.loads(block.group(1)) if block else None
+            arguments = json.dumps(call["arguments"])
+            result = calculator(**call["arguments"])
+        except (json.JSONDecodeError, TypeError, KeyError):
+            continue  # not a well-formed call: the reply is the answer
+        second_convs.append(convs[i] + [
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": call.get("name"), "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": result}])
+        second_idx.append(i)
     if second_convs:
         for i, reply in zip(second_idx, prompts(second_convs), strict=True):
             answers[i] = reply
@@ -195,9 +199,10 @@ def _greedy_replies(model, tokenizer, conversations: list[list[dict]], max_new_t
     return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, width:].tolist()]
 
 
-def _direct_share(row: dict, recipe: dict) -> float:
-    plain = row["messages"][-1]["content"].startswith("What is")
-    return recipe["direct_share_plain"] if plain else recipe["direct_share_word"]
+def _direct_share(row: dict, recipe: dict, guess_phase: bool) -> float:
+    if row["messages"][-1]["content"].startswith("What is"):
+        return recipe["direct_share_plain"]
+    return recipe["guess_phase_direct_share_word" if guess_phase else "direct_share_word"]
 
 
 def build_tools_model(out_dir: Path, tokenizer_dir: Path, recipe: dict = TOOLS_SFT_RECIPE) -> dict:
@@ -221,8 +226,11 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = new_model(tokenizer, recipe)
     rows = generate_tool_problems(recipe["steps"] * recipe["batch_size"], seed=recipe["seed"], split="train")
-    examples = [_sft_example(tokenizer, conversation(r, rng, direct=rng.random() < _direct_share(r, recipe)))
-                for r in rows]
+    guess_from = (recipe["steps"] - recipe["guess_phase_steps"]) * recipe["batch_size"]
+    examples = [
+        _sft_example(tokenizer, conversation(r, rng, direct=rng.random() < _direct_share(r, recipe, i >= guess_from)))
+        for i, r in enumerate(rows)
+    ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / recipe["warmup_steps"]))
     model.train()
