@@ -16,7 +16,8 @@ import pytest
 from areal_nb import Session
 from areal_nb.agents.tool_agent import ToolAgent
 from areal_nb.config import load_config
-from areal_nb.data.tool_task import answer_reward, calculator, test_rows, train_rows
+from areal_nb.data import tool_task
+from areal_nb.data.tool_task import answer_reward, calculator
 from areal_nb.widgets.tree_model import build_tree
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def tool_episodes(batch) -> list[tuple]:
 
 
 def test_the_splits_share_no_factor_pair():
-    train, test = train_rows(), test_rows()
+    train, test = tool_task.train_rows(), tool_task.test_rows()
     assert len(train) == 4096 and len(test) == 200
     pairs = {frozenset(r["expression"].split("*")) for r in test}
     assert not any(frozenset(r["expression"].split("*")) in pairs for r in train)
@@ -64,18 +65,19 @@ def test_the_tool_task_trains_and_the_tree_shows_the_tool_turns():
         # the tree: the call's node shows the tool call, its child node the tool result turn
         tree = build_tree(batch)
         by_id = {n.id: n for n in tree.nodes}
-        tool_nodes = [n for n in tree.nodes if n.roles == "assistant,tool"]
+        tool_nodes = [n for n in tree.nodes if "tool" in n.roles.split(",")]  # the turn a tool result opened
         assert len(tool_nodes) == len(pairs)
         for node in tool_nodes:
             parent = by_id[node.parent_id]
             assert parent.depth == 0 and node.depth == 1 and "[tool call calculator(" in parent.reply
+            assert node.reward_raw in (0.0, 1.0) and parent.reward_raw == 0.0  # the answer is scored
         # the interactions table has both turns of those episodes
         df = batch.interactions_df
         assert set(df["turn"]) >= {0, 1}
 
         # greedy evaluation on the held-out rows: success is the share of episodes whose answer scored
         result = s.evaluate()
-        assert result.n == 8 and result.rejected == 0 and s.eval_problems == test_rows()[:8]
+        assert result.n == 8 and result.rejected == 0 and s.eval_problems == tool_task.test_rows()[:8]
         returns = [result.batch.episode_return(i) for i in range(8)]
         assert set(returns) <= {0.0, 1.0} and result.agent_accuracy == sum(returns) / 8
         for i in range(8):  # the reward is answer_reward of the episode's row and its final answer
