@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -67,13 +66,11 @@ def test_the_exported_job_sbatch_trains_with_an_engine_server_and_two_ranks(slur
     """`areal-nb export` → `sbatch job.sbatch`, unedited: the engine server and a 2-process
     torchrun trainer run as steps of one job, train 2 steps of the tiny model against the server,
     and write the final checkpoint."""
+    from areal_nb.cli import main as areal_nb
+
     run_dir = tmp_path / "run"
-    export = subprocess.run(
-        [sys.executable, "-m", "areal_nb.cli", "export", str(CONFIG), *SHORT, "experiment_name=on-slurm",
-         "cluster.nproc_per_node=2", f"cluster.engine_port={_free_port()}", f"cluster.rdzv_port={_free_port()}",
-         "--out", str(run_dir)],
-        capture_output=True, text=True, timeout=300)
-    assert export.returncode == 0, export.stderr
+    assert areal_nb(["export", str(CONFIG), *SHORT, "experiment_name=on-slurm", f"cluster.engine_port={_free_port()}",
+                     f"cluster.rdzv_port={_free_port()}", "--nproc", "2", "--out", str(run_dir)]) == 0
 
     # Submitted as a user who activated this venv would: its python, areal-nb and torchrun on PATH.
     job_id = slurm_cluster.submit(run_dir / "job.sbatch", cwd=run_dir,
