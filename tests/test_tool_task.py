@@ -44,6 +44,15 @@ def test_the_splits_share_no_factor_pair():
     assert not any(frozenset(r["expression"].split("*")) in pairs for r in train)
 
 
+def test_the_model_folder_loads_the_tokenizer_it_was_trained_with():
+    from areal_nb.models import load_tokenizer, resolve_model_path
+
+    by_name, by_folder = load_tokenizer("tiny-tools"), load_tokenizer(resolve_model_path("tiny-tools"))
+    text = by_name.apply_chat_template(tool_task.test_rows()[0]["messages"], tools=[tool_task.CALCULATOR_TOOL],
+                                       tokenize=False, add_generation_prompt=True)
+    assert by_folder.encode(text) == by_name.encode(text) and len(by_name.encode(text)) <= 40
+
+
 def test_the_tool_task_trains_and_the_tree_shows_the_tool_turns():
     cfg = load_config(CONFIG, SMALL)
     with Session(cfg) as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -96,7 +97,26 @@ def load_tokenizer(name_or_path: str):
 
     if name_or_path in _BUILT_IN:
         return AutoTokenizer.from_pretrained(str(_BUILT_IN[name_or_path][0]()))
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    path = resolve_model_path(name_or_path)
+    if _declares_plain_backend(path):
+        # transformers 5 gives every `qwen2` folder a Qwen2Tokenizer, which rebuilds the
+        # pre-tokenizer with Qwen's word-splitting regex; a folder that declares a plain
+        # tokenizers backend (tiny-tools, whose merges span spaces) is loaded as it is saved.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _declares_plain_backend(path: str) -> bool:
+    config = Path(path).expanduser() / "tokenizer_config.json"
+    if not (config.is_file() and (config.parent / "tokenizer.json").is_file()):
+        return False
+    try:
+        declared = json.loads(config.read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return False
+    return declared in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_model(name_or_path: str, dtype=None, device: str = "cpu"):
