@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages demo test test-fast bench clean
+.PHONY: install slurm-packages demo demo-tools test test-fast bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ install: $(BIN)/.installed
 
 demo: install
 	$(BIN)/areal-nb demo
+
+# The tool-using task (issue 17): tiny-tools learns to call the calculator and copy its result.
+demo-tools: install
+	$(BIN)/areal-nb demo --config configs/tool_use.yaml --out runs/tool_use
 
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
 # and the import-linter layer contracts (tests/test_layers.py). -rs prints why a test skipped.

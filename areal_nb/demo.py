@@ -16,7 +16,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_tur
 
 
 def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Path,
-               agent: tuple[float, float, int] | None = None) -> None:
+               agent: tuple[float, float, int] | None = None,
+               title: str = "areal_nb demo: multi-turn math GRPO on tiny-math") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,7 +38,7 @@ def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Pat
                    label=f"within {turns} turns, after ({agent_after:.2f})")
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
-    ax.set_title("areal_nb demo: multi-turn math GRPO on tiny-math")
+    ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curve(history, before, after, out / "reward_curve.png", agent=(agent_before, agent_after, turns))
+    plot_curve(history, before, after, out / "reward_curve.png", agent=(agent_before, agent_after, turns),
+               title=f"areal_nb demo: {cfg.experiment_name} GRPO on {cfg.model.path}")
     print(f"\nreward first 5 steps {summary['reward_first5']:.3f} -> last 5 steps {summary['reward_last5']:.3f}")
     print(f"accuracy {before:.3f} -> {after:.3f} (first reply), {agent_before:.3f} -> {agent_after:.3f} "
           f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "

@@ -40,6 +40,13 @@ class MultiTurnMathAgent:
         state["_reward"] = None
         return state
 
+    def close(self) -> None:
+        """Stop the reward worker processes (the Session calls this on close); the next `run`
+        starts new ones, so a closed agent can still be used."""
+        reward, self._reward = self._reward, None
+        if reward is not None:
+            reward.close()
+
     def _reward_fn(self) -> AsyncRewardWrapper:
         if self._reward is None:
             self._reward = AsyncRewardWrapper(math_reward, timeout_seconds=self.reward_timeout)

@@ -11,7 +11,8 @@ from .problems import (
     reply_for,
     split_of,
 )
-from .rows import DatasetError, check_rows, is_row_file, load_rows, read_row_file, split_rows, write_jsonl
+from .rows import (DatasetError, check_rows, is_row_factory, is_row_file, load_rows, read_row_file, split_rows,
+                   write_jsonl)
 from .scoring import score_answer
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "TaskConfig",
     "check_rows",
     "generate_problems",
+    "is_row_factory",
     "is_row_file",
     "load_gsm8k",
     "load_gsm8k_split",

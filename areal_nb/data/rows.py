@@ -1,7 +1,8 @@
 """A user's task data in any common form, as a list of rows (plain dicts) reaching the agent as is.
 
 Accepted: a list (or other iterable) of mappings, a pandas DataFrame, a Hugging Face
-`datasets.Dataset`, or a path to a JSONL, JSON, Parquet or CSV file. Nothing is renamed or
+`datasets.Dataset`, a path to a JSONL, JSON, Parquet or CSV file, or (so a YAML config can name
+generated data) a `"package.module:function"` string, called with no arguments for the rows. Nothing is renamed or
 converted: the agent's `run(data)` gets each row exactly as the source holds it (a DataFrame's
 row as `df.to_dict("records")` gives it). `check_rows` turns the mistakes that would otherwise
 reject every episode (an empty dataset, a row that is not a mapping, a row a `subproc` agent
@@ -10,15 +11,18 @@ cannot receive) into one clear error before anything runs.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
 import random
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+_FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class DatasetError(ValueError):
@@ -29,8 +33,27 @@ def is_row_file(source: Any) -> bool:
     return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in ROW_FILE_SUFFIXES
 
 
+def is_row_factory(source: Any) -> bool:
+    """`source` names a function that makes the rows: "package.module:function"."""
+    return isinstance(source, str) and bool(_FACTORY_RE.match(source))
+
+
+def call_row_factory(source: str, *, name: str = "dataset") -> Any:
+    """What the "package.module:function" `source` returns when called with no arguments."""
+    module_name, attr = source.split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise DatasetError(f"{name} {source!r}: cannot import it ({type(e).__name__}: {e})") from e
+    if not callable(factory):
+        raise DatasetError(f"{name} {source!r} is a {type(factory).__name__}, not a function that returns rows")
+    return factory()
+
+
 def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
     """The rows of `source` (see the module doc) as a new list; `name` is used in errors."""
+    if is_row_factory(source):
+        return load_rows(call_row_factory(source, name=name), name=name)
     if isinstance(source, (str, os.PathLike)):
         return read_row_file(source, name=name)
     module = type(source).__module__.split(".")[0]

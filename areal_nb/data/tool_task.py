@@ -3,7 +3,8 @@
 A small model cannot multiply 37 × 48 in its head, but it can learn to call
 `calculator({"expression": "37*48"})` (the OpenAI `tools` format) and copy the result into its
 answer. Rows: `{"messages", "answer", "expression"}`; `answer_reward(row, reply)` is 1.0 when the
-reply's last number is the product.
+reply's last number is the product. `train_rows` / `test_rows` are the splits `configs/tool_use.yaml`
+names (`data.source: areal_nb.data.tool_task:train_rows`): no pair of factors is in both.
 """
 
 from __future__ import annotations
@@ -69,3 +70,19 @@ def answer_reward(row: dict, reply: str) -> float:
     """1.0 when the last number in `reply` is the row's answer."""
     numbers = re.findall(r"-?\d+", reply or "")
     return 1.0 if numbers and numbers[-1] == str(row["answer"]) else 0.0
+
+
+TEST_SIZE = 200
+TRAIN_SIZE = 4096
+
+
+def test_rows() -> list[dict]:
+    """The held-out split: `TEST_SIZE` problems."""
+    return generate_tool_problems(TEST_SIZE, split="test")
+
+
+def train_rows() -> list[dict]:
+    """`TRAIN_SIZE` training problems, none with the factors (in either order) of a test problem."""
+    held_out = {frozenset(r["expression"].split("*")) for r in test_rows()}
+    rows = generate_tool_problems(TRAIN_SIZE + 2 * len(held_out), split="train")
+    return [r for r in rows if frozenset(r["expression"].split("*")) not in held_out][:TRAIN_SIZE]

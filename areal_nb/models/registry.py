@@ -1,13 +1,15 @@
-"""Model names → local folders: the built-in `tiny-math`, local folders, Hugging Face ids."""
+"""Model names → local folders: the built-in `tiny-math` and `tiny-tools`, local folders, Hugging Face ids."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from .cache import cache_root, cached_build, recipe_hash
 
 TINY_MATH = "tiny-math"
+TINY_TOOLS = "tiny-tools"
 _HERE = Path(__file__).parent
 _DATA = _HERE.parent / "data"
 
@@ -43,14 +45,46 @@ def _model_sources() -> list[Path]:
     return [_HERE / "warm_start.py", _HERE / "evaluation.py", _DATA / "scoring.py"]
 
 
+def tiny_tools_tokenizer_dir() -> Path:
+    """The cached `tiny-tools` tokenizer folder (a few seconds to build)."""
+    from .tiny_tools import TOOLS_TOKENIZER_RECIPE, build_tools_tokenizer
+
+    template_dir = tiny_math_tokenizer_dir()  # its chat template is the one tiny-tools renders with
+    key = recipe_hash(TOOLS_TOKENIZER_RECIPE, _tokenizer_sources() + _tools_sources())
+    final = cache_root() / TINY_TOOLS / f"tokenizer-{key}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return cached_build(final, lambda tmp: build_tools_tokenizer(tmp, template_dir))
+
+
+def _tools_sources() -> list[Path]:
+    return [_HERE / "tiny_tools.py", _HERE / "warm_start.py", _DATA / "tool_task.py"]
+
+
+def tiny_tools_model_dir() -> Path:
+    """The cached folder with the `tiny-tools` tokenizer + warm-started model (built on first use)."""
+    from .tiny_tools import TOOLS_SFT_RECIPE, build_tools_model
+
+    tokenizer_dir = tiny_tools_tokenizer_dir()
+    key = recipe_hash(TOOLS_SFT_RECIPE, _tokenizer_sources() + _tools_sources())
+    final = cache_root() / TINY_TOOLS / f"model-{key}"
+    if not final.is_dir():
+        print(f"building tiny-tools (first use, ~3 min on one CPU core; cached in {final.parent}) …",
+              file=sys.stderr, flush=True)
+    return cached_build(final, lambda tmp: build_tools_model(tmp, tokenizer_dir))
+
+
+_BUILT_IN = {TINY_MATH: (tiny_math_tokenizer_dir, tiny_math_model_dir),
+             TINY_TOOLS: (tiny_tools_tokenizer_dir, tiny_tools_model_dir)}
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """ "tiny-math" → its cached folder (built on first use); a local folder → itself;
+    """ "tiny-math" / "tiny-tools" → its cached folder (built on first use); a local folder → itself;
     anything else is returned unchanged (a Hugging Face id for `from_pretrained`)."""
     if not isinstance(name_or_path, str | Path) or not str(name_or_path):
         raise ValueError(f"expected a model name or path, got {name_or_path!r}")
     name_or_path = str(name_or_path)
-    if name_or_path == TINY_MATH:
-        return str(tiny_math_model_dir())
+    if name_or_path in _BUILT_IN:
+        return str(_BUILT_IN[name_or_path][1]())
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return str(local)
@@ -58,12 +92,31 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def load_tokenizer(name_or_path: str):
-    """A tokenizer through `AutoTokenizer.from_pretrained`; for "tiny-math" the model is not built."""
+    """A tokenizer through `AutoTokenizer.from_pretrained`; for a built-in model the model is not built."""
     from transformers import AutoTokenizer
 
-    if name_or_path == TINY_MATH:
-        return AutoTokenizer.from_pretrained(str(tiny_math_tokenizer_dir()))
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if name_or_path in _BUILT_IN:
+        return AutoTokenizer.from_pretrained(str(_BUILT_IN[name_or_path][0]()))
+    path = resolve_model_path(name_or_path)
+    if _declares_plain_backend(path):
+        # transformers 5 gives every `qwen2` folder a Qwen2Tokenizer, which rebuilds the
+        # pre-tokenizer with Qwen's word-splitting regex; a folder that declares a plain
+        # tokenizers backend (tiny-tools, whose merges span spaces) is loaded as it is saved.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _declares_plain_backend(path: str) -> bool:
+    config = Path(path).expanduser() / "tokenizer_config.json"
+    if not (config.is_file() and (config.parent / "tokenizer.json").is_file()):
+        return False
+    try:
+        declared = json.loads(config.read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return False
+    return declared in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_model(name_or_path: str, dtype=None, device: str = "cpu"):

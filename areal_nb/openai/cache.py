@@ -203,7 +203,10 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     @staticmethod
     def _store_discounted(interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]) -> None:
         for v in interactions:
-            v.raw_reward = v.reward  # as the agent set it (None if never set)
+            # As the agent set it; an unset reward is recorded as the 0.0 the discount counted,
+            # so readers of raw_reward (episode returns, re-export) never fall back to `reward`,
+            # which now holds the discounted value (a tool-call turn's 0.9, say).
+            v.raw_reward = v.reward if v.reward is not None else 0.0
             v.reward = rewards[v.interaction_id]
 
     # ----- export -------------------------------------------------------------------------

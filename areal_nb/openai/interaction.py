@@ -55,7 +55,7 @@ class InteractionWithTokenLogpReward:
 
     model_response: ModelResponse | None = None
     reward: float | None = None
-    # the reward as the agent set it, recorded when a discount replaces `reward`
+    # the reward as the agent set it (0.0 if unset), recorded when a discount replaces `reward`
     raw_reward: float | None = None
     parent: InteractionWithTokenLogpReward | None = None
     chat_template_type: ChatTemplateType = "hf"

@@ -233,7 +233,14 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             proc.join(timeout=5)
 
     def close(self) -> None:
-        """Shut the process pool and drop the shared HTTP client."""
+        """Shut the process pool, drop the shared HTTP client and close the agent (its `close()`,
+        if it has one: e.g. the math agent's reward worker processes)."""
+        close_agent = getattr(self.agent, "close", None)
+        if callable(close_agent):
+            try:
+                close_agent()
+            except Exception:  # closing must go on
+                logger.warning("closing the agent %r failed", self.agent, exc_info=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

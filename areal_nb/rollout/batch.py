@@ -34,6 +34,17 @@ def _preview(text: Any, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _message_preview(message: dict) -> str:
+    """A message as one line: its text, its tool calls as `[tool call name(args)]`, a tool
+    result as `[tool result] text` (so the tables show the tool turns)."""
+    parts = [_preview(message.get("content"), n=10**6)] if message.get("content") else []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        parts.append(f"[tool call {fn.get('name')}({fn.get('arguments', '')})]")
+    text = " ".join(parts)
+    return _preview(f"[tool result] {text}" if message.get("role") == "tool" else text)
+
+
 @dataclass
 class Row:
     """One training row: the interaction it comes from and its (discounted) reward."""
@@ -171,7 +182,7 @@ class RolloutBatch:
             for c in self.calls(i):
                 mr = c.model_response
                 versions = list(mr.output_versions) if mr is not None else []
-                last_user = next((m.get("content") for m in reversed(c.messages) if m.get("role") != "assistant"), "")
+                last_input = next((m for m in reversed(c.messages) if m.get("role") != "assistant"), {})
                 reply = (c.output_message_list or [{}])[0]
                 records.append({
                     "episode": i,
@@ -180,8 +191,8 @@ class RolloutBatch:
                     "interaction_id": c.interaction_id,
                     "parent_id": c.parent_id,
                     "turn": c.depth,
-                    "prompt_preview": _preview(last_user),
-                    "reply_preview": _preview(reply.get("content")),
+                    "prompt_preview": _message_preview(last_input),
+                    "reply_preview": _message_preview(reply),
                     "reward": _raw(c),
                     "reward_discounted": rewards[c.interaction_id],
                     "input_tokens": mr.input_len if mr is not None else None,

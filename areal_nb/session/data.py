@@ -3,7 +3,8 @@
 `data.source` is one of three kinds:
 - "generated": fresh GSM8K-format problems per chunk; the test split is a fixed held-out stream;
 - a GSM8K source (file, folder, hub name): its train split streams, its test split is held out;
-- the user's own rows (a list of dicts, DataFrame, datasets.Dataset, JSONL/JSON/Parquet/CSV path),
+- the user's own rows (a list of dicts, DataFrame, datasets.Dataset, JSONL/JSON/Parquet/CSV path,
+  or a "package.module:function" that returns them, e.g. the tool task's generated rows),
   passed to the agent unchanged; held out: `data.eval_source`, else `data.eval_fraction` of them.
 Rows are checked when the Session starts (`areal_nb.data.check_rows`), so an empty dataset or a row
 that is not a mapping fails there, not as rejected episodes later.
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from areal_nb.config import ConfigError, DataConfig
-from areal_nb.data import check_rows, generate_problems, is_row_file, load_gsm8k_split, load_rows, split_rows
+from areal_nb.data import (check_rows, generate_problems, is_row_factory, is_row_file, load_gsm8k_split, load_rows,
+                           split_rows)
 
 
 @dataclass
@@ -65,7 +67,7 @@ def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
 def _is_gsm8k(source: Any, fmt: str) -> bool:
     """A string source read as GSM8K: a folder, a hub name, or (format "auto") a JSONL file whose
     first row has "question" and "answer" but no "messages"."""
-    if not isinstance(source, str) or fmt == "rows":
+    if not isinstance(source, str) or fmt == "rows" or is_row_factory(source):
         return False
     if fmt == "gsm8k" or not is_row_file(source):
         return True

@@ -104,3 +104,23 @@ def test_split_rows_is_seeded_disjoint_and_holds_out_the_fraction():
     assert len(split_rows(rows[:3], 0.01, seed=0)[1]) == 1  # at least one held out
     with pytest.raises(DatasetError, match="cannot be split"):
         split_rows(rows[:1], 0.5, seed=0)
+
+
+def make_rows():
+    return [dict(r) for r in ROWS]
+
+
+NOT_A_FUNCTION = 3
+
+
+def test_a_module_function_name_gives_the_rows_it_returns():
+    assert load_rows("tests.data.test_rows:make_rows") == ROWS
+    from areal_nb.data.tool_task import test_rows
+
+    assert load_rows("areal_nb.data.tool_task:test_rows") == test_rows()
+    with pytest.raises(DatasetError, match=r"'tests.data.test_rows:missing': cannot import it \(AttributeError"):
+        load_rows("tests.data.test_rows:missing")
+    with pytest.raises(DatasetError, match="cannot import it .ModuleNotFoundError"):
+        load_rows("no_such_module:rows")
+    with pytest.raises(DatasetError, match="is a int, not a function that returns rows"):
+        load_rows("tests.data.test_rows:NOT_A_FUNCTION")

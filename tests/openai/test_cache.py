@@ -134,7 +134,7 @@ def test_linear_chain_only_last_rewarded(mode):
     c.reward = 1.0
     cache.apply_reward_discount(0.9, mode=mode)
     assert [a.reward, b.reward, c.reward] == pytest.approx([0.81, 0.9, 1.0])
-    assert [a.raw_reward, b.raw_reward, c.raw_reward] == [None, None, 1.0]
+    assert [a.raw_reward, b.raw_reward, c.raw_reward] == [0.0, 0.0, 1.0]  # unset counts as 0.0
 
 
 @pytest.mark.parametrize("mode", ["tree", "linear"])
