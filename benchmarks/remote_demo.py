@@ -61,10 +61,13 @@ def main() -> int:
     rows = [("remote (2 engine-servers)", remote)]
     if args.embedded:
         rows.insert(0, ("embedded (engine.type local)", json.loads(Path(args.embedded).read_text())))
-    print(f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11}")
+    print(f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11} "
+          f"{'max |logp diff|':>15} {'wall s':>7}")
     for name, s in rows:
+        diff = s.get("logprob_abs_diff_max")  # engine-recorded vs trainer-recomputed, worst step
         print(f"{name:<30} {s['steps']:>5} {s['accuracy_before']:>10.3f} {s['accuracy_after']:>10.3f} "
-              f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f}")
+              f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f} "
+              f"{'-' if diff is None else f'{diff:.1e}':>15} {s['wall_s']:>7.0f}")
     return 0
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
+import math
 import os
 import threading
 import time
@@ -589,11 +589,7 @@ def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
         return None
     try:
         return orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(response.content)  # what orjson refuses but Python writes: -Infinity, NaN
-    except ValueError as exc:
+    except orjson.JSONDecodeError as exc:
         raise EngineServerError(f"engine server {url}{path} sent invalid JSON: {response.text[:200]!r}") from exc
 
 
@@ -609,7 +605,8 @@ def _tokens_and_logprobs(out: Any, url: str) -> tuple[list[int], list[float]]:
     tokens = [int(t[1]) for t in triples]
     if ids is not None and list(ids) != tokens:
         raise EngineServerError(f"engine server {url}/generate: output_ids differ from output_token_logprobs ids")
-    return tokens, [float(t[0]) for t in triples]
+    # sglang (orjson) writes a -inf log-prob as null, the only non-finite value one can take
+    return tokens, [-math.inf if t[0] is None else float(t[0]) for t in triples]
 
 
 def _stop_reason(meta: dict[str, Any], url: str) -> str:
