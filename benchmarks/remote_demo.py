@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,11 +22,15 @@ API_KEY = "remote-demo"
 
 
 def start_servers(n: int, weights_dir: Path, log_dir: Path) -> list[ServerProcess]:
+    # the servers share this machine's cores with each other and the trainer: one torch thread
+    # each (OpenMP threads that outnumber the cores wait on each other at every operation)
+    threads = max(1, (os.cpu_count() or 1) // n)
     procs = []
     try:
         for i in range(n):
             port = free_port()
-            cmd = engine_server_command("tiny-math", port=port, api_key=API_KEY, weights_dir=weights_dir)
+            cmd = engine_server_command("tiny-math", port=port, api_key=API_KEY, weights_dir=weights_dir,
+                                        extra_args=["--torch-threads", str(threads)])
             procs.append(ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=log_dir / f"server-{i}.log").start())
         for proc in procs:
             proc.wait_ready(timeout=600, headers={"Authorization": f"Bearer {API_KEY}"})

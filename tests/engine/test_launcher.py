@@ -168,6 +168,9 @@ def test_launch_remote_engine_with_engine_servers_serves_and_close_leaves_no_pro
         assert response.output_len == 4
         assert {i for i, line in lines if "listening on" in line} == {0, 1}
         assert all(alive(pid) for pid in pids)
+        # the two servers share this machine's cores: half of them each
+        share = str(max(1, (os.cpu_count() or 1) // 2))
+        assert all(p.command[p.command.index("--torch-threads") + 1] == share for p in engine.owned_processes)
     finally:
         engine.close()
     assert not any(alive(pid) for pid in pids)
