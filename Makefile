@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install slurm-packages demo test test-fast bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,8 +22,21 @@ demo: install
 
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
 # and the import-linter layer contracts (tests/test_layers.py). -rs prints why a test skipped.
-test: install
+test: install slurm-packages
 	$(BIN)/python -m pytest -x -q -rs tests
+
+# tests/slurm/ submits job.sbatch to a real single-node Slurm built from Debian's slurm-wlm and
+# munge. As root with apt-get they are installed here, quietly; otherwise (or if apt fails) that
+# test alone skips and says why. Under CI=true it fails instead (.ci/run installs them).
+SLURM_PACKAGES := slurm-wlm munge
+slurm-packages:
+	@if ! PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin" command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(SLURM_PACKAGES) for the Slurm test (apt-get, about a minute)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      $(SLURM_PACKAGES); } >/dev/null 2>&1 || echo "could not install $(SLURM_PACKAGES): the Slurm test will skip"; \
+	  else echo "$(SLURM_PACKAGES) not installed (needs root and apt-get): the Slurm test will skip"; fi; \
+	fi
 
 # The unit tests (about a minute): the markers are declared in pyproject.toml, and
 # tests/conftest.py fails an unmarked test that starts a server.

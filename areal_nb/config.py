@@ -149,6 +149,36 @@ class CheckpointConfig(_Section):
     save_every: int = Field(0, ge=0)
 
 
+class ClusterConfig(_Section):
+    """Where an exported run goes (`session.export` / `areal-nb export`): `launch_local.sh` and
+    `job.sbatch` in the run folder are written from these (and stay editable there)."""
+
+    nproc_per_node: int = Field(1, ge=1)  # trainer processes per node (torchrun --nproc-per-node)
+    nodes: int = Field(1, ge=1)  # Slurm nodes in the allocation
+    # Nodes of the allocation that only run engine servers; 0: the servers share the first
+    # trainer node (a CPU job, or a small one).
+    infer_nodes: int = Field(0, ge=0)
+    servers_per_node: int = Field(1, ge=1)  # engine servers per inference node
+    gpus_per_node: int = Field(0, ge=0)  # 0: a CPU job (gloo, `areal-nb engine-server`)
+    gpus_per_server: int = Field(1, ge=1)  # SGLang --tp-size
+    cpus_per_node: int = Field(2, ge=1)
+    time: str = "01:00:00"  # Slurm --time
+    partition: str | None = None
+    account: str | None = None
+    engine_port: int = Field(30000, ge=1, le=65535)  # first engine server port on a node
+    rdzv_port: int = Field(29500, ge=1, le=65535)  # torchrun rendezvous on the first trainer node
+
+    @model_validator(mode="after")
+    def _trainer_nodes(self) -> ClusterConfig:
+        if self.infer_nodes >= self.nodes:
+            raise ValueError(f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
+                             f"cluster.nodes ({self.nodes}) for the trainer")
+        if self.gpus_per_node and self.servers_per_node * self.gpus_per_server > self.gpus_per_node:
+            raise ValueError(f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
+                             f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})")
+        return self
+
+
 class SessionConfig(_Section):
     experiment_name: str = Field("areal_nb", min_length=1)  # default run dir, wandb project
     seed: int = 0
@@ -161,6 +191,7 @@ class SessionConfig(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
     def _combinations(self) -> SessionConfig:

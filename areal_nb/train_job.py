@@ -1,4 +1,5 @@
-"""`areal-nb train --config FILE key=value ...`: the same training as the notebook, as a batch job."""
+"""`areal-nb train --config FILE key=value ...`: the same training as the notebook, as a batch job
+(`torchrun --nproc-per-node N -m areal_nb.cli train ...`: data-parallel on N ranks)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(args.config, args.overrides)
     run_dir = cfg.run_dir  # logging.run_dir, or runs/<experiment_name>
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # Under torchrun every rank runs this: rank 0 rolls out, evaluates and writes; the others
+    # train their share of each batch (README "Data-parallel training").
     with Session(cfg) as session:
+        if session.rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
         history = session.run(cfg.total_steps)
         result = session.evaluate()
         session.save(run_dir / "final")
+        if session.rank != 0:
+            return 0
     history.to_csv(run_dir / "history.csv", index=False)
     figures = {"experiment_name": cfg.experiment_name, "n": result.n, "rejected": result.rejected,
                **result.as_dict()}

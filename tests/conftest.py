@@ -82,9 +82,11 @@ def local_engine(tiny_model_path, tiny_tokenizer):
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Say loudly when the browser test did not run, and how to make it run (not only under -rs)."""
+    """Say loudly when the browser or the Slurm tests did not run, and how to make them run (not
+    only under -rs). `slurm` is the folder tests/slurm/, a keyword of every test in it."""
     for report in terminalreporter.stats.get("skipped", []):
-        if "browser" in report.keywords and isinstance(report.longrepr, tuple):
-            reason = report.longrepr[2].removeprefix("Skipped: ")
-            terminalreporter.write_sep("!", "browser test skipped", yellow=True)
-            terminalreporter.write_line(f"{report.nodeid}: {reason}", yellow=True)
+        for kind in ("browser", "slurm"):
+            if kind in report.keywords and isinstance(report.longrepr, tuple):
+                reason = report.longrepr[2].removeprefix("Skipped: ")
+                terminalreporter.write_sep("!", f"{kind} test skipped", yellow=True)
+                terminalreporter.write_line(f"{report.nodeid}: {reason}", yellow=True)

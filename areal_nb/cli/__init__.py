@@ -1,5 +1,5 @@
 """The `areal-nb` command: `demo` (the main job), `proxy` (standalone proxy server),
-`train` (a batch run from a YAML config).
+`train` (a batch run from a YAML config), `engine-server`, `export` (a run folder for a batch job).
 
 The top layer, beside the Session: a command may wire any package together (`cli/proxy.py`
 builds an engine from a model name and serves it through the proxy).
@@ -16,6 +16,8 @@ commands:
   proxy    serve the OpenAI/Anthropic-compatible proxy with the embedded engine
   train    run GRPO training from a YAML config (areal-nb train --config FILE key=value ...)
   engine-server  serve the embedded engine over SGLang's native HTTP API
+  export   write a run folder (config, train.py, launch_local.sh, job.sbatch) from a YAML config
+           (areal-nb export --out DIR CONFIG key=value ...)
 """
 
 
@@ -40,5 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "engine-server":
         from areal_nb.cli.engine_server import main as engine_server_main
         return engine_server_main(rest) or 0
+    if command == "export":
+        from areal_nb.cli.export import main as export_main
+
+        return export_main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

@@ -234,6 +234,13 @@ class LocalEngine:
     def set_version(self, version: int) -> None:
         self._version = int(version)
 
+    def rng_state(self) -> torch.Tensor:
+        """The sampling generator's state (a checkpoint keeps it, so a resumed run samples on)."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self._generator.set_state(state)
+
     def update_weights(self, weights: dict[str, torch.Tensor] | str | os.PathLike, version: int | None = None) -> None:
         """Load new weights between two decoding steps; tokens sampled afterwards carry `version`.
 

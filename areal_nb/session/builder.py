@@ -77,10 +77,11 @@ def sync_engine_weights(cfg: SessionConfig, actor: Any, engine: InferenceEngine)
         actor.push_weights(engine, engine.get_version())
 
 
-def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0):
+def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):
     """The GRPO actor; with `actor.kl_ctl > 0` also a reference model, a frozen copy of the
     initial policy (the KL penalty pulls towards where training started). `version`: the
-    engine's weight version (servers that already served updates report theirs)."""
+    engine's weight version (servers that already served updates report theirs). `parallel`:
+    this rank's `train.distributed.DataParallel` under torchrun."""
     from areal_nb.train import Actor
 
     actor_cfg = cfg.actor
@@ -89,7 +90,7 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0):
     ref_model = None
     if actor_cfg.kl_ctl > 0:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return Actor(policy, actor_cfg, ref_model=ref_model, version=version)
+    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel)
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends

@@ -10,6 +10,9 @@ uvicorn in its own thread; one background thread runs the Session's asyncio loop
 rollout executor and the agents' HTTP clients live. Notebook methods are sync facades over
 that loop (`rollout`, `train_step`, `run`, ...), with `a`-prefixed async twins for `await`.
 Training runs in the calling thread.
+
+Under torchrun (WORLD_SIZE > 1) rank 0 is this whole Session and the other ranks hold only
+actor replicas that follow it (`parallel.py`): same user code on every rank, data-parallel updates.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.rollout.batch import RolloutBatch
+from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog
 
 from . import builder
@@ -34,6 +38,7 @@ from .checkpoint import read_checkpoint, restore, save_checkpoint
 from .data import DataStream, load_task_data
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
+from .parallel import RankChannel
 from .preflight import check_first_episode
 from .runtime import LoopRuntime
 
@@ -84,6 +89,13 @@ class Session:
         self._closed = False
         self._resume_state: dict[str, Any] | None = None
         self._first_episode_checked = False  # see preflight.py
+        self._parallel: distributed.DataParallel | None = None  # under torchrun: this rank's place
+        self._channel: RankChannel | None = None
+        self._in_train_step = False  # rank 0 inside the ranks' collective training step
+        # built by start() on rank 0 only (ranks ≠ 0 hold just the actor)
+        self.engine = self._proxy = self._runtime = self.executor = self.data = self._metrics = None
+        self.workflow = self._eval_workflow = None
+        self.eval_problems: list[dict] = []
         if start:
             self.start()
 
@@ -95,6 +107,11 @@ class Session:
         if self._closed:
             raise RuntimeError("this Session is closed; create a new one")
         cfg = self.config
+        self._parallel = distributed.init_from_env()
+        if self._parallel is not None:
+            self._channel = RankChannel(self._parallel)
+        if self.rank != 0:
+            return self._start_replica()
         try:
             builder.seed_everything(cfg.seed)
             # data first: a bad dataset fails before anything is built
@@ -102,7 +119,7 @@ class Session:
             self.tokenizer, policy = builder.build_policy(cfg)
             self._engine_log = EngineLog()
             self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
-            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version())
+            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version(), parallel=self._parallel)
             builder.sync_engine_weights(cfg, self.actor, self.engine)
             self.version = self.actor.version
             self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
@@ -114,7 +131,9 @@ class Session:
             self.data = DataStream(cfg.data, rows=task_data.train)
             self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
                                                 project=cfg.experiment_name, config=_plain(self.config))
-        except BaseException:
+        except BaseException as e:
+            if self._channel is not None:
+                self._channel.abort(e)  # the other ranks wait in _join_replicas
             self._shutdown()  # what was built so far: no thread or port outlives a failed start
             self._closed = True
             raise
@@ -123,7 +142,51 @@ class Session:
         if self._resume_state is not None:
             restore(self, self._resume_state)
             self._resume_state = None
+        self._join_replicas()
         return self
+
+    def _start_replica(self) -> Session:
+        """Rank ≠ 0: only the actor, on this rank's device, then rank 0's weights and state."""
+        builder.seed_everything(self.config.seed)
+        self.tokenizer, policy = builder.build_policy(self.config)
+        self.actor = builder.build_actor(self.config, policy, parallel=self._parallel)
+        self._started = True
+        _LIVE_SESSIONS.add(self)
+        self._resume_state = None  # rank 0 restores the checkpoint and sends its state
+        try:
+            self._join_replicas()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _join_replicas(self) -> None:
+        """Every rank starts from rank 0's weights, optimizer state, version and step."""
+        if self._channel is None:
+            return
+        actor = self.actor
+        state = self._channel.send("start", {
+            "version": actor.version, "steps_done": actor.steps_done, "step_count": self.step_count,
+            "optimizer": actor.optimizer.state_dict() if actor.optimizer.state else None,
+        } if self.rank == 0 else None)
+        self._parallel.broadcast_module(actor.model)
+        if actor.ref_model is not None:
+            self._parallel.broadcast_module(actor.ref_model)
+        if self.rank != 0:
+            actor.version, actor.steps_done = state["version"], state["steps_done"]
+            self.version, self.step_count = state["version"], state["step_count"]
+            if state["optimizer"] is not None:
+                actor.optimizer.load_state_dict(state["optimizer"])
+
+    @property
+    def rank(self) -> int:
+        """This process's rank under torchrun (0 in one process): rank 0 runs the engine, proxy
+        and rollouts and writes checkpoints; other ranks train replicas of the actor."""
+        return 0 if self._parallel is None else self._parallel.rank
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self._parallel is None else self._parallel.world_size
 
     def close(self) -> None:
         """Stop rollouts, the proxy, the engine and the loop thread. Safe to call twice."""
@@ -186,8 +249,11 @@ class Session:
 
         Groups already generated in the background by `run()` come first (they are within
         `max_head_offpolicyness`); new ones are generated now, at the current policy version.
+        On ranks ≠ 0 (torchrun) there is no rollout: None (their `train_step` takes rank 0's batch).
         """
         self._check_open()
+        if self.rank != 0:
+            return None
         return self._runtime.call(self.arollout(n_prompts))
 
     async def arollout(self, n_prompts: int | None = None) -> RolloutBatch:
@@ -216,24 +282,36 @@ class Session:
         return batch
 
     # ------------------------------------------------------------------ training
-    def train_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
+    def train_step(self, batch: RolloutBatch | None, inspect: bool = False) -> dict[str, float]:
         """One GRPO update on `batch`; the new weights go to the engine as version + 1.
 
         `inspect=True` keeps the update's per-token values (advantage, ratio, clipping,
         behaviour weight, entropy, loss share) in `self.last_inspection`; `show_loss(session)`
         draws them on the token chips.
+
+        Under torchrun every rank calls it: rank 0 sends its batch, the others ignore theirs
+        (None) and each trains its share of the rows; the stats are the whole batch's.
         """
         self._check_open()
-        tensors = batch.to_tensors()
-        # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
-        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=batch.credit, inspect=inspect))
-        if inspect:
+        if self.rank == 0:
+            tensors = batch.to_tensors()
+            # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
+            message = {"tensors": tensors, "credit": batch.credit, "inspect": inspect}
+        if self._channel is not None:
+            message = self._channel.send("train", message if self.rank == 0 else None)
+        tensors = message["tensors"]
+        self._in_train_step = True  # a failure from here on is inside the ranks' collectives
+        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=message["credit"],
+                                           inspect=message["inspect"]))
+        self._in_train_step = False
+        if message["inspect"]:
             self.last_inspection = self.actor.last_inspection
         self.version = self.actor.version
-        self.actor.push_weights(self.engine, self.version)
-        self._runtime.call_soon(self.executor.on_version_change)
+        if self.engine is not None:  # rank 0
+            self.actor.push_weights(self.engine, self.version)
+            self._runtime.call_soon(self.executor.on_version_change)
         self.step_count += 1
-        row = {"step": self.step_count, **batch.stats, **stats}
+        row = {"step": self.step_count, **(batch.stats if self.rank == 0 else {}), **stats}
         row["version"] = self.version  # the version the engine serves after this step
         for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
             row.setdefault(key, float("nan"))
@@ -253,13 +331,26 @@ class Session:
 
         Every `logging.eval_every` steps the row also gets `evaluate()`'s figures
         (`eval_reward`, `eval_accuracy`, `eval_agent_accuracy`); every `checkpoint.save_every`
-        steps a checkpoint goes to `checkpoint.save_dir/step<N>`.
+        steps a checkpoint goes to `checkpoint.save_dir/step<N>` (rank 0 only, under torchrun).
         """
-        from tqdm.auto import tqdm
-
         self._check_open()
         cfg = self.config
         steps = cfg.total_steps if steps is None else steps
+        if self.rank != 0:  # a replica: one training step per step of rank 0's
+            for _ in range(steps):
+                self.train_step(None)
+            return self.history
+        try:
+            return self._run(steps, progress)
+        except BaseException as e:
+            if self._channel is not None and not self._in_train_step:
+                self._channel.abort(e)  # the other ranks wait for the next step's batch
+            raise
+
+    def _run(self, steps: int, progress: bool | None) -> Any:
+        from tqdm.auto import tqdm
+
+        cfg = self.config
         self._runtime.call(self._check_first_episode())  # before background rollouts start
         if cfg.rollout.prefetch:
             self._runtime.call_soon(self.executor.set_feeder, self.data)
@@ -274,7 +365,7 @@ class Session:
                     self._log_metrics(self.step_count, figures)
                 if cfg.checkpoint.save_dir and cfg.checkpoint.save_every and \
                         self.step_count % cfg.checkpoint.save_every == 0:
-                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
+                    save_checkpoint(self, Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")  # rank 0 only
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}")
         finally:
@@ -295,8 +386,11 @@ class Session:
         episodes as `.batch`. Nothing is trained on and the policy version does not move.
         With `pass_k=k` it also samples k episodes per problem at `rollout.temperature` and
         reports `pass_at_k`, the share of problems solved (some call rewarded) at least once.
+        Only rank 0 evaluates (torchrun): other ranks get None.
         """
         self._check_open()
+        if self.rank != 0:
+            return None
         return self._runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
 
     async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
@@ -318,17 +412,44 @@ class Session:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> Path:
-        """Model, optimizer, step, version, RNG states, data position, config and history."""
+        """Model, optimizer, step, version, RNG states, data position, config and history.
+
+        Under torchrun every rank calls it and only rank 0 writes (the replicas are equal); the
+        others return when the checkpoint is complete (so they may `Session.load` it next)."""
         self._check_open()
-        return save_checkpoint(self, path)
+        if self.rank == 0:
+            try:
+                path = save_checkpoint(self, path)
+            except BaseException as e:
+                if self._channel is not None:
+                    self._channel.abort(e)
+                raise
+        if self._channel is not None:
+            path = self._channel.send("saved", str(path) if self.rank == 0 else None)
+        return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> Session:
-        """A Session that continues the saved run."""
-        state = read_checkpoint(path)
-        session = cls(Path(path) / "config.yaml", start=False, **overrides)
+    def load(cls, path: str | Path, *, config: SessionConfig | str | Path | None = None,
+             **overrides: Any) -> Session:
+        """A Session that continues the saved run; `config` replaces the saved config.yaml
+        (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
+        state and sends it to the other ranks."""
+        state = read_checkpoint(path) if distributed.env_rank() == 0 else None
+        session = cls(Path(path) / "config.yaml" if config is None else config, start=False, **overrides)
         session._resume_state = state
         return session.start()
+
+    # ------------------------------------------------------------------ export
+    def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False) -> Path:
+        """Write a run folder that continues this run as a batch job: config.yaml (every override
+        applied), train.py, the agent (its import path, or agent.py with its source taken from
+        the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
+        job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
+        state, so the job goes on from this step. Raises ExportError naming what cannot travel."""
+        from areal_nb.export import export_run
+
+        self._check_open()
+        return export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite)
 
     # ------------------------------------------------------------------ widgets
     def dashboard(self):
@@ -339,7 +460,7 @@ class Session:
 
     def __repr__(self) -> str:
         status = "closed" if self._closed else ("running" if self._started else "not started")
-        url = self._proxy.url if self._started else None
+        url = self._proxy.url if self._proxy is not None else None
         return (f"Session({status}, model={self.config.model.path!r}, step={self.step_count}, "
                 f"version={self.version}, proxy={url!r})")
 

@@ -11,6 +11,10 @@ Usage (what `Session.train_step` does):
     actor = Actor(model, GRPOConfig(), version=engine.get_version())
     stats = actor.train_step(batch, group_ids)   # actor.version += 1
     actor.push_weights(engine)                   # engine now samples with actor.version
+
+Data-parallel (`parallel=DataParallel`, see `distributed.py`): every rank calls `train_step` with
+the same whole batch; each computes its share of the rows, the gradients are summed over the
+ranks, and the update equals the one-process update on the whole batch.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from areal_nb.api import CreditMode, InferenceEngine
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
+from .distributed import DataParallel
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_loss_terms
@@ -48,8 +53,10 @@ class Actor:
         cfg: GRPOConfig | None = None,
         ref_model: torch.nn.Module | None = None,
         version: int = 0,
+        parallel: DataParallel | None = None,
     ) -> None:
         self.model = model
+        self.parallel = parallel  # None: one process trains on the whole batch
         self.cfg = cfg or GRPOConfig()
         self.ref_model = ref_model
         self.version = version
@@ -114,6 +121,12 @@ class Actor:
         if group_ids is None:
             group_ids = batch.get("group_ids")
         pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
+        lengths = attention.sum(1)
+        parallel = self.parallel
+
+        def own(rows: Tensor) -> Tensor:
+            """The rows this process computes (all of them without data parallelism)."""
+            return rows if parallel is None else parallel.shard_rows(rows, lengths)
 
         prox_logprobs = None
         recompute_skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
@@ -121,7 +134,7 @@ class Actor:
             # filled micro-batch by micro-batch from the training forward (pre-update weights)
             prox_logprobs = torch.zeros_like(engine_logprobs)
         elif cfg.computes_prox_logprobs:
-            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids)
+            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids, own)
         # π_old in the clipped ratio: the engine's record in decoupled mode or without
         # recomputation; otherwise the recomputed values (identical on-policy, but exact).
         use_engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
@@ -133,7 +146,7 @@ class Actor:
         if cfg.kl_ctl > 0 and "ref_logprobs" not in batch:
             if self.ref_model is None:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
-            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention, pack_ids)
+            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention, pack_ids, own)
         adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
         kl_stats = {}
         if "ref_logprobs" in adv_inputs and bool(mask.any()):
@@ -150,10 +163,12 @@ class Actor:
         for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
             # Every micro-batch divides by the minibatch's token count: summed gradients are
-            # exactly those of the token-level mean over the minibatch.
+            # exactly those of the token-level mean over the minibatch. Data-parallel, the count
+            # is the whole minibatch's (every rank has the batch), and the sum runs over ranks.
             minibatch_tokens = int(mask[rows].sum())
             minibatch_loss = 0.0
-            for micro in rows.split(cfg.micro_batch_size or len(rows)):
+            mine = own(rows)
+            for micro in mine.split(cfg.micro_batch_size or max(len(mine), 1)) if len(mine) else ():
                 width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
                 cols = slice(0, width)
                 # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows
@@ -187,11 +202,19 @@ class Actor:
                 loss.backward()
                 minibatch_loss += float(loss.detach())
                 loss_stats.append(stats)
+            if parallel is not None:
+                parallel.all_reduce_grads(self.params)
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
             self.optimizer.step()
             minibatch_losses.append(minibatch_loss)
         self.optimizer.zero_grad(set_to_none=True)
+        if parallel is not None:  # every rank reports the whole batch's figures
+            loss_stats, minibatch_losses, trained_positions = _gather_step(
+                parallel, loss_stats, minibatch_losses, trained_positions, collector)
+            if recompute_skipped:
+                assert prox_logprobs is not None
+                parallel.sum_(prox_logprobs)  # each rank filled its own rows
 
         elapsed = time.perf_counter() - start
         out = {
@@ -262,14 +285,21 @@ class Actor:
 
     @torch.no_grad()
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None = None
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None = None,
+        own: Any = None,
     ) -> Tensor:
+        """Log-probs of every row; data-parallel, each rank computes `own(rows)` and the ranks sum
+        their (otherwise zero) rows."""
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        rows = rows if own is None else own(rows)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        for micro in torch.arange(input_ids.shape[0]).split(self.cfg.micro_batch_size or input_ids.shape[0]):
+        for micro in rows.split(self.cfg.micro_batch_size or max(len(rows), 1)) if len(rows) else ():
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
                 model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro]
             )[0]
+        if self.parallel is not None:
+            self.parallel.sum_(out)
         return out
 
     def _staleness(self, versions: Tensor | None, mask: Tensor) -> dict[str, float]:
@@ -306,6 +336,21 @@ class Actor:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))
+
+
+def _gather_step(
+    parallel: DataParallel, loss_stats: list[dict[str, float]], minibatch_losses: list[float], positions: int,
+    collector: InspectionCollector | None,
+) -> tuple[list[dict[str, float]], list[float], int]:
+    """The whole step's figures from every rank's share: micro-batch stats, minibatch losses
+    (each rank's is a part of the same token mean: they add up), computed positions, inspection."""
+    shares = parallel.all_gather((loss_stats, minibatch_losses, positions, collector))
+    all_stats = [s for share in shares for s in share[0]]
+    losses = [sum(share[1][i] for share in shares) for i in range(len(minibatch_losses))]
+    if collector is not None:
+        for share in shares:
+            collector.merge(share[3])
+    return all_stats, losses, sum(share[2] for share in shares)
 
 
 def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:

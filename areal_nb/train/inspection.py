@@ -76,9 +76,11 @@ class InspectionCollector:
         self.tensors.update(ratio=torch.ones(shape), behave_weight=torch.ones(shape))
         self.tensors.update({name: zeros(torch.bool) for name in ("clipped", "dual_clipped", "behave_capped")})
         self.minibatch = torch.zeros(shape[0], dtype=torch.int64)
+        self.filled = torch.zeros(shape[0], dtype=torch.bool)  # rows this collector saw
 
     def add(self, rows: Tensor, width: int, minibatch: int, logprobs: Tensor, terms: Any) -> None:
         rows = rows.cpu()
+        self.filled[rows] = True
         self.minibatch[rows] = minibatch
         values = {"logprobs": logprobs, "advantages": terms.advantages, "ratio": terms.ratio,
                   "clipped": terms.clipped, "dual_clipped": terms.dual_clipped,
@@ -88,3 +90,11 @@ class InspectionCollector:
             values["entropy"] = terms.entropy
         for name, value in values.items():
             self.tensors[name][rows, :width] = value.detach().to("cpu", self.tensors[name].dtype)
+
+    def merge(self, other: InspectionCollector) -> None:
+        """Take the rows `other` saw (data-parallel: another rank's share of the batch)."""
+        rows = other.filled
+        self.filled |= rows
+        self.minibatch[rows] = other.minibatch[rows]
+        for name, value in other.tensors.items():
+            self.tensors[name][rows] = value[rows]

@@ -1,0 +1,183 @@
+"""`export_run`: write a self-contained run folder from a config (and a live Session).
+
+The folder is built in a temporary sibling and renamed into place at the end, so a run that
+cannot be exported (its agent, a dataset, a config value) leaves nothing behind. Contents and
+what runs where: templates/README.md. Paths in config.yaml are relative to the folder
+(train.py changes into it), so the folder can be copied to a cluster as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import sys
+import tempfile
+import textwrap
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_nb.config import SessionConfig, dump_config
+from areal_nb.data import load_rows, write_jsonl
+
+from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports
+from .provenance import git_description, package_version, requirements
+
+if TYPE_CHECKING:
+    from areal_nb.session import Session
+
+TEMPLATES = Path(__file__).parent / "templates"
+logger = logging.getLogger(__name__)
+
+
+def export_run(path: str | Path, config: SessionConfig, *, session: Session | None = None,
+               checkpoint: bool = True, command: str | None = None, overwrite: bool = False) -> Path:
+    """Write the run folder at `path` and return it; `session` adds `checkpoint/` (when
+    `checkpoint`), and is where an agent defined in notebook cells is found."""
+    out = Path(path).absolute()
+    if out.exists() and any(out.iterdir()):
+        if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
+            raise ExportError(f"{out} exists and is not empty" + ("" if overwrite else
+                              "; pass overwrite=True (--overwrite) to replace an earlier export"))
+    captured = capture_workflow(config.agent.workflow)  # before anything is written
+    cfg = copy.deepcopy(config)
+    cfg.agent.workflow = captured.workflow
+    if captured.workflow_kwargs is not None:
+        cfg.agent.workflow_kwargs = captured.workflow_kwargs
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _place_data(cfg, tmp)
+        _check_plain(cfg)
+        dump_config(cfg, tmp / "config.yaml")
+        if captured.source is not None:
+            (tmp / f"{AGENT_MODULE}.py").write_text(_agent_header() + captured.source)
+        saved = session is not None and checkpoint
+        if saved:
+            _save_checkpoint(session, cfg, tmp / "checkpoint")
+        _write_launchers(tmp, cfg)
+        (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))
+        _write_readme(tmp, cfg, captured.source is not None, saved, session,
+                      command or f"session.export({str(path)!r})")
+        check_imports(tmp, captured.workflow)  # and config.yaml loads, in a fresh process
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ----------------------------------------------------------------------------- config and data
+
+
+def _place_data(cfg: SessionConfig, folder: Path) -> None:
+    """Datasets given as Python objects become data/<split>.jsonl; local files are copied into
+    data/; both are referenced relative to the folder. A dataset folder (GSM8K layout) is
+    referenced by absolute path, a hub name or "generated" as it is."""
+    for field, name in (("source", "train"), ("eval_source", "eval")):
+        value = getattr(cfg.data, field)
+        if value is None or (isinstance(value, str) and not Path(value).expanduser().exists()):
+            continue
+        if isinstance(value, (str, Path)):
+            src = Path(value).expanduser()
+            if src.is_dir():
+                setattr(cfg.data, field, str(src.resolve()))
+                continue
+            dest = folder / "data" / f"{name}{src.suffix}"
+            dest.parent.mkdir(exist_ok=True)
+            shutil.copyfile(src, dest)
+        else:
+            rows = load_rows(value, name=f"data.{field}")
+            dest = write_jsonl(rows, folder / "data" / f"{name}.jsonl", name=f"data.{field}")
+            cfg.data.format = "rows"
+        setattr(cfg.data, field, dest.relative_to(folder).as_posix())
+
+
+def _check_plain(cfg: SessionConfig) -> None:
+    """config.yaml holds data only: a function or object among the agent's kwargs cannot go there."""
+    from .capture import _is_plain
+
+    for key, value in cfg.agent.workflow_kwargs.items():
+        if not _is_plain(value):
+            raise ExportError(f"agent.workflow_kwargs[{key!r}] is a {type(value).__qualname__}, which config.yaml "
+                              f"cannot hold: refer to it from the agent's code instead, or pass plain data")
+
+
+def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path) -> None:
+    """`session.save(path)`, recording the exported config (the agent as its import string)."""
+    from areal_nb.session.checkpoint import save_checkpoint
+
+    waiting = getattr(session.executor, "n_waiting", 0)
+    if waiting:
+        logger.warning("%d prefetched rollout group(s) were not trained on: the exported run does not carry "
+                       "them and continues with the rows after them (use rollout.prefetch=false or rollout()"
+                       " + train_step() before exporting for an exact continuation)", waiting)
+    original = session.config
+    session.config = cfg
+    try:
+        save_checkpoint(session, path)
+    finally:
+        session.config = original
+
+
+# ----------------------------------------------------------------------------- scripts
+
+
+def _render(name: str, values: dict[str, Any]) -> str:
+    text = (TEMPLATES / name).read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    return "\n".join(line for line in text.split("\n") if line != "<drop>")
+
+
+def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
+    cluster = cfg.cluster
+    (folder / "train.py").write_text((TEMPLATES / "train.py").read_text())
+    local = folder / "launch_local.sh"
+    local.write_text(_render("launch_local.sh", {"NPROC": cluster.nproc_per_node}))
+    sbatch = folder / "job.sbatch"
+    sbatch.write_text(_render("job.sbatch", {
+        "JOB_NAME": cfg.experiment_name, "NODES": cluster.nodes, "CPUS_PER_NODE": cluster.cpus_per_node,
+        "TIME": cluster.time,
+        "GPU_LINE": f"#SBATCH --gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else "<drop>",
+        "PARTITION_LINE": f"#SBATCH --partition={cluster.partition}" if cluster.partition else "<drop>",
+        "ACCOUNT_LINE": f"#SBATCH --account={cluster.account}" if cluster.account else "<drop>",
+        "INFER_NODES": cluster.infer_nodes, "SERVERS_PER_NODE": cluster.servers_per_node,
+        "GPUS_PER_NODE": cluster.gpus_per_node, "GPUS_PER_SERVER": cluster.gpus_per_server,
+        "NPROC_PER_NODE": cluster.nproc_per_node, "ENGINE_PORT": cluster.engine_port,
+        "RDZV_PORT": cluster.rdzv_port, "MODEL": cfg.model.path,
+    }))
+    for script in (local, sbatch):
+        script.chmod(0o755)
+
+
+def _agent_header() -> str:
+    return textwrap.dedent(f'''\
+        """The agent and reward code of this run, taken from the notebook's cells by areal-nb export
+        ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC): the definitions the agent uses, with their
+        imports and module-level helpers. Edit freely; config.yaml names the agent as agent.<Name>."""
+
+        ''')
+
+
+def _write_readme(folder: Path, cfg: SessionConfig, from_cells: bool, saved: bool, session: Any,
+                  command: str) -> None:
+    import torch
+
+    cluster = cfg.cluster
+    checkpoint = (f"step {session.step_count}, policy version {session.version}, data position "
+                  f"{session.data.pos}" if saved else "none (training starts from `model.path`)")
+    (folder / "README.md").write_text(_render("README.md", {
+        "EXPERIMENT": cfg.experiment_name, "COMMAND": command,
+        "DATE": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+        "AREAL_VERSION": package_version("areal_nb"), "GIT": git_description(),
+        "PYTHON_VERSION": sys.version.split()[0], "TORCH_VERSION": torch.__version__,
+        "WORKFLOW": cfg.agent.workflow, "AGENT_ORIGIN": "from notebook cells, in agent.py" if from_cells
+        else "imported by path", "CHECKPOINT": checkpoint, "NPROC": cluster.nproc_per_node,
+        "NODES": cluster.nodes, "INFER_NODES": cluster.infer_nodes, "GPUS": cluster.gpus_per_node,
+        "TIME": cluster.time, "PARTITION": cluster.partition or "default",
+    }))

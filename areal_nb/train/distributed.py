@@ -1,0 +1,159 @@
+"""Data-parallel training on `torch.distributed`: the process group, and the few collectives the
+Actor needs to make N ranks compute the update one process would compute on the whole batch.
+
+Started by `torchrun` (env RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), every rank
+holds a full replica of the policy and its optimizer (DDP's layout). Per optimizer step:
+
+1. every rank has the whole batch (rank 0 broadcasts it) and trains only its share of the rows
+   (`shard_rows`: contiguous, balanced by tokens; a rank may get no row at all);
+2. each rank's loss is divided by the GLOBAL loss-token count of the minibatch, so the sum of the
+   ranks' gradients is the gradient of the whole minibatch's token mean;
+3. `all_reduce_grads` sums the gradients (one flat buffer, like DDP's reducer bucket), and every
+   rank clips and steps with the same gradient: the replicas stay equal.
+
+Why not `DistributedDataParallel` itself: its reducer needs every rank to run the same number of
+backward passes, but with uneven shards a rank can have fewer micro-batches (or none); one explicit
+all-reduce after the minibatch's micro-batches gives the same result without dummy passes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+# How long a rank waits in one collective. Ranks ≠ 0 wait while rank 0 rolls out and evaluates,
+# so this bounds the longest rank-0-only stretch; it is the backstop when rank 0 hangs (a rank 0
+# that fails sends an abort, and one that dies closes its sockets: both surface at once).
+DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "AREAL_NB_DIST_TIMEOUT_S"
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_rank() -> int:
+    """RANK as torchrun sets it (0 outside torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+@dataclass
+class DataParallel:
+    """This process's place in the data-parallel group; `Actor(parallel=...)` uses it."""
+
+    rank: int
+    world_size: int
+    device: torch.device  # where collectives run: cuda:LOCAL_RANK under NCCL, else cpu
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------ objects from rank 0
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's `obj` on every rank (pickled; tensors travel on the CPU)."""
+        box = [obj if self.is_leader else None]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Make every rank's parameters and buffers rank 0's (the replicas start equal)."""
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                self._broadcast_tensor(tensor)
+
+    def _broadcast_tensor(self, tensor: Tensor) -> None:
+        moved = tensor.data.to(self.device)
+        dist.broadcast(moved, src=0)
+        if moved is not tensor.data:
+            tensor.data.copy_(moved)
+
+    # ------------------------------------------------------------ the training step
+    def shard_rows(self, rows: Tensor, lengths: Tensor) -> Tensor:
+        """This rank's share of `rows` (indices into the batch): a contiguous run, balanced by
+        the rows' token `lengths`. Uneven counts are fine; a rank may get none."""
+        return shard_rows(rows, lengths, self.rank, self.world_size)
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        """In-place sum over ranks (e.g. rows each rank filled in a zero tensor)."""
+        moved = tensor.to(self.device)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+        if moved is not tensor:
+            tensor.copy_(moved)
+        return tensor
+
+    def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum every parameter's gradient over the ranks, through one flat buffer. A rank that
+        trained no row contributes zeros (its gradients may be None)."""
+        params = list(params)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.sum_(flat)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
+            offset += n
+
+
+def shard_rows(rows: Tensor, lengths: Tensor, rank: int, world_size: int) -> Tensor:
+    """Rank `rank`'s contiguous share of `rows`: a row goes to the rank whose 1/world_size of the
+    rows' total tokens holds the row's token midpoint (so long rows are not all on one rank)."""
+    if rows.numel() == 0:
+        return rows
+    tokens = lengths[rows].double().clamp(min=1)
+    ends = tokens.cumsum(0)
+    owner = ((ends - tokens / 2) * world_size / ends[-1]).floor().clamp(max=world_size - 1).long()
+    return rows[owner == rank]
+
+
+def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
+    """The data-parallel group torchrun describes, or None for one process (WORLD_SIZE ≤ 1).
+
+    Reuses a process group the caller already initialised; otherwise creates one (NCCL when this
+    process has a GPU, else gloo) with a timeout (`AREAL_NB_DIST_TIMEOUT_S`, default 30 min),
+    which lives until the process exits: a script may close one Session and start another.
+    """
+    world_size = env_world_size()
+    if world_size <= 1:
+        return None
+    missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing and not dist.is_initialized():
+        raise RuntimeError(f"WORLD_SIZE={world_size} but {missing} are not set: start the job with torchrun "
+                           f"(torchrun --nproc-per-node {world_size} train.py)")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # "cuda" now means this rank's GPU (the model goes there)
+    if not dist.is_initialized():
+        timeout = float(os.environ.get(TIMEOUT_ENV, timeout_s or DEFAULT_TIMEOUT_S))
+        dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
+        atexit.register(_destroy_group)
+        logger.info("rank %d/%d joined the %s process group", dist.get_rank(), world_size, dist.get_backend())
+    if dist.get_world_size() != world_size:
+        raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world_size}")
+    return DataParallel(rank=dist.get_rank(), world_size=world_size, device=device)
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

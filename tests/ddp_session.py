@@ -1,0 +1,50 @@
+"""A user's train script, run on every rank by tests/test_distributed_session.py under torchrun:
+`Session(config)`, `run(2)`, one explicit `train_step(rollout())`, `save`, `close`, then
+`Session.load` of that checkpoint and one more step. Each rank writes its weights, history and
+resumed state to OUT/rank<R>.pt (for the test only).
+
+With a last argument "fail", rank 0's agent fails its first episode in `run()`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from areal_nb.config import load_config
+from areal_nb.session import Session
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
+SMALL = ["rollout.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "logging.progress=false",
+         "logging.eval_every=2", "data.eval_size=2",
+         "total_steps=10"]  # the linear lr decay must not reach 0 by the resumed 4th step
+
+
+def main(out: Path, fail: bool) -> None:
+    overrides = [*SMALL, f"logging.run_dir={out}", f"checkpoint.save_dir={out / 'ckpt'}", "checkpoint.save_every=2"]
+    if fail:  # rows the math agent cannot read: the first-episode check in run() fails, on rank 0 only
+        (out / "bad.jsonl").write_text('{"prompt": "no question here"}\n' * 4)
+        overrides += [f"data.source={out / 'bad.jsonl'}", "data.format=rows", f"data.eval_source={out / 'bad.jsonl'}"]
+    cfg = load_config(CONFIG, overrides)
+    with Session(cfg) as session:
+        session.run(2)
+        session.train_step(session.rollout())
+        saved = session.save(out / "final")
+        weights = torch.cat([p.detach().flatten() for p in session.actor.model.parameters()])
+        report = {"rank": session.rank, "world_size": session.world_size, "weights": weights,
+                  "history": session.history.to_dict("records"), "version": session.version, "saved": str(saved)}
+    # resume: rank 0 restores the checkpoint and sends weights and optimizer state to the replicas
+    with Session.load(out / "final") as resumed:
+        report["resumed_at"] = (resumed.version, resumed.step_count, resumed.actor.steps_done)
+        report["resumed_weights_equal"] = torch.equal(
+            weights, torch.cat([p.detach().flatten() for p in resumed.actor.model.parameters()]))
+        resumed.train_step(resumed.rollout())
+        report["resumed_weights"] = torch.cat([p.detach().flatten() for p in resumed.actor.model.parameters()])
+        report["resumed_exp_avg"] = torch.cat([s["exp_avg"].flatten() for s in resumed.actor.optimizer.state.values()])
+    torch.save(report, out / f"rank{report['rank']}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), fail=sys.argv[2:] == ["fail"])

@@ -1,0 +1,154 @@
+"""Agent capture: code from `__main__` becomes agent.py (what it uses and nothing else), importable
+code stays an import path, and what cannot travel fails at export time, naming it.
+
+`as_main` runs a script as the `__main__` module (its source is the script file, as for
+`python script.py`; in a notebook it is IPython's cell history, exercised by tutorial 5).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+import types
+
+import pytest
+
+from areal_nb.config import dump_config, load_config
+from areal_nb.export import ExportError
+from areal_nb.export.capture import capture_workflow, check_imports
+
+AGENT_CELLS = '''
+import re, threading
+import statistics as stats
+from areal_nb import Session
+
+NUMBER = re.compile(r"-?\\d+")
+SCALE = {"right": 1.0, "wrong": 0.0}
+session = threading.Lock()   # a live object the agent does not use
+client = threading.Lock()    # named like the agent's local variable
+
+def last_number_reward(completion, answer):
+    numbers = NUMBER.findall(completion)
+    return SCALE["right"] if numbers and numbers[-1] == str(answer) else SCALE["wrong"]
+
+def unrelated():
+    return session
+
+class Agent:
+    def __init__(self, bonus: float = 0.0):
+        self.bonus = bonus
+        self.session = None  # an attribute, not the global
+
+    async def run(self, data, **kwargs):
+        client = object()
+        return last_number_reward(data["text"], data["answer"]) + stats.mean([self.bonus])
+
+print("a cell with side effects")
+'''
+
+
+@pytest.fixture
+def as_main(tmp_path, monkeypatch):
+    def run(source: str) -> types.ModuleType:
+        path = tmp_path / "script.py"
+        path.write_text(textwrap.dedent(source))
+        module = types.ModuleType("__main__")
+        module.__file__ = str(path)
+        monkeypatch.setitem(sys.modules, "__main__", module)
+        exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+        return module
+
+    return run
+
+
+def load_agent_py(folder, source):
+    (folder / "agent.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("exported_agent", folder / "agent.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.server  # imports the result in a fresh interpreter
+def test_a_class_from_cells_becomes_agent_py_with_what_it_uses(as_main, tmp_path, capsys):
+    main = as_main(AGENT_CELLS)
+    captured = capture_workflow(main.Agent)
+    assert captured.workflow == "agent.Agent" and captured.workflow_kwargs is None
+    source = captured.source
+    for needed in ("import re", "import statistics as stats", "NUMBER = re.compile('-?\\\\d+')",
+                   "SCALE = {'right': 1.0, 'wrong': 0.0}", "def last_number_reward", "class Agent:"):
+        assert needed in source, needed
+    for unused in ("threading", "Session", "def unrelated", "print(", "\nsession ="):
+        assert unused not in source, unused
+    assert captured.modules == {"re", "statistics"}
+
+    module = load_agent_py(tmp_path, source)
+    assert module.last_number_reward("so 12", 12) == 1.0 and module.last_number_reward("13", 12) == 0.0
+    dump_config(load_config(None, {"agent.workflow": "agent.Agent"}), tmp_path / "config.yaml")
+    check_imports(tmp_path, "agent.Agent")  # a fresh interpreter
+
+
+def test_a_lambda_closing_over_a_live_object_fails_naming_it(as_main):
+    main = as_main('''
+        import threading
+
+        def make_reward(lock):
+            return lambda completion: float(lock.locked())
+
+        reward = make_reward(threading.Lock())
+
+        class Agent:
+            async def run(self, data, **kwargs):
+                return reward(data["text"])
+        ''')
+    with pytest.raises(ExportError, match=r"'reward' \(used by 'Agent'\) closes over 'lock' \(lock\)"):
+        capture_workflow(main.Agent)
+
+
+def test_a_global_holding_a_live_object_fails_naming_it(as_main):
+    main = as_main('''
+        import threading
+        LOCK = threading.Lock()
+        reward = lambda completion: float(LOCK.locked())
+
+        class Agent:
+            async def run(self, data, **kwargs):
+                return reward(data["text"])
+        ''')
+    with pytest.raises(ExportError, match=r"'reward' uses the global 'LOCK', a live lock object"):
+        capture_workflow(main.Agent)
+
+
+def test_a_name_the_cells_never_define_fails_naming_it(as_main):
+    main = as_main('''
+        class Agent:
+            async def run(self, data, **kwargs):
+                return helper(data)
+        ''')
+    with pytest.raises(ExportError, match=r"'Agent' uses 'helper', which is not defined"):
+        capture_workflow(main.Agent)
+
+
+def test_importable_agents_travel_by_import_path():
+    from areal_nb.agents.math_agent import MultiTurnMathAgent
+
+    assert capture_workflow(MultiTurnMathAgent).workflow == "areal_nb.agents.math_agent.MultiTurnMathAgent"
+    assert capture_workflow("my.module.Agent").workflow == "my.module.Agent"  # checked when written
+    instance = capture_workflow(MultiTurnMathAgent(max_turns=3, reward_timeout=5.0))
+    assert instance.workflow == "areal_nb.agents.math_agent.MultiTurnMathAgent"
+    assert instance.workflow_kwargs == {"max_turns": 3, "reward_timeout": 5.0}
+
+
+def test_an_instance_whose_arguments_are_not_plain_data_is_refused(as_main):
+    main = as_main('''
+        import threading
+        class Agent:
+            def __init__(self, lock):
+                self.lock = lock
+            async def run(self, data, **kwargs):
+                return 0.0
+        agent = Agent(threading.Lock())
+        ''')
+    with pytest.raises(ExportError, match=r"instance of Agent whose argument 'lock'.*pass the class"):
+        capture_workflow(main.agent)

@@ -1,0 +1,71 @@
+"""The Session under `torchrun --nproc-per-node 2` (gloo): rank 0 runs the engine, proxy and rollouts,
+rank 1 a replica of the actor; the same user script and `areal-nb train` finish on both ranks, and a
+failure on rank 0 ends rank 1 with rank 0's message instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "ddp_session.py"
+CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
+
+
+def torchrun(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "AREAL_NB_DIST_TIMEOUT_S": "120"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_train_step_save_and_load_on_two_ranks(tmp_path):
+    result = torchrun([str(SCRIPT), str(tmp_path)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    leader, replica = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert (leader["rank"], replica["rank"], leader["world_size"]) == (0, 1, 2)
+    # three data-parallel steps (run(2) + train_step) kept the replicas equal
+    assert torch.equal(leader["weights"], replica["weights"])
+    assert leader["version"] == replica["version"] == 3
+    steps = [[row["step"] for row in r["history"]] for r in (leader, replica)]
+    assert steps == [[1, 2, 3], [1, 2, 3]]
+    for a, b in zip(leader["history"], replica["history"], strict=True):  # whole-batch stats on both
+        assert (a["loss"], a["n_rows"], a["grad_norm"]) == (b["loss"], b["n_rows"], b["grad_norm"])
+    # rank 0 alone evaluates (logging.eval_every=2) and writes checkpoints
+    assert leader["history"][1]["eval_reward"] == leader["history"][1]["eval_reward"]  # not NaN
+    assert "eval_reward" not in replica["history"][1] or replica["history"][1]["eval_reward"] != \
+        replica["history"][1]["eval_reward"]
+    assert (tmp_path / "ckpt" / "step2" / "state.pt").is_file() and (tmp_path / "final" / "state.pt").is_file()
+    assert replica["saved"] == str(tmp_path / "final")
+    # Session.load on both ranks: rank 0 restores and sends its weights and Adam state; one more step
+    for r in (leader, replica):
+        assert r["resumed_at"] == (3, 3, 3) and r["resumed_weights_equal"]
+    assert torch.equal(leader["resumed_exp_avg"], replica["resumed_exp_avg"])
+    assert torch.equal(leader["resumed_weights"], replica["resumed_weights"])
+    assert not torch.equal(leader["resumed_weights"], leader["weights"])
+
+
+def test_rank_0_failing_ends_rank_1_with_its_message(tmp_path):
+    result = torchrun([str(SCRIPT), str(tmp_path), "fail"], tmp_path)
+    assert result.returncode != 0
+    assert "[rank1]: areal_nb.session.parallel.LeaderFailed: rank 0 failed: FirstEpisodeError" in result.stderr
+    assert not (tmp_path / "rank1.pt").exists()
+
+
+def test_areal_nb_train_under_torchrun(tmp_path):
+    args = ["-m", "areal_nb.cli", "train", "--config", str(CONFIG), "total_steps=2", "rollout.batch_size=2",
+            "rollout.group_size=2", "data.eval_size=4", "logging.progress=false", "experiment_name=ddp-run"]
+    result = torchrun(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "runs" / "ddp-run"
+    assert len((run_dir / "history.csv").read_text().splitlines()) == 3
+    assert json.loads((run_dir / "final_eval.json").read_text())["n"] == 4
+    assert (run_dir / "final" / "state.pt").is_file()
+    assert result.stdout.count("done: ddp-run, 2 steps") == 1  # rank 0 reports; rank 1 only trains

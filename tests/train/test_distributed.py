@@ -1,0 +1,83 @@
+"""Data-parallel training (`areal_nb/train/distributed.py`): two gloo ranks under torchrun compute
+the update one process computes on the whole batch, also when the rows do not split evenly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_nb.train.distributed import init_from_env, shard_rows
+
+from . import ddp_step
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node N ...` as a subprocess, with this tree's code."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "AREAL_NB_DIST_TIMEOUT_S": "120"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return result
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_are_contiguous_disjoint_and_cover_every_row(world_size):
+    rows = torch.arange(5)
+    lengths = torch.tensor(ddp_step.LENGTHS)
+    shards = [shard_rows(rows, lengths, r, world_size) for r in range(world_size)]
+    assert torch.equal(torch.cat(shards), rows)  # in order, each row once
+    if world_size == 2:  # 41 + 6 | 23 + 5 + 30 tokens: balanced by tokens, not by row count
+        assert [s.tolist() for s in shards] == [[0, 1], [2, 3, 4]]
+
+
+def test_a_rank_may_get_no_row():
+    rows, lengths = torch.tensor([3]), torch.tensor([0, 0, 0, 9])
+    assert [shard_rows(rows, lengths, r, 2).tolist() for r in range(2)] == [[], [3]]
+    assert shard_rows(torch.tensor([], dtype=torch.long), lengths, 0, 2).numel() == 0
+
+
+def test_one_process_has_no_group(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_from_env() is None
+
+
+def test_world_size_without_torchrun_env_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="start the job with torchrun"):
+        init_from_env()
+
+
+@pytest.mark.slow
+def test_two_ranks_give_the_one_process_step(tmp_path):
+    out = tmp_path / "ddp.pt"
+    result = torchrun([str(Path(ddp_step.__file__)), str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = torch.load(out, weights_only=False)
+    assert two["world_size"] == 2 and two["replica_max_abs_diff"] == 0.0  # the replicas stay equal
+    for case in ddp_step.CASES:
+        one = ddp_step.one_process_step(case)
+        ranks = two[case]
+        moved = max(float((one["after"][k] - one["before"][k]).abs().max()) for k in one["after"])
+        weights = max(float((one["after"][k] - ranks["after"][k]).abs().max()) for k in one["after"])
+        assert moved > 5e-5, case  # the step did move the weights (lr 1e-4)
+        assert weights < 1e-5, case
+        # the gradient itself (Adam's first moment after one step is 0.1·g), to float rounding
+        g_max = max(float(g.abs().max()) for g in one["exp_avg"])
+        g_diff = max(float((a - b).abs().max()) for a, b in zip(one["exp_avg"], ranks["exp_avg"], strict=True))
+        assert g_diff <= 1e-5 * g_max, case
+        # advantages normalised once on the whole batch; stats over the whole batch on rank 0
+        assert torch.equal(one["advantages"], ranks["advantages"]), case
+        # inspect=True: every row's per-token loss share, assembled from both ranks
+        assert torch.allclose(one["contribution"], ranks["contribution"], atol=1e-5), case
+        for key in ("loss", "grad_norm", "clip_frac", "entropy", "reward_mean", "adv_std", "n_tokens"):
+            assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
+        if "kl_ref" in one["stats"]:
+            assert ranks["stats"]["kl_ref"] == pytest.approx(one["stats"]["kl_ref"], rel=1e-6)
