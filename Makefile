@@ -30,7 +30,9 @@ test: install slurm-packages
 # test alone skips and says why. Under CI=true it fails instead (.ci/run installs them).
 SLURM_PACKAGES := slurm-wlm munge
 slurm-packages:
-	@if ! PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null || ! PATH="$$PATH:/usr/sbin" command -v munged >/dev/null; then \
+	@missing=""; for p in munged slurmctld slurmd sbatch; do \
+	  PATH="$$PATH:/usr/sbin" command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing $(SLURM_PACKAGES) for the Slurm test (apt-get, about a minute)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

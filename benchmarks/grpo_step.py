@@ -17,8 +17,13 @@ Per step (median over the steps after the first, which warms up):
   not how the wall time splits.
 - train: `to_tensors_s`, `recompute_s` (log-prob recomputation), `forward_s`, `backward_s`,
   `optimizer_s`, `push_s` (weights to the engine); `train_s` is their wall total.
-- tokens: `trained_tokens` (non-padding tokens through the model) over `unique_tokens`
-  (distinct prompt tokens per group + generated tokens).
+- `cpu_s`: the process CPU time of the step (all threads); on a shared machine the figure that
+  still compares the work (run with `OMP_NUM_THREADS=1` there: spinning OpenMP threads count).
+- tokens: `trained_tokens`, the positions the training forward computed (the actor's
+  `train_positions`: with `actor.pack` the nodes of the packed tries, padding nodes included;
+  without it the padded rows), over `unique_tokens` (distinct prefixes of the batch's rows: one
+  trie over all of them, as `benchmarks/train_tokens.py` counts); `row_tokens` is what training
+  on every row unshared would compute (the rows' non-padding tokens).
 
 The last line is one JSON object with both setups and `multi_over_single` (target <= 1.5).
 """
@@ -105,7 +110,8 @@ def instrument_modules() -> None:
 
     TIMERS.wrap(completion, "create_chat_completion", "capture")
     TIMERS.wrap(RolloutBatch, "to_tensors", "to_tensors")
-    TIMERS.wrap(actor_module, "compute_token_logprobs_and_entropy", "forward")
+    TIMERS.wrap(actor_module, "compute_token_logprobs_and_entropy", "forward")  # padded rows
+    TIMERS.wrap(actor_module, "packed_token_logprobs_and_entropy", "forward")  # packed tries (actor.pack)
     TIMERS.wrap(torch.Tensor, "backward", "backward")
 
 
@@ -123,31 +129,10 @@ def instrument_session(session: Any, timers: Timers) -> None:
     timers.wrap(session.actor, "push_weights", "push")
 
 
-def unique_tokens(batch: Any) -> int:
-    """Distinct tokens of the batch: the nodes of a prefix tree over every call's prompt +
-    completion, one tree per group (a group's samples share the prompt; a conversation's turns
-    share their history). What prefix-shared training would push through the model."""
-    tries: dict[int, dict] = {}
-    total = 0
-    for i, episode in enumerate(batch.episodes):
-        if not episode.accepted:
-            continue
-        for call in batch.calls(i):
-            mr = call.model_response
-            if mr is None:
-                continue
-            node = tries.setdefault(episode.group_id, {})
-            for token in [*mr.input_tokens, *mr.output_tokens]:
-                if token not in node:
-                    node[token] = {}
-                    total += 1
-                node = node[token]
-    return total
-
-
 def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[str, Any]:
     from areal_nb.config import load_config
     from areal_nb.session import Session, builder
+    from areal_nb.train.packing import count_unique_tokens
 
     builder.IN_PROCESS_AGENTS = not http
     timers = TIMERS
@@ -159,18 +144,20 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
         instrument_session(session, timers)
         timers.take()
         for step in range(steps):
+            cpu0 = time.process_time()
             t0 = time.perf_counter()
             batch = session.rollout()
             t1 = time.perf_counter()
             rollout_s, rollout_n = timers.take()
             stats = session.train_step(batch)
             t2 = time.perf_counter()
+            cpu_s = time.process_time() - cpu0
             train_s, _ = timers.take()
             calls = max(rollout_n.get("capture", 0), 1)
             episodes = max(rollout_n.get("episode", 0), 1)
             tensors = batch.to_tensors()
             row = {
-                "setup": name, "step": step, "step_s": t2 - t0, "rollout_s": t1 - t0, "train_s": t2 - t1,
+                "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
                 "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
                 "calls_per_episode": calls / episodes,
                 "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
@@ -180,8 +167,9 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
                 "lifecycle_ms": 1e3 * (rollout_s.get("episode", 0.0) - rollout_s.get("agent", 0.0)) / episodes,
                 **{f"{k}_s": train_s.get(k, 0.0)
                    for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
-                "trained_tokens": int(tensors["attention_mask"].sum()),
-                "unique_tokens": unique_tokens(batch),
+                "trained_tokens": int(stats["train_positions"]),
+                "unique_tokens": count_unique_tokens(tensors["input_ids"], tensors["attention_mask"]),
+                "row_tokens": int(tensors["attention_mask"].sum()),
                 "reward_mean": stats.get("reward_mean"),
             }
             rows.append(row)
@@ -189,7 +177,9 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
     measured = rows[1:] or rows
     med = {k: statistics.median(r[k] for r in measured) for k in rows[0] if isinstance(rows[0][k], int | float)
            and k != "step"}
-    med["trained_over_unique"] = sum(r["trained_tokens"] for r in measured) / sum(r["unique_tokens"] for r in measured)
+    unique = sum(r["unique_tokens"] for r in measured)
+    med["trained_over_unique"] = sum(r["trained_tokens"] for r in measured) / unique
+    med["rows_over_unique"] = sum(r["row_tokens"] for r in measured) / unique  # without prefix sharing
     return med
 
 
@@ -213,10 +203,13 @@ def main() -> None:
                   f"forward {m['forward_s']:.2f}, backward {m['backward_s']:.2f}, optimizer {m['optimizer_s']:.2f}, "
                   f"push {m['push_s']:.2f}); per episode {m['episode_ms']:.0f} ms (agent {m['agent_ms']:.0f}, "
                   f"lifecycle {m['lifecycle_ms']:.1f}); per call capture {m['capture_ms']:.0f} ms, engine "
-                  f"{m['engine_ms']:.0f} ms; trained/unique tokens {m['trained_over_unique']:.2f}")
+                  f"{m['engine_ms']:.0f} ms; trained/unique tokens {m['trained_over_unique']:.2f} "
+                  f"(unshared rows would be {m['rows_over_unique']:.2f})")
     if "multi" in result and "single" in result:
         result["multi_over_single"] = result["multi"]["step_s"] / result["single"]["step_s"]
-        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5)")
+        result["multi_over_single_cpu"] = result["multi"]["cpu_s"] / result["single"]["cpu_s"]
+        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5); CPU time per "
+              f"step {result['multi_over_single_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
     print(json.dumps(result))
 
 

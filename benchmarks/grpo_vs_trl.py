@@ -11,7 +11,11 @@ Session: agent (`SingleTurnMathAgent`, one OpenAI-SDK call) → proxy → LocalE
 → weight push. TRL's uses HF `generate` (no vLLM) and its own trainer loop.
 
 Step time is wall time per training step (rollout + update + weight push for ours; TRL's
-generation + update between two `on_step_end` callbacks), median over the steps. Accuracy is
+generation + update between two `on_step_end` callbacks), median over the steps. `cpu_s` is the
+process CPU time (all threads) of the same interval: on a shared machine, where wall time mostly
+measures the neighbours (and a process with more threads gets a larger share of the cores), it
+is the figure that still compares the work; run with `OMP_NUM_THREADS=1` there, so idle OpenMP
+threads spinning for work do not count as CPU time. Accuracy is
 measured identically for both: greedy HF `generate` on the first `--eval-size` held-out problems,
 scored by `math_reward`. TRL needs the `bench` extra (`pip install -e '.[bench]'`).
 
@@ -100,18 +104,20 @@ def run_ours(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
     with Session(session_config(steps)) as session:
         model, tokenizer = session.actor.model, session.tokenizer
         before = greedy_accuracy(model, tokenizer, eval_problems)
-        times, rewards = [], []
+        times, cpu, rewards = [], [], []
         for _ in range(steps):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             row = session.step()
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
             rewards.append(row["reward_mean"])
-            print(json.dumps({"side": "ours", "step_s": round(times[-1], 3), "reward_mean": row["reward_mean"],
+            print(json.dumps({"side": "ours", "step_s": round(times[-1], 3), "cpu_s": round(cpu[-1], 3),
+                              "reward_mean": row["reward_mean"],
                               "rollout_s": round(row["rollout_s"], 3), "train_s": round(row["train_seconds"], 3)}),
                   flush=True)
         after = greedy_accuracy(model, tokenizer, eval_problems)
-    return {"step_s": statistics.median(times), "steps": steps, "acc_before": before, "acc_after": after,
-            "reward_first": rewards[0], "reward_last": rewards[-1]}
+    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "steps": steps,
+            "acc_before": before, "acc_after": after, "reward_first": rewards[0], "reward_last": rewards[-1]}
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -139,13 +145,17 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
             self.marks: list[float] = []
+            self.cpu_marks: list[float] = []
 
         def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
             self.marks.append(time.perf_counter())
+            self.cpu_marks.append(time.process_time())
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             self.marks.append(time.perf_counter())
-            print(json.dumps({"side": "trl", "step_s": round(self.marks[-1] - self.marks[-2], 3)}), flush=True)
+            self.cpu_marks.append(time.process_time())
+            print(json.dumps({"side": "trl", "step_s": round(self.marks[-1] - self.marks[-2], 3),
+                              "cpu_s": round(self.cpu_marks[-1] - self.cpu_marks[-2], 3)}), flush=True)
 
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out_dir:
@@ -170,7 +180,9 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
         trainer.train()
         after = greedy_accuracy(trainer.model, tokenizer, eval_problems)
     times = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
-    return {"step_s": statistics.median(times), "steps": len(times), "acc_before": before, "acc_after": after}
+    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:])]
+    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "steps": len(times),
+            "acc_before": before, "acc_after": after}
 
 
 def main() -> None:
@@ -190,12 +202,14 @@ def main() -> None:
         result["trl"] = run_trl(args.steps, eval_problems)
     if "ours" in result and "trl" in result:
         result["ours_over_trl"] = result["ours"]["step_s"] / result["trl"]["step_s"]
+        result["ours_over_trl_cpu"] = result["ours"]["cpu_s"] / result["trl"]["cpu_s"]
     for side, r in result.items():
         if isinstance(r, dict):
-            print(f"{side:>5}: {r['step_s']:.2f} s/step (median of {r['steps']}), held-out greedy accuracy "
+            print(f"{side:>5}: {r['step_s']:.2f} s/step, {r['cpu_s']:.2f} CPU s/step (median of {r['steps']}), held-out greedy accuracy "
                   f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}")
     if "ours_over_trl" in result:
-        print(f"ours / TRL step time: {result['ours_over_trl']:.2f}x (target <= 1.0)")
+        print(f"ours / TRL step time: {result['ours_over_trl']:.2f}x (target <= 1.0); CPU time per step: "
+              f"{result['ours_over_trl_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
     print(json.dumps(result))
 
 

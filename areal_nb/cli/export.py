@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=None, help="trainer processes per node "
                         "(cluster.nproc_per_node)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come after --out / --nproc
 
     from areal_nb.config import ConfigError, load_config
     from areal_nb.export import ExportError, export_run

@@ -15,7 +15,10 @@ any more are trimmed). The KV tensors are transformers' own `DynamicCache` layer
 
 Each layer keeps its keys/values in a preallocated buffer with spare columns (`_SlotLayer`), so a
 decode step writes one column instead of re-concatenating the whole cache (what the stock
-`DynamicLayer` does, and the main per-step cost besides the matmuls on a small model).
+`DynamicLayer` does, and the main per-step cost besides the matmuls on a small model). The buffer
+stays contiguous, valid columns first, spare columns zero: a decoding step attends over the whole
+buffer (spare columns masked out), because torch's CPU `bmm` over a column slice of a wider buffer
+(batch stride != rows x cols) takes a slow path, 3-4x slower than over a contiguous tensor.
 """
 
 from __future__ import annotations
@@ -28,50 +31,64 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .qwen2_fast import Qwen2FastForward
 
-SPARE_COLUMNS = 64  # free columns allocated beyond the current length; grows by doubling
+SPARE_COLUMNS = 32  # free columns allocated beyond the current length (a decoding step reads them too)
 
 
 class _SlotLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values are the columns [start, end) of a buffer with spare room."""
+    """A DynamicLayer whose keys/values are the first `end` columns of a contiguous buffer.
+
+    Columns [end, capacity) are spare room for the next tokens and hold zeros (finite, so that a
+    masked-out score stays exactly -inf and its weight exactly 0).
+    """
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.load(key_states[:, :, :0], value_states[:, :, :0])
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS) -> None:
-        """Replace the contents (copied into a fresh buffer with `spare` free columns)."""
-        batch, heads, length, dim = keys.shape
-        # spare columns are never read before `update` writes them: no need to zero them
-        self._k = keys.new_empty(batch, heads, length + spare, dim)
-        self._v = values.new_empty(batch, values.shape[1], length + spare, values.shape[3])
-        self._k[:, :, :length] = keys
-        self._v[:, :, :length] = values
-        self._start, self._end = 0, length
+        """Replace the contents (copied into a fresh buffer with `spare` zero columns)."""
+        self._k = torch.cat([keys, keys.new_zeros(*keys.shape[:2], spare, keys.shape[3])], dim=2)
+        self._v = torch.cat([values, values.new_zeros(*values.shape[:2], spare, values.shape[3])], dim=2)
+        self._end = keys.shape[2]
         self._refresh()
+
+    @property
+    def capacity(self) -> int:
+        return int(self._k.shape[2])
+
+    def reserve(self, new: int) -> None:
+        """Make room for `new` more columns (grows the buffer when needed)."""
+        if self._end + new > self._k.shape[2]:
+            self.load(self.keys, self.values, spare=max(SPARE_COLUMNS, new))
 
     def keep(self, index: torch.Tensor, trim: int) -> None:
         """Keep batch rows `index` and drop the first `trim` columns, with a single copy."""
-        self._k = self._k.index_select(0, index)
-        self._v = self._v.index_select(0, index)
-        self._start += trim
+        self._k = self._k[:, :, trim:].index_select(0, index)
+        self._v = self._v[:, :, trim:].index_select(0, index)
+        self._end -= trim
         self._refresh()
 
     def _refresh(self) -> None:
-        self.keys = self._k[:, :, self._start : self._end]
-        self.values = self._v[:, :, self._start : self._end]
+        self.keys = self._k[:, :, : self._end]
+        self.values = self._v[:, :, : self._end]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append; return the valid keys/values (the stock `Cache` contract)."""
+        self.append(key_states, value_states)
+        return self.keys, self.values
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append; return the whole buffers, spare columns included (see the module docstring)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
-        if self._end + new > self._k.shape[2]:
-            self.load(self.keys, self.values, spare=max(SPARE_COLUMNS, self._end - self._start + new))
+        self.reserve(new)
         self._k[:, :, self._end : self._end + new] = key_states
         self._v[:, :, self._end : self._end + new] = value_states
         self._end += new
         self._refresh()
-        return self.keys, self.values
+        return self._k, self._v
 
 
 def _new_cache(num_layers: int) -> Cache:
@@ -175,10 +192,18 @@ class PaddedKVBatch:
         """Feed each row's last sampled token [B]; return next-token logits [B, V]."""
         if self.cache is None or last_tokens.shape[0] != self.size:
             raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
-        cols = torch.arange(self.length + 1, device=self.device)
+        if self.fast is not None:
+            # the fast forward attends over every allocated column: mask padding and spare columns
+            for layer in self.cache.layers:
+                layer.reserve(1)
+            width = self.cache.layers[0].capacity
+        else:
+            width = self.length + 1
+        cols = torch.arange(width, device=self.device)
         # additive float mask, built once per step: sdpa would convert a boolean one in every layer
-        padding = (cols[None, :] < self.pads[:, None])[:, None, None, :]  # [B, 1, 1, length+1]
-        mask = torch.zeros(padding.shape, device=self.device, dtype=self.dtype).masked_fill_(padding, float("-inf"))
+        hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
+        mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
+        mask = mask[:, None, None, :]  # [B, 1, 1, width]
         positions = (self.length - self.pads)[:, None]
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1

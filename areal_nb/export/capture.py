@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
 import re
 import subprocess
@@ -40,25 +41,45 @@ class ExportError(ValueError):
 @dataclass
 class CapturedAgent:
     workflow: str  # the config's agent.workflow: an import string
-    workflow_kwargs: dict[str, Any] | None = None  # set when recovered from an instance
+    workflow_kwargs: dict[str, Any] | None = None  # the config's agent.workflow_kwargs (plain data)
     source: str | None = None  # agent.py, when the code came from notebook cells
-    modules: set[str] = field(default_factory=set)  # top-level modules agent.py imports
+    modules: set[str] = field(default_factory=set)  # top-level modules the agent's code imports
+
+    def local_modules(self) -> list[Path]:
+        """Files or package folders of the user's own modules the agent needs (a `%%writefile
+        my_agent.py` beside the notebook): not installed, so they are copied into the run folder."""
+        names = set(self.modules) | {self.workflow.split(".")[0]}
+        return sorted(p for p in (_local_path(name) for name in names) if p is not None)
 
 
-def capture_workflow(workflow: Any) -> CapturedAgent:
-    """`agent.workflow` (string, class, function or instance) → import string (+ agent.py source)."""
+def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> CapturedAgent:
+    """`agent.workflow` (string, class, function or instance) and its kwargs → an import string
+    and plain kwargs for config.yaml, plus agent.py when code comes from `__main__`.
+
+    An instance is rebuilt from its constructor arguments. When those include code (a reward
+    function: `ChatAgent(reward_fn=my_reward)`), config.yaml cannot hold them: agent.py then
+    builds the agent as the notebook did (`AGENT = ChatAgent(reward_fn=my_reward)`) and the
+    config names `agent.AGENT`.
+    """
     if isinstance(workflow, str):
-        return CapturedAgent(workflow=workflow)
-    kwargs = None
-    target = workflow
+        return CapturedAgent(workflow=workflow, workflow_kwargs=workflow_kwargs)
+    target, kwargs = workflow, workflow_kwargs
     if not (inspect.isclass(workflow) or inspect.isfunction(workflow)):
-        target = type(workflow)
-        kwargs = _constructor_kwargs(workflow)
-    if target.__module__ != "__main__":
+        target, kwargs = type(workflow), _constructor_kwargs(workflow)
+    code_args = {k: v for k, v in (kwargs or {}).items() if inspect.isfunction(v) or inspect.isclass(v)}
+    if target.__module__ != "__main__" and not code_args:
         return CapturedAgent(workflow=_import_path(target), workflow_kwargs=kwargs)
-    source, modules = _NotebookCode().extract(target.__name__, target)
-    return CapturedAgent(workflow=f"{AGENT_MODULE}.{target.__name__}", workflow_kwargs=kwargs,
-                         source=source, modules=modules)
+    notebook = _NotebookCode()
+    for value in [target, *code_args.values()]:
+        notebook.add(value)
+    if not code_args:
+        source, modules = notebook.render()
+        return CapturedAgent(workflow=f"{AGENT_MODULE}.{target.__name__}", workflow_kwargs=kwargs,
+                             source=source, modules=modules)
+    args = ", ".join(f"{k}={v.__name__ if k in code_args else repr(v)}" for k, v in kwargs.items())
+    source, modules = notebook.render(f"# the agent of this run, built as the notebook built it\n"
+                                      f"AGENT = {target.__name__}({args})")
+    return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
 
 
 def check_imports(folder: Path, workflow: str, *, timeout: float = 120) -> None:
@@ -81,6 +102,28 @@ def check_imports(folder: Path, workflow: str, *, timeout: float = 120) -> None:
 # ----------------------------------------------------------------------------- importable objects
 
 
+def _local_path(module_name: str) -> Path | None:
+    """Where a top-level module lives when it is the user's own code: not the standard library,
+    not an installed package (site-packages), not areal_nb."""
+    import site
+    import sysconfig
+
+    if module_name in ("__main__", AGENT_MODULE, "areal_nb") or module_name in sys.stdlib_module_names:
+        return None
+    try:
+        spec = importlib.util.find_spec(module_name)  # a top-level name: found without importing it
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    path = Path(spec.origin).resolve()
+    installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
+                                             sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]]
+    if any(path.is_relative_to(root) for root in installed):
+        return None
+    return path.parent if path.name == "__init__.py" else path
+
+
 def _import_path(obj: Any) -> str:
     module, qualname = obj.__module__, obj.__qualname__
     if "<locals>" in qualname:
@@ -99,25 +142,26 @@ def _import_path(obj: Any) -> str:
 
 def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     """An agent instance → the kwargs that rebuild it: every `__init__` parameter must be kept
-    as an attribute of the same name, holding plain data (config.yaml holds data only)."""
+    as an attribute of the same name, holding plain data or code (a function or class)."""
     cls = type(instance)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     state = getattr(instance, "__dict__", {})
     kwargs = {}
     for p in params:
-        if p.name in state and _is_plain(state[p.name]):
-            if p.default is p.empty or state[p.name] != p.default:
-                kwargs[p.name] = state[p.name]
-        elif p.default is p.empty or p.name in state:
+        value = state.get(p.name)
+        if p.name in state and (is_plain_data(value) or inspect.isfunction(value) or inspect.isclass(value)):
+            if p.default is p.empty or value != p.default:
+                kwargs[p.name] = value
+        else:  # not kept under its name, or not data nor code: its value cannot be known
             raise ExportError(
                 f"agent.workflow is an instance of {cls.__qualname__} whose argument {p.name!r} cannot be "
-                f"recovered as plain data: pass the class and agent.workflow_kwargs instead "
+                f"recovered as plain data or code: pass the class and agent.workflow_kwargs instead "
                 f"(Session(..., agent__workflow={cls.__qualname__}, agent__workflow_kwargs={{...}}))")
     return kwargs
 
 
-def _is_plain(value: Any) -> bool:
+def is_plain_data(value: Any) -> bool:
     """Data `repr` writes and `ast.literal_eval` reads back equal (numbers, strings, lists, dicts ...)."""
     try:
         return ast.literal_eval(repr(value)) == value
@@ -138,8 +182,7 @@ def _cell_sources() -> list[str]:
     main_file = getattr(sys.modules["__main__"], "__file__", None)
     if main_file and Path(main_file).is_file():
         return [Path(main_file).read_text()]
-    raise ExportError("the agent is defined in __main__ but its source is not available here (no IPython history, "
-                      "no script file): put it in a module and pass its import path")
+    return []  # no source: a definition from __main__ then fails, naming itself
 
 
 class _NotebookCode:
@@ -164,12 +207,16 @@ class _NotebookCode:
         self.modules: set[str] = set()
         self.done: set[str] = set()
 
-    def extract(self, name: str, obj: Any) -> tuple[str, set[str]]:
-        self._need(name, by=None, value=obj)
+    def add(self, obj: Any) -> None:
+        """`obj` (a class or function) by name in agent.py: its source from the cells, or an import."""
+        self._need(obj.__name__, by=None, value=obj)
+
+    def render(self, tail: str = "") -> tuple[str, set[str]]:
+        """agent.py: imports, constants, the definitions in the order the cells made them, `tail`."""
         head = [line for line in self.generated.values() if line.startswith(("import ", "from "))]
         consts = [line for line in self.generated.values() if not line.startswith(("import ", "from "))]
         body = [self.lines[k] for k in sorted(self.lines)]
-        sections = ["\n".join(sorted(head)), "\n".join(consts), "\n\n\n".join(body)]
+        sections = ["\n".join(sorted(head)), "\n".join(consts), "\n\n\n".join(body), tail]
         return "\n\n\n".join(part for part in sections if part) + "\n", self.modules
 
     def _need(self, name: str, by: str | None, value: Any = _MISSING) -> None:
@@ -190,7 +237,7 @@ class _NotebookCode:
                 self._import_line(name, value)
             else:
                 self._definition(name, value, by)
-        elif _is_plain(value):
+        elif is_plain_data(value):
             self.generated[name] = f"{name} = {value!r}"
         elif isinstance(value, re.Pattern):
             self._need_module("re")
@@ -235,7 +282,8 @@ class _NotebookCode:
             raise ExportError(f"{label} is defined inside a function; define it at the top level of a cell")
         binding = self.bindings.get(name)
         if binding is None:
-            raise ExportError(f"the source of {label} was not found in the notebook's cells")
+            raise ExportError(f"the source of {label} was not found in the notebook's cells (or the script): "
+                              f"put it in a module and pass its import path")
         order, stmt, source = binding
         if value.__name__ == "<lambda>" and not (isinstance(stmt, (ast.Assign, ast.AnnAssign))
                                                   and isinstance(stmt.value, ast.Lambda)):

@@ -8,7 +8,6 @@ what runs where: templates/README.md. Paths in config.yaml are relative to the f
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import sys
@@ -18,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_nb.config import SessionConfig, dump_config
+from areal_nb.config import SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
 
-from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports
+from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data
 from .provenance import git_description, package_version, requirements
 
 if TYPE_CHECKING:
@@ -40,11 +39,10 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
             raise ExportError(f"{out} exists and is not empty" + ("" if overwrite else
                               "; pass overwrite=True (--overwrite) to replace an earlier export"))
-    captured = capture_workflow(config.agent.workflow)  # before anything is written
-    cfg = copy.deepcopy(config)
-    cfg.agent.workflow = captured.workflow
-    if captured.workflow_kwargs is not None:
-        cfg.agent.workflow_kwargs = captured.workflow_kwargs
+    captured = capture_workflow(config.agent.workflow, config.agent.workflow_kwargs)  # before anything is written
+    # a new config (not a deep copy: the notebook's agent object may hold worker pools or locks)
+    cfg = load_config(config, {"agent.workflow": captured.workflow,
+                               "agent.workflow_kwargs": captured.workflow_kwargs or {}})
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -54,6 +52,11 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         dump_config(cfg, tmp / "config.yaml")
         if captured.source is not None:
             (tmp / f"{AGENT_MODULE}.py").write_text(_agent_header() + captured.source)
+        for local in captured.local_modules():  # the user's own modules, beside train.py
+            if local.is_dir():
+                shutil.copytree(local, tmp / local.name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
         if saved:
             _save_checkpoint(session, cfg, tmp / "checkpoint")
@@ -99,10 +102,8 @@ def _place_data(cfg: SessionConfig, folder: Path) -> None:
 
 def _check_plain(cfg: SessionConfig) -> None:
     """config.yaml holds data only: a function or object among the agent's kwargs cannot go there."""
-    from .capture import _is_plain
-
     for key, value in cfg.agent.workflow_kwargs.items():
-        if not _is_plain(value):
+        if not is_plain_data(value):
             raise ExportError(f"agent.workflow_kwargs[{key!r}] is a {type(value).__qualname__}, which config.yaml "
                               f"cannot hold: refer to it from the agent's code instead, or pass plain data")
 

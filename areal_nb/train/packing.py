@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# Padding a batched forward may add to its real nodes (see `forward_groups`).
+PAD_SLACK = 0.125
+
 
 @dataclass
 class PackedRows:
@@ -37,12 +40,13 @@ class PackedRows:
     tree_mask: Tensor  # [P, N, N] bool: node i attends to node j (ancestor or itself)
     node_of: Tensor  # [B, L] flat index (pack * N + node) of each row position, -1 on padding
     lengths: list[int]  # real nodes of each sequence (the rest is padding)
+    forwards: list[list[int]]  # sequences run together as one [len, width] forward (`forward_groups`)
 
     @property
     def n_nodes(self) -> int:
-        """Nodes over all sequences: the positions the model computes (each sequence is run at its
-        own length, so padding nodes are never computed)."""
-        return sum(self.lengths)
+        """Positions the model computes: each forward runs its sequences at the longest one's
+        length, so this counts the few padding nodes that makes (at most `PAD_SLACK` extra)."""
+        return sum(len(seqs) * self.lengths[seqs[0]] for seqs in self.forwards)
 
 
 def build_trie(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
@@ -127,14 +131,36 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
     for depth in range(1, int(positions.max()) + 1):
         pack, node = torch.nonzero(real & (positions == depth), as_tuple=True)
         mask[pack, node] |= mask[pack, parents[pack, node]]
+    sequence_lengths = [len(t[0]) for t in tries]
     return PackedRows(
         input_ids=tokens.to(input_ids.device),
         position_ids=positions.to(input_ids.device),
         parents=parents.to(input_ids.device),
         tree_mask=mask.to(input_ids.device),
         node_of=node_of.to(input_ids.device),
-        lengths=[len(t[0]) for t in tries],
+        lengths=sequence_lengths,
+        forwards=forward_groups(sequence_lengths),
     )
+
+
+def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[list[int]]:
+    """Sequences (indices) to run as one batched forward each, longest first: a sequence joins the
+    current forward while the padding to the longest one stays within `slack` of the real nodes.
+
+    One forward per sequence would pay the model's per-operation overhead for each of them (the
+    8-sample groups of a small single-turn batch are ~50 nodes each: overhead dominates); one
+    forward for all would pad every sequence to the longest. This keeps both small.
+    """
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + slack) * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 def packed_token_logprobs_and_entropy(
@@ -147,34 +173,45 @@ def packed_token_logprobs_and_entropy(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     dtype = next(model.parameters()).dtype
     n = packed.input_ids.shape[1]
-    node_lp, node_entropy = [], []
-    # one forward per sequence at its own length: no padding node is computed
-    for p, k in enumerate(packed.lengths):
-        additive = torch.zeros((1, 1, k, k), dtype=dtype, device=packed.tree_mask.device)
-        additive.masked_fill_(~packed.tree_mask[p, :k, :k], torch.finfo(dtype).min)
+    device = packed.tree_mask.device
+    node_lp, node_entropy, order = [], [], []
+    # one forward per group of similar-length sequences, at the longest one's length k; a shorter
+    # sequence's padding nodes (token 0, position 0) attend only to themselves and no real node
+    # reads them, so the real nodes compute exactly what they would alone
+    for seqs in packed.forwards:
+        k = packed.lengths[seqs[0]]
+        index = torch.tensor(seqs, device=device)
+        additive = torch.zeros((len(seqs), 1, k, k), dtype=dtype, device=device)
+        additive.masked_fill_(~packed.tree_mask[index, None, :k, :k], torch.finfo(dtype).min)
+        tokens = packed.input_ids[index, :k]
         logits = model(
-            input_ids=packed.input_ids[p : p + 1, :k],
+            input_ids=tokens,
             attention_mask=additive,  # a 4D mask is used as-is by sdpa/eager attention
-            position_ids=packed.position_ids[p : p + 1, :k],
+            position_ids=packed.position_ids[index, :k],
             use_cache=False,
-        ).logits[0]
-        log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [k, V]
-        parents = packed.parents[p, :k]
+        ).logits
+        log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [s, k, V]
+        parents = packed.parents[index, :k]
         has_parent = parents >= 0
         parents = parents.clamp(min=0)
-        padding = log_probs.new_zeros(n - k)
+        rows = torch.arange(len(seqs), device=device)[:, None]
+        padding = log_probs.new_zeros(len(seqs), n - k)
         # a node's token log-prob is read at its parent's logits; roots have no context (0)
-        lp = torch.where(has_parent, log_probs[parents, packed.input_ids[p, :k]], 0.0)
-        node_lp.append(torch.cat([lp, padding]))
+        lp = torch.where(has_parent, log_probs[rows, parents, tokens], 0.0)
+        node_lp.append(torch.cat([lp, padding], dim=1))
+        order.extend(seqs)
         if with_entropy:
             with torch.no_grad():  # reported, not trained on
                 detached = log_probs.detach()
                 entropy = -(detached.exp() * detached).sum(-1)
-                node_entropy.append(torch.cat([torch.where(has_parent, entropy[parents], 0.0), padding]))
-    flat_lp = torch.cat(node_lp)
+                node_entropy.append(torch.cat([torch.where(has_parent, entropy[rows, parents], 0.0), padding], dim=1))
+    # back to pack order, flat: node_of indexes pack * N + node
+    unsort = torch.empty(len(order), dtype=torch.long, device=device)
+    unsort[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+    flat_lp = torch.cat(node_lp)[unsort].reshape(-1)
     if not with_entropy:
         return _to_rows(flat_lp, packed.node_of), None
-    return _to_rows(flat_lp, packed.node_of), _to_rows(torch.cat(node_entropy), packed.node_of)
+    return _to_rows(flat_lp, packed.node_of), _to_rows(torch.cat(node_entropy)[unsort].reshape(-1), packed.node_of)
 
 
 def _to_rows(per_node: Tensor, node_of: Tensor) -> Tensor:

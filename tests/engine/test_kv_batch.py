@@ -1,4 +1,5 @@
-"""`length_groups`: how a prefill is split into forwards over prompts of similar length."""
+"""`length_groups` (how a prefill is split into forwards over prompts of similar length) and the
+running batch's logits against plain forwards."""
 
 from __future__ import annotations
 
@@ -21,3 +22,49 @@ def test_every_row_lands_in_exactly_one_group():
     assert sorted(i for g in groups for i in g) == list(range(100))
     for group in groups:
         assert min(lengths[i] for i in group) >= 0.75 * max(lengths[i] for i in group)
+
+
+def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(tiny_model_path, reference_model):
+    """Rows that decode past the spare columns, leave (trimming padding) and join a running batch
+    get the logits of a plain forward over their own unpadded sequence, at every step."""
+    import torch
+
+    from areal_nb.engine.kv_batch import SPARE_COLUMNS, PaddedKVBatch
+    from areal_nb.engine.weights import load_engine_model
+
+    model, _ = load_engine_model(tiny_model_path, None, torch.device("cpu"), torch.float32)
+    batch = PaddedKVBatch(model)
+    assert batch.fast is not None
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (3, 17, 9)]
+
+    def check(logits):
+        with torch.inference_mode():
+            for row, got in zip(rows, logits, strict=True):
+                want = reference_model(torch.tensor([row])).logits[0, -1]
+                assert (got - want).abs().max() < 1e-4
+
+    def step(logits):
+        for row, next_token in zip(rows, logits.argmax(-1).tolist(), strict=True):
+            row.append(next_token)
+        return batch.decode(torch.tensor([row[-1] for row in rows]))
+
+    with torch.inference_mode():
+        logits = batch.prefill([list(r) for r in rows])
+        check(logits)
+        for _ in range(SPARE_COLUMNS + 3):  # the cache buffer grows once on the way
+            logits = step(logits)
+            check(logits)
+        batch.keep_rows([2, 0])  # the longest prompt leaves: padding columns are trimmed
+        rows, logits = [rows[2], rows[0]], logits[[2, 0]]
+        for _ in range(3):
+            logits = step(logits)
+            check(logits)
+        joined = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (40, 2)]
+        new_logits = batch.prefill([list(r) for r in joined])  # join the running batch
+        rows += joined
+        logits = torch.cat([logits, new_logits])
+        check(logits)
+        for _ in range(5):
+            logits = step(logits)
+            check(logits)

@@ -7,6 +7,7 @@ code stays an import path, and what cannot travel fails at export time, naming i
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import textwrap
@@ -152,3 +153,37 @@ def test_an_instance_whose_arguments_are_not_plain_data_is_refused(as_main):
         ''')
     with pytest.raises(ExportError, match=r"instance of Agent whose argument 'lock'.*pass the class"):
         capture_workflow(main.agent)
+
+
+def test_the_users_own_module_is_copied_not_required_installed(tmp_path, monkeypatch):
+    """`%%writefile my_task_agent.py` beside the notebook, then `from my_task_agent import Agent`:
+    the module is the user's, not installed, so the run folder gets a copy."""
+    (tmp_path / "my_task_agent.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("my_task_agent")
+    captured = capture_workflow(module.Agent)
+    assert captured.workflow == "my_task_agent.Agent" and captured.source is None
+    assert captured.local_modules() == [tmp_path / "my_task_agent.py"]
+    from areal_nb.agents.math_agent import MultiTurnMathAgent
+
+    assert capture_workflow(MultiTurnMathAgent).local_modules() == []  # areal_nb's own: installed
+
+
+def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py(as_main, tmp_path):
+    main = as_main('''
+        from areal_nb.agents.chat_agent import ChatAgent
+
+        def exact(row, reply):
+            return float(reply.strip() == row["answer"])
+
+        agent = ChatAgent(reward_fn=exact, max_turns=2)
+        ''')
+    captured = capture_workflow(main.agent)
+    assert captured.workflow == "agent.AGENT" and captured.workflow_kwargs == {}
+    assert "from areal_nb.agents.chat_agent import ChatAgent" in captured.source
+    assert captured.source.rstrip().endswith("AGENT = ChatAgent(reward_fn=exact, max_turns=2)")
+    module = load_agent_py(tmp_path, captured.source)
+    assert module.AGENT.max_turns == 2 and module.AGENT.reward_fn({"answer": "4"}, " 4") == 1.0
+    # the same through the class and workflow_kwargs
+    by_class = capture_workflow(main.ChatAgent, {"reward_fn": main.exact})
+    assert by_class.workflow == "agent.AGENT" and "AGENT = ChatAgent(reward_fn=exact)" in by_class.source

@@ -29,7 +29,8 @@ def test_export_writes_a_folder_whose_config_and_scripts_hold_every_override(tmp
     overrides = ["total_steps=7", "actor.lr=2e-5", "cluster.nodes=3", "cluster.infer_nodes=1",
                  "cluster.gpus_per_node=8", "cluster.servers_per_node=2", "cluster.gpus_per_server=4",
                  "cluster.partition=gpu", "cluster.time=02:00:00"]
-    result = areal_nb("export", CONFIG, *overrides, "--nproc", 8, "--out", out)
+    # overrides may come before and after the options
+    result = areal_nb("export", CONFIG, *overrides[:5], "--nproc", 8, "--out", out, *overrides[5:])
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "job.sbatch", "launch_local.sh",
                                                       "requirements.txt", "train.py"]  # no agent.py, no checkpoint

@@ -43,17 +43,22 @@ class SpyTokenizer:
 
 
 @pytest.mark.server
-def test_rendering_runs_off_the_event_loop(tiny_tokenizer):
+def test_rendering_a_long_conversation_runs_off_the_event_loop(tiny_tokenizer):
+    from areal_nb.openai.completion import INLINE_RENDER_CHARS
     from areal_nb.proxy import ProxySettings, create_app
 
     spy = SpyTokenizer(tiny_tokenizer)
     spy.release.clear()
     app = create_app(ScriptedEngine(spy, SCRIPTED_REPLY), spy, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    # short conversations render in place (cheaper than a thread hop); long ones in a thread
+    long_chat = {**CHAT, "messages": [{"role": "user", "content": "2+2? " * (INLINE_RENDER_CHARS // 4)}]}
     with ProxyServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         _, key = start_session(client)
         result: dict[str, Any] = {}
         slow = threading.Thread(
-            target=lambda: result.setdefault("r", client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT))
+            target=lambda: result.setdefault(
+                "r", client.post("/v1/chat/completions", headers=session_headers(key), json=long_chat)
+            )
         )
         slow.start()
         assert spy.entered.wait(30)  # the template is being rendered right now ...

@@ -8,6 +8,7 @@ In CI (`CI=true`) they fail instead: CI installs the packages, so a missing Slur
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -43,3 +44,4 @@ def slurm_cluster():
         cluster.stop()
         leftovers = cluster.leftover_pids()
         assert not leftovers, f"processes of the test cluster outlived it: {leftovers}"
+        shutil.rmtree(cluster.root, ignore_errors=True)

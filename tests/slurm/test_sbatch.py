@@ -2,14 +2,13 @@
 
 1. The harness itself: a two-step job reaches COMPLETED with exit code 0.
 2. The exported run folder's `job.sbatch`: its engine server and a 2-process trainer run to
-   completion, and the checkpoint is written.
+   completion, and the checkpoint is written; a server that cannot start fails the job at once.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -37,6 +36,22 @@ def _job_report(run_dir: Path, job_id: str) -> str:
         if path.is_file():
             parts.append(f"--- {path.relative_to(run_dir)}\n{path.read_text(errors='replace')[-4000:]}")
     return "\n".join(parts)
+
+
+def _export(run_dir: Path) -> Path:
+    """`areal-nb export` (in this process) of the short run, 2 trainer ranks, on free ports."""
+    from areal_nb.cli import main as areal_nb
+
+    assert areal_nb(["export", str(CONFIG), *SHORT, "experiment_name=on-slurm", f"cluster.engine_port={_free_port()}",
+                     f"cluster.rdzv_port={_free_port()}", "--nproc", "2", "--out", str(run_dir)]) == 0
+    return run_dir
+
+
+def _submit(cluster, run_dir: Path) -> str:
+    """`sbatch job.sbatch` from the run folder, as a user who activated this venv would: its
+    python, areal-nb and torchrun first on PATH."""
+    return cluster.submit(run_dir / "job.sbatch", cwd=run_dir,
+                          env={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
 
 
 def test_a_batch_job_with_steps_completes(slurm_cluster, tmp_path):
@@ -67,17 +82,8 @@ def test_the_exported_job_sbatch_trains_with_an_engine_server_and_two_ranks(slur
     """`areal-nb export` → `sbatch job.sbatch`, unedited: the engine server and a 2-process
     torchrun trainer run as steps of one job, train 2 steps of the tiny model against the server,
     and write the final checkpoint."""
-    run_dir = tmp_path / "run"
-    export = subprocess.run(
-        [sys.executable, "-m", "areal_nb.cli", "export", str(CONFIG), *SHORT, "experiment_name=on-slurm",
-         "cluster.nproc_per_node=2", f"cluster.engine_port={_free_port()}", f"cluster.rdzv_port={_free_port()}",
-         "--out", str(run_dir)],
-        capture_output=True, text=True, timeout=300)
-    assert export.returncode == 0, export.stderr
-
-    # Submitted as a user who activated this venv would: its python, areal-nb and torchrun on PATH.
-    job_id = slurm_cluster.submit(run_dir / "job.sbatch", cwd=run_dir,
-                                  env={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    run_dir = _export(tmp_path / "run")
+    job_id = _submit(slurm_cluster, run_dir)
     result = slurm_cluster.wait(job_id, timeout=600)
     report = _job_report(run_dir, job_id)
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), report
@@ -91,3 +97,19 @@ def test_the_exported_job_sbatch_trains_with_an_engine_server_and_two_ranks(slur
     assert "areal-nb engine-server listening on" in server_log, report
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["version-1", "version-2"], report
     assert "engine-server: stopping" in server_log, report
+
+
+def test_a_job_whose_engine_server_cannot_start_fails_at_once_and_says_so(slurm_cluster, tmp_path):
+    """A server step that exits before it is healthy fails the job (FAILED, exit 1) with a line
+    naming the server and its logs, instead of the trainer waiting for it until the time limit."""
+    run_dir = _export(tmp_path / "run")
+    script = run_dir / "job.sbatch"
+    assert 'MODEL="tiny-math"' in script.read_text()  # edited as a user would, to weights that are not there
+    script.write_text(script.read_text().replace('MODEL="tiny-math"', f'MODEL="{tmp_path}/no-such-model"'))
+    job_id = _submit(slurm_cluster, run_dir)
+    result = slurm_cluster.wait(job_id, timeout=600)
+    report = _job_report(run_dir, job_id)
+    assert (result.state, result.exit_code) == ("FAILED", "1:0"), report
+    output = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "exited before it was healthy: see " + str(run_dir / "logs" / job_id) in output, report
+    assert "rank 0" not in output and not (run_dir / "runs").exists(), report  # no trainer started

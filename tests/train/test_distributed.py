@@ -18,9 +18,11 @@ from . import ddp_step
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, timeout: float = 300,
+             group_timeout_s: int = 120) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc-per-node N ...` as a subprocess, with this tree's code."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "AREAL_NB_DIST_TIMEOUT_S": "120"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "AREAL_NB_DIST_TIMEOUT_S": str(group_timeout_s)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     return result
@@ -81,3 +83,12 @@ def test_two_ranks_give_the_one_process_step(tmp_path):
             assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
         if "kl_ref" in one["stats"]:
             assert ranks["stats"]["kl_ref"] == pytest.approx(one["stats"]["kl_ref"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_0_ends_the_job_at_the_group_timeout(tmp_path):
+    # rank 0 sleeps 120 s; rank 1's wait ends at the 5 s timeout and torchrun stops the job (the
+    # subprocess timeout, 90 s, would fire if rank 0 were left running)
+    result = torchrun([str(Path(__file__).with_name("ddp_stall.py"))], tmp_path, timeout=90, group_timeout_s=5)
+    assert result.returncode != 0
+    assert "[rank1]: RuntimeError" in result.stderr and "Timed out waiting 5000ms" in result.stderr

@@ -7,7 +7,12 @@ import torch
 
 from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
 from areal_nb.train.logprobs import compute_token_logprobs_and_entropy
-from areal_nb.train.packing import count_unique_tokens, pack_rows, packed_token_logprobs_and_entropy
+from areal_nb.train.packing import (
+    count_unique_tokens,
+    forward_groups,
+    pack_rows,
+    packed_token_logprobs_and_entropy,
+)
 
 from .conftest import make_tiny_qwen2
 
@@ -97,6 +102,17 @@ def test_trie_holds_each_prefix_once():
     assert packed.node_of.tolist() == [[0, 1, 2, 3], [4, 5, -1, -1], [4, 6, -1, -1]]
     with pytest.raises(ValueError, match="pack_ids has 2 entries for 3 rows"):
         pack_rows(ids, attention, [0, 1])
+
+
+def test_similar_length_sequences_share_one_forward():
+    # longest first; a sequence joins while the padding stays within 1/8 of the real nodes
+    assert forward_groups([48, 50, 10, 47, 9]) == [[1, 0, 3], [2, 4]]
+    assert forward_groups([50, 38]) == [[0], [1]]  # 12 padding nodes for 88 real: too many
+    assert forward_groups([]) == []
+    # positions computed = each forward's sequences at its longest length, padding included
+    ids = torch.tensor([list(range(1, 9)), list(range(9, 16)) + [0], [16, 17] + [0] * 6])
+    packed = pack_rows(ids, ids > 0, [0, 1, 2])
+    assert packed.lengths == [8, 7, 2] and packed.forwards == [[0, 1], [2]] and packed.n_nodes == 8 + 8 + 2
 
 
 def test_packed_logprobs_and_entropy_equal_the_padded_rows():
