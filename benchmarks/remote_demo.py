@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,11 +22,15 @@ API_KEY = "remote-demo"
 
 
 def start_servers(n: int, weights_dir: Path, log_dir: Path) -> list[ServerProcess]:
+    # the servers share this machine's cores with each other and the trainer: one torch thread
+    # each (OpenMP threads that outnumber the cores wait on each other at every operation)
+    threads = max(1, (os.cpu_count() or 1) // n)
     procs = []
     try:
         for i in range(n):
             port = free_port()
-            cmd = engine_server_command("tiny-math", port=port, api_key=API_KEY, weights_dir=weights_dir)
+            cmd = engine_server_command("tiny-math", port=port, api_key=API_KEY, weights_dir=weights_dir,
+                                        extra_args=["--torch-threads", str(threads)])
             procs.append(ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=log_dir / f"server-{i}.log").start())
         for proc in procs:
             proc.wait_ready(timeout=600, headers={"Authorization": f"Bearer {API_KEY}"})
@@ -61,10 +66,13 @@ def main() -> int:
     rows = [("remote (2 engine-servers)", remote)]
     if args.embedded:
         rows.insert(0, ("embedded (engine.type local)", json.loads(Path(args.embedded).read_text())))
-    print(f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11}")
+    print(f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11} "
+          f"{'max |logp diff|':>15} {'wall s':>7}")
     for name, s in rows:
+        diff = s.get("logprob_abs_diff_max")  # engine-recorded vs trainer-recomputed, worst step
         print(f"{name:<30} {s['steps']:>5} {s['accuracy_before']:>10.3f} {s['accuracy_after']:>10.3f} "
-              f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f}")
+              f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f} "
+              f"{'-' if diff is None else f'{diff:.1e}':>15} {s['wall_s']:>7.0f}")
     return 0
 
 

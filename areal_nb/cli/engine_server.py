@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads (default: torch's, one per core); give each of "
+                             "several servers sharing a machine its share of the cores")
     return parser
 
 
@@ -53,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
+    if args.torch_threads is not None:
+        if args.torch_threads < 1:
+            print(f"areal-nb engine-server: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     model_path = resolve_model_path(args.model)
     engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
                          max_batch_size=args.max_batch_size, seed=args.seed)

@@ -96,6 +96,11 @@ def test_the_key_is_required_off_loopback(capsys):
     assert "--api-key is required" in capsys.readouterr().err
 
 
+def test_torch_threads_must_be_positive(capsys):
+    assert engine_server_main(["--port", "0", "--torch-threads", "0"]) == 2
+    assert "--torch-threads must be >= 1" in capsys.readouterr().err
+
+
 def load_model_path() -> str:
     from areal_nb.models import resolve_model_path
 
