@@ -151,8 +151,14 @@ class KillAfterFirstTurnAgent:
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=0)
-        messages = list(data["messages"])
+        checking = "/eval" in str(base_url)  # the Session's first-episode check, before the rollout
+        # a distinct opening per episode: two samples of one group may reply alike, and identical
+        # conversations may legitimately continue on either server
+        self.opened = getattr(self, "opened", 0) + 1
+        messages = [{"role": "system", "content": f"Episode {self.opened}."}, *data["messages"]]
         first = await client.chat.completions.create(model="any", messages=messages, max_completion_tokens=4)
+        if checking:
+            return 1.0
         self.first_turns += 1
         if self.first_turns == self.episodes:
             os.killpg(self.victim_pgid, signal.SIGKILL)  # a crash, not a clean shutdown
