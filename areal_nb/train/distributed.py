@@ -21,7 +21,7 @@ full weights are gathered just for its forward/backward, and its gradients reduc
 collectives run inside every forward and backward, so under FSDP every rank runs the same number of
 passes (`micro_batches` pads a short share with empty micro-batches: dummy passes of zero loss).
 `full_state_dict` gathers full tensors (weight pushes, checkpoints: a collective, every rank calls
-it); `load_full_state_dict` keeps each rank's own shard of full tensors (no communication).
+it); `shard_like` keeps each rank's own shard of full tensors (no communication).
 """
 
 from __future__ import annotations
