@@ -3,7 +3,8 @@
 `Session.load` of that checkpoint and one more step. Each rank writes its weights, history and
 resumed state to OUT/rank<R>.pt (for the test only).
 
-With a last argument "fail", rank 0's agent fails its first episode in `run()`.
+With a last argument "fail", rank 0's agent fails its first episode in `run()`; with "fsdp" the actor
+is sharded (`actor.parallel=fsdp`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ SMALL = ["rollout.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens
          "total_steps=10"]  # the linear lr decay must not reach 0 by the resumed 4th step
 
 
-def main(out: Path, fail: bool) -> None:
-    overrides = [*SMALL, f"logging.run_dir={out}", f"checkpoint.save_dir={out / 'ckpt'}", "checkpoint.save_every=2"]
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().flatten() for t in tensors])
+
+
+def main(out: Path, fail: bool, fsdp: bool) -> None:
+    overrides = [*SMALL, f"actor.parallel={'fsdp' if fsdp else 'ddp'}", f"logging.run_dir={out}", f"checkpoint.save_dir={out / 'ckpt'}", "checkpoint.save_every=2"]
     if fail:  # rows the math agent cannot read: the first-episode check in run() fails, on rank 0 only
         (out / "bad.jsonl").write_text('{"prompt": "no question here"}\n' * 4)
         overrides += [f"data.source={out / 'bad.jsonl'}", "data.format=rows", f"data.eval_source={out / 'bad.jsonl'}"]
@@ -32,19 +37,22 @@ def main(out: Path, fail: bool) -> None:
         session.run(2)
         session.train_step(session.rollout())
         saved = session.save(out / "final")
-        weights = torch.cat([p.detach().flatten() for p in session.actor.model.parameters()])
-        report = {"rank": session.rank, "world_size": session.world_size, "weights": weights,
+        weights = flat(session.actor.weights().values())  # (fsdp: gathered from the shards)
+        # what this rank holds: under fsdp a shard of each parameter (DTensor), else all of it
+        held = sum(getattr(p, "_local_tensor", p).numel() for p in session.actor.model.parameters())
+        report = {"held_numel": held, "weights_numel": sum(p.numel() for p in session.actor.model.parameters()),
+                  "rank": session.rank, "world_size": session.world_size, "weights": weights,
                   "history": session.history.to_dict("records"), "version": session.version, "saved": str(saved)}
     # resume: rank 0 restores the checkpoint and sends weights and optimizer state to the replicas
     with Session.load(out / "final") as resumed:
         report["resumed_at"] = (resumed.version, resumed.step_count, resumed.actor.steps_done)
-        report["resumed_weights_equal"] = torch.equal(
-            weights, torch.cat([p.detach().flatten() for p in resumed.actor.model.parameters()]))
+        report["resumed_weights_equal"] = torch.equal(weights, flat(resumed.actor.weights().values()))
         resumed.train_step(resumed.rollout())
-        report["resumed_weights"] = torch.cat([p.detach().flatten() for p in resumed.actor.model.parameters()])
-        report["resumed_exp_avg"] = torch.cat([s["exp_avg"].flatten() for s in resumed.actor.optimizer.state.values()])
+        state = resumed.actor.state_dict()
+        report["resumed_weights"] = flat(state["model"].values())
+        report["resumed_exp_avg"] = flat(s["exp_avg"] for s in state["optimizer"]["state"].values())
     torch.save(report, out / f"rank{report['rank']}.pt")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), fail=sys.argv[2:] == ["fail"])
+    main(Path(sys.argv[1]), fail="fail" in sys.argv[2:], fsdp="fsdp" in sys.argv[2:])

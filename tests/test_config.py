@@ -89,6 +89,7 @@ def test_experiment_name_names_the_default_run_dir():
     ("actor.lr=abc", "actor.lr: expected a number, got 'abc'"),
     ("agent.discount_mode=flat", "agent.discount_mode must be one of 'tree' or 'linear'"),
     ("actor.kl_estimator=k9", "actor: GRPOConfig: kl_estimator must be"),
+    ("actor.parallel=zero3", r"actor: GRPOConfig: parallel must be one of \['ddp', 'fsdp'\], got 'zero3'"),
     ("data.task.max_operandd=3", "unknown config key 'data.task.max_operandd'; did you mean 'data.task.max_operand'"),
     ("agent.subproc_max_workers=0", "agent.subproc_max_workers must be >= 1, got 0"),
     ("rollout.max_concurrent_rollouts=2", r"max_concurrent_rollouts \(2\) must be >= rollout.group_size \(8\)"),

@@ -26,11 +26,15 @@ def torchrun(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Com
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_run_train_step_save_and_load_on_two_ranks(tmp_path):
-    result = torchrun([str(SCRIPT), str(tmp_path)], tmp_path)
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
+    result = torchrun([str(SCRIPT), str(tmp_path), mode], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     leader, replica = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert (leader["rank"], replica["rank"], leader["world_size"]) == (0, 1, 2)
+    for r in (leader, replica):  # fsdp: each rank holds about half of every parameter
+        held = r["held_numel"] / r["weights_numel"]
+        assert held == 1.0 if mode == "ddp" else 0.45 < held < 0.55, (mode, held)
     # three data-parallel steps (run(2) + train_step) kept the replicas equal
     assert torch.equal(leader["weights"], replica["weights"])
     assert leader["version"] == replica["version"] == 3

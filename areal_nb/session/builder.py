@@ -70,11 +70,12 @@ def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any,
                          max_context=getattr(policy.config, "max_position_embeddings", None))
 
 
-def sync_engine_weights(cfg: SessionConfig, actor: Any, engine: InferenceEngine) -> None:
+def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: InferenceEngine) -> None:
     """Servers someone else started ("remote") may serve other weights than `model.path`'s:
-    push the trainer's once, at the servers' version, so recorded log-probs match the trainer."""
+    push the trainer's once, at the servers' version, so recorded log-probs match the trainer.
+    (Before the Actor is built: a sharded actor's weights are gathered by every rank.)"""
     if cfg.engine.type == "remote":
-        actor.push_weights(engine, engine.get_version())
+        engine.update_weights(policy.state_dict(), version=engine.get_version())
 
 
 def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):

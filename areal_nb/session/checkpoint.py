@@ -23,14 +23,18 @@ if TYPE_CHECKING:
     from .session import Session
 
 
-def save_checkpoint(session: Session, path: str | Path) -> Path:
+def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint folder (rank 0). `actor_state`: the actor's full state when the caller
+    already gathered it (under FSDP every rank takes part in that gather; see `Session.save`)."""
     path = Path(path)
     cfg = copy.deepcopy(session.config)
     if not isinstance(cfg.agent.workflow, str):
         raise ConfigError("save() needs agent.workflow as an import string so the run can be restored")
     path.mkdir(parents=True, exist_ok=True)
     _store_python_datasets(cfg.data, path / "data")
-    session.actor.model.save_pretrained(path / "model")
+    actor_state = session.actor.state_dict() if actor_state is None else actor_state
+    # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
+    session.actor.model.save_pretrained(path / "model", state_dict=dict(actor_state["model"]))
     session.tokenizer.save_pretrained(path / "model")
     cfg.model.path = str((path / "model").resolve())
     dump_config(cfg, path / "config.yaml")
@@ -38,7 +42,7 @@ def save_checkpoint(session: Session, path: str | Path) -> Path:
     state = {
         "step_count": session.step_count,
         "version": session.version,
-        "actor": session.actor.state_dict(),
+        "actor": actor_state,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
         "data_pos": session.data.pos,
@@ -83,7 +87,7 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.ref_model.load_state_dict(state["ref_model"])
     actor.version = session.version
-    actor.push_weights(engine, session.version)
+    engine.update_weights(state["actor"]["model"], version=session.version)  # (no gather: rank 0 alone)
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

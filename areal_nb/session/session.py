@@ -119,8 +119,8 @@ class Session:
             self.tokenizer, policy = builder.build_policy(cfg)
             self._engine_log = EngineLog()
             self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
+            builder.sync_engine_weights(cfg, policy, self.engine)
             self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version(), parallel=self._parallel)
-            builder.sync_engine_weights(cfg, self.actor, self.engine)
             self.version = self.actor.version
             self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
@@ -141,8 +141,8 @@ class Session:
         _LIVE_SESSIONS.add(self)
         if self._resume_state is not None:
             restore(self, self._resume_state)
-            self._resume_state = None
         self._join_replicas()
+        self._resume_state = None
         return self
 
     def _start_replica(self) -> Session:
@@ -165,9 +165,10 @@ class Session:
         if self._channel is None:
             return
         actor = self.actor
+        resumed = self._resume_state  # rank 0 after Session.load: the checkpoint's full optimizer state
         state = self._channel.send("start", {
             "version": actor.version, "steps_done": actor.steps_done, "step_count": self.step_count,
-            "optimizer": actor.optimizer.state_dict() if actor.optimizer.state else None,
+            "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
         } if self.rank == 0 else None)
         self._parallel.broadcast_module(actor.model)
         if actor.ref_model is not None:
@@ -176,7 +177,7 @@ class Session:
             actor.version, actor.steps_done = state["version"], state["steps_done"]
             self.version, self.step_count = state["version"], state["step_count"]
             if state["optimizer"] is not None:
-                actor.optimizer.load_state_dict(state["optimizer"])
+                actor.load_optimizer_state_dict(state["optimizer"])
 
     @property
     def rank(self) -> int:
@@ -307,8 +308,8 @@ class Session:
         if message["inspect"]:
             self.last_inspection = self.actor.last_inspection
         self.version = self.actor.version
+        self.actor.push_weights(self.engine, self.version)  # every rank: FSDP gathers the weights
         if self.engine is not None:  # rank 0
-            self.actor.push_weights(self.engine, self.version)
             self._runtime.call_soon(self.executor.on_version_change)
         self.step_count += 1
         row = {"step": self.step_count, **(batch.stats if self.rank == 0 else {}), **stats}
@@ -339,6 +340,8 @@ class Session:
         if self.rank != 0:  # a replica: one training step per step of rank 0's
             for _ in range(steps):
                 self.train_step(None)
+                if self._checkpoint_due():
+                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
             return self.history
         try:
             return self._run(steps, progress)
@@ -363,9 +366,8 @@ class Session:
                     figures = self.evaluate().as_dict()
                     row.update(figures)  # the history row is this dict
                     self._log_metrics(self.step_count, figures)
-                if cfg.checkpoint.save_dir and cfg.checkpoint.save_every and \
-                        self.step_count % cfg.checkpoint.save_every == 0:
-                    save_checkpoint(self, Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")  # rank 0 only
+                if self._checkpoint_due():
+                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}")
         finally:
@@ -417,9 +419,10 @@ class Session:
         Under torchrun every rank calls it and only rank 0 writes (the replicas are equal); the
         others return when the checkpoint is complete (so they may `Session.load` it next)."""
         self._check_open()
+        actor_state = self.actor.state_dict()  # every rank: FSDP gathers the full tensors
         if self.rank == 0:
             try:
-                path = save_checkpoint(self, path)
+                path = save_checkpoint(self, path, actor_state)
             except BaseException as e:
                 if self._channel is not None:
                     self._channel.abort(e)
@@ -465,6 +468,10 @@ class Session:
                 f"version={self.version}, proxy={url!r})")
 
     # ------------------------------------------------------------------ plumbing
+    def _checkpoint_due(self) -> bool:
+        cfg = self.config.checkpoint
+        return bool(cfg.save_dir and cfg.save_every and self.step_count % cfg.save_every == 0)
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Session is closed; create a new one")

@@ -14,7 +14,9 @@ Usage (what `Session.train_step` does):
 
 Data-parallel (`parallel=DataParallel`, see `distributed.py`): every rank calls `train_step` with
 the same whole batch; each computes its share of the rows, the gradients are summed over the
-ranks, and the update equals the one-process update on the whole batch.
+ranks, and the update equals the one-process update on the whole batch. With
+`cfg.parallel == "fsdp"` the model is sharded (FSDP2) and `weights()` / `state_dict()` gather the
+full tensors: collectives that every rank calls (see `distributed.py`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from areal_nb.api import CreditMode, InferenceEngine
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
-from .distributed import DataParallel
+from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_loss_terms
@@ -64,6 +66,10 @@ class Actor:
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
+        # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
+        self.sharded = parallel is not None and self.cfg.parallel == "fsdp"
+        if self.sharded:
+            fully_shard_model(model)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -124,9 +130,14 @@ class Actor:
         lengths = attention.sum(1)
         parallel = self.parallel
 
-        def own(rows: Tensor) -> Tensor:
-            """The rows this process computes (all of them without data parallelism)."""
-            return rows if parallel is None else parallel.shard_rows(rows, lengths)
+        def own(rows: Tensor, model: torch.nn.Module) -> list[Tensor]:
+            """The micro-batches of `rows` this process computes (all rows without data
+            parallelism); through the sharded model, as many as every other rank (some empty)."""
+            if parallel is None:
+                return list(rows.split(cfg.micro_batch_size or max(len(rows), 1))) if len(rows) else []
+            same_count = self.sharded and model is self.model
+            return parallel.micro_batches(rows, lengths, cfg.micro_batch_size, same_count=same_count,
+                                          pack_ids=pack_ids if same_count and cfg.pack else None)
 
         prox_logprobs = None
         recompute_skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
@@ -167,8 +178,10 @@ class Actor:
             # is the whole minibatch's (every rank has the batch), and the sum runs over ranks.
             minibatch_tokens = int(mask[rows].sum())
             minibatch_loss = 0.0
-            mine = own(rows)
-            for micro in mine.split(cfg.micro_batch_size or max(len(mine), 1)) if len(mine) else ():
+            for micro in own(rows, self.model):
+                if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
+                    self._empty_pass(input_ids, backward=True)
+                    continue
                 width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
                 cols = slice(0, width)
                 # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows
@@ -202,10 +215,11 @@ class Actor:
                 loss.backward()
                 minibatch_loss += float(loss.detach())
                 loss_stats.append(stats)
-            if parallel is not None:
+            if parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
                 parallel.all_reduce_grads(self.params)
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
+            grad_norms.append(float(full_state_dict(norm)))
             self.optimizer.step()
             minibatch_losses.append(minibatch_loss)
         self.optimizer.zero_grad(set_to_none=True)
@@ -285,15 +299,16 @@ class Actor:
 
     @torch.no_grad()
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None = None,
-        own: Any = None,
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None, own: Any,
     ) -> Tensor:
-        """Log-probs of every row; data-parallel, each rank computes `own(rows)` and the ranks sum
-        their (otherwise zero) rows."""
+        """Log-probs of every row; data-parallel, each rank computes its micro-batches
+        `own(rows, model)` and the ranks sum their (otherwise zero) rows."""
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        rows = rows if own is None else own(rows)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        for micro in rows.split(self.cfg.micro_batch_size or max(len(rows), 1)) if len(rows) else ():
+        for micro in own(rows, model):
+            if not len(micro):
+                self._empty_pass(input_ids, backward=False)
+                continue
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
                 model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro]
@@ -301,6 +316,13 @@ class Actor:
         if self.parallel is not None:
             self.parallel.sum_(out)
         return out
+
+    def _empty_pass(self, input_ids: Tensor, backward: bool) -> None:
+        """A forward (and backward) of one token with zero loss: under FSDP every rank must run
+        the same number of passes (each gathers and reduce-scatters with the others)."""
+        logits = self.model(input_ids=input_ids[:1, :1], use_cache=False).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
 
     def _staleness(self, versions: Tensor | None, mask: Tensor) -> dict[str, float]:
         """How many versions behind the trained weights each generated token was sampled."""
@@ -320,22 +342,44 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
-        engine.update_weights(self.model.state_dict(), version=version)
+        weights = self.weights()
+        if engine is not None:
+            engine.update_weights(weights, version=version)
         return version
 
+    def weights(self) -> dict[str, Tensor]:
+        """The model's full weights by name. Sharded (FSDP) a gather that every rank calls."""
+        return full_state_dict(self.model.state_dict()) if self.sharded else self.model.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
+        """Full weights and optimizer state (sharded: gathered, on every rank that calls it)."""
+        optimizer = self.optimizer.state_dict()
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": self.weights(),
+            "optimizer": full_state_dict(optimizer) if self.sharded else optimizer,
             "version": self.version,
             "steps_done": self.steps_done,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore `state_dict()`'s full tensors; sharded, each rank keeps its own shards (no
+        communication)."""
+        self.model.load_state_dict(shard_like(state["model"], self.model.state_dict()) if self.sharded
+                                   else state["model"])
+        self.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))
+
+    def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
+        """The optimizer's full state (a checkpoint's, or rank 0's), cut to this rank's shards."""
+        if self.sharded:  # Adam's moments are shaped like their parameters: shard them alike
+            state = {**state, "state": {i: {k: shard_like(v, self.params[i]) if _shaped_like(v, self.params[i]) else v
+                                            for k, v in moments.items()} for i, moments in state["state"].items()}}
+        self.optimizer.load_state_dict(state)
+
+
+def _shaped_like(value: Any, param: Tensor) -> bool:
+    return isinstance(value, Tensor) and value.shape == param.shape
 
 
 def _gather_step(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from areal_nb.api import CREDIT_MODES, CREDIT_NORMS, CreditMode, CreditNorm
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
+PARALLEL_MODES = ("ddp", "fsdp")
 
 
 @dataclass
@@ -59,6 +60,10 @@ class GRPOConfig:
     # prefix (the group's prompt, earlier turns of concat rows) is computed once
     # (`packing.py`); False runs every right-padded row through the model.
     pack: bool = True
+    # Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
+    # every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
+    # models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process.
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists
@@ -105,6 +110,7 @@ class GRPOConfig:
                 self.lr_decay_steps is None or self.lr_decay_steps >= 1,
                 f"lr_decay_steps must be >= 1 or None, got {self.lr_decay_steps}",
             ),
+            (self.parallel in PARALLEL_MODES, f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}"),
             (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
         ]
         for ok, message in checks:

@@ -14,6 +14,14 @@ holds a full replica of the policy and its optimizer (DDP's layout). Per optimiz
 Why not `DistributedDataParallel` itself: its reducer needs every rank to run the same number of
 backward passes, but with uneven shards a rank can have fewer micro-batches (or none); one explicit
 all-reduce after the minibatch's micro-batches gives the same result without dummy passes.
+
+FSDP2 (`actor.parallel: fsdp`, `fully_shard_model`): each decoder layer and the root are sharded
+over the ranks, parameters, gradients and Adam state alike (each rank holds 1/N of them); a layer's
+full weights are gathered just for its forward/backward, and its gradients reduce-scattered. Those
+collectives run inside every forward and backward, so under FSDP every rank runs the same number of
+passes (`micro_batches` pads a short share with empty micro-batches: dummy passes of zero loss).
+`full_state_dict` gathers full tensors (weight pushes, checkpoints: a collective, every rank calls
+it); `shard_like` keeps each rank's own shard of full tensors (no communication).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +90,10 @@ class DataParallel:
                 self._broadcast_tensor(tensor)
 
     def _broadcast_tensor(self, tensor: Tensor) -> None:
+        if isinstance(tensor, DTensor):  # FSDP: rank 0's full tensor, scattered as shards
+            shard = distribute_tensor(tensor.full_tensor(), tensor.device_mesh, tensor.placements, src_data_rank=0)
+            tensor.to_local().copy_(shard.to_local())
+            return
         moved = tensor.data.to(self.device)
         dist.broadcast(moved, src=0)
         if moved is not tensor.data:
@@ -91,6 +104,24 @@ class DataParallel:
         """This rank's share of `rows` (indices into the batch): a contiguous run, balanced by
         the rows' token `lengths`. Uneven counts are fine; a rank may get none."""
         return shard_rows(rows, lengths, self.rank, self.world_size)
+
+    def micro_batches(self, rows: Tensor, lengths: Tensor, size: int | None, same_count: bool = False,
+                      pack_ids: Tensor | None = None) -> list[Tensor]:
+        """This rank's share of `rows` in micro-batches of `size` rows (None: one). `same_count`
+        (FSDP): padded with empty micro-batches to the most any rank has; every rank computes
+        every share (`shard_rows` is deterministic), so no communication is needed. `pack_ids`:
+        micro-batches split further to one pack id each (packed: one trie, one forward each)."""
+        def split(share: Tensor) -> list[Tensor]:
+            micros = list(share.split(size or max(len(share), 1))) if len(share) else []
+            if pack_ids is not None:
+                micros = [m[pack_ids[m] == g] for m in micros for g in pack_ids[m].unique()]
+            return micros
+
+        mine = split(self.shard_rows(rows, lengths))
+        if same_count:
+            most = max(len(split(shard_rows(rows, lengths, r, self.world_size))) for r in range(self.world_size))
+            mine += [rows[:0]] * (most - len(mine))
+        return mine
 
     def sum_(self, tensor: Tensor) -> Tensor:
         """In-place sum over ranks (e.g. rows each rank filled in a zero tensor)."""
@@ -112,6 +143,44 @@ class DataParallel:
             n = g.numel()
             p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
             offset += n
+
+
+def fully_shard_model(model: torch.nn.Module) -> None:
+    """FSDP2 on a Hugging Face decoder: each layer of `model.model.layers`, then the root
+    (embeddings, final norm, head). Gradients are summed, not averaged, over the ranks: the loss
+    is already divided by the global token count (as for DDP above)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none")
+    units = [*layers, model]  # inner units first: the root's unit holds what is left
+    for unit in units:
+        fully_shard(unit)
+    for unit in units:  # a plain SUM (gloo has no pre-multiplied sum)
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+
+
+def full_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (a state dict, nested dicts allowed) with every DTensor gathered to a full tensor.
+    A collective under FSDP: every rank calls it, with the same keys."""
+    if isinstance(state, DTensor):
+        return state.full_tensor()
+    if isinstance(state, dict):
+        return {k: full_state_dict(v) for k, v in state.items()}
+    return state
+
+
+def shard_like(full: Any, like: Any) -> Any:
+    """`full` cut to this rank's shard where `like` is a DTensor (same nesting; no communication:
+    every rank holds the full value)."""
+    if isinstance(like, DTensor):
+        full = full.to(device=like.device, dtype=like.dtype)
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+    if isinstance(like, dict) and isinstance(full, dict):
+        return {k: shard_like(v, like[k]) if k in like else v for k, v in full.items()}
+    return full
 
 
 def shard_rows(rows: Tensor, lengths: Tensor, rank: int, world_size: int) -> Tensor:

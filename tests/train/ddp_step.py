@@ -1,7 +1,7 @@
 """One Actor train step of the tiny-math model on a fixed batch, per case of `CASES`.
 
-`python -m torch.distributed.run --nproc-per-node 2 tests/train/ddp_step.py OUT.pt` trains data-
-parallel (gloo); rank 0 writes each case's weights, Adam first moment (= 0.1 × the gradient after
+`python -m torch.distributed.run --nproc-per-node 2 tests/train/ddp_step.py OUT.pt [ddp|fsdp]` trains
+data-parallel (gloo; replicas, or FSDP2 shards with `fsdp`); rank 0 writes each case's weights, Adam first moment (= 0.1 × the gradient after
 one step) and stats to OUT.pt. `one_process_step(case)` is the same step in one process.
 Used by tests/train/test_distributed.py.
 """
@@ -14,7 +14,7 @@ import torch
 
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
-from areal_nb.train.distributed import DataParallel, init_from_env
+from areal_nb.train.distributed import DataParallel, full_state_dict, init_from_env
 
 # Five rows of very different lengths (5 rows on 2 ranks do not split evenly), two groups.
 LENGTHS = [41, 6, 23, 5, 30]
@@ -61,10 +61,10 @@ def fixed_batch(vocab_size: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def train_case(case: str, parallel: DataParallel | None) -> dict:
+def train_case(case: str, parallel: DataParallel | None, mode: str = "ddp") -> dict:
     torch.manual_seed(0)
     model = load_model("tiny-math", dtype=torch.float32, device="cpu")
-    cfg = GRPOConfig(lr=LR, **CASES[case])
+    cfg = GRPOConfig(lr=LR, parallel=mode, **CASES[case])
     ref = None
     if cfg.kl_ctl > 0:
         import copy
@@ -74,10 +74,10 @@ def train_case(case: str, parallel: DataParallel | None) -> dict:
             for p in ref.parameters():
                 p.mul_(0.9)
     actor = Actor(model, cfg, ref_model=ref, parallel=parallel)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    before = {k: v.clone() for k, v in actor.weights().items()}  # (fsdp: gathered from the shards)
     stats = actor.train_step(fixed_batch(model.config.vocab_size), GROUPS, inspect=True)
-    moments = [actor.optimizer.state[p]["exp_avg"].clone() for p in actor.params]
-    return {"before": before, "after": {k: v.clone() for k, v in model.state_dict().items()},
+    moments = [full_state_dict(actor.optimizer.state[p]["exp_avg"]).clone() for p in actor.params]
+    return {"before": before, "after": {k: v.clone() for k, v in actor.weights().items()},
             "exp_avg": moments, "stats": stats, "advantages": actor.last_inspection.advantages,
             "contribution": actor.last_inspection.contribution}
 
@@ -86,10 +86,10 @@ def one_process_step(case: str) -> dict:
     return train_case(case, None)
 
 
-def main(out: str) -> None:
+def main(out: str, mode: str) -> None:
     parallel = init_from_env(timeout_s=120)
     assert parallel is not None, "run under torchrun (WORLD_SIZE > 1)"
-    results = {case: train_case(case, parallel) for case in CASES}
+    results = {case: train_case(case, parallel, mode) for case in CASES}
     # the replicas must stay equal: every rank's weights against rank 0's
     mine = torch.cat([v.flatten() for r in results.values() for v in r["after"].values()])
     others = parallel.all_gather(mine)
@@ -100,4 +100,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp")

@@ -58,9 +58,10 @@ def test_world_size_without_torchrun_env_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_ranks_give_the_one_process_step(tmp_path):
-    out = tmp_path / "ddp.pt"
-    result = torchrun([str(Path(ddp_step.__file__)), str(out)], tmp_path)
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_give_the_one_process_step(tmp_path, mode):
+    out = tmp_path / f"{mode}.pt"
+    result = torchrun([str(Path(ddp_step.__file__)), str(out), mode], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     two = torch.load(out, weights_only=False)
     assert two["world_size"] == 2 and two["replica_max_abs_diff"] == 0.0  # the replicas stay equal
