@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from areal_nb.data.tool_task import CALCULATOR_TOOL, answer_reward, calculator, generate_tool_problems
 
 from .tokenizer import EOS_TOKEN, MARKUP_TOKENS, PAD_TOKEN, SPECIAL_TOKENS
-from .warm_start import IGNORE, _batch, new_model
+from .warm_start import IGNORE, new_model, save_model, train_sft
 
 TOOLS_TOKENIZER_RECIPE = {
     "vocab_size": 1024,
@@ -231,33 +231,16 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
         _sft_example(tokenizer, conversation(r, rng, direct=rng.random() < _direct_share(r, recipe, i >= guess_from)))
         for i, r in enumerate(rows)
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / recipe["warmup_steps"]))
-    model.train()
-    losses = []
     size = recipe["batch_size"]
-    progress = tqdm(range(recipe["steps"]), desc="tiny-tools warm start (SFT)", unit="step", mininterval=1.0)
-    for step in progress:
-        input_ids, labels, attention = _batch(examples[step * size:(step + 1) * size], tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    progress.close()
-    model.eval()
+    batches = [examples[step * size:(step + 1) * size] for step in range(recipe["steps"])]
+    losses = train_sft(model, tokenizer, batches, recipe, desc="tiny-tools warm start (SFT)")
     train_seconds = time.monotonic() - started
 
     held_out = generate_tool_problems(recipe["eval_problems"], split="test")
     tqdm.write(f"tiny-tools: measuring greedy success on {len(held_out)} held-out problems …", file=sys.stderr)
     success = held_out_success(model, tokenizer, held_out)
 
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    save_model(model, tokenizer, out_dir)
     info = {
         "name": "tiny-tools",
         "recipe": recipe,

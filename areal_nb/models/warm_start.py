@@ -121,6 +121,41 @@ def new_model(tokenizer, recipe: dict = SFT_RECIPE):
     return Qwen2ForCausalLM(config)
 
 
+def train_sft(model, tokenizer, batches, recipe: dict, desc: str) -> list[float]:
+    """The warm-start loop of the built-in models: AdamW with a linear warm-up, one step per batch
+    of `(input_ids, labels)` examples; leaves the model in eval mode and returns the losses."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / recipe["warmup_steps"])
+    )
+    model.train()
+    losses = []
+    # A progress bar only: it reads the loss, never the random state, so the weights are the same.
+    progress = tqdm(batches, desc=desc, unit="step", mininterval=1.0)
+    for examples in progress:
+        input_ids, labels, attention = _batch(examples, tokenizer.pad_token_id)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    progress.close()
+    model.eval()
+    return losses
+
+
+def save_model(model, tokenizer, out_dir: Path) -> None:
+    """Weights and tokenizer in one folder, generation config pointing at the tokenizer's EOS/PAD."""
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+
+
 def build_model(out_dir: Path, tokenizer_dir: Path, recipe: dict = SFT_RECIPE) -> dict:
     """Warm-start the model, measure held-out accuracy, save model + tokenizer + build_info.json."""
     import torch
@@ -146,35 +181,14 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
 
     batches = sft_batches(tokenizer, recipe)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / recipe["warmup_steps"])
-    )
-    model.train()
-    losses = []
-    # A progress bar only: it reads the loss, never the random state, so the weights are the same.
-    progress = tqdm(batches, desc="tiny-math warm start (SFT)", unit="step", mininterval=1.0)
-    for examples in progress:
-        input_ids, labels, attention = _batch(examples, tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    progress.close()
-    model.eval()
+    losses = train_sft(model, tokenizer, batches, recipe, desc="tiny-math warm start (SFT)")
     train_seconds = time.monotonic() - started
 
     held_out = generate_problems(recipe["eval_problems"], split="test")
     tqdm.write(f"tiny-math: measuring greedy accuracy on {len(held_out)} held-out problems …", file=sys.stderr)
     accuracy = evaluate_accuracy(model, tokenizer, held_out)
 
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    save_model(model, tokenizer, out_dir)
     info = {
         "name": "tiny-math",
         "recipe": recipe,
