@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefix-cache-tokens", type=int, default=32768,
+                        help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads (default: torch's, one per core); give each of "
                              "several servers sharing a machine its share of the cores")
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     model_path = resolve_model_path(args.model)
     engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
-                         max_batch_size=args.max_batch_size, seed=args.seed)
+                         max_batch_size=args.max_batch_size, seed=args.seed,
+                         prefix_cache_tokens=args.prefix_cache_tokens)
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
                                     api_key=api_key, weights_dir=args.weights_dir)
