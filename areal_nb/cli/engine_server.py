@@ -5,7 +5,9 @@
 
 What CPU machines, CI and the cluster export's CPU path run where a GPU machine runs
 `python -m sglang.launch_server`; the `SGLangEngine` client talks to both the same way.
-`--api-key` is required off loopback (clients send `Authorization: Bearer KEY`);
+An API key is required off loopback (clients send `Authorization: Bearer KEY`): give it with
+`--api-key-file FILE` or the `AREAL_NB_API_KEY` environment variable rather than `--api-key`,
+whose value every user of the machine can read in `ps`;
 `/update_weights_from_disk` reads only directories under `--weights-dir`. Prints
 `areal-nb engine-server listening on URL` once it accepts connections; stops on SIGINT/SIGTERM.
 """
@@ -14,7 +16,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
+from pathlib import Path
+
+from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
-    parser.add_argument("--api-key", default=None, help="required when --host is not a loopback address")
+    parser.add_argument("--api-key", default=None,
+                        help="required when --host is not a loopback address; visible in `ps`, so prefer "
+                             f"--api-key-file or the {API_KEY_ENV} environment variable")
+    parser.add_argument("--api-key-file", default=None, help="a file holding the API key (surrounding whitespace ignored)")
     parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
     parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -45,11 +54,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """--api-key, else the contents of --api-key-file, else $AREAL_NB_API_KEY, else None."""
+    if args.api_key and args.api_key_file:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file: {exc}") from exc
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.api_key and not is_loopback(args.host):
-        print(f"areal-nb engine-server: --api-key is required to listen on {args.host} (not loopback)",
-              file=sys.stderr)
+    try:
+        api_key = api_key_of(args)
+    except ValueError as exc:
+        print(f"areal-nb engine-server: {exc}", file=sys.stderr)
+        return 2
+    if not api_key and not is_loopback(args.host):
+        print(f"areal-nb engine-server: an API key is required to listen on {args.host} (not loopback): "
+              f"--api-key-file FILE, ${API_KEY_ENV} or --api-key", file=sys.stderr)
         return 2
 
     from areal_nb.engine import LocalEngine
@@ -71,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                          prefix_cache_tokens=args.prefix_cache_tokens)
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
-                                    api_key=args.api_key, weights_dir=args.weights_dir)
+                                    api_key=api_key, weights_dir=args.weights_dir)
     server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
     return serve_until_signal(server, engine, "engine-server", args.model)
 
