@@ -55,6 +55,12 @@ class _SlotLayer(DynamicLayer):
         self._end = keys.shape[2]
         self._refresh()
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """Use these buffers as they are (no copy): valid columns [0, end), zeros after."""
+        self._k, self._v, self._end = keys, values, end
+        self.device = keys.device
+        self._refresh()
+
     @property
     def capacity(self) -> int:
         return int(self._k.shape[2])
@@ -199,7 +205,7 @@ class PaddedKVBatch:
                 v[out_index, :, width - group_width :] = layer.values.index_select(0, src_index)
         joined = _new_cache(self.num_layers)
         for layer, k, v in zip(joined.layers, keys, values, strict=True):
-            layer.load(k, v)
+            layer.adopt(k, v, width)
         pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
         self._merge(joined, pads, width)
         return logits
@@ -294,9 +300,11 @@ class PaddedKVBatch:
         if self.cache is None:
             self.cache, self.pads, self.length = new_cache, new_pads, new_length
             return
+        # one copy of every row into a fresh buffer that already has the spare columns
         length = max(self.length, new_length)
         for old, new in zip(self.cache.layers, new_cache.layers, strict=True):
-            old.load(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length))
+            old.adopt(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length),
+                      length)
         self.pads = torch.cat([self.pads + (length - self.length), new_pads + (length - new_length)])
         self.length = length
 
@@ -321,9 +329,10 @@ def length_groups(lengths: list[int], max_waste: float = 0.25, max_tokens: int =
     return groups
 
 
-def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int) -> torch.Tensor:
-    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`."""
-    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3])
-    out[: a.shape[0], :, length - a.shape[2] :] = a
-    out[a.shape[0] :, :, length - b.shape[2] :] = b
+def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int, spare: int = SPARE_COLUMNS) -> torch.Tensor:
+    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`,
+    followed by `spare` zero columns."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length + spare, a.shape[3])
+    out[: a.shape[0], :, length - a.shape[2] : length] = a
+    out[a.shape[0] :, :, length - b.shape[2] : length] = b
     return out
