@@ -83,6 +83,12 @@ def test_rollout_train_and_versions(session):
     batch2 = session.rollout()
     t2 = batch2.to_tensors()
     assert (t2["versions"][t2["loss_mask"].bool()] == session.version).all()
+    # a second turn (concat template) continues its first turn's sequence: the engine's prefix
+    # cache serves that part, and the log-probs still equal the trainer's forward
+    second_turns = sum(len(b.calls(i)) - 1 for b in (batch, batch2) for i in range(len(b.episodes)))
+    assert session.engine.stats.prefix_cache_hits >= second_turns
+    assert (session.engine.stats.prefix_cache_tokens > 0) == (session.engine.stats.prefix_cache_hits > 0)
+    assert session.train_step(batch2)["logprob_abs_diff_max"] < 1e-4
 
 
 def test_sampling_defaults_come_from_the_rollout_config():
