@@ -43,7 +43,9 @@ class _SlotLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.load(key_states[:, :, :0], value_states[:, :, :0])
+        # one buffer for the first states (a prefill's) and the next decoding steps: growing it at
+        # the first `append` and again at the first decoding step copied the whole cache twice
+        self.load(key_states[:, :, :0], value_states[:, :, :0], spare=key_states.shape[2] + SPARE_COLUMNS)
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS) -> None:
         """Replace the contents (copied into a fresh buffer with `spare` zero columns)."""
