@@ -38,22 +38,24 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _single_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Attention of one query per row (a decoding step): q [B, Hq, 1, D], k/v [B, Hkv, L, D].
+def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of one query per row (a decoding step): q [B, Hq, D] (already scaled), k/v
+    [B, Hkv, L, D], `mask` additive [B * Hkv, 1, L] (-inf on padding); returns [B, Hq * D].
 
-    Two batched matmuls and a softmax. torch's CPU flash-attention kernel (what sdpa picks) is
-    built for long queries and took about twice as long per decoding step at 128 rows. Query
-    heads that share a key/value head (GQA) are laid out as that head's rows, so k/v are never
-    repeated. `mask` is additive ([B, 1, 1, L], -inf on padding).
+    Two batched matmuls and a softmax, the first matmul adding the mask as it goes (`baddbmm`).
+    torch's CPU flash-attention kernel (what sdpa picks) is built for long queries and took about
+    twice as long per decoding step at 128 rows. Query heads that share a key/value head (GQA) are
+    laid out as that head's rows, so k/v are never repeated.
     """
-    batch, n_q, _, dim = q.shape
-    n_kv = k.shape[1]
-    q = q.reshape(batch, n_kv, n_q // n_kv, dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(probs, v).reshape(batch, n_q, 1, dim)
+    batch, n_q, dim = q.shape
+    n_kv, width = k.shape[1], k.shape[2]
+    q = q.reshape(batch * n_kv, n_q // n_kv, dim)
+    scores = torch.baddbmm(mask, q, k.view(batch * n_kv, width, dim).transpose(1, 2))
+    if scores.dtype == torch.float32:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.bmm(probs, v.view(batch * n_kv, width, dim)).view(batch, n_q * dim)
 
 
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -167,15 +169,12 @@ class Qwen2FastForward:
         `input_ids` [B]: each row's last token; `positions` [B]: its position; `layers`: the cache
         layers, whose `append_column(k, v)` writes this step's keys/values [B, kv_heads, D] into
         the next free column and returns the whole buffers [B, kv_heads, W, D]; `mask`: additive
-        [B * kv_heads, 1, W] over those W columns (-inf on padding and spare columns). Attention is
-        two batched matmuls per layer, the first adding the mask as it goes (`baddbmm`); query heads
-        that share a key/value head (GQA) are that head's rows, so keys/values are never repeated.
+        [B * kv_heads, 1, W] over those W columns (-inf on padding and spare columns).
         """
         inner = self.inner
         fused = self._fused_weights()
         batch = input_ids.shape[0]
         n_q, n_kv, dim = self.n_heads, self.n_kv_heads, self.head_dim
-        group = n_q // n_kv
         hidden = F.embedding(input_ids, inner.embed_tokens.weight)  # [B, hidden], updated in place below
         cos, sin = self._rope_rows(hidden, positions)
         for index, layer in enumerate(inner.layers):
@@ -185,14 +184,7 @@ class Qwen2FastForward:
             qk = qkv[:, : n_q + n_kv]
             qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # rotary on q and k at once
             k, v = layers[index].append_column(qk[:, n_q:], qkv[:, n_q + n_kv :])
-            width = k.shape[2]
-            q = qk[:, :n_q].reshape(batch * n_kv, group, dim)  # already scaled (see _fuse)
-            scores = torch.baddbmm(mask, q, k.view(batch * n_kv, width, dim).transpose(1, 2))
-            if scores.dtype == torch.float32:
-                probs = torch.softmax(scores, dim=-1)
-            else:
-                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-            out = torch.bmm(probs, v.view(batch * n_kv, width, dim)).view(batch, n_q * dim)
+            out = _single_query_attention(qk[:, :n_q], k, v, mask)  # q is scaled (see _fuse)
             hidden.add_(o_proj(out))
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             gate, up = gate_up_proj(x).chunk(2, dim=-1)
@@ -202,7 +194,8 @@ class Qwen2FastForward:
     def __call__(
         self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Cache
     ) -> torch.Tensor:
-        """Next-token logits [B, V] after the last position of `input_ids` [B, T]."""
+        """Next-token logits [B, V] after the last position of `input_ids` [B, T] (a prefill; the
+        decoding steps use `decode`)."""
         inner = self.inner
         hidden = F.embedding(input_ids, inner.embed_tokens.weight)
         cos, sin = self._rope(hidden, position_ids)
@@ -216,14 +209,9 @@ class Qwen2FastForward:
             qkv = qkv_proj(x).view(batch, length, n_q + 2 * n_kv, self.head_dim).transpose(1, 2)
             qk = qkv[:, : n_q + n_kv]
             qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)
-            if length == 1 and mask.is_floating_point():  # a decoding step (kv_batch.decode)
-                # the whole contiguous cache buffer; `mask` hides padding and spare columns
-                k, v = cache.layers[index].append(qk[:, n_q:], qkv[:, n_q + n_kv :])
-                out = _single_query_attention(qk[:, :n_q], k, v, mask, 1.0)  # q is scaled
-            else:
-                k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
-                out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=1.0,  # q is scaled
-                                                     enable_gqa=self.gqa)
+            k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
+            out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=1.0,  # q is scaled
+                                                 enable_gqa=self.gqa)
             out = out.transpose(1, 2).reshape(batch, length, -1)
             hidden = hidden + o_proj(out)
             x = _rms_norm(hidden, layer.post_attention_layernorm)
