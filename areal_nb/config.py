@@ -69,6 +69,10 @@ class EngineConfig(_Section):
     type: Literal["local", "sglang", "remote"] = "local"  # made by areal_nb.engine.create_engine
     max_batch_size: int = Field(64, ge=1)
     seed: int = 0
+    # engine.type local: tokens of finished sequences' KV kept so that a prompt continuing one
+    # (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
+    # `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers.
+    prefix_cache_tokens: int = Field(32768, ge=0)
     addresses: list[str] = Field(default_factory=list)  # engine.type remote: http://host:port per server
     api_key: str | None = None  # sent to the servers as Authorization: Bearer
     # Where the trainer writes new weights for the servers to load (a directory both can read).
@@ -117,6 +121,10 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(16, ge=1)
     prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
+    # Python's GIL switch interval (seconds) while episodes are in flight, restored after: the
+    # engine thread gets the GIL back after each torch op within this time instead of Python's
+    # 5 ms (areal_nb/rollout/switch_interval.py). Process-wide while it lasts; None: leave it.
+    gil_switch_interval: float | None = Field(2e-4, gt=0, le=1)
 
 
 class DataConfig(_Section):

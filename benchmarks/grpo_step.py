@@ -1,11 +1,13 @@
 """GRPO step cost and where it goes: the multi-turn demo step against the single-turn step.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/grpo_step.py [--steps 4] [--http] [--only multi|single]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/grpo_step.py [--steps 4] [--http] [--only multi single multi_nocache]
 
 Both run through a Session on `configs/multi_turn_math.yaml` (16 prompts x 8 samples, 16 new
 tokens): "multi" is the demo (MultiTurnMathAgent, up to 2 turns, concat rows), "single" is
 `benchmarks/grpo_vs_trl.py`'s one-call agent. `--http` sends inline agents over loopback HTTP
 like external ones (the path before in-process episodes), to measure what that costs.
+"multi_nocache" (run only when named in `--only`) is "multi" with the engine's prefix cache off
+(`engine.prefix_cache_tokens=0`): every turn prefills its whole prompt again.
 
 Per step (median over the steps after the first, which warms up):
 - rollout: wall time; `engine_busy_s` the engine worker's time inside decode steps (the rest of
@@ -17,6 +19,9 @@ Per step (median over the steps after the first, which warms up):
   not how the wall time splits.
 - train: `to_tensors_s`, `recompute_s` (log-prob recomputation), `forward_s`, `backward_s`,
   `optimizer_s`, `push_s` (weights to the engine); `train_s` is their wall total.
+- prefill (LocalEngine only): `prefix_hit_rate`, the share of engine calls whose prompt continued
+  a cached sequence; `prefill_saved`, the share of prompt tokens loaded from the prefix cache
+  instead of computed; `prefill_positions`, positions the prefill forwards computed.
 - `cpu_s`: the process CPU time of the step (all threads); on a shared machine the figure that
   still compares the work (run with `OMP_NUM_THREADS=1` there: spinning OpenMP threads count).
 - tokens: `trained_tokens`, the positions the training forward computed (the actor's
@@ -51,7 +56,15 @@ SETUPS = {
     "multi": [],
     "single": ["agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent", "agent.workflow_kwargs={}",
                "agent.chat_template_type=hf", "agent.export_style=individual"],
+    "multi_nocache": ["engine.prefix_cache_tokens=0"],
 }
+DEFAULT_SETUPS = ("multi", "single")
+
+
+def engine_counters(engine: Any) -> dict[str, int]:
+    stats = getattr(engine, "stats", None)
+    keys = ("prompt_tokens", "prefix_cache_hits", "prefix_cache_tokens", "prefill_positions")
+    return {k: int(getattr(stats, k, 0)) for k in keys}
 
 
 class Timers:
@@ -145,10 +158,12 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
         timers.take()
         for step in range(steps):
             cpu0 = time.process_time()
+            counters0 = engine_counters(session.engine)
             t0 = time.perf_counter()
             batch = session.rollout()
             t1 = time.perf_counter()
             rollout_s, rollout_n = timers.take()
+            counters = {k: v - counters0[k] for k, v in engine_counters(session.engine).items()}
             stats = session.train_step(batch)
             t2 = time.perf_counter()
             cpu_s = time.process_time() - cpu0
@@ -165,6 +180,9 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
                 "episode_ms": 1e3 * rollout_s.get("episode", 0.0) / episodes,
                 "agent_ms": 1e3 * rollout_s.get("agent", 0.0) / episodes,
                 "lifecycle_ms": 1e3 * (rollout_s.get("episode", 0.0) - rollout_s.get("agent", 0.0)) / episodes,
+                "prefix_hit_rate": counters["prefix_cache_hits"] / calls,
+                "prefill_saved": counters["prefix_cache_tokens"] / max(counters["prompt_tokens"], 1),
+                "prefill_positions": counters["prefill_positions"],
                 **{f"{k}_s": train_s.get(k, 0.0)
                    for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
                 "trained_tokens": int(stats["train_positions"]),
@@ -187,13 +205,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="steps per setup; the first is warm-up")
     parser.add_argument("--http", action="store_true", help="inline agents over loopback HTTP (the old path)")
-    parser.add_argument("--only", choices=tuple(SETUPS), help="run one setup only")
+    parser.add_argument("--only", nargs="+", choices=tuple(SETUPS), default=list(DEFAULT_SETUPS),
+                        help=f"setups to run (default: {' '.join(DEFAULT_SETUPS)})")
     parser.add_argument("overrides", nargs="*", help="config overrides for both setups, e.g. rollout.batch_size=8")
     args = parser.parse_args()
 
     result: dict[str, Any] = {"transport": "http" if args.http else "in-process"}
     for name in SETUPS:
-        if args.only in (None, name):
+        if name in args.only:
             result[name] = run_setup(name, args.steps, args.overrides, args.http)
     for name in SETUPS:
         if name in result:
@@ -203,8 +222,14 @@ def main() -> None:
                   f"forward {m['forward_s']:.2f}, backward {m['backward_s']:.2f}, optimizer {m['optimizer_s']:.2f}, "
                   f"push {m['push_s']:.2f}); per episode {m['episode_ms']:.0f} ms (agent {m['agent_ms']:.0f}, "
                   f"lifecycle {m['lifecycle_ms']:.1f}); per call capture {m['capture_ms']:.0f} ms, engine "
-                  f"{m['engine_ms']:.0f} ms; trained/unique tokens {m['trained_over_unique']:.2f} "
-                  f"(unshared rows would be {m['rows_over_unique']:.2f})")
+                  f"{m['engine_ms']:.0f} ms; prefix cache hits {m['prefix_hit_rate']:.0%} of calls, "
+                  f"{m['prefill_saved']:.0%} of prompt tokens not prefilled; trained/unique tokens "
+                  f"{m['trained_over_unique']:.2f} (unshared rows would be {m['rows_over_unique']:.2f})")
+    if "multi" in result and "multi_nocache" in result:
+        result["multi_over_nocache"] = result["multi"]["step_s"] / result["multi_nocache"]["step_s"]
+        print(f"multi-turn step with / without the prefix cache: {result['multi_over_nocache']:.2f}x; rollout "
+              f"{result['multi']['rollout_s'] / result['multi_nocache']['rollout_s']:.2f}x; load average "
+              f"{os.getloadavg()[0]:.1f}")
     if "multi" in result and "single" in result:
         result["multi_over_single"] = result["multi"]["step_s"] / result["single"]["step_s"]
         result["multi_over_single_cpu"] = result["multi"]["cpu_s"] / result["single"]["cpu_s"]

@@ -13,11 +13,12 @@ function defined in a notebook cell works (inline mode; in subproc mode it must 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from areal_nb.reward import RewardFn, compute_reward, resolve_reward
+
+from .sdk_agent import SDKAgent, openai_client
 
 RETRY_PROMPT = "That is not right. Try again."
 
@@ -31,7 +32,7 @@ def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     raise KeyError(f"the row has neither 'messages' nor 'prompt' (its keys: {sorted(row)})")
 
 
-class ChatAgent:
+class ChatAgent(SDKAgent):
     def __init__(
         self,
         reward_fn: RewardFn | str,
@@ -41,35 +42,15 @@ class ChatAgent:
         temperature: float | None = None,  # None: the server's default (rollout.temperature; greedy in evaluate())
         max_completion_tokens: int | None = None,  # None: rollout.max_new_tokens
     ) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        super().__init__(max_turns, model, temperature, max_completion_tokens)
         self.reward_fn = resolve_reward(reward_fn)
-        self.max_turns = max_turns
         self.retry_prompt = retry_prompt
-        self.model = model
-        self.temperature = temperature
-        self.max_completion_tokens = max_completion_tokens
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
-        from openai import AsyncOpenAI
+        """Each reply's reward by completion id."""
 
-        client = AsyncOpenAI(
-            base_url=extra_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL"),
-            api_key=extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY"),
-            http_client=extra_kwargs.get("http_client"),
-            max_retries=0,
-        )
-        sampling = {k: v for k, v in (("temperature", self.temperature),
-                                      ("max_completion_tokens", self.max_completion_tokens)) if v is not None}
-        messages = prompt_messages(data)
-        rewards: dict[str, float] = {}
-        for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(model=self.model, messages=messages, **sampling)
-            message = completion.choices[0].message
-            reward = await compute_reward(self.reward_fn, data, message.content or "")
-            rewards[completion.id] = reward
-            if reward > 0:
-                break
-            # Echo the assistant message exactly as returned so the proxy links the next turn to it.
-            messages = messages + [message.model_dump(exclude_none=True), {"role": "user", "content": self.retry_prompt}]
-        return rewards
+        async def score(reply: str) -> float:
+            return await compute_reward(self.reward_fn, data, reply)
+
+        return await self.answer_until_rewarded(openai_client(**extra_kwargs), prompt_messages(data), score,
+                                                self.retry_prompt)

@@ -9,14 +9,15 @@ unless given here: behind a Session's proxy that is the config's `rollout.temper
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from areal_nb.data import CORRECTION_PROMPT
 from areal_nb.reward import AsyncRewardWrapper, math_reward
 
+from .sdk_agent import SDKAgent, openai_client
 
-class MultiTurnMathAgent:
+
+class MultiTurnMathAgent(SDKAgent):
     def __init__(
         self,
         max_turns: int = 2,
@@ -25,12 +26,7 @@ class MultiTurnMathAgent:
         max_completion_tokens: int | None = None,
         reward_timeout: float = 15.0,
     ) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
-        self.model = model
-        self.temperature = temperature
-        self.max_completion_tokens = max_completion_tokens
+        super().__init__(max_turns, model, temperature, max_completion_tokens)
         self.reward_timeout = reward_timeout
         self._reward: AsyncRewardWrapper | None = None
 
@@ -53,25 +49,10 @@ class MultiTurnMathAgent:
         return self._reward
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
-        from openai import AsyncOpenAI
+        """Per-turn rewards by completion id: 1.0 for the correct answer, 0.0 for a wrong one."""
 
-        client = AsyncOpenAI(
-            base_url=extra_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL"),
-            api_key=extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY"),
-            http_client=extra_kwargs.get("http_client"),
-            max_retries=0,
-        )
-        sampling = {k: v for k, v in (("temperature", self.temperature),
-                                      ("max_completion_tokens", self.max_completion_tokens)) if v is not None}
-        messages = list(data["messages"])
-        rewards: dict[str, float] = {}
-        for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(model=self.model, messages=messages, **sampling)
-            message = completion.choices[0].message
-            reward = await self._reward_fn()(message.content or "", data["answer"])
-            rewards[completion.id] = reward
-            if reward > 0:
-                break
-            # Echo the assistant message exactly as returned so the proxy links the next turn to it.
-            messages = messages + [message.model_dump(exclude_none=True), {"role": "user", "content": CORRECTION_PROMPT}]
-        return rewards
+        async def score(reply: str) -> float:
+            return await self._reward_fn()(reply, data["answer"])
+
+        return await self.answer_until_rewarded(openai_client(**extra_kwargs), list(data["messages"]), score,
+                                                CORRECTION_PROMPT)

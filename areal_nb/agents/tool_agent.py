@@ -10,17 +10,18 @@ over the tool-call turns (`agent.turn_discount`), and the conversation tree show
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 from areal_nb.data.tool_task import CALCULATOR_TOOL, calculator
 from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
+from .sdk_agent import SDKAgent, echo, openai_client
+
 DEFAULT_TOOLS: dict[str, tuple[dict, Callable[..., str]]] = {"calculator": (CALCULATOR_TOOL, calculator)}
 
 
-class ToolAgent:
+class ToolAgent(SDKAgent):
     def __init__(
         self,
         reward_fn: RewardFn | str = "areal_nb.data.tool_task.answer_reward",
@@ -30,13 +31,8 @@ class ToolAgent:
         max_completion_tokens: int | None = None,
         tools: dict[str, tuple[dict, Callable[..., str]]] | None = None,
     ) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        super().__init__(max_turns, model, temperature, max_completion_tokens)
         self.reward_fn = resolve_reward(reward_fn)
-        self.max_turns = max_turns
-        self.model = model
-        self.temperature = temperature
-        self.max_completion_tokens = max_completion_tokens
         self.tools = dict(DEFAULT_TOOLS if tools is None else tools)
 
     def call_tool(self, name: str, arguments: str) -> str:
@@ -50,28 +46,18 @@ class ToolAgent:
             return f"error: bad arguments for {name} ({e})"
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        from openai import AsyncOpenAI
-
-        client = AsyncOpenAI(
-            base_url=extra_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL"),
-            api_key=extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY"),
-            http_client=extra_kwargs.get("http_client"),
-            max_retries=0,
-        )
-        sampling = {k: v for k, v in (("temperature", self.temperature),
-                                      ("max_completion_tokens", self.max_completion_tokens)) if v is not None}
+        """The answer's reward (the proxy discounts it back over the tool-call turns)."""
+        client = openai_client(**extra_kwargs)
         schemas = [schema for schema, _ in self.tools.values()]
         messages = list(data["messages"])
         answer = ""
         for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(model=self.model, messages=messages, tools=schemas,
-                                                              **sampling)
+            completion = await self.chat(client, messages, tools=schemas)
             message = completion.choices[0].message
             if not message.tool_calls:
                 answer = message.content or ""
                 break
-            # Echo the assistant message as returned so the proxy links the next turn to this call.
-            messages = messages + [message.model_dump(exclude_none=True)]
+            messages = messages + [echo(message)]
             for call in message.tool_calls:
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": self.call_tool(call.function.name, call.function.arguments)})

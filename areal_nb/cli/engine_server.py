@@ -5,7 +5,9 @@
 
 What CPU machines, CI and the cluster export's CPU path run where a GPU machine runs
 `python -m sglang.launch_server`; the `SGLangEngine` client talks to both the same way.
-`--api-key` is required off loopback (clients send `Authorization: Bearer KEY`);
+An API key is required off loopback (clients send `Authorization: Bearer KEY`): give it with
+`--api-key-file FILE` or the `AREAL_NB_API_KEY` environment variable rather than `--api-key`,
+whose value every user of the machine can read in `ps`;
 `/update_weights_from_disk` reads only directories under `--weights-dir`. Prints
 `areal-nb engine-server listening on URL` once it accepts connections; stops on SIGINT/SIGTERM.
 """
@@ -14,7 +16,19 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
+from pathlib import Path
+
+from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
+
+# The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
+# socket call of the HTTP thread does too, and a thread that wants it back while the other runs
+# Python may wait a whole switch interval before Python forces the hand-over. Shorter intervals
+# (1, 0.5, 0.2, 0.1 ms) measured no steadier win on the 2-core development machine (0.1 ms split
+# bursts into more prefills: the engine thread grabbed the GIL between arrivals), so the default
+# stays Python's; the flag is there to measure it on other machines.
+DEFAULT_SWITCH_INTERVAL = 0.005
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,15 +36,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
-    parser.add_argument("--api-key", default=None, help="required when --host is not a loopback address")
+    parser.add_argument("--api-key", default=None,
+                        help="required when --host is not a loopback address; visible in `ps`, so prefer "
+                             f"--api-key-file or the {API_KEY_ENV} environment variable")
+    parser.add_argument("--api-key-file", default=None, help="a file holding the API key (surrounding whitespace ignored)")
     parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
     parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefix-cache-tokens", type=int, default=32768,
+                        help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads (default: torch's, one per core); give each of "
                              "several servers sharing a machine its share of the cores")
+    parser.add_argument("--switch-interval", type=float, default=DEFAULT_SWITCH_INTERVAL,
+                        help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
+                             "Python's own is 0.005): how long the engine thread or the HTTP thread may "
+                             "wait for the other to hand over the GIL")
+    parser.add_argument("--admission-gap", type=float, default=0.002,
+                        help="seconds a burst of requests reaching an idle engine may pause before it "
+                             "starts as one batch (default: %(default)s; 0: each request starts at once)")
+    parser.add_argument("--admission-max-wait", type=float, default=0.02,
+                        help="the longest a request waits for its burst to end, in seconds")
     return parser
 
 
@@ -43,11 +71,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """--api-key, else the contents of --api-key-file, else $AREAL_NB_API_KEY, else None."""
+    if args.api_key and args.api_key_file:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --api-key-file: {exc}") from exc
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.api_key and not is_loopback(args.host):
-        print(f"areal-nb engine-server: --api-key is required to listen on {args.host} (not loopback)",
-              file=sys.stderr)
+    try:
+        api_key = api_key_of(args)
+    except ValueError as exc:
+        print(f"areal-nb engine-server: {exc}", file=sys.stderr)
+        return 2
+    if not api_key and not is_loopback(args.host):
+        print(f"areal-nb engine-server: an API key is required to listen on {args.host} (not loopback): "
+              f"--api-key-file FILE, ${API_KEY_ENV} or --api-key", file=sys.stderr)
         return 2
 
     from areal_nb.engine import LocalEngine
@@ -56,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
+    if args.switch_interval <= 0:
+        print(f"areal-nb engine-server: --switch-interval must be > 0, got {args.switch_interval}", file=sys.stderr)
+        return 2
+    sys.setswitchinterval(args.switch_interval)  # our own process: a process-wide setting is fine here
     if args.torch_threads is not None:
         if args.torch_threads < 1:
             print(f"areal-nb engine-server: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
@@ -65,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     model_path = resolve_model_path(args.model)
     engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
-                         max_batch_size=args.max_batch_size, seed=args.seed)
+                         max_batch_size=args.max_batch_size, seed=args.seed,
+                         prefix_cache_tokens=args.prefix_cache_tokens)
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
-                                    api_key=args.api_key, weights_dir=args.weights_dir)
+                                    api_key=api_key, weights_dir=args.weights_dir,
+                                    admission_gap=args.admission_gap, admission_max_wait=args.admission_max_wait)
     server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
     return serve_until_signal(server, engine, "engine-server", args.model)
 

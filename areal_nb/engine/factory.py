@@ -3,11 +3,14 @@
 The Session (and any script) asks for an engine here by `type`; new engine types are added
 here, not in the Session. "local": the embedded transformers engine; "sglang": N SGLang-API
 servers started here (`spec.launch`) and owned by the returned engine, which stops them on
-`close()`; "remote": servers someone else started, at `spec.addresses`.
+`close()`; "remote": servers someone else started, at `spec.addresses`, with the key
+`spec.api_key` or, when that is unset, the `AREAL_NB_API_KEY` environment variable (which
+`areal-nb engine-server` reads too, so a job script keeps the key off every command line).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +18,7 @@ from typing import Any, Protocol
 from areal_nb.api import InferenceEngine
 
 ENGINE_TYPES = ("local", "sglang", "remote")
+API_KEY_ENV = "AREAL_NB_API_KEY"  # the engine servers' key, read where no key is given
 
 
 class EngineSpec(Protocol):
@@ -23,6 +27,7 @@ class EngineSpec(Protocol):
     type: str
     max_batch_size: int
     seed: int
+    # prefix_cache_tokens: int (read by "local" when present)
     # read by "sglang" / "remote" only (getattr: a spec for "local" may leave them out)
     # addresses: list[str]; api_key: str | None; launch: command, n_servers, host, ports, tp_size,
     # dp_size, mem_fraction_static, extra_args, ready_timeout
@@ -52,10 +57,11 @@ def create_engine(
     if spec.type == "local":
         import torch
 
-        from .local import LocalEngine
+        from .local import DEFAULT_PREFIX_CACHE_TOKENS, LocalEngine
 
         return LocalEngine(model if model is not None else model_path, tokenizer, device=device,
-                           dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed)
+                           dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed,
+                           prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS))
     if spec.type == "sglang":
         from .remote_launch import launch_remote_engine
 
@@ -72,7 +78,8 @@ def create_engine(
         addresses = list(getattr(spec, "addresses", None) or [])
         if not addresses:
             raise ValueError("engine.type='remote' needs addresses (the servers' base URLs)")
-        return SGLangEngine(addresses, api_key=getattr(spec, "api_key", None), weights_dir=weights_dir,
+        api_key = getattr(spec, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+        return SGLangEngine(addresses, api_key=api_key, weights_dir=weights_dir,
                             config_source=model_path if model_path and Path(model_path).is_dir() else None,
                             tokenizer=tokenizer, max_context=max_context)
     raise ValueError(f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}")

@@ -10,7 +10,9 @@ real rows).
 
 Rows join with `prefill` (prompts of similar length run as one forward, see `length_groups`; the
 new rows' cache is left-padded to the common length and concatenated on the batch axis) and leave with `keep_rows` (batch rows dropped, then padding columns no row needs
-any more are trimmed). The KV tensors are transformers' own `DynamicCache` layers, whose
+any more are trimmed). A joining row may bring the keys/values of its prompt's first tokens
+(`prefix_cache`): they are loaded into the new rows' cache and only the rest of the prompt is
+computed. `row_kv` copies a row's keys/values out (what the prefix cache keeps of finished rows). The KV tensors are transformers' own `DynamicCache` layers, whose
 `.keys`/`.values` ([batch, kv_heads, seq, head_dim]) are rewritten in place on join/leave.
 
 Each layer keeps its keys/values in a preallocated buffer with spare columns (`_SlotLayer`), so a
@@ -29,6 +31,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .prefix_cache import LayerKV
 from .qwen2_fast import Qwen2FastForward
 
 SPARE_COLUMNS = 32  # free columns allocated beyond the current length (a decoding step reads them too)
@@ -50,6 +53,12 @@ class _SlotLayer(DynamicLayer):
         self._k = torch.cat([keys, keys.new_zeros(*keys.shape[:2], spare, keys.shape[3])], dim=2)
         self._v = torch.cat([values, values.new_zeros(*values.shape[:2], spare, values.shape[3])], dim=2)
         self._end = keys.shape[2]
+        self._refresh()
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """Use these buffers as they are (no copy): valid columns [0, end), zeros after."""
+        self._k, self._v, self._end = keys, values, end
+        self.device = keys.device
         self._refresh()
 
     @property
@@ -113,6 +122,7 @@ class PaddedKVBatch:
         self.cache: Cache | None = None
         self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
         self.length = 0  # cache columns
+        self.last_prefill_computed = 0  # positions the last `prefill`'s forwards computed (padding included)
 
     @property
     def size(self) -> int:
@@ -136,24 +146,52 @@ class PaddedKVBatch:
         )
         return out.logits[:, -1, :]
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(self, prompts: list[list[int]], prefixes: list[list[LayerKV] | None] | None = None) -> torch.Tensor:
         """Add `prompts` as new rows at the end of the batch; return their next-token logits [k, V].
 
-        Prompts of very different lengths run as separate forwards over groups of similar length
-        (`length_groups`), so padding costs little compute; their caches are then joined.
+        `prefixes[i]`, when given, holds the keys/values of the first m < len(prompts[i]) tokens of
+        prompt i (per layer [kv_heads, m, head_dim], from `prefix_cache`): only the rest of that
+        prompt runs through the model. Identical prompts are computed once. Prompts whose computed
+        parts (their suffixes) have very different lengths run as separate forwards over groups of
+        similar length (`length_groups`), so padding costs little compute; their caches are then
+        joined.
         """
-        groups = length_groups([len(p) for p in prompts])
-        if len(groups) == 1:
-            new_cache, pads, width, logits = self._prefill_padded(prompts)
+        prefixes = list(prefixes) if prefixes is not None else [None] * len(prompts)
+        if len(prefixes) != len(prompts):
+            raise ValueError(f"prefill got {len(prefixes)} prefixes for {len(prompts)} prompts")
+        cached = [0 if kv is None else int(kv[0][0].shape[1]) for kv in prefixes]
+        for prompt, m in zip(prompts, cached, strict=True):
+            if not 0 <= m < len(prompt):
+                raise ValueError(f"a cached prefix of {m} tokens for a prompt of {len(prompt)}: at least "
+                                 "the last prompt token must be computed")
+        self.last_prefill_computed = 0
+        # Identical prompts (a GRPO group's samples) are computed once and copied to every row.
+        first: dict[tuple[int, ...], int] = {}
+        members: list[list[int]] = []  # output rows of each distinct prompt
+        for row, prompt in enumerate(prompts):
+            index = first.setdefault(tuple(prompt), len(members))
+            if index == len(members):
+                members.append([])
+            members[index].append(row)
+        distinct = [rows[0] for rows in members]
+        groups = length_groups([len(prompts[i]) - cached[i] for i in distinct])
+        if len(groups) == 1 and len(distinct) == len(prompts):
+            new_cache, pads, width, logits = self._prefill_padded(prompts, prefixes)
             self._merge(new_cache, pads, width)
             return logits
         width = max(len(p) for p in prompts)
         logits: torch.Tensor | None = None
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
-        for rows in groups:
-            cache, _, group_width, group_logits = self._prefill_padded([prompts[i] for i in rows])
-            index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for group in groups:
+            rows = [distinct[i] for i in group]
+            cache, _, group_width, group_logits = self._prefill_padded([prompts[i] for i in rows],
+                                                                       [prefixes[i] for i in rows])
+            # every output row of each computed prompt, and where its values are in the group
+            out = [row for i in group for row in members[i]]
+            src = [local for local, i in enumerate(group) for _ in members[i]]
+            out_index = torch.tensor(out, dtype=torch.long, device=self.device)
+            src_index = torch.tensor(src, dtype=torch.long, device=self.device)
             if logits is None:
                 logits = group_logits.new_empty(len(prompts), group_logits.shape[1])
                 for layer in cache.layers:
@@ -161,32 +199,66 @@ class PaddedKVBatch:
                     keys.append(layer.keys.new_zeros(len(prompts), heads, width, dim))
                     values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
                                                          layer.values.shape[3]))
-            logits[index] = group_logits
+            logits[out_index] = group_logits.index_select(0, src_index)
             for layer, k, v in zip(cache.layers, keys, values, strict=True):
-                k[index, :, width - group_width :] = layer.keys
-                v[index, :, width - group_width :] = layer.values
+                k[out_index, :, width - group_width :] = layer.keys.index_select(0, src_index)
+                v[out_index, :, width - group_width :] = layer.values.index_select(0, src_index)
         joined = _new_cache(self.num_layers)
         for layer, k, v in zip(joined.layers, keys, values, strict=True):
-            layer.load(k, v)
+            layer.adopt(k, v, width)
         pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
         self._merge(joined, pads, width)
         return logits
 
-    def _prefill_padded(self, prompts: list[list[int]]) -> tuple[Cache, torch.Tensor, int, torch.Tensor]:
-        """One left-padded forward over `prompts`: (their cache, pads, width, next-token logits)."""
-        width = max(len(p) for p in prompts)
-        pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+    def _prefill_padded(
+        self, prompts: list[list[int]], prefixes: list[list[LayerKV] | None]
+    ) -> tuple[Cache, torch.Tensor, int, torch.Tensor]:
+        """One left-padded forward over `prompts`: (their cache, pads, width, next-token logits).
+
+        Every row feeds its last `fed` tokens, `fed` the longest uncached suffix of the group (a row
+        whose cached prefix is longer than it needs recomputes the rest: padding in the middle of
+        a row would break the left-padded layout). The cached columns before them are loaded into
+        the cache first, right-aligned at column `width - fed`, so each row's tokens stay
+        contiguous and right-aligned as the batch expects.
+        """
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        fed = max(n - (0 if kv is None else int(kv[0][0].shape[1])) for n, kv in zip(lengths, prefixes, strict=True))
+        start = width - fed  # first fed column; columns before it come from the prefixes
+        pads = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
+        ids = torch.zeros(len(prompts), fed, dtype=torch.long, device=self.device)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        cols = torch.arange(width, device=self.device)
-        q, kv = cols[:, None], cols[None, :]
-        valid_kv = kv[None] >= pads[:, None, None]  # [k, 1, width]
-        mask = ((kv <= q)[None] & valid_kv) | (kv == q)[None]  # [k, width, width]
-        positions = (cols[None, :] - pads[:, None]).clamp(min=0)
+            tail = prompt[max(len(prompt) - fed, 0) :]
+            ids[row, fed - len(tail) :] = torch.tensor(tail, dtype=torch.long)
         new_cache = _new_cache(self.num_layers)
+        if start > 0:
+            self._load_prefixes(new_cache, prefixes, [n - fed for n in lengths], start)
+        q = torch.arange(start, width, device=self.device)[:, None]
+        kv = torch.arange(width, device=self.device)[None, :]
+        valid_kv = kv[None] >= pads[:, None, None]  # [k, 1, width]
+        mask = ((kv <= q)[None] & valid_kv) | (kv == q)[None]  # [k, fed, width]
+        positions = (q.T - pads[:, None]).clamp(min=0)
         logits = self._forward(ids, mask[:, None], positions, new_cache)
+        self.last_prefill_computed += len(prompts) * fed
         return new_cache, pads, width, logits
+
+    def _load_prefixes(self, cache: Cache, prefixes: list[list[LayerKV] | None], used: list[int], start: int) -> None:
+        """Fill `cache` with row i's first `used[i]` cached columns, right-aligned in `start` columns."""
+        for index, layer in enumerate(cache.layers):
+            like = next(kv for kv in prefixes if kv is not None)[index][0]
+            keys = like.new_zeros(len(prefixes), like.shape[0], start, like.shape[2])
+            values = torch.zeros_like(keys)
+            for row, (kv, n) in enumerate(zip(prefixes, used, strict=True)):
+                if n > 0:
+                    keys[row, :, start - n :] = kv[index][0][:, :n]
+                    values[row, :, start - n :] = kv[index][1][:, :n]
+            layer.device = keys.device
+            layer.load(keys, values)
+
+    def row_kv(self, row: int) -> list[LayerKV]:
+        """Copies of row `row`'s keys/values without padding, per layer [kv_heads, n, head_dim]."""
+        pad = int(self.pads[row])
+        return [(layer.keys[row, :, pad:].clone(), layer.values[row, :, pad:].clone()) for layer in self.cache.layers]
 
     def decode(self, last_tokens: torch.Tensor) -> torch.Tensor:
         """Feed each row's last sampled token [B]; return next-token logits [B, V]."""
@@ -228,9 +300,11 @@ class PaddedKVBatch:
         if self.cache is None:
             self.cache, self.pads, self.length = new_cache, new_pads, new_length
             return
+        # one copy of every row into a fresh buffer that already has the spare columns
         length = max(self.length, new_length)
         for old, new in zip(self.cache.layers, new_cache.layers, strict=True):
-            old.load(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length))
+            old.adopt(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length),
+                      length)
         self.pads = torch.cat([self.pads + (length - self.length), new_pads + (length - new_length)])
         self.length = length
 
@@ -255,9 +329,10 @@ def length_groups(lengths: list[int], max_waste: float = 0.25, max_tokens: int =
     return groups
 
 
-def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int) -> torch.Tensor:
-    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`."""
-    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3])
-    out[: a.shape[0], :, length - a.shape[2] :] = a
-    out[a.shape[0] :, :, length - b.shape[2] :] = b
+def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int, spare: int = SPARE_COLUMNS) -> torch.Tensor:
+    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`,
+    followed by `spare` zero columns."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length + spare, a.shape[3])
+    out[: a.shape[0], :, length - a.shape[2] : length] = a
+    out[a.shape[0] :, :, length - b.shape[2] : length] = b
     return out

@@ -19,6 +19,13 @@ Qwen2-architecture models, the equivalent lean forward in `qwen2_fast` (less per
 Every output token carries its log-probability and the engine version at the moment it was
 sampled. Weight updates keep the KV cache of in-flight rows (computed by the old weights), as
 SGLang does when it updates without aborting.
+
+Finished rows leave their keys/values in a prefix cache (`prefix_cache`, bounded by
+`prefix_cache_tokens`; 0 disables it): a request whose prompt continues a finished sequence (a
+multi-turn agent's next turn) loads those columns and prefills only its new tokens, in the same
+forward as the other admissions. The cache holds only KV computed entirely by the current weights:
+it is emptied on every weight update, rows that were in flight across an update are not kept, nor
+are aborted or failed rows, and any failed step empties it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from transformers import PreTrainedModel
 from areal_nb.api import ModelRequest, ModelResponse
 
 from .kv_batch import PaddedKVBatch
+from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
 from .sampling import sample_next_tokens
 from .weights import check_weights, copy_weights_into, load_engine_model, read_weights_dir
@@ -47,6 +55,11 @@ from .weights import check_weights, copy_weights_into, load_engine_model, read_w
 logger = logging.getLogger(__name__)
 
 Delivery = Callable[[ModelResponse | BaseException], None]
+
+# A multi-turn batch of the demo (128 conversations of ~100 tokens) fits several times over; a
+# token of KV costs layers x 2 x kv_heads x head_dim x dtype bytes (tiny-math: 4 KiB in fp32,
+# Qwen2.5-1.5B: 28 KiB in bf16, so 0.9 GiB at this default).
+DEFAULT_PREFIX_CACHE_TOKENS = 32768
 
 
 class EngineClosedError(RuntimeError):
@@ -84,6 +97,10 @@ class EngineStats:
     tokens: int = 0
     max_active: int = 0  # most rows ever decoded together in one step
     joined_running_batch: int = 0  # requests admitted while other rows were mid-generation
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prefix_cache_hits: int = 0  # admitted requests whose prompt continued a cached sequence
+    prefix_cache_tokens: int = 0  # prompt tokens loaded from the prefix cache instead of computed
+    prefill_positions: int = 0  # positions the prefill forwards computed (padding included)
 
 
 @dataclass(eq=False)
@@ -99,6 +116,8 @@ class _Row:
     aborted: bool = False  # set from any thread; the worker finishes the row with "abort"
     error: BaseException | None = None  # set by the worker: the row leaves the batch failed
     checked_text_len: int = 0  # decoded output text already searched for stop strings
+    epoch: int = -1  # the engine's weight epoch when the row was admitted (worker-only)
+    prefix: CachedPrefix | None = None  # the prefix cache entry its prompt continued
 
 
 @dataclass
@@ -122,8 +141,10 @@ class LocalEngine:
         max_batch_size: int = 64,
         seed: int = 0,
         fast_forward: bool = True,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
-        """`fast_forward=False` forces transformers' stock forward even for Qwen2 models."""
+        """`fast_forward=False` forces transformers' stock forward even for Qwen2 models;
+        `prefix_cache_tokens` bounds the prefix cache (tokens of KV kept, 0: no cache)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -138,6 +159,8 @@ class LocalEngine:
         self._version = 0
         self._batch = PaddedKVBatch(self.model, fast_forward=fast_forward)
         self._active: list[_Row] = []  # aligned with the rows of self._batch; worker-only
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)  # worker-only
+        self._epoch = 0  # +1 on every weight update: KV of an older epoch is not kept
 
         self._cond = threading.Condition()
         self._waiting: deque[_Row] = deque()
@@ -384,6 +407,9 @@ class LocalEngine:
         finally:
             if self._batch.fast is not None:
                 self._batch.fast.refresh()  # its fused projections copy the old weights
+            # cached KV was computed by the old weights (even a failed copy may have changed some)
+            self._epoch += 1
+            self.prefix_cache.clear()
             update.done.set()
 
     def _step(self, admitted: list[_Row]) -> None:
@@ -391,8 +417,9 @@ class LocalEngine:
         if admitted:
             joined_running = any(r.output for r in self._active)
             try:
-                logits = self._batch.prefill([r.plan.prompt for r in admitted])
+                logits = self._prefill(admitted)
             except Exception as exc:
+                self.prefix_cache.clear()
                 err = RuntimeError(f"LocalEngine prefill failed: {exc!r}")
                 for row in admitted:
                     self._fail(row, err)
@@ -409,6 +436,7 @@ class LocalEngine:
         try:
             logits = self._batch.decode(last)
         except Exception as exc:
+            self.prefix_cache.clear()  # before any caller hears of the failure
             err = RuntimeError(f"LocalEngine decoding step failed: {exc!r}")
             for row in self._active:
                 self._fail(row, err)
@@ -420,7 +448,37 @@ class LocalEngine:
         self._sample_and_record(logits, self._active)
         self._retire()
 
+    def _prefill(self, admitted: list[_Row]) -> torch.Tensor:
+        """Prefill `admitted` into the batch, from the prefix cache where their prompts continue
+        a cached sequence; return their next-token logits."""
+        prefixes = []
+        for row in admitted:
+            row.epoch = self._epoch
+            hit = self.prefix_cache.lookup(row.plan.prompt) if self.prefix_cache.enabled else None
+            row.prefix = None if hit is None else hit.entry
+            prefixes.append(None if hit is None else hit.kv)
+            self.stats.prompt_tokens += len(row.plan.prompt)
+            if hit is not None:
+                self.stats.prefix_cache_hits += 1
+                self.stats.prefix_cache_tokens += hit.length
+        logits = self._batch.prefill([r.plan.prompt for r in admitted], prefixes)
+        self.stats.prefill_positions += self._batch.last_prefill_computed
+        return logits
+
+    def _keep_prefix(self, index: int, row: _Row) -> None:
+        """Put finished row `index`'s keys/values in the prefix cache (its prompt and every output
+        token but the last, which was sampled, never fed) if the current weights computed them."""
+        if not self.prefix_cache.enabled or row.epoch != self._epoch or not row.output:
+            return
+        try:
+            self.prefix_cache.insert(list(row.plan.prompt) + row.output[:-1], self._batch.row_kv(index),
+                                     replaces=row.prefix)
+        except Exception:  # a cache fault must not fail the request: it only loses the reuse
+            self._errors.exception("LocalEngine could not keep the prefix of request %s", row.plan.rid)
+            self.prefix_cache.clear()
+
     def _fail_all(self, admitted: list[_Row], error: BaseException) -> None:
+        self.prefix_cache.clear()
         for row in {*self._active, *admitted}:
             if row in self._live:
                 self._fail(row, error)
@@ -498,6 +556,8 @@ class LocalEngine:
             if row.stop_reason is None or (abort_only and row.stop_reason != "abort"):
                 keep.append(index)
             else:
+                if row.stop_reason != "abort":
+                    self._keep_prefix(index, row)
                 self._finish(row, row.stop_reason)
         if len(keep) != len(self._active):
             self._batch.keep_rows(keep)
@@ -543,3 +603,4 @@ class LocalEngine:
             update.done.set()
         self._active = []
         self._batch.clear()
+        self.prefix_cache.clear()

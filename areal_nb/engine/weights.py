@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from areal_nb.api.saved_tokenizer import load_saved_tokenizer
 
 
 def load_engine_model(
@@ -21,7 +23,8 @@ def load_engine_model(
 
     `model` is a loaded model, a local `save_pretrained` folder or a Hugging Face id. Built-in
     names such as `tiny-math` belong to `areal_nb.models` (a layer above the engine): resolve
-    them first with `areal_nb.models.resolve_model_path` (the Session and the CLI do).
+    them first with `areal_nb.models.resolve_model_path` (the Session and the CLI do). Without a
+    `tokenizer`, the folder's own is loaded as saved (`areal_nb.api.load_saved_tokenizer`).
     """
     if isinstance(model, PreTrainedModel):
         # A deep copy: the trainer keeps updating its model; the engine changes only on update_weights.
@@ -29,7 +32,7 @@ def load_engine_model(
         if tokenizer is None:
             source = getattr(model.config, "_name_or_path", "")
             if source and Path(source).is_dir():
-                tokenizer = AutoTokenizer.from_pretrained(source)
+                tokenizer = load_saved_tokenizer(source)
     elif isinstance(model, (str, os.PathLike)):
         path = str(model)
         try:
@@ -43,7 +46,7 @@ def load_engine_model(
                 "areal_nb.models.resolve_model_path(name), which returns the folder to pass here"
             ) from exc
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_saved_tokenizer(path)
     else:
         raise TypeError(f"model must be a name, a path or a PreTrainedModel, got {type(model).__name__}")
     # The engine builds explicit 4-D boolean masks, which the sdpa path takes as they are.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -92,31 +91,13 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def load_tokenizer(name_or_path: str):
-    """A tokenizer through `AutoTokenizer.from_pretrained`; for a built-in model the model is not built."""
-    from transformers import AutoTokenizer
+    """A model's tokenizer as it was saved (`areal_nb.api.load_saved_tokenizer`: plain
+    `AutoTokenizer` re-splits tiny-tools' words); for a built-in model the model is not built."""
+    from areal_nb.api.saved_tokenizer import load_saved_tokenizer
 
     if name_or_path in _BUILT_IN:
-        return AutoTokenizer.from_pretrained(str(_BUILT_IN[name_or_path][0]()))
-    path = resolve_model_path(name_or_path)
-    if _declares_plain_backend(path):
-        # transformers 5 gives every `qwen2` folder a Qwen2Tokenizer, which rebuilds the
-        # pre-tokenizer with Qwen's word-splitting regex; a folder that declares a plain
-        # tokenizers backend (tiny-tools, whose merges span spaces) is loaded as it is saved.
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _declares_plain_backend(path: str) -> bool:
-    config = Path(path).expanduser() / "tokenizer_config.json"
-    if not (config.is_file() and (config.parent / "tokenizer.json").is_file()):
-        return False
-    try:
-        declared = json.loads(config.read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
-        return False
-    return declared in ("TokenizersBackend", "PreTrainedTokenizerFast")
+        return load_saved_tokenizer(_BUILT_IN[name_or_path][0]())
+    return load_saved_tokenizer(resolve_model_path(name_or_path))
 
 
 def load_model(name_or_path: str, dtype=None, device: str = "cpu"):

@@ -7,9 +7,14 @@ a delay — or a zero-cost engine to measure the proxy's own overhead. areal_nb'
 `benchmarks/proxy_overhead.py` use it the same way; wherever a real model can run, our tests
 also run the tiny built-in model (`LocalEngine("tiny-math")`).
 
+`sample_batch(engine, prompts, gconfig, reward, n_samples)` samples from any engine and lays the
+responses out as a GRPO training batch (the capture layer's tensors, built without the proxy),
+for tests of the trainer against a real engine.
+
 Nothing in the product package imports this module (an import-linter contract checks it).
 """
 
+from .engine_batches import responses_to_batch, sample_batch
 from .scripted_engine import Script, ScriptedEngine
 
-__all__ = ["Script", "ScriptedEngine"]
+__all__ = ["Script", "ScriptedEngine", "responses_to_batch", "sample_batch"]

@@ -5,13 +5,16 @@ One real server subprocess on loopback with `--api-key` and `--weights-dir`."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import httpx
 import pytest
 from servers import API_KEY, load_reference, start_engine_server
 
-from areal_nb.engine.weight_sync import write_weights
 from areal_nb.cli.engine_server import main as engine_server_main
+from areal_nb.engine.factory import API_KEY_ENV
+from areal_nb.engine.launcher import ServerProcess, engine_server_command, free_port
+from areal_nb.engine.weight_sync import write_weights
 
 pytestmark = pytest.mark.slow
 
@@ -91,9 +94,48 @@ def test_malformed_bodies_are_400_and_the_server_keeps_serving(served):
     _still_serving(proc)
 
 
-def test_the_key_is_required_off_loopback(capsys):
+def test_the_key_is_required_off_loopback(capsys, monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert engine_server_main(["--host", "0.0.0.0", "--port", "0"]) == 2
-    assert "--api-key is required" in capsys.readouterr().err
+    assert "an API key is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--api-key", "k" * 16, "--api-key-file", "/nonexistent"], "not both"),
+    (["--api-key-file", "/nonexistent/key"], "cannot read --api-key-file"),
+])
+def test_bad_key_options_are_refused(args, error, capsys):
+    assert engine_server_main(["--port", "0", *args]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_an_empty_key_file_is_refused(tmp_path, capsys):
+    (tmp_path / "key").write_text("\n")
+    assert engine_server_main(["--port", "0", "--api-key-file", str(tmp_path / "key")]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_the_key_from_the_environment_or_a_file_stays_off_the_command_line(source, tmp_path):
+    key = "key-from-" + source + "-0123456789"
+    port = free_port()
+    command = engine_server_command("tiny-math", port=port)  # no --api-key
+    env = {API_KEY_ENV: key} if source == "env" else {API_KEY_ENV: ""}
+    if source == "file":
+        (tmp_path / "key").write_text(key + "\n")
+        command += ["--api-key-file", str(tmp_path / "key")]
+    proc = ServerProcess(command, f"http://127.0.0.1:{port}", log_path=tmp_path / "server.log", env=env)
+    proc.start()
+    try:
+        proc.wait_ready(timeout=300)
+        assert key not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+        for sent, status in [(None, 401), ("wrong-key", 401), (key, 200)]:
+            headers = {"Authorization": f"Bearer {sent}"} if sent else {}
+            reply = httpx.post(f"{proc.url}/generate", json=GREEDY, headers=headers, timeout=120)
+            assert reply.status_code == status, (sent, reply.text)
+    finally:
+        proc.stop()
 
 
 def test_torch_threads_must_be_positive(capsys):

@@ -7,14 +7,13 @@ log-probs the servers record must equal the trainer's own recomputation after ev
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 from servers import API_KEY, load_reference, sglang_under_test, start_engine_server
 
-from areal_nb.api import GenerationConfig, ModelRequest
+from areal_nb.api import GenerationConfig
 from areal_nb.engine.remote import SGLangEngine
+from areal_nb.testing import sample_batch
 from areal_nb.train import Actor, GRPOConfig
 
 pytestmark = pytest.mark.slow
@@ -48,27 +47,8 @@ def remote(request, tmp_path):
 
 def rollout(engine, n_samples: int = 4):
     gconfig = GenerationConfig(max_new_tokens=8, temperature=TEMPERATURE, ignore_eos=True)
-
-    async def run():
-        reqs = [ModelRequest(list(p), gconfig) for p in PROMPTS for _ in range(n_samples)]
-        return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
-
-    responses = asyncio.run(run())
-    width = max(r.input_len + r.output_len for r in responses)
-    batch = {k: torch.zeros(len(responses), width, dtype=d)
-             for k, d in [("input_ids", torch.long), ("loss_mask", torch.long), ("logprobs", torch.float32)]}
-    batch["attention_mask"] = torch.zeros(len(responses), width, dtype=torch.bool)
-    batch["versions"] = torch.full((len(responses), width), -1, dtype=torch.long)
-    for i, r in enumerate(responses):
-        n_in, n = r.input_len, r.input_len + r.output_len
-        batch["input_ids"][i, :n] = torch.tensor(r.input_tokens + r.output_tokens)
-        batch["attention_mask"][i, :n] = True
-        batch["loss_mask"][i, n_in:n] = 1
-        batch["logprobs"][i, n_in:n] = torch.tensor(r.output_logprobs)
-        batch["versions"][i, n_in:n] = torch.tensor(r.output_versions)
     # a reward that varies between samples (within the default reward clip)
-    batch["rewards"] = torch.tensor([(sum(r.output_tokens) % 5) / 4 for r in responses])
-    return batch, [i // n_samples for i in range(len(responses))]
+    return sample_batch(engine, PROMPTS, gconfig, lambda r: (sum(r.output_tokens) % 5) / 4, n_samples)
 
 
 def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):

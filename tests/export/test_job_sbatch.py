@@ -26,6 +26,7 @@ echo "$3" | tr ',' '\\n'
 """
 SRUN = """#!/bin/bash
 # srun [options] command...: drop the options, honour --output, run the command on this machine
+echo "$*" >> "$(dirname "$0")/srun-commands.log"  # what `ps` would show of each step
 out=""
 while [[ "$1" == -* ]]; do
   case "$1" in --output=*) out="${1#--output=}";; esac
@@ -68,3 +69,8 @@ def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path):
     assert (final / "state.pt").exists()
     assert any((run / "weights").iterdir())  # the new policy went to the servers through the shared folder
     assert "engine-server: stopping" in server_log  # the job stopped its server when the trainer ended
+    # The server listened on 0.0.0.0, so it had a key, and the trainer sent it: both read it from
+    # $AREAL_NB_API_KEY, neither command line shows it.
+    steps = (stubs / "srun-commands.log").read_text().splitlines()
+    assert any("engine-server" in line for line in steps) and any("torchrun" in line for line in steps)
+    assert not [line for line in steps if "api-key" in line or "api_key" in line], steps

@@ -1,12 +1,11 @@
 """The trainer against the real LocalEngine: recorded log-probs equal recomputed ones before
 the first update, pushed weights carry version + 1, and staleness is read from `versions`."""
 
-import asyncio
-
 import pytest
 import torch
 
-from areal_nb.api import GenerationConfig, ModelRequest
+from areal_nb.api import GenerationConfig
+from areal_nb.testing import sample_batch
 from areal_nb.train import Actor, GRPOConfig
 
 from .conftest import make_tiny_qwen2
@@ -15,32 +14,10 @@ PROMPTS = [[2, 3, 4], [5, 6, 7, 8]]
 
 
 def rollout(engine, n_samples=3, temperature=1.0):
-    """Sample n completions per prompt; build the capture layer's tensor layout by hand."""
+    """Sample n completions per prompt as one training batch (the capture layer's tensor layout)."""
     gconfig = GenerationConfig(max_new_tokens=6, temperature=temperature)
-
-    async def run():
-        reqs = [ModelRequest(input_ids=list(p), gconfig=gconfig) for p in PROMPTS for _ in range(n_samples)]
-        return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
-
-    responses = asyncio.run(run())
-    width = max(r.input_len + r.output_len for r in responses)
-    batch = {
-        k: torch.zeros(len(responses), width, dtype=d)
-        for k, d in [("input_ids", torch.long), ("loss_mask", torch.long), ("logprobs", torch.float32)]
-    }
-    batch["attention_mask"] = torch.zeros(len(responses), width, dtype=torch.bool)
-    batch["versions"] = torch.full((len(responses), width), -1, dtype=torch.long)
-    for i, r in enumerate(responses):
-        n_in, n = r.input_len, r.input_len + r.output_len
-        batch["input_ids"][i, :n] = torch.tensor(r.input_tokens + r.output_tokens)
-        batch["attention_mask"][i, :n] = True
-        batch["loss_mask"][i, n_in:n] = 1
-        batch["logprobs"][i, n_in:n] = torch.tensor(r.output_logprobs)
-        batch["versions"][i, n_in:n] = torch.tensor(r.output_versions)
     # any deterministic rule that varies between samples will do: the mean output token id
-    batch["rewards"] = torch.tensor([sum(r.output_tokens) / max(r.output_len, 1) for r in responses])
-    group_ids = [i // n_samples for i in range(len(responses))]
-    return batch, group_ids
+    return sample_batch(engine, PROMPTS, gconfig, lambda r: sum(r.output_tokens) / max(r.output_len, 1), n_samples)
 
 
 @pytest.fixture

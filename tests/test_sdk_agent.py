@@ -1,0 +1,83 @@
+"""The built-in agents' shared loop (`areal_nb.agents.sdk_agent`): ask, score, retry with a
+prompt until a reply is rewarded or `max_turns` is spent — through the real proxy app in-process
+(no socket), the real OpenAI SDK and a scripted model, so each reply is exactly known."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from areal_nb.agents.chat_agent import ChatAgent
+from areal_nb.agents.math_agent import MultiTurnMathAgent
+from areal_nb.agents.sdk_agent import SDKAgent
+from areal_nb.data import CORRECTION_PROMPT
+from areal_nb.proxy import OpenAIProxyWorkflow, ProxySettings, create_app
+from areal_nb.testing import ScriptedEngine
+
+ADMIN_KEY = "sdk-agent-test-admin-key"
+QUESTION = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}
+
+
+def run_episode(tokenizer, agent: Any, replies: list[str], data: dict[str, Any] = QUESTION):
+    """(the episode's interactions in call order, the requests the model got). No discount: each
+    interaction's reward is the one the agent gave its completion."""
+    script = iter(replies)
+    engine = ScriptedEngine(tokenizer, lambda req: next(script))
+    app = create_app(engine, tokenizer, ProxySettings(admin_api_key=ADMIN_KEY))
+    wf = OpenAIProxyWorkflow(agent=agent, proxy_addr="http://proxy.invalid:9", admin_api_key=ADMIN_KEY, asgi_app=app,
+                             discount=0.0)
+
+    async def run():
+        try:
+            return await wf.arun_episode(None, data)
+        finally:
+            await wf.aclose()
+
+    out = asyncio.run(run())
+    assert wf.last_rejection_reason is None, wf.last_rejection_reason
+    return list(out.values()), engine.requests
+
+
+def test_a_wrong_reply_gets_the_retry_prompt_until_one_is_rewarded(tiny_tokenizer):
+    agent = ChatAgent(reward_fn=lambda row, reply: float(reply == "right"), max_turns=4, retry_prompt="Once more.")
+    turns, requests = run_episode(tiny_tokenizer, agent, ["wrong", "still wrong", "right", "never asked"])
+    prompts = [tiny_tokenizer.decode(r.input_ids) for r in requests]
+    assert [t.output_message_list[0]["content"] for t in turns] == ["wrong", "still wrong", "right"]
+    assert [t.reward for t in turns] == [0.0, 0.0, 1.0]
+    assert turns[1].parent is turns[0] and turns[2].parent is turns[1]  # each retry continues the last
+    assert turns[2].messages[-2:] == [{"role": "assistant", "content": "still wrong"},
+                                      {"role": "user", "content": "Once more."}]
+    assert "Once more." not in prompts[0] and prompts[2].count("Once more.") == 2
+
+
+def test_max_turns_caps_the_retries(tiny_tokenizer):
+    agent = ChatAgent(reward_fn=lambda row, reply: 0.0, max_turns=2)
+    turns, _ = run_episode(tiny_tokenizer, agent, ["no", "no", "never asked"])
+    assert [t.reward for t in turns] == [0.0, 0.0]
+
+
+def test_the_math_agent_corrects_once_with_the_seed_prompt(tiny_tokenizer):
+    agent = MultiTurnMathAgent()
+    try:
+        turns, _ = run_episode(tiny_tokenizer, agent, ["The answer is 5.", "The answer is 4.", "never asked"])
+    finally:
+        agent.close()  # its reward worker processes
+    assert [t.reward for t in turns] == [0.0, 1.0]
+    assert turns[1].messages[-1] == {"role": "user", "content": CORRECTION_PROMPT}
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.25, "max_completion_tokens": 3}])
+def test_sampling_not_given_is_left_to_the_server(tiny_tokenizer, sampling):
+    agent = ChatAgent(reward_fn=lambda row, reply: 1.0, **sampling)
+    _, requests = run_episode(tiny_tokenizer, agent, ["ok"])
+    gconfig = requests[0].gconfig
+    assert gconfig.temperature == sampling.get("temperature", 1.0)  # 1.0: the proxy's default
+    if sampling:
+        assert gconfig.max_new_tokens == 3
+
+
+def test_max_turns_must_be_positive():
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        SDKAgent(max_turns=0)
