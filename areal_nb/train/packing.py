@@ -259,15 +259,13 @@ def _flat_logprobs(
     children = torch.unique(wanted)
     children = children[parent_of[children] >= 0]
     heads, head_of_child = torch.unique(compact[parent_of[children]], return_inverse=True)
-    keep = torch.zeros(1, len(flat), dtype=torch.bool, device=device)
-    keep[0, heads] = True  # a boolean `logits_to_keep` returns those positions' logits, in order, flattened
     with tree_attention(model):
         logits = model(
             input_ids=tokens[None],
             position_ids=packed.position_ids.reshape(-1)[flat][None],
             attention_mask={"full_attention": packed.plan},  # a prepared mask mapping is used as is
             use_cache=False,
-            logits_to_keep=keep,
+            logits_to_keep=heads,  # a 1D index: the LM head runs at these positions only
         ).logits.reshape(len(heads), -1)
     log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [heads, V]
     child_tokens = packed.input_ids.reshape(-1)[children]
