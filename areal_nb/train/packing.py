@@ -266,7 +266,7 @@ def _flat_logprobs(
             attention_mask={"full_attention": packed.plan},  # a prepared mask mapping is used as is
             use_cache=False,
             logits_to_keep=heads,  # a 1D index: the LM head runs at these positions only
-        ).logits.reshape(len(heads), -1)
+        ).logits[0]  # [heads, V]
     log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [heads, V]
     child_tokens = packed.input_ids.reshape(-1)[children]
     per_node = log_probs.new_zeros(n_packs * n).index_put((children,), log_probs[head_of_child, child_tokens])

@@ -131,3 +131,15 @@ def test_models_without_the_attention_interface_use_the_dense_layout():
     batch = make_batch(sliding.eval(), rows)
     stats = Actor(sliding, GRPOConfig()).train_step(batch, groups)
     assert stats["train_positions"] > count_unique_tokens(batch["input_ids"], batch["attention_mask"])
+
+
+def test_a_micro_batch_without_generated_tokens_runs_an_empty_lm_head():
+    model = make_tiny_qwen2()
+    rows, groups = rows_and_masks()
+    batch = make_batch(model, rows)
+    batch["loss_mask"][:8] = 0  # group 0, the first micro-batch of 8 rows, has nothing to train
+    batch["logprobs"] = batch["logprobs"] * batch["loss_mask"]
+    padded, padded_grads = grads_after_step({"pack": False, "micro_batch_size": 8}, batch, groups)
+    packed, packed_grads = grads_after_step({"micro_batch_size": 8}, batch, groups)
+    assert abs(packed["loss"] - padded["loss"]) < TOL and padded["loss"] != 0
+    assert max(float((a - b).abs().max()) for a, b in zip(packed_grads, padded_grads, strict=True)) < TOL
