@@ -175,7 +175,10 @@ def _bins(members: dict[Any, list[int]], ids: list[list[int]], lengths: list[int
     return bins
 
 
-def _segments(tries: list[tuple[list[int], list[int], list[int], list[list[int]]]], offsets: list[int]) -> list[tuple[list[int], int]]:
+Trie = tuple[list[int], list[int], list[int], list[list[int]]]  # `build_trie`'s tokens, parents, depths, paths
+
+
+def _segments(tries: list[Trie], offsets: list[int]) -> list[tuple[list[int], int]]:
     """Each row's new nodes in its trie as (row path in flat node indices, index of the first new
     node): `build_trie` creates a row's new nodes after all earlier rows' nodes, as its path's tail."""
     segments = []
@@ -249,7 +252,8 @@ def _flat_logprobs(
     n_packs, n = packed.input_ids.shape
     device = packed.input_ids.device
     flat = packed.flat_nodes
-    compact = torch.full((n_packs * n,), -1, dtype=torch.long, device=device)  # pack * N + node -> sequence index
+    # pack * N + node -> index in the flat sequence
+    compact = torch.full((n_packs * n,), -1, dtype=torch.long, device=device)
     compact[flat] = torch.arange(len(flat), device=device)
     tokens = packed.input_ids.reshape(-1)[flat]
     pack_start = torch.arange(n_packs, device=device)[:, None] * n
@@ -276,8 +280,8 @@ def _flat_logprobs(
         with torch.no_grad():  # reported, not trained on
             detached = log_probs.detach()
             head_entropy = -(detached.exp() * detached).sum(-1)
-            entropy = _to_rows(head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy[head_of_child]),
-                               packed.node_of)
+            per_node = head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy[head_of_child])
+            entropy = _to_rows(per_node, packed.node_of)
     if positions is not None:
         logprobs = torch.where(positions, logprobs, 0.0)
         entropy = None if entropy is None else torch.where(positions, entropy, 0.0)

@@ -33,6 +33,7 @@ CHUNK = 96  # queries per chunk: longer chunks pad more keys (a chunk's keys end
 SLACK = 0.1  # padded work a batched call may add to the real (query, key) pairs of its chunks
 MIN_WORK = 16384  # pairs below which a call's overhead outweighs padding: chunks join regardless
 
+
 @dataclass
 class Bucket:
     """Chunks run as one batched attention call: n chunks of q_len query and k_len key slots."""
