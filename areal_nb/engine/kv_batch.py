@@ -46,7 +46,9 @@ class _SlotLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.load(key_states[:, :, :0], value_states[:, :, :0])
+        # one buffer for the first states (a prefill's) and the next decoding steps: growing it at
+        # the first `append` and again at the first decoding step copied the whole cache twice
+        self.load(key_states[:, :, :0], value_states[:, :, :0], spare=key_states.shape[2] + SPARE_COLUMNS)
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS) -> None:
         """Replace the contents (copied into a fresh buffer with `spare` zero columns)."""
@@ -76,6 +78,15 @@ class _SlotLayer(DynamicLayer):
         self._v = self._v[:, :, trim:].index_select(0, index)
         self._end -= trim
         self._refresh()
+
+    def append_column(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one decoding step's keys/values [B, kv_heads, D] into the next column (room made by
+        `reserve`); return the whole buffers, spare columns included."""
+        self._k.select(2, self._end).copy_(key)
+        self._v.select(2, self._end).copy_(value)
+        self._end += 1
+        self._refresh()
+        return self._k, self._v
 
     def _refresh(self) -> None:
         self.keys = self._k[:, :, : self._end]
@@ -122,6 +133,8 @@ class PaddedKVBatch:
         self.cache: Cache | None = None
         self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
         self.length = 0  # cache columns
+        # (pads, width, length, mask, positions) of the latest decoding step, see `_step_inputs`
+        self._last_step: tuple | None = None
         self.last_prefill_computed = 0  # positions the last `prefill`'s forwards computed (padding included)
 
     @property
@@ -265,12 +278,15 @@ class PaddedKVBatch:
         if self.cache is None or last_tokens.shape[0] != self.size:
             raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
         if self.fast is not None:
-            # the fast forward attends over every allocated column: mask padding and spare columns
-            for layer in self.cache.layers:
-                layer.reserve(1)
-            width = self.cache.layers[0].capacity
-        else:
-            width = self.length + 1
+            layers = self.cache.layers
+            if self.length >= layers[0].capacity:  # every layer has the same columns
+                for layer in layers:
+                    layer.reserve(1)
+            mask, positions = self._step_inputs(layers[0].capacity)
+            logits = self.fast.decode(last_tokens, mask, positions, layers)
+            self.length += 1
+            return logits
+        width = self.length + 1
         cols = torch.arange(width, device=self.device)
         # additive float mask, built once per step: sdpa would convert a boolean one in every layer
         hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
@@ -280,6 +296,29 @@ class PaddedKVBatch:
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1
         return logits
+
+    def _step_inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast decoding step's additive mask [B * kv_heads, 1, width] and positions [B].
+
+        The step attends over every allocated column: padding and spare columns are masked out.
+        Built in full when the layout changed (rows joined or left: new `pads`; the buffer grew);
+        otherwise the previous step's mask and positions move on by one column, two small
+        in-place operations instead of about ten.
+        """
+        last = self._last_step
+        if last is not None and last[0] is self.pads and last[1] == width and last[2] == self.length - 1:
+            mask, positions = last[3], last[4]
+            mask.select(2, self.length).zero_()  # the column this step writes becomes visible
+            positions += 1
+        else:
+            cols = torch.arange(width, device=self.device)
+            hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
+            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
+            n_kv = self.fast.n_kv_heads
+            mask = mask[:, None, None, :].expand(-1, n_kv, 1, -1).reshape(self.size * n_kv, 1, width)
+            positions = self.length - self.pads
+        self._last_step = (self.pads, width, self.length, mask, positions)
+        return mask, positions
 
     def keep_rows(self, keep: list[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); trim padding nobody needs."""

@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 
+from .admission import AdmissionWindow
 from .native_api import (
     AbortRequest,
     GenerateRequest,
@@ -63,6 +64,9 @@ class EngineServerSettings:
     served_model_name: str = ""
     api_key: str | None = None
     weights_dir: str | None = None  # the only tree /update_weights_from_disk may read
+    # a burst reaching an idle engine starts as one batch (admission.py); 0 sends each at once
+    admission_gap: float = 0.0
+    admission_max_wait: float = 0.02
 
 
 class BadRequest(ValueError):
@@ -132,9 +136,15 @@ class _ServingState:
 def create_engine_app(engine: Any, settings: EngineServerSettings | None = None) -> FastAPI:
     settings = settings or EngineServerSettings()
     state = _ServingState(engine)
+    window = AdmissionWindow(settings.admission_gap, settings.admission_max_wait, lambda: bool(state.in_flight))
     weights_root = Path(settings.weights_dir).resolve() if settings.weights_dir else None
-    app = FastAPI(title="areal-nb engine-server", docs_url=None, redoc_url=None)
+    # FastAPI's native OpenTelemetry hook asks the global tracer/meter/logger providers on every
+    # request whether one is configured (a few environment lookups each): no use to us, and it
+    # ran on the thread that shares the GIL with the engine.
+    app = FastAPI(title="areal-nb engine-server", docs_url=None, redoc_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.engine_server = state
+    app.state.admission = window
 
     if settings.api_key:
         app.add_middleware(_APIKeyMiddleware, api_key=settings.api_key)
@@ -168,6 +178,7 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
         body = GenerateRequest.model_validate(await body_of(request))
         items = _plan_generate(body, engine)
         rids = [item.rid for item in items]
+        await window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
         await state.admit(rids)
         try:
             outputs = await asyncio.gather(*(_run_one(engine, item) for item in items), return_exceptions=True)
@@ -279,6 +290,7 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
         stats = getattr(engine, "stats", None)
         internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
         return {"model_path": settings.model_path, "version": "areal-nb", "internal_states": [internal],
+                "admission": {"windows": window.windows, "held": window.held},
                 "paused": state.paused}
 
     @app.get("/health")

@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 from servers import API_KEY, load_reference, start_engine_server
 
@@ -110,16 +110,18 @@ def test_a_dropped_connection_to_a_healthy_server_fails_one_request_and_keeps_th
 
     proc = start_engine_server(tmp_path / "a", name="a")
     engine = SGLangEngine([proc.url], api_key=API_KEY)
-    real_post = engine._client.post
+    real_session = engine._session
     dropped = []
 
-    async def post(url, **kw):
-        if url.endswith("/generate") and not dropped:
-            dropped.append(url)
-            raise httpx.ReadError("connection reset")  # what a keep-alive connection closed under us gives
-        return await real_post(url, **kw)
+    class DropFirstGenerate:  # /generate goes to the aiohttp session directly
+        def post(self, url, **kw):
+            if url.endswith("/generate") and not dropped:
+                dropped.append(url)
+                # what a keep-alive connection closed under us gives
+                raise aiohttp.ServerDisconnectedError("Server disconnected")
+            return real_session.post(url, **kw)
 
-    engine._client.post = post
+    engine._session = DropFirstGenerate()
     try:
         with pytest.raises(EngineServerError, match="the server is up and stays in use") as info:
             asyncio.run(engine.agenerate(_req(0, 4)))
