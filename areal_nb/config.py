@@ -121,6 +121,10 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(16, ge=1)
     prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
+    # Python's GIL switch interval (seconds) while episodes are in flight, restored after: the
+    # engine thread gets the GIL back after each torch op within this time instead of Python's
+    # 5 ms (areal_nb/rollout/switch_interval.py). Process-wide while it lasts; None: leave it.
+    gil_switch_interval: float | None = Field(2e-4, gt=0, le=1)
 
 
 class DataConfig(_Section):

@@ -1,6 +1,8 @@
 """Training on unique tokens: trained tokens / unique tokens and the training time of one step with
-and without prefix sharing (`actor.pack`) and the skipped recomputation
-(`actor.skip_redundant_recompute`), on one demo batch (16 prompts x 8 samples, concat, 2 turns).
+and without prefix sharing (`actor.pack`), its flat layout with tree attention
+(`actor.tree_attention`, against one dense-masked sequence per group) and the skipped
+recomputation (`actor.skip_redundant_recompute`), on one demo batch (16 prompts x 8 samples,
+concat, 2 turns).
 
     .venv/bin/python benchmarks/train_tokens.py [--repeats 3] [overrides ...]
 
@@ -25,7 +27,8 @@ VARIANTS = {  # name: actor overrides
     "padded+recompute": {"pack": False, "skip_redundant_recompute": False},  # before issue 14
     "padded": {"pack": False},
     "packed+recompute": {"pack": True, "skip_redundant_recompute": False},
-    "packed": {"pack": True},  # the default
+    "packed-dense": {"pack": True, "tree_attention": False},  # one sequence per group, dense tree mask
+    "packed": {"pack": True},  # the default: one flat trie, tree attention
 }
 
 
@@ -49,15 +52,18 @@ def time_variants(actor: Any, tensors: dict[str, Any], credit: str, repeats: int
     from areal_nb.train import Actor
 
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}  # process CPU time: the figure on a loaded machine
     stats: dict[str, dict[str, float]] = {}
     for _ in range(repeats):
         for name, overrides in VARIANTS.items():
             clone = Actor(copy.deepcopy(actor.model), dataclasses.replace(actor.cfg, **overrides), version=actor.version)
             clone.steps_done = actor.steps_done
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             stats[name] = clone.train_step(tensors, tensors["group_ids"], credit=credit)
             seconds[name].append(time.perf_counter() - t0)
-    return {name: {"train_s": statistics.median(seconds[name]), "loss": stats[name]["loss"],
+            cpu[name].append(time.process_time() - c0)
+    return {name: {"train_s": statistics.median(seconds[name]), "cpu_s": statistics.median(cpu[name]),
+                   "loss": stats[name]["loss"],
                    "positions": stats[name]["train_positions"]} for name in VARIANTS}
 
 
@@ -78,14 +84,21 @@ def main() -> None:
         timings = time_variants(session.actor, tensors, batch.credit, args.repeats)
     report = token_report(tensors, timings["packed"]["positions"], timings["padded"]["positions"])
     report.update({f"{name}_train_s": t["train_s"] for name, t in timings.items()})
+    report.update({f"{name}_cpu_s": t["cpu_s"] for name, t in timings.items()})
     report["loss_diff_packed_vs_padded"] = abs(timings["packed"]["loss"] - timings["padded+recompute"]["loss"])
+    report["trained_tokens_packed_dense"] = timings["packed-dense"]["positions"]
+    report["packed_over_packed_dense_train"] = timings["packed"]["train_s"] / timings["packed-dense"]["train_s"]
+    report["packed_over_packed_dense_cpu"] = timings["packed"]["cpu_s"] / timings["packed-dense"]["cpu_s"]
     report["rows"] = int(tensors["input_ids"].shape[0])
     report["style"] = batch.style
     print(f"{report['rows']} {batch.style} rows: {report['row_tokens']} row tokens, {report['unique_tokens']} unique; "
           f"trained/unique {report['trained_over_unique_packed']:.2f} packed, "
           f"{report['trained_over_unique_padded']:.2f} padded")
     for name, t in timings.items():
-        print(f"  {name:18s} train step {t['train_s']:.2f} s (median of {args.repeats})")
+        print(f"  {name:18s} train step {t['train_s']:.2f} s, CPU {t['cpu_s']:.2f} s (medians of {args.repeats}), "
+              f"{t['positions']:.0f} positions")
+    print(f"  packed / packed-dense train step: {report['packed_over_packed_dense_train']:.2f}x wall, "
+          f"{report['packed_over_packed_dense_cpu']:.2f}x CPU")
     print(json.dumps(report))
 
 

@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,6 +83,12 @@ def test_rollout_train_and_versions(session):
     batch2 = session.rollout()
     t2 = batch2.to_tensors()
     assert (t2["versions"][t2["loss_mask"].bool()] == session.version).all()
+    # a second turn (concat template) continues its first turn's sequence: the engine's prefix
+    # cache serves that part, and the log-probs still equal the trainer's forward
+    second_turns = sum(len(b.calls(i)) - 1 for b in (batch, batch2) for i in range(len(b.episodes)))
+    assert session.engine.stats.prefix_cache_hits >= second_turns
+    assert (session.engine.stats.prefix_cache_tokens > 0) == (session.engine.stats.prefix_cache_hits > 0)
+    assert session.train_step(batch2)["logprob_abs_diff_max"] < 1e-4
 
 
 def test_sampling_defaults_come_from_the_rollout_config():
@@ -121,12 +128,47 @@ def test_step_callback_and_history(session):
 def test_keyboard_interrupt_during_rollout_leaves_session_usable(session):
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
+    before = sys.getswitchinterval()
     with pytest.raises(KeyboardInterrupt):
         session.rollout(64)  # far more than fits in half a second
     timer.join()
     assert session.executor.staleness.running == 0 and session.executor.n_waiting == 0
+    assert sys.getswitchinterval() == before  # the GIL setting of the rollout was given back
     batch = session.rollout(1)
     assert len(batch.episodes) == 2
+
+
+class IntervalRecordingAgent:
+    """Records the GIL switch interval it runs under; one real call through the proxy."""
+
+    seen: list[float] = []
+
+    async def run(self, data, *, base_url, api_key, http_client):
+        from openai import AsyncOpenAI
+
+        self.seen.append(sys.getswitchinterval())
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=0)
+        await client.chat.completions.create(model="any", messages=data["messages"], max_completion_tokens=2)
+        return 1.0
+
+
+def test_gil_switch_interval_is_lowered_during_episodes_and_restored_after():
+    before = sys.getswitchinterval()
+    IntervalRecordingAgent.seen = []
+    with Session(config(rollout__gil_switch_interval=3e-4), agent__workflow=IntervalRecordingAgent,
+                 agent__workflow_kwargs={}) as s, \
+            Session(config(rollout__gil_switch_interval="null"), agent__workflow=IntervalRecordingAgent,
+                    agent__workflow_kwargs={}) as plain:
+        s.train_step(s.rollout())
+        assert sys.getswitchinterval() == before
+        s.evaluate(n=2)
+        assert sys.getswitchinterval() == before
+        # [0] is the first-episode check (preflight.py), one episode alone: nothing to contend with
+        assert IntervalRecordingAgent.seen[1:] == [pytest.approx(3e-4)] * 6  # 4 training + 2 evaluation episodes
+        IntervalRecordingAgent.seen = []
+        plain.rollout()
+        assert IntervalRecordingAgent.seen[1:] == [before] * 4  # None: Python's own interval
+    assert sys.getswitchinterval() == before
 
 
 # ---------------------------------------------------------------------------------- evaluation

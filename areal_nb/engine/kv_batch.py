@@ -46,13 +46,21 @@ class _SlotLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.load(key_states[:, :, :0], value_states[:, :, :0])
+        # one buffer for the first states (a prefill's) and the next decoding steps: growing it at
+        # the first `append` and again at the first decoding step copied the whole cache twice
+        self.load(key_states[:, :, :0], value_states[:, :, :0], spare=key_states.shape[2] + SPARE_COLUMNS)
 
     def load(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS) -> None:
         """Replace the contents (copied into a fresh buffer with `spare` zero columns)."""
         self._k = torch.cat([keys, keys.new_zeros(*keys.shape[:2], spare, keys.shape[3])], dim=2)
         self._v = torch.cat([values, values.new_zeros(*values.shape[:2], spare, values.shape[3])], dim=2)
         self._end = keys.shape[2]
+        self._refresh()
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, end: int) -> None:
+        """Use these buffers as they are (no copy): valid columns [0, end), zeros after."""
+        self._k, self._v, self._end = keys, values, end
+        self.device = keys.device
         self._refresh()
 
     @property
@@ -70,6 +78,15 @@ class _SlotLayer(DynamicLayer):
         self._v = self._v[:, :, trim:].index_select(0, index)
         self._end -= trim
         self._refresh()
+
+    def append_column(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one decoding step's keys/values [B, kv_heads, D] into the next column (room made by
+        `reserve`); return the whole buffers, spare columns included."""
+        self._k.select(2, self._end).copy_(key)
+        self._v.select(2, self._end).copy_(value)
+        self._end += 1
+        self._refresh()
+        return self._k, self._v
 
     def _refresh(self) -> None:
         self.keys = self._k[:, :, : self._end]
@@ -116,6 +133,8 @@ class PaddedKVBatch:
         self.cache: Cache | None = None
         self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
         self.length = 0  # cache columns
+        # (pads, width, length, mask, positions) of the latest decoding step, see `_step_inputs`
+        self._last_step: tuple | None = None
         self.last_prefill_computed = 0  # positions the last `prefill`'s forwards computed (padding included)
 
     @property
@@ -199,7 +218,7 @@ class PaddedKVBatch:
                 v[out_index, :, width - group_width :] = layer.values.index_select(0, src_index)
         joined = _new_cache(self.num_layers)
         for layer, k, v in zip(joined.layers, keys, values, strict=True):
-            layer.load(k, v)
+            layer.adopt(k, v, width)
         pads = torch.tensor([width - len(p) for p in prompts], dtype=torch.long, device=self.device)
         self._merge(joined, pads, width)
         return logits
@@ -259,12 +278,15 @@ class PaddedKVBatch:
         if self.cache is None or last_tokens.shape[0] != self.size:
             raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
         if self.fast is not None:
-            # the fast forward attends over every allocated column: mask padding and spare columns
-            for layer in self.cache.layers:
-                layer.reserve(1)
-            width = self.cache.layers[0].capacity
-        else:
-            width = self.length + 1
+            layers = self.cache.layers
+            if self.length >= layers[0].capacity:  # every layer has the same columns
+                for layer in layers:
+                    layer.reserve(1)
+            mask, positions = self._step_inputs(layers[0].capacity)
+            logits = self.fast.decode(last_tokens, mask, positions, layers)
+            self.length += 1
+            return logits
+        width = self.length + 1
         cols = torch.arange(width, device=self.device)
         # additive float mask, built once per step: sdpa would convert a boolean one in every layer
         hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
@@ -274,6 +296,29 @@ class PaddedKVBatch:
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1
         return logits
+
+    def _step_inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast decoding step's additive mask [B * kv_heads, 1, width] and positions [B].
+
+        The step attends over every allocated column: padding and spare columns are masked out.
+        Built in full when the layout changed (rows joined or left: new `pads`; the buffer grew);
+        otherwise the previous step's mask and positions move on by one column, two small
+        in-place operations instead of about ten.
+        """
+        last = self._last_step
+        if last is not None and last[0] is self.pads and last[1] == width and last[2] == self.length - 1:
+            mask, positions = last[3], last[4]
+            mask.select(2, self.length).zero_()  # the column this step writes becomes visible
+            positions += 1
+        else:
+            cols = torch.arange(width, device=self.device)
+            hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
+            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
+            n_kv = self.fast.n_kv_heads
+            mask = mask[:, None, None, :].expand(-1, n_kv, 1, -1).reshape(self.size * n_kv, 1, width)
+            positions = self.length - self.pads
+        self._last_step = (self.pads, width, self.length, mask, positions)
+        return mask, positions
 
     def keep_rows(self, keep: list[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); trim padding nobody needs."""
@@ -294,9 +339,11 @@ class PaddedKVBatch:
         if self.cache is None:
             self.cache, self.pads, self.length = new_cache, new_pads, new_length
             return
+        # one copy of every row into a fresh buffer that already has the spare columns
         length = max(self.length, new_length)
         for old, new in zip(self.cache.layers, new_cache.layers, strict=True):
-            old.load(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length))
+            old.adopt(_stack_right_aligned(old.keys, new.keys, length), _stack_right_aligned(old.values, new.values, length),
+                      length)
         self.pads = torch.cat([self.pads + (length - self.length), new_pads + (length - new_length)])
         self.length = length
 
@@ -321,9 +368,10 @@ def length_groups(lengths: list[int], max_waste: float = 0.25, max_tokens: int =
     return groups
 
 
-def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int) -> torch.Tensor:
-    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`."""
-    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length, a.shape[3])
-    out[: a.shape[0], :, length - a.shape[2] :] = a
-    out[a.shape[0] :, :, length - b.shape[2] :] = b
+def _stack_right_aligned(a: torch.Tensor, b: torch.Tensor, length: int, spare: int = SPARE_COLUMNS) -> torch.Tensor:
+    """Concatenate [Ba, H, La, D] and [Bb, H, Lb, D] on the batch axis, left-padded to `length`,
+    followed by `spare` zero columns."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], length + spare, a.shape[3])
+    out[: a.shape[0], :, length - a.shape[2] : length] = a
+    out[a.shape[0] :, :, length - b.shape[2] : length] = b
     return out

@@ -37,7 +37,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,34 @@ from .weights import check_weights, copy_weights_into, load_engine_model, read_w
 logger = logging.getLogger(__name__)
 
 Delivery = Callable[[ModelResponse | BaseException], None]
+
+# Decoding steps of up to this many rows run on one torch thread (CPU). Measured on this project's
+# 2-core machine (engine CPU time and wall time per step, 1 vs 2 threads interleaved in one
+# process): at 8 and 32 rows one thread took less of both (waking the second OpenMP thread for every
+# small operation costs more than it saves); at 128 rows two threads were faster.
+SINGLE_THREAD_ROWS = 48
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` intra-op threads in this thread (None: unchanged).
+
+    `torch.set_num_threads` sets the calling thread's OpenMP and MKL thread counts (and the count
+    new threads start with), so it is restored at once: other threads keep theirs.
+    """
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    if before == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 # A multi-turn batch of the demo (128 conversations of ~100 tokens) fits several times over; a
 # token of KV costs layers x 2 x kv_heads x head_dim x dtype bytes (tiny-math: 4 KiB in fp32,
@@ -141,15 +170,21 @@ class LocalEngine:
         max_batch_size: int = 64,
         seed: int = 0,
         fast_forward: bool = True,
+        single_thread_rows: int = SINGLE_THREAD_ROWS,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         """`fast_forward=False` forces transformers' stock forward even for Qwen2 models;
-        `prefix_cache_tokens` bounds the prefix cache (tokens of KV kept, 0: no cache)."""
+        `single_thread_rows`: on CPU, decoding steps of at most this many rows run on one torch
+        thread (see `SINGLE_THREAD_ROWS`; 0: never); `prefix_cache_tokens` bounds the prefix cache
+        (tokens of KV kept, 0: no cache)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if single_thread_rows < 0:
+            raise ValueError(f"single_thread_rows must be >= 0, got {single_thread_rows}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = load_engine_model(model, tokenizer, self.device, dtype)
         self.max_batch_size = max_batch_size
+        self.single_thread_rows = single_thread_rows if self.device.type == "cpu" else 0
         self.max_context = int(self.model.config.max_position_embeddings)
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         self.eos_token_ids = self._eos_ids()
@@ -433,20 +468,25 @@ class LocalEngine:
         if not self._active:
             return
         last = torch.tensor([r.output[-1] for r in self._active], dtype=torch.long, device=self.device)
-        try:
-            logits = self._batch.decode(last)
-        except Exception as exc:
-            self.prefix_cache.clear()  # before any caller hears of the failure
-            err = RuntimeError(f"LocalEngine decoding step failed: {exc!r}")
-            for row in self._active:
-                self._fail(row, err)
-            self._active = []
-            self._batch.clear()
-            return
-        self.stats.decode_steps += 1
-        self.stats.max_active = max(self.stats.max_active, len(self._active))
-        self._sample_and_record(logits, self._active)
+        with _torch_threads(self._small_work_threads(len(self._active))):
+            try:
+                logits = self._batch.decode(last)
+            except Exception as exc:
+                self.prefix_cache.clear()  # before any caller hears of the failure
+                err = RuntimeError(f"LocalEngine decoding step failed: {exc!r}")
+                for row in self._active:
+                    self._fail(row, err)
+                self._active = []
+                self._batch.clear()
+                return
+            self.stats.decode_steps += 1
+            self.stats.max_active = max(self.stats.max_active, len(self._active))
+            self._sample_and_record(logits, self._active)
         self._retire()
+
+    def _small_work_threads(self, rows: int) -> int | None:
+        """1 for a decoding step of at most `single_thread_rows` rows, else None (unchanged)."""
+        return 1 if rows <= self.single_thread_rows else None
 
     def _prefill(self, admitted: list[_Row]) -> torch.Tensor:
         """Prefill `admitted` into the batch, from the prefix cache where their prompts continue

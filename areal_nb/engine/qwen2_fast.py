@@ -30,7 +30,7 @@ def _rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     """[x1, x2] -> [x2, x1] on the last axis, one copy. transformers' `rotate_half(x) * sin`
     is `_swap_halves(x) * _signed_sin(sin)`, bit for bit (a negation is exact)."""
-    return x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    return x.roll(x.shape[-1] // 2, -1)  # a permutation: exact; cheaper than unflatten/flip/flatten
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -38,22 +38,24 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _single_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Attention of one query per row (a decoding step): q [B, Hq, 1, D], k/v [B, Hkv, L, D].
+def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of one query per row (a decoding step): q [B, Hq, D] (already scaled), k/v
+    [B, Hkv, L, D], `mask` additive [B * Hkv, 1, L] (-inf on padding); returns [B, Hq * D].
 
-    Two batched matmuls and a softmax. torch's CPU flash-attention kernel (what sdpa picks) is
-    built for long queries and took about twice as long per decoding step at 128 rows. Query
-    heads that share a key/value head (GQA) are laid out as that head's rows, so k/v are never
-    repeated. `mask` is additive ([B, 1, 1, L], -inf on padding).
+    Two batched matmuls and a softmax, the first matmul adding the mask as it goes (`baddbmm`).
+    torch's CPU flash-attention kernel (what sdpa picks) is built for long queries and took about
+    twice as long per decoding step at 128 rows. Query heads that share a key/value head (GQA) are
+    laid out as that head's rows, so k/v are never repeated.
     """
-    batch, n_q, _, dim = q.shape
-    n_kv = k.shape[1]
-    q = q.reshape(batch, n_kv, n_q // n_kv, dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(probs, v).reshape(batch, n_q, 1, dim)
+    batch, n_q, dim = q.shape
+    n_kv, width = k.shape[1], k.shape[2]
+    q = q.reshape(batch * n_kv, n_q // n_kv, dim)
+    scores = torch.baddbmm(mask, q, k.view(batch * n_kv, width, dim).transpose(1, 2))
+    if scores.dtype == torch.float32:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.bmm(probs, v.view(batch * n_kv, width, dim)).view(batch, n_q * dim)
 
 
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -80,14 +82,18 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-def _fuse(linears: tuple[torch.nn.Linear, ...]) -> _Linear:
-    """One `_Linear` computing the concatenated outputs of `linears` (same input)."""
-    weight = torch.cat([lin.weight for lin in linears])
+def _fuse(linears: tuple[torch.nn.Linear, ...], first_scale: float = 1.0) -> _Linear:
+    """One `_Linear` computing the concatenated outputs of `linears` (same input), the first one's
+    outputs times `first_scale` (the attention scale folded into q: one multiplication fewer per
+    layer and step; exact when the scale is a power of two, as 1/sqrt(head_dim) is for 16, 64, 256)."""
+    weights = [lin.weight for lin in linears]
+    biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears]
+    if first_scale != 1.0:
+        weights[0], biases[0] = weights[0] * first_scale, biases[0] * first_scale
+    weight = torch.cat(weights)
     if all(lin.bias is None for lin in linears):
         return _Linear(weight, None)
-    bias = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0])
-                      for lin in linears])
-    return _Linear(weight, bias)
+    return _Linear(weight, torch.cat(biases))
 
 
 class Qwen2FastForward:
@@ -130,6 +136,11 @@ class Qwen2FastForward:
         cos, sin = self._rope_table
         return cos[position_ids][:, None], sin[position_ids][:, None]
 
+    def _rope_rows(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [B, 1, D] for one position per row, `positions` [B]."""
+        cos, sin = self._rope(hidden, positions[:, None])  # [B, 1, 1, D]
+        return cos[:, 0], sin[:, 0]
+
     def refresh(self) -> None:
         """Forget the copied projection weights; call after the model's weights changed."""
         self._fused = None
@@ -141,17 +152,50 @@ class Qwen2FastForward:
             fused = []
             for layer in self.inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                fused.append((_fuse((attn.q_proj, attn.k_proj, attn.v_proj)), _Linear(attn.o_proj.weight, attn.o_proj.bias),
+                fused.append((_fuse((attn.q_proj, attn.k_proj, attn.v_proj), first_scale=attn.scaling),
+                              _Linear(attn.o_proj.weight, attn.o_proj.bias),
                               _fuse((mlp.gate_proj, mlp.up_proj)), _Linear(mlp.down_proj.weight, mlp.down_proj.bias)))
             head = self.model.lm_head
             self._lm_head = _Linear(head.weight, getattr(head, "bias", None))
             self._fused = fused
         return self._fused
 
+    def decode(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, layers: list
+    ) -> torch.Tensor:
+        """Next-token logits [B, V] of one decoding step, the arithmetic of `__call__` for one new
+        token per row written for that case (fewer operations per layer, no [B, 1, ...] axis).
+
+        `input_ids` [B]: each row's last token; `positions` [B]: its position; `layers`: the cache
+        layers, whose `append_column(k, v)` writes this step's keys/values [B, kv_heads, D] into
+        the next free column and returns the whole buffers [B, kv_heads, W, D]; `mask`: additive
+        [B * kv_heads, 1, W] over those W columns (-inf on padding and spare columns).
+        """
+        inner = self.inner
+        fused = self._fused_weights()
+        batch = input_ids.shape[0]
+        n_q, n_kv, dim = self.n_heads, self.n_kv_heads, self.head_dim
+        hidden = F.embedding(input_ids, inner.embed_tokens.weight)  # [B, hidden], updated in place below
+        cos, sin = self._rope_rows(hidden, positions)
+        for index, layer in enumerate(inner.layers):
+            qkv_proj, o_proj, gate_up_proj, down_proj = fused[index]
+            x = _rms_norm(hidden, layer.input_layernorm)
+            qkv = qkv_proj(x).view(batch, n_q + 2 * n_kv, dim)
+            qk = qkv[:, : n_q + n_kv]
+            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # rotary on q and k at once
+            k, v = layers[index].append_column(qk[:, n_q:], qkv[:, n_q + n_kv :])
+            out = _single_query_attention(qk[:, :n_q], k, v, mask)  # q is scaled (see _fuse)
+            hidden.add_(o_proj(out))
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            gate, up = gate_up_proj(x).chunk(2, dim=-1)
+            hidden.add_(down_proj(F.silu(gate) * up))
+        return self._lm_head(_rms_norm(hidden, inner.norm))
+
     def __call__(
         self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Cache
     ) -> torch.Tensor:
-        """Next-token logits [B, V] after the last position of `input_ids` [B, T]."""
+        """Next-token logits [B, V] after the last position of `input_ids` [B, T] (a prefill; the
+        decoding steps use `decode`)."""
         inner = self.inner
         hidden = F.embedding(input_ids, inner.embed_tokens.weight)
         cos, sin = self._rope(hidden, position_ids)
@@ -159,21 +203,15 @@ class Qwen2FastForward:
         fused = self._fused_weights()
         n_q, n_kv = self.n_heads, self.n_kv_heads
         for index, layer in enumerate(inner.layers):
-            attn = layer.self_attn
             qkv_proj, o_proj, gate_up_proj, down_proj = fused[index]
             x = _rms_norm(hidden, layer.input_layernorm)
             # q|k|v as heads of one tensor: rotary is applied to q and k together, fewer small ops
             qkv = qkv_proj(x).view(batch, length, n_q + 2 * n_kv, self.head_dim).transpose(1, 2)
             qk = qkv[:, : n_q + n_kv]
             qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)
-            if length == 1 and mask.is_floating_point():  # a decoding step (kv_batch.decode)
-                # the whole contiguous cache buffer; `mask` hides padding and spare columns
-                k, v = cache.layers[index].append(qk[:, n_q:], qkv[:, n_q + n_kv :])
-                out = _single_query_attention(qk[:, :n_q], k, v, mask, attn.scaling)
-            else:
-                k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
-                out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=attn.scaling,
-                                                     enable_gqa=self.gqa)
+            k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
+            out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=1.0,  # q is scaled
+                                                 enable_gqa=self.gqa)
             out = out.transpose(1, 2).reshape(batch, length, -1)
             hidden = hidden + o_proj(out)
             x = _rms_norm(hidden, layer.post_attention_layernorm)

@@ -6,10 +6,13 @@ agents:
 - `InProcessProxyClient`: the session lifecycle (grant capacity, start, reward, end, export)
   as direct calls on the app's `ProxyState` — same interface and errors as
   `OpenAIProxyClient`, no HTTP, no JSON round trip of the exported tensors;
-- `asgi_http_client(app)`: an `httpx.AsyncClient` whose transport calls the app in-process
-  (`httpx.ASGITransport`), handed to inline agents as their `http_client`, so the OpenAI /
-  Anthropic SDK request still goes through the app's routes, auth and validation — only the
-  socket, the HTTP parser and the second thread hop are gone.
+- `asgi_http_client(app)`: an `httpx.AsyncClient` whose transport calls the app in-process,
+  handed to inline agents as their `http_client`, so the OpenAI / Anthropic SDK request still
+  goes through the app's routes, auth and validation — only the socket, the HTTP parser and the
+  second thread hop are gone. Chat completions, the call every agent makes, take the app's
+  direct lane (`app.state.direct_routes`, built by `create_app`: same checks and handler
+  without the ASGI middleware, routing and dependency solving); everything else, and any
+  request the lane hands back, goes through `httpx.ASGITransport`.
 
 Why this is safe next to uvicorn: the ASGI transport runs the app on the *calling* loop (the
 Session's loop) while uvicorn runs it on its own thread and loop. `ProxyState` guards its maps
@@ -36,13 +39,47 @@ if TYPE_CHECKING:
 
 
 def asgi_http_client(app: Any, base_url: str, timeout: float = 600.0) -> httpx.AsyncClient:
-    """An httpx client that serves requests from `app` on the calling event loop, no socket.
+    """An httpx client that serves requests from `app` on the calling event loop, no socket."""
+    return httpx.AsyncClient(transport=InProcessTransport(app), base_url=base_url, timeout=timeout)
+
+
+class InProcessTransport(httpx.AsyncBaseTransport):
+    """Calls `app` on the calling event loop: POSTs to a direct route of the app (or of an app
+    mounted in it) go straight to it, the rest — and what it declines — through ASGI.
 
     `raise_app_exceptions=False`: an exception inside the app becomes the same 500 response a
     real server sends, not an exception raised into the agent.
     """
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+
+    def __init__(self, app: Any) -> None:
+        self._asgi = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self._direct = direct_routes(app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        route = self._direct.get(request.url.path) if request.method == "POST" else None
+        if route is not None:
+            raw = await request.aread()  # kept on the request: the ASGI path can read it again
+            response = await route(request.url.path, raw, request.headers)
+            if response is not None:
+                return httpx.Response(response.status_code, headers=response.raw_headers, content=response.body,
+                                      request=request)
+        return await self._asgi.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._asgi.aclose()
+
+
+def direct_routes(app: Any, prefix: str = "") -> dict[str, Any]:
+    """{path: route} of `app.state.direct_routes`, and of the apps mounted in `app` under their
+    mount path (the Session's greedy twin at /eval)."""
+    from starlette.routing import Mount
+
+    state = getattr(app, "state", None)
+    routes = {prefix + path: route for path, route in (getattr(state, "direct_routes", None) or {}).items()}
+    for mounted in getattr(app, "routes", ()):
+        if isinstance(mounted, Mount):
+            routes.update(direct_routes(mounted.app, prefix + mounted.path))
+    return routes
 
 
 def proxy_state_of(app: Any) -> ProxyState:

@@ -9,7 +9,7 @@
 - text: 400 for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
   is valid JSON but no valid text, and would only fail later (at export, after the episode).
 
-Bodies larger than `_THREAD_BYTES` are inspected in a worker thread so a large request never
+Bodies larger than `THREAD_BYTES` are inspected in a worker thread so a large request never
 stalls the event loop.
 """
 
@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from .errors import error_response
 
 MAX_JSON_DEPTH = 64
-_THREAD_BYTES = 256 * 1024
+THREAD_BYTES = 256 * 1024
 # A prompt character costs at most 12 body bytes (a surrogate pair escaped as \uXXXX\uXXXX);
 # the rest of a body (tools' schemas, metadata) gets the same again, and never less than 1 MiB.
 _BODY_BYTES_PER_PROMPT_CHAR = 24
@@ -144,7 +144,7 @@ class BodyLimitMiddleware:
                 break
         body = b"".join(chunks)
         if body:
-            problem = await asyncio.to_thread(body_problem, body) if len(body) > _THREAD_BYTES else body_problem(body)
+            problem = await asyncio.to_thread(body_problem, body) if len(body) > THREAD_BYTES else body_problem(body)
             if problem is not None:
                 await error_response(path, 400, *problem)(scope, receive, send)
                 return

@@ -20,6 +20,7 @@ from typing import Any
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 
 from .staleness import StalenessManager
+from .switch_interval import SwitchIntervalLease
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,10 @@ class RolloutExecutor:
         max_head_offpolicyness: int,
         max_concurrent: int,
         episode_timeout: float | None = None,
+        switch_interval: float | None = None,
     ) -> None:
+        """`switch_interval`: the GIL switch interval (seconds) while episodes are in flight
+        (`rollout.gil_switch_interval`, see `switch_interval.py`); None leaves it alone."""
         if max_concurrent < group_size:
             raise ValueError(
                 f"max_concurrent_rollouts ({max_concurrent}) must be >= group_size ({group_size}): "
@@ -89,6 +93,8 @@ class RolloutExecutor:
         self._changed = asyncio.Event()
         self._feeder: Iterator[dict] | None = None
         self.rejection_reasons: list[str] = []
+        # Held exactly while episodes run: acquired by _start, released when the last one ends.
+        self._switch_interval = SwitchIntervalLease(switch_interval)
 
     # ------------------------------------------------------------------ submission
 
@@ -127,6 +133,7 @@ class RolloutExecutor:
     def _start(self, group: _Group, version: int) -> None:
         group.started = True
         self.staleness.on_submit(self.group_size)
+        self._switch_interval.acquire()
         for i in range(self.group_size):
             ep = Episode(data=group.data, group_id=group.group_id, sample_id=i, version_submitted=version)
             group.episodes.append(ep)
@@ -160,6 +167,8 @@ class RolloutExecutor:
                     self.rejection_reasons.append(ep.rejection_reason)
                     logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id,
                                    ep.rejection_reason)
+            if self.staleness.running <= 0:
+                self._switch_interval.release()
             self._changed.set()
 
     # ------------------------------------------------------------------ consumption
@@ -202,4 +211,9 @@ class RolloutExecutor:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.staleness.on_cancel(running)
         self._groups.clear()
+        self._switch_interval.release()
         self._changed.set()
+
+    def release_switch_interval(self) -> None:
+        """Give the GIL switch interval back now (closing; callable from any thread)."""
+        self._switch_interval.release()

@@ -195,4 +195,5 @@ def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: Infere
 
     return RolloutExecutor(workflow, engine, group_size=cfg.rollout.group_size, batch_size=cfg.rollout.batch_size,
                            max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
-                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=cfg.agent.agent_timeout)
+                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=cfg.agent.agent_timeout,
+                           switch_interval=cfg.rollout.gil_switch_interval)

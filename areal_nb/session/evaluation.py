@@ -92,14 +92,15 @@ class EvalResult:
 
 
 async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,
-                              max_concurrent: int, episode_timeout: float | None) -> list:
+                              max_concurrent: int, episode_timeout: float | None,
+                              switch_interval: float | None = None) -> list:
     """One greedy episode per problem, on an executor of their own (no staleness accounting)."""
-    return await run_episodes(workflow, GreedyEngine(engine), problems, group_size=1,
-                              max_concurrent=max_concurrent, episode_timeout=episode_timeout)
+    return await run_episodes(workflow, GreedyEngine(engine), problems, group_size=1, max_concurrent=max_concurrent,
+                              episode_timeout=episode_timeout, switch_interval=switch_interval)
 
 
 async def run_episodes(workflow: RolloutWorkflow, engine: Any, problems: list[dict], *, group_size: int,
-                       max_concurrent: int, episode_timeout: float | None) -> list:
+                       max_concurrent: int, episode_timeout: float | None, switch_interval: float | None = None) -> list:
     """`group_size` episodes per problem on an executor of their own: never training data.
 
     Sampling is whatever `workflow` and `engine` do: the greedy `/eval` proxy and a GreedyEngine
@@ -107,7 +108,7 @@ async def run_episodes(workflow: RolloutWorkflow, engine: Any, problems: list[di
     """
     executor = RolloutExecutor(workflow, engine, group_size=group_size, batch_size=len(problems),
                                max_head_offpolicyness=0, max_concurrent=max(max_concurrent, group_size),
-                               episode_timeout=episode_timeout)
+                               episode_timeout=episode_timeout, switch_interval=switch_interval)
     for problem in problems:
         executor.submit(problem)  # explicit: started as concurrency allows, at the current version
     try:

@@ -405,7 +405,8 @@ class Session:
         if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
             raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
         limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
-                      episode_timeout=self.config.agent.agent_timeout)
+                      episode_timeout=self.config.agent.agent_timeout,
+                      switch_interval=self.config.rollout.gil_switch_interval)
         result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems, **limits)))
         if pass_k is None:
             return result
@@ -497,6 +498,7 @@ class Session:
                 runtime.call(self.executor.cancel_all(), timeout=30)
             except Exception as e:  # closing must go on
                 logger.warning("cancelling rollouts failed: %s", e)
+            self.executor.release_switch_interval()  # even if cancelling failed: the GIL setting is process-wide
         workflows = [getattr(self, "workflow", None), getattr(self, "_eval_workflow", None)]
         for workflow in {id(w): w for w in workflows if w is not None}.values():
             try:

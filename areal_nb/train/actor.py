@@ -38,6 +38,7 @@ from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_loss_terms
 from .packing import pack_rows, packed_token_logprobs_and_entropy
+from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
 
@@ -145,7 +146,7 @@ class Actor:
             # filled micro-batch by micro-batch from the training forward (pre-update weights)
             prox_logprobs = torch.zeros_like(engine_logprobs)
         elif cfg.computes_prox_logprobs:
-            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids, own)
+            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids, own, mask)
         # π_old in the clipped ratio: the engine's record in decoupled mode or without
         # recomputation; otherwise the recomputed values (identical on-policy, but exact).
         use_engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
@@ -157,7 +158,8 @@ class Actor:
         if cfg.kl_ctl > 0 and "ref_logprobs" not in batch:
             if self.ref_model is None:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
-            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, input_ids, attention, pack_ids, own)
+            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(
+                self.ref_model, input_ids, attention, pack_ids, own, mask)
         adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
         kl_stats = {}
         if "ref_logprobs" in adv_inputs and bool(mask.any()):
@@ -184,10 +186,12 @@ class Actor:
                     continue
                 width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
                 cols = slice(0, width)
-                # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows
+                # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows. They
+                # are read only on the loss mask (loss, advantages, KL, stats and inspection are
+                # masked), so the packed forward runs the LM head there only (here and above).
                 logprobs, entropy, positions = self._row_logprobs(
                     self.model, input_ids[micro, cols], attention[micro, cols],
-                    None if pack_ids is None else pack_ids[micro],
+                    None if pack_ids is None else pack_ids[micro], mask[micro, cols],
                 )
                 trained_positions += positions
                 micro_old = old_logprobs[micro, cols]
@@ -270,18 +274,21 @@ class Actor:
         )
 
     def _row_logprobs(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
+        needed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
-        id (`cfg.pack`) or the padded rows, and the number of positions the model computed."""
+        id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
+        `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0."""
         if self.cfg.pack:
-            packed = pack_rows(input_ids, attention, pack_ids)
-            logprobs, entropy = packed_token_logprobs_and_entropy(model, packed, self.cfg.temperature)
+            flat = self.cfg.tree_attention and supports_tree_attention(model)
+            packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
+            logprobs, entropy = packed_token_logprobs_and_entropy(
+                model, packed, self.cfg.temperature, positions=needed)
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
         logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
         return logprobs, entropy, input_ids.numel()
-
 
     def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,
                     prox_logprobs: Tensor | None, stats: dict[str, float]) -> LossInspection:
@@ -300,9 +307,10 @@ class Actor:
     @torch.no_grad()
     def _logprobs_no_grad(
         self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None, own: Any,
+        needed: Tensor | None = None,
     ) -> Tensor:
-        """Log-probs of every row; data-parallel, each rank computes its micro-batches
-        `own(rows, model)` and the ranks sum their (otherwise zero) rows."""
+        """Log-probs of every row (with `needed`: at least there); data-parallel, each rank
+        computes its micro-batches `own(rows, model)` and the ranks sum their (otherwise zero) rows."""
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for micro in own(rows, model):
@@ -311,7 +319,8 @@ class Actor:
                 continue
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
-                model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro]
+                model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro],
+                None if needed is None else needed[micro, :width],
             )[0]
         if self.parallel is not None:
             self.parallel.sum_(out)

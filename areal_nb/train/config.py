@@ -60,6 +60,12 @@ class GRPOConfig:
     # prefix (the group's prompt, earlier turns of concat rows) is computed once
     # (`packing.py`); False runs every right-padded row through the model.
     pack: bool = True
+    # How the packed tries run (`packing.py`): True lays all rows' trie out as one flat sequence
+    # and computes attention only between each node and its ancestors (`tree_attention.py`; for
+    # models on the Hugging Face attention interface, with full attention: others fall back),
+    # and the LM head only where the loss reads log-probs; False runs one sequence per group with
+    # a dense tree mask (attention over every pair of a group's nodes).
+    tree_attention: bool = True
     # Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
     # every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     # models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process.

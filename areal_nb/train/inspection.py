@@ -25,7 +25,7 @@ class LossInspection:
     attention_mask: Tensor
     loss_mask: Tensor  # the tokens the loss saw (generated, inside the attention mask)
     turn_ids: Tensor | None  # generated turn of each token (-1 elsewhere), when the batch has them
-    logprobs: Tensor  # π_θ at the forward pass of the update
+    logprobs: Tensor  # π_θ at the forward pass of the update (loss-mask tokens; 0 elsewhere with actor.pack)
     old_logprobs: Tensor  # π_old of the clipped ratio (engine record, or recomputed)
     prox_logprobs: Tensor | None  # π_prox of the decoupled loss
     advantages: Tensor

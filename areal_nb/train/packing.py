@@ -14,6 +14,13 @@ row's token t is read from the logits of its parent node (the node of token t-1)
 those per-node values back into the usual `[B, L]` layout (`gather` sums the gradients of a node
 shared by several rows), so the loss code, masks and advantages are unchanged and the loss and
 gradients equal the padded computation up to float rounding.
+
+Two layouts run the tries (`pack_rows(flat=...)`):
+- flat (models on the Hugging Face attention interface, `tree_attention.supports_tree_attention`):
+  all tries' nodes as one `[1, T]` sequence, no padding, attention only over each node's ancestors
+  (`tree_attention.py`), and the LM head and log-softmax only at the nodes whose next-token
+  log-prob is read (`positions`: the loss needs the generated tokens', not the prompt's);
+- dense (any model): `[P, N]` sequences with the 4D tree mask above, batched by similar length.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .tree_attention import TreePlan, plan_tree_attention, supports_tree_attention, tree_attention
+
 # Padding a batched forward may add to its real nodes (see `forward_groups`).
 PAD_SLACK = 0.125
 
@@ -37,15 +46,22 @@ class PackedRows:
     input_ids: Tensor  # [P, N] node tokens (0 on padding nodes)
     position_ids: Tensor  # [P, N] node depth
     parents: Tensor  # [P, N] index of the parent node within the pack, -1 for roots and padding
-    tree_mask: Tensor  # [P, N, N] bool: node i attends to node j (ancestor or itself)
     node_of: Tensor  # [B, L] flat index (pack * N + node) of each row position, -1 on padding
     lengths: list[int]  # real nodes of each sequence (the rest is padding)
     forwards: list[list[int]]  # sequences run together as one [len, width] forward (`forward_groups`)
+    # dense layout: [P, N, N] bool, node i attends to node j (ancestor or itself)
+    tree_mask: Tensor | None = None
+    # flat layout: the real nodes (pack * N + node) in sequence order, and the attention plan
+    flat_nodes: Tensor | None = None
+    plan: TreePlan | None = None
 
     @property
     def n_nodes(self) -> int:
-        """Positions the model computes: each forward runs its sequences at the longest one's
-        length, so this counts the few padding nodes that makes (at most `PAD_SLACK` extra)."""
+        """Positions the model computes. Flat: the tries' nodes. Dense: each forward runs its
+        sequences at the longest one's length, so this counts the few padding nodes that makes (at
+        most `PAD_SLACK` extra)."""
+        if self.flat_nodes is not None:
+            return len(self.flat_nodes)
         return sum(len(seqs) * self.lengths[seqs[0]] for seqs in self.forwards)
 
 
@@ -78,7 +94,9 @@ def count_unique_tokens(input_ids: Tensor, attention_mask: Tensor) -> int:
     return len(build_trie([r[:n] for r, n in zip(input_ids.tolist(), lengths, strict=True)])[0])
 
 
-def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any] | Tensor | None = None) -> PackedRows:
+def pack_rows(
+    input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any] | Tensor | None = None, flat: bool = False
+) -> PackedRows:
     """Pack right-padded rows `[B, L]` into tries laid out as `[P, N]` sequences.
 
     Rows with equal `pack_ids` (a GRPO group: its rows share their prompt) go into one trie
@@ -86,6 +104,11 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
     to the largest trie's size N: fewer padding nodes, and no sequence longer than it has to be
     (attention is dense over a sequence's N nodes). A sequence's trie is built over all its rows,
     so prefixes shared across their groups are stored once too.
+
+    `flat=True` builds one trie of all rows instead (a single sequence has no padding for
+    separate packs to save, and prefixes shared across groups, such as the chat template's opening,
+    are stored once), plans its attention (`flat_nodes`, `plan`) and skips the dense layout's
+    `tree_mask`; `packed_token_logprobs_and_entropy` runs the layout it finds.
     """
     n_rows, width = input_ids.shape
     lengths = attention_mask.sum(1).tolist()
@@ -97,18 +120,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
     for row, key in enumerate(keys):
         members.setdefault(key, []).append(row)
 
-    sizes = {key: len(build_trie([ids[r][: lengths[r]] for r in rows])[0]) for key, rows in members.items()}
-    capacity = max(sizes.values())
-    bins: list[list[int]] = []  # rows of each packed sequence
-    room: list[int] = []
-    for key in sorted(members, key=lambda k: -sizes[k]):
-        fit = next((i for i, free in enumerate(room) if free >= sizes[key]), None)
-        if fit is None:
-            bins.append([])
-            room.append(capacity)
-            fit = len(bins) - 1
-        bins[fit].extend(members[key])
-        room[fit] -= sizes[key]
+    bins = [[row for rows in members.values() for row in rows]] if flat else _bins(members, ids, lengths)
     tries = [build_trie([ids[r][: lengths[r]] for r in rows]) for rows in bins]
     n = max(len(t[0]) for t in tries)
     n_packs = len(tries)
@@ -124,23 +136,73 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any]
         for row, path in zip(rows, paths, strict=True):
             node_of[row, : len(path)] = torch.tensor(path) + p * n
 
-    # ancestor-or-self mask, built level by level: a node's row is its parent's row plus itself
+    sequence_lengths = [len(t[0]) for t in tries]
+    device = input_ids.device
+    packed = PackedRows(
+        input_ids=tokens.to(device),
+        position_ids=positions.to(device),
+        parents=parents.to(device),
+        node_of=node_of.to(device),
+        lengths=sequence_lengths,
+        forwards=forward_groups(sequence_lengths),
+    )
+    if flat:
+        offsets = [0]
+        for k in sequence_lengths:
+            offsets.append(offsets[-1] + k)
+        packed.flat_nodes = torch.cat([p * n + torch.arange(k) for p, k in enumerate(sequence_lengths)]).to(device)
+        packed.plan = plan_tree_attention(_segments(tries, offsets), offsets[-1]).to(device)
+    else:
+        packed.tree_mask = _ancestor_mask(parents, positions).to(device)
+    return packed
+
+
+def _bins(members: dict[Any, list[int]], ids: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """The rows of each dense sequence: packs' tries combined first-fit decreasing up to the
+    largest one's size."""
+    sizes = {key: len(build_trie([ids[r][: lengths[r]] for r in rows])[0]) for key, rows in members.items()}
+    capacity = max(sizes.values())
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for key in sorted(members, key=lambda k: -sizes[k]):
+        fit = next((i for i, free in enumerate(room) if free >= sizes[key]), None)
+        if fit is None:
+            bins.append([])
+            room.append(capacity)
+            fit = len(bins) - 1
+        bins[fit].extend(members[key])
+        room[fit] -= sizes[key]
+    return bins
+
+
+Trie = tuple[list[int], list[int], list[int], list[list[int]]]  # `build_trie`'s tokens, parents, depths, paths
+
+
+def _segments(tries: list[Trie], offsets: list[int]) -> list[tuple[list[int], int]]:
+    """Each row's new nodes in its trie as (row path in flat node indices, index of the first new
+    node): `build_trie` creates a row's new nodes after all earlier rows' nodes, as its path's tail."""
+    segments = []
+    for (_, _, _, paths), offset in zip(tries, offsets[:-1], strict=True):
+        seen = -1  # the highest node of the earlier rows
+        for path in paths:
+            start = next((i for i in range(len(path) - 1, -1, -1) if path[i] <= seen), -1) + 1
+            if start < len(path):
+                segments.append(([offset + node for node in path], start))
+                seen = path[-1]
+    return segments
+
+
+def _ancestor_mask(parents: Tensor, positions: Tensor) -> Tensor:
+    """Ancestor-or-self mask `[P, N, N]`, built level by level: a node's row is its parent's row
+    plus itself; padding nodes attend to themselves (no NaN)."""
+    n_packs, n = parents.shape
     mask = torch.zeros(n_packs, n, n, dtype=torch.bool)
-    mask[:, torch.arange(n), torch.arange(n)] = True  # padding nodes attend to themselves (no NaN)
+    mask[:, torch.arange(n), torch.arange(n)] = True
     real = parents >= 0
     for depth in range(1, int(positions.max()) + 1):
         pack, node = torch.nonzero(real & (positions == depth), as_tuple=True)
         mask[pack, node] |= mask[pack, parents[pack, node]]
-    sequence_lengths = [len(t[0]) for t in tries]
-    return PackedRows(
-        input_ids=tokens.to(input_ids.device),
-        position_ids=positions.to(input_ids.device),
-        parents=parents.to(input_ids.device),
-        tree_mask=mask.to(input_ids.device),
-        node_of=node_of.to(input_ids.device),
-        lengths=sequence_lengths,
-        forwards=forward_groups(sequence_lengths),
-    )
+    return mask
 
 
 def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[list[int]]:
@@ -164,13 +226,73 @@ def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[lis
 
 
 def packed_token_logprobs_and_entropy(
-    model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0, with_entropy: bool = True
+    model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0, with_entropy: bool = True,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) `[B, L]` of the packed rows, in `logprobs.logits_to_token_logprobs`'s
     layout: position t holds log p(token_t | tokens_<t) under softmax(logits / temperature), position 0
-    and padding hold 0."""
+    and padding hold 0. With `positions` (bool `[B, L]`, e.g. the loss mask) only those positions
+    are computed; the others hold 0 (the flat layout then runs the LM head on fewer nodes)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if packed.plan is not None:
+        return _flat_logprobs(model, packed, temperature, with_entropy, positions)
+    logprobs, entropy = _dense_logprobs(model, packed, temperature, with_entropy)
+    if positions is not None:
+        logprobs = torch.where(positions, logprobs, 0.0)
+        entropy = None if entropy is None else torch.where(positions, entropy, 0.0)
+    return logprobs, entropy
+
+
+def _flat_logprobs(
+    model: torch.nn.Module, packed: PackedRows, temperature: float, with_entropy: bool, positions: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
+    """The flat layout: one `[1, T]` forward with tree attention, logits only where they are read."""
+    assert packed.flat_nodes is not None and packed.plan is not None
+    n_packs, n = packed.input_ids.shape
+    device = packed.input_ids.device
+    flat = packed.flat_nodes
+    # pack * N + node -> index in the flat sequence
+    compact = torch.full((n_packs * n,), -1, dtype=torch.long, device=device)
+    compact[flat] = torch.arange(len(flat), device=device)
+    tokens = packed.input_ids.reshape(-1)[flat]
+    pack_start = torch.arange(n_packs, device=device)[:, None] * n
+    parent_of = torch.where(packed.parents >= 0, packed.parents + pack_start, -1).reshape(-1)
+    # the nodes whose token log-prob is read (those with a parent), and the nodes whose logits give it
+    wanted = packed.node_of[packed.node_of >= 0 if positions is None else positions & (packed.node_of >= 0)]
+    children = torch.unique(wanted)
+    children = children[parent_of[children] >= 0]
+    heads, head_of_child = torch.unique(compact[parent_of[children]], return_inverse=True)
+    with tree_attention(model):
+        logits = model(
+            input_ids=tokens[None],
+            position_ids=packed.position_ids.reshape(-1)[flat][None],
+            attention_mask={"full_attention": packed.plan},  # a prepared mask mapping is used as is
+            use_cache=False,
+            logits_to_keep=heads,  # a 1D index: the LM head runs at these positions only
+        ).logits[0]  # [heads, V]
+    log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [heads, V]
+    child_tokens = packed.input_ids.reshape(-1)[children]
+    per_node = log_probs.new_zeros(n_packs * n).index_put((children,), log_probs[head_of_child, child_tokens])
+    logprobs = _to_rows(per_node, packed.node_of)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():  # reported, not trained on
+            detached = log_probs.detach()
+            head_entropy = -(detached.exp() * detached).sum(-1)
+            per_node = head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy[head_of_child])
+            entropy = _to_rows(per_node, packed.node_of)
+    if positions is not None:
+        logprobs = torch.where(positions, logprobs, 0.0)
+        entropy = None if entropy is None else torch.where(positions, entropy, 0.0)
+    return logprobs, entropy
+
+
+def _dense_logprobs(
+    model: torch.nn.Module, packed: PackedRows, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The dense layout: `[P, N]` sequences with the 4D tree mask, batched by similar length."""
+    assert packed.tree_mask is not None
     dtype = next(model.parameters()).dtype
     n = packed.input_ids.shape[1]
     device = packed.tree_mask.device

@@ -210,3 +210,38 @@ def test_one_token_prompts_and_mixed_lengths_in_one_admission_are_token_consiste
     for req, resp in zip(reqs, responses, strict=True):
         assert resp.input_tokens == req.input_ids and resp.output_len == 6
         assert max_logprob_error(reference_model, resp) <= 1e-4
+
+
+def test_small_decoding_steps_run_on_one_thread_and_keep_token_consistency(tiny_model_path, reference_model):
+    # rows leave one by one (1..8 new tokens): steps of more than 4 rows keep the worker's thread
+    # count, smaller ones run on one thread; the caller's thread count is untouched
+    from areal_nb.engine import LocalEngine
+
+    rng = random.Random(11)
+    reqs = [ModelRequest(input_ids=[rng.randrange(3, 500) for _ in range(rng.randint(2, 30))],
+                         gconfig=GenerationConfig(max_new_tokens=n, ignore_eos=True)) for n in range(1, 9)]
+    caller_threads = torch.get_num_threads()
+    with LocalEngine(tiny_model_path, single_thread_rows=4) as eng:
+        seen: list[tuple[int, int]] = []  # (rows, threads) per decoding step
+        decode = eng._batch.decode
+
+        def recording_decode(last):
+            seen.append((last.shape[0], torch.get_num_threads()))
+            return decode(last)
+
+        eng._batch.decode = recording_decode
+        worker_threads = caller_threads  # the worker starts with torch's count
+        eng.pause()
+
+        async def run():
+            tasks = [asyncio.create_task(eng.agenerate(r)) for r in reqs]
+            await asyncio.sleep(0.05)
+            eng.resume()
+            return await asyncio.gather(*tasks)
+
+        responses = asyncio.run(run())
+    assert [rows for rows, _ in seen] == [7, 6, 5, 4, 3, 2, 1]  # one row finishes at prefill
+    assert all(threads == (1 if rows <= 4 else worker_threads) for rows, threads in seen)
+    assert torch.get_num_threads() == caller_threads
+    for resp in responses:
+        assert max_logprob_error(reference_model, resp) <= 1e-4

@@ -209,3 +209,20 @@ def test_a_failed_step_empties_the_cache(engine, monkeypatch):
     monkeypatch.undo()
     engine.generate(_req(_next_turn(first, [2]), 4))
     assert engine.stats.prefix_cache_hits == 0
+
+
+def test_the_config_knob_sizes_the_cache_and_zero_turns_it_off(tiny_model_path):
+    from areal_nb.config import EngineConfig
+    from areal_nb.engine import create_engine
+
+    assert EngineConfig().prefix_cache_tokens == LocalEngine.__init__.__kwdefaults__["prefix_cache_tokens"]
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        EngineConfig(prefix_cache_tokens=-1)
+    engine = create_engine(EngineConfig(prefix_cache_tokens=0), tiny_model_path, None)
+    try:
+        first = engine.generate(_req(PROMPT, 4))
+        engine.generate(_req(_next_turn(first, [2]), 4))
+        assert engine.prefix_cache.max_tokens == 0 and len(engine.prefix_cache) == 0
+        assert engine.stats.prefix_cache_hits == 0
+    finally:
+        engine.close()

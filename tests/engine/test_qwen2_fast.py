@@ -13,14 +13,16 @@ from areal_nb.engine.qwen2_fast import _single_query_attention
 @pytest.mark.parametrize("n_kv", [4, 2, 1])
 def test_single_query_attention_equals_sdpa(n_kv):
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(3, 4, 1, 8, generator=gen)
+    q = torch.randn(3, 4, 8, generator=gen)
     k = torch.randn(3, n_kv, 5, 8, generator=gen)
     v = torch.randn(3, n_kv, 5, 8, generator=gen)
     pads = torch.tensor([0, 2, 4])  # left padding per row, as in kv_batch
-    padding = (torch.arange(5)[None] < pads[:, None])[:, None, None, :]
+    padding = (torch.arange(5)[None] < pads[:, None])[:, None, None, :]  # [3, 1, 1, 5]
     mask = torch.zeros(padding.shape).masked_fill_(padding, float("-inf"))
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=~padding, scale=0.3, enable_gqa=n_kv != 4)
-    assert torch.allclose(_single_query_attention(q, k, v, mask, 0.3), expected, atol=1e-6)
+    mask = mask.expand(3, n_kv, 1, 5).reshape(3 * n_kv, 1, 5)  # the decoding step's layout
+    expected = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=~padding, scale=1.0,
+                                              enable_gqa=n_kv != 4)
+    assert torch.allclose(_single_query_attention(q, k, v, mask), expected.reshape(3, 4 * 8), atol=1e-6)
 
 
 def test_swapped_halves_times_signed_sin_is_rotate_half_times_sin_bit_for_bit():
