@@ -8,8 +8,9 @@ Prints per-phase JSON lines; the last line is one JSON object with `p50_overhead
 (proxy calls per second with 64 concurrent sessions). With `--server process` (default) the
 proxy runs in a child process, so the client and the server each get a core, as they do when
 agents run in other processes; `--server thread` runs it in this process (the notebook set-up); `--server inprocess` calls the
-app through `httpx.ASGITransport` on the caller's loop, no socket (what a Session's inline agents
-get, see `areal_nb/proxy/inprocess.py`).
+app in-process on the caller's loop, no socket (what a Session's inline agents get, see
+`areal_nb/proxy/inprocess.py`: chat completions take the app's direct lane); `--server asgi` the
+same through a plain `httpx.ASGITransport` (the whole ASGI stack per call, the path before the lane).
 """
 
 from __future__ import annotations
@@ -100,12 +101,18 @@ async def session_worker(client: httpx.AsyncClient, calls: int, latencies: list[
             raise RuntimeError(f"proxy call failed: {r.status_code} {r.text}")
 
 
-async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object = None) -> tuple[list[float], float]:
+async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object = None,
+                    lane: bool = True) -> tuple[list[float], float]:
     from areal_nb.proxy.inprocess import asgi_http_client
 
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    client = asgi_http_client(app, url, timeout=60) if app is not None else \
-        httpx.AsyncClient(base_url=url, limits=limits, timeout=60)
+    if app is None:
+        client = httpx.AsyncClient(base_url=url, limits=limits, timeout=60)
+    elif lane:
+        client = asgi_http_client(app, url, timeout=60)
+    else:
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url=url,
+                                   timeout=60)
     async with client:
         await session_worker(client, 8, [])  # warm up connections and code paths
         latencies: list[float] = []
@@ -115,7 +122,7 @@ async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object
 
 
 def start_server(mode: str) -> tuple[str, object]:
-    if mode == "inprocess":
+    if mode in ("inprocess", "asgi"):
         app, _, _ = build_app()
         return "http://inprocess", lambda: None, app
     if mode == "thread":
@@ -144,7 +151,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400, help="calls in the one-session runs")
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--calls-per-session", type=int, default=16, help="calls per session in the concurrent run")
-    parser.add_argument("--server", choices=("process", "thread", "inprocess"), default="process")
+    parser.add_argument("--server", choices=("process", "thread", "inprocess", "asgi"), default="process")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -154,8 +161,9 @@ def main() -> None:
     direct = asyncio.run(direct_latencies(args.calls))
     url, stop, app = start_server(args.server)
     try:
-        single, _ = asyncio.run(proxy_run(url, 1, args.calls, app))
-        many, elapsed = asyncio.run(proxy_run(url, args.concurrent, args.calls_per_session, app))
+        lane = args.server != "asgi"
+        single, _ = asyncio.run(proxy_run(url, 1, args.calls, app, lane))
+        many, elapsed = asyncio.run(proxy_run(url, args.concurrent, args.calls_per_session, app, lane))
     finally:
         stop()
     d50, d99 = percentile(direct, 0.5) * 1e3, percentile(direct, 0.99) * 1e3
