@@ -113,6 +113,8 @@ class _ServingState:
         self.paused = False
         self.updating = False
         self.in_flight: dict[str, int] = {}  # rid → 1 (a dict keeps insertion order for prefix aborts)
+        self.held: dict[str, int] = {}  # rids waiting in the admission window, not yet in the engine
+        self.aborted_while_held: set[str] = set()  # they answer "abort" without reaching the engine
 
     async def admit(self, rids: list[str]) -> None:
         async with self.cond:
@@ -178,10 +180,19 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
         body = GenerateRequest.model_validate(await body_of(request))
         items = _plan_generate(body, engine)
         rids = [item.rid for item in items]
-        await window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
+        for rid in rids:
+            state.held[rid] = 1
+        try:
+            await window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
+        finally:
+            for rid in rids:
+                state.held.pop(rid, None)
+            aborted = {rid for rid in rids if rid in state.aborted_while_held}
+            state.aborted_while_held -= aborted
         await state.admit(rids)
         try:
-            outputs = await asyncio.gather(*(_run_one(engine, item) for item in items), return_exceptions=True)
+            outputs = await asyncio.gather(*(_run_one(engine, item, item.rid in aborted) for item in items),
+                                           return_exceptions=True)
         finally:
             for rid in rids:
                 await state.release(rid)
@@ -199,11 +210,14 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     async def abort_request(request: Request):
         body = AbortRequest.model_validate(await body_of(request))
         if body.abort_all:
+            state.aborted_while_held.update(state.held)
             engine.abort_all()
-        elif body.rid in state.in_flight:
-            # sglang's scheduler matches by prefix: "req-1" also aborts "req-10"
-            for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
-                engine.abort(rid)
+        else:
+            if body.rid in state.held:  # sglang's scheduler matches by prefix: "req-1" also aborts "req-10"
+                state.aborted_while_held.update(r for r in state.held if r.startswith(body.rid))
+            if body.rid in state.in_flight:
+                for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
+                    engine.abort(rid)
         return JSONResponse(None)
 
     # ---------------------------------------------------------------- pause, weights
@@ -403,7 +417,9 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
     )
 
 
-async def _run_one(engine: Any, item: _Item) -> ModelResponse:
+async def _run_one(engine: Any, item: _Item, aborted: bool = False) -> ModelResponse:
+    if aborted:  # aborted before it reached the engine (as sglang's waiting queue): nothing generated
+        return ModelResponse(input_tokens=list(item.request.input_ids), stop_reason="abort")
     try:
         return await engine.agenerate(item.request)
     except asyncio.CancelledError:

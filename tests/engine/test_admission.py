@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+import threading
+
+import httpx
 import pytest
 
+from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.engine.admission import AdmissionWindow
+from areal_nb.engine.remote import SGLangEngine
+from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
+from areal_nb.proxy.server import ProxyServer
 
 
 def test_a_burst_at_an_idle_engine_is_released_together_after_the_last_arrival():
@@ -76,32 +83,34 @@ def test_negative_settings_are_refused():
         AdmissionWindow(gap=-1.0, max_wait=0.02, engine_busy=lambda: False)
 
 
+class Counting:
+    """Answers every request with token 7 after 50 ms and records which rids reached it."""
+
+    tokenizer = None
+    eos_token_ids = [2]
+    max_context = 512
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        self.started.append(req.rid)
+        await asyncio.sleep(0.05)
+        return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7], output_logprobs=[-1.0],
+                             output_versions=[0], stop_reason="length")
+
+    def get_version(self) -> int:
+        return 0
+
+    def abort(self, rid: str) -> None:
+        pass
+
+    def abort_all(self) -> None:
+        pass
+
+
 @pytest.mark.server
 def test_engine_server_holds_a_burst_back_and_reports_it():
-    import httpx
-
-    from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
-    from areal_nb.engine.remote import SGLangEngine
-    from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
-    from areal_nb.proxy.server import ProxyServer
-
-    class Counting:
-        tokenizer = None
-        eos_token_ids = [2]
-        max_context = 512
-
-        def __init__(self) -> None:
-            self.started: list[str] = []
-
-        async def agenerate(self, req: ModelRequest) -> ModelResponse:
-            self.started.append(req.rid)
-            await asyncio.sleep(0.05)
-            return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7], output_logprobs=[-1.0],
-                                 output_versions=[0], stop_reason="length")
-
-        def get_version(self) -> int:
-            return 0
-
     engine = Counting()
     settings = EngineServerSettings(admission_gap=0.2, admission_max_wait=2.0)
     server = ProxyServer(create_engine_app(engine, settings)).start()
@@ -119,4 +128,28 @@ def test_engine_server_holds_a_burst_back_and_reports_it():
         assert len(engine.started) == 5
     finally:
         client.close()
+        server.stop()
+
+
+@pytest.mark.server
+def test_a_request_aborted_while_held_answers_abort_without_reaching_the_engine():
+    engine = Counting()
+    server = ProxyServer(create_engine_app(engine, EngineServerSettings(admission_gap=1.0, admission_max_wait=1.0))).start()
+    result: list[httpx.Response] = []
+    body = {"input_ids": [5, 6], "rid": "held-1", "return_logprob": True, "sampling_params": {"max_new_tokens": 4}}
+    thread = threading.Thread(target=lambda: result.append(httpx.post(f"{server.url}/generate", json=body, timeout=60)))
+    try:
+        thread.start()
+        while thread.is_alive():  # an abort for a rid not yet held is ignored: repeat it
+            assert httpx.post(f"{server.url}/abort_request", json={"rid": "held-1"}).status_code == 200
+            thread.join(0.05)
+        out = result[0].json()
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert out["output_ids"] == [] and out["meta_info"]["output_token_logprobs"] == []
+        assert engine.started == []
+        # the rid is free again, and a request that is not aborted reaches the engine
+        assert httpx.post(f"{server.url}/generate", json=body, timeout=60).json()["output_ids"] == [7]
+        assert engine.started == ["held-1"]
+    finally:
+        thread.join(60)
         server.stop()
