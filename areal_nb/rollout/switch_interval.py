@@ -7,7 +7,12 @@ keeps the GIL until it blocks or until the interpreter forces a switch after
 `sys.getswitchinterval()` (5 ms by default). So each of the hundreds of torch ops in a decoding
 step can wait up to 5 ms for the GIL while the loop thread is busy: a convoy that made the
 engine's decode 1.3-3x slower inside a Session than alone. With a 0.2 ms interval the engine
-gets the GIL back within 0.2 ms (benchmarks/grpo_step.py: engine busy time -10 to -35 %).
+gets the GIL back within 0.2 ms. Measured on a shared 2-core machine, alternating steps in one
+process: the engine's busy time per single-turn rollout fell 6-22 %, the single-turn step itself
+did not move steadily (paired median 1.01x at load 3.5); a multi-turn A/B at 0.5 ms gave 4.2 ->
+2.7 s in one run and 2.4 vs 2.5 s in another. Inconclusive on a shared machine; the default is a
+guess from one quiet-machine measurement (0.74-0.78 -> 0.66-0.71 s per single-turn step) and
+wants a quiet A/B (`rollout.gil_switch_interval=null` against the default).
 
 The interval is process-wide (`sys.setswitchinterval`), so it is taken as a lease: the first
 holder saves the caller's value and sets the shortest interval any holder asks for; the last
