@@ -10,6 +10,7 @@ is stopped by `AsyncRewardWrapper`'s per-call timeout, which replaces the worker
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -53,17 +54,25 @@ def math_reward(result: Any, answer: Any) -> float:
     `result` is model text; the answer may be boxed (\\boxed{7}), a fraction, or the last
     number in plain text.
     """
+    return _score(str(result), _gold_text(answer))
+
+
+# The score is a pure function of the two strings, and a GRPO group scores its 8 samples against
+# one gold answer, often with identical replies: parsing goes through sympy (~0.5 ms a call,
+# measured), so each distinct (reply, gold) pair is scored once per process.
+@functools.lru_cache(maxsize=16384)
+def _score(result: str, gold_text: str) -> float:
     try:
-        gold = _parse(_gold_text(answer))
+        gold = _parse(gold_text)
         if not gold:
-            logger.warning("gold answer %r is not parsable; scoring 0.0", answer)
+            logger.warning("gold answer %r is not parsable; scoring 0.0", gold_text)
             return 0.0
-        pred = _parse(str(result))
+        pred = _parse(result)
         if not pred:
             return 0.0
         return 1.0 if verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None) else 0.0
     except Exception as exc:  # a reward must never take the rollout down
-        logger.warning("math_verify failed on %r vs %r: %r; scoring 0.0", result, answer, exc)
+        logger.warning("math_verify failed on %r vs %r: %r; scoring 0.0", result, gold_text, exc)
         return 0.0
 
 
