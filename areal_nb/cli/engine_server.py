@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
                              "Python's own is 0.005): how long the engine thread or the HTTP thread may "
                              "wait for the other to hand over the GIL")
-    parser.add_argument("--admission-gap", type=float, default=0.002,
+    parser.add_argument("--admission-gap", type=float, default=0.008,
                         help="seconds a burst of requests reaching an idle engine may pause before it "
                              "starts as one batch (default: %(default)s; 0: each request starts at once)")
-    parser.add_argument("--admission-max-wait", type=float, default=0.02,
+    parser.add_argument("--admission-max-wait", type=float, default=0.03,
                         help="the longest a request waits for its burst to end, in seconds")
     return parser
 

@@ -11,6 +11,11 @@ So when a request finds the engine idle (nothing of ours in flight), it waits un
 has arrived for `gap` seconds (at most `max_wait` seconds in all), and every request that arrived
 meanwhile is released with it. Requests that arrive while the engine is busy go straight in: the
 engine admits them at its next step anyway. A lone request pays `gap` of latency.
+
+engine-server's default gap is 8 ms: a client that sends a burst from another thread of its process
+(`SGLangEngine`'s loop thread) can stall up to its own GIL switch interval (5 ms) after the first
+request; with a 2 ms gap the first request still started alone in most rounds, with 8 ms the burst
+took one prefill (1 thread, load 5-9).
 """
 
 from __future__ import annotations

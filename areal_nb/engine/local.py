@@ -58,10 +58,12 @@ logger = logging.getLogger(__name__)
 Delivery = Callable[[ModelResponse | BaseException], None]
 
 # Decoding steps of up to this many rows run on one torch thread (CPU). Measured on this project's
-# 2-core machine (engine CPU time and wall time per step, 1 vs 2 threads interleaved in one
-# process): at 8 and 32 rows one thread took less of both (waking the second OpenMP thread for every
-# small operation costs more than it saves); at 128 rows two threads were faster.
-SINGLE_THREAD_ROWS = 48
+# 2-core machine (decoding steps of the 6.4 M Qwen2 of benchmarks/engine_throughput.py, 1 vs 2
+# threads alternating in one process, minimum wall time per step at load average 3): 4.9 vs 5.5 ms
+# at 8 rows, 10.0 vs 10.6 at 32, 16.9 vs 18.0 at 64, 33.0 vs 31.7 at 128. Waking the second OpenMP
+# thread for each of a step's ~150 small operations costs more than it saves until the matmuls
+# are large.
+SINGLE_THREAD_ROWS = 64
 
 
 @contextmanager

@@ -12,6 +12,7 @@ real SGLang server someone else started (the device check) described by environm
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,23 @@ class ServerUnderTest:
     def version(self) -> str:
         with self.client() as c:
             return c.get("/model_info").json()["weight_version"]
+
+    def admitted_prompt_tokens(self) -> int | None:
+        """Prompt tokens the engine-server has admitted so far (None for SGLang, which has no such
+        counter): lets a test wait until its requests are decoding instead of sleeping."""
+        if self.process is None:
+            return None
+        with self.client() as c:
+            return c.get("/server_info").json()["internal_states"][0]["prompt_tokens"]
+
+    def wait_until_admitted(self, before: int | None, tokens: int, timeout: float = 60.0) -> None:
+        if before is None:  # real SGLang: no counter; give the requests a moment to start decoding
+            time.sleep(0.3)
+            return
+        deadline = time.monotonic() + timeout
+        while self.admitted_prompt_tokens() - before < tokens:
+            assert time.monotonic() < deadline, f"{tokens} prompt tokens not admitted within {timeout} s"
+            time.sleep(0.01)
 
 
 def start_engine_server(tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 
 import httpx
@@ -161,9 +160,10 @@ def test_pause_aborts_in_flight_holds_new_requests_and_continue_releases_them(se
                  "sampling_params": {"max_new_tokens": server.long_tokens, "ignore_eos": True}}
     results: list = []
     threads = [threading.Thread(target=lambda: results.append(_generate(server, long_body))) for _ in range(4)]
+    before = server.admitted_prompt_tokens()
     for t in threads:
         t.start()
-    time.sleep(0.3)  # let them start decoding; the server's pause must find them in flight
+    server.wait_until_admitted(before, 4 * len(PROMPT))  # the server's pause must find them in flight
     with server.client() as client:
         assert client.post("/pause_generation", json={"mode": "abort"}).json()["status"] == "ok"
         for t in threads:
