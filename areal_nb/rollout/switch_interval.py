@@ -10,9 +10,10 @@ engine's decode 1.3-3x slower inside a Session than alone. With a 0.2 ms interva
 gets the GIL back within 0.2 ms. Measured on a shared 2-core machine, alternating steps in one
 process: the engine's busy time per single-turn rollout fell 6-22 %, the single-turn step itself
 did not move steadily (paired median 1.01x at load 3.5); a multi-turn A/B at 0.5 ms gave 4.2 ->
-2.7 s in one run and 2.4 vs 2.5 s in another. Inconclusive on a shared machine; the default is a
-guess from one quiet-machine measurement (0.74-0.78 -> 0.66-0.71 s per single-turn step) and
-wants a quiet A/B (`rollout.gil_switch_interval=null` against the default).
+2.7 s in one run and 2.4 vs 2.5 s in another. On a quiet machine it first took the single-turn
+step from 0.74-0.78 to 0.66-0.71 s; after the session's other changes five interleaved quiet
+pairs gave 0.48-0.73 s with it and 0.51-0.56 s without (medians 0.51 vs 0.55 s). Still not
+settled: the default keeps it, `rollout.gil_switch_interval=null` turns it off.
 
 The interval is process-wide (`sys.setswitchinterval`), so it is taken as a lease: the first
 holder saves the caller's value and sets the shortest interval any holder asks for; the last
