@@ -20,6 +20,8 @@ import torch
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, ModelResponse
 
+from .tensors import stack_token_rows
+
 
 def checked_reward(reward: Any) -> float:
     """A reward as float: ints and floats are accepted, bools and non-finite values are not."""
@@ -252,18 +254,8 @@ class InteractionWithTokenLogpReward:
         `rewards [1]` is this row's reward (the leaf's, for a concat row); `turn_returns [1, L]`
         gives each generated token the return of its own turn (see `turn_returns`).
         """
-        row = self.token_row()
-        length = len(row)
-        return {
-            "input_ids": torch.tensor([row.input_ids], dtype=torch.int64),
-            "loss_mask": torch.tensor([row.loss_mask], dtype=torch.int64),
-            "logprobs": torch.tensor([row.logprobs], dtype=torch.float32),
-            "versions": torch.tensor([row.versions], dtype=torch.int64),
-            "turn_ids": torch.tensor([row.turn_ids], dtype=torch.int64),
-            "attention_mask": torch.ones((1, length), dtype=torch.bool),
-            "rewards": torch.tensor([self.reward if self.reward is not None else 0.0], dtype=torch.float32),
-            "turn_returns": torch.tensor([self.turn_returns()], dtype=torch.float32),
-        }
+        reward = self.reward if self.reward is not None else 0.0
+        return stack_token_rows([self.token_row()], [reward], [self.turn_returns()])
 
     # ----- wire format --------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES, CreditMode, DiscountMode, ExportStyle, check_export_style
 from areal_nb.openai import InteractionWithTokenLogpReward
 from areal_nb.openai.cache import discounted_rewards
+from areal_nb.openai.tensors import stack_token_rows
 
 from .executor import Episode
 
@@ -137,10 +138,9 @@ class RolloutBatch:
         rows = self.rows()
         if not rows:
             raise ValueError("this batch has no accepted episodes to train on")
-        # What `concat_padded_tensors` of the rows' `to_tensor_dict()`s gives (with this batch's
-        # rewards and returns), built from the token lists with one tensor per field instead of
-        # nine per row: this runs in every training step (tests/rollout/test_batch_tensors.py
-        # checks the two are equal).
+        # One tensor per field from the rows' token lists (`stack_token_rows`), with this batch's
+        # rewards and returns: this runs in every training step (tests/rollout/test_batch_tensors.py
+        # checks it equals `concat_padded_tensors` of the rows' `to_tensor_dict()`s).
         returns: dict[int, dict[str, float]] = {}
         token_rows, turn_returns = [], []
         for row in rows:
@@ -148,23 +148,10 @@ class RolloutBatch:
                 returns[row.episode_index] = self.discounted(row.episode_index)
             token_rows.append(row.interaction.token_row())
             turn_returns.append(row.interaction.turn_returns(returns[row.episode_index]))
-        width = max(len(r) for r in token_rows)
-
-        def padded(values: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor([v + [fill] * (width - len(v)) for v in values], dtype=dtype)
-
-        return {
-            "input_ids": padded([r.input_ids for r in token_rows], 0, torch.int64),
-            "loss_mask": padded([r.loss_mask for r in token_rows], 0, torch.int64),
-            "logprobs": padded([r.logprobs for r in token_rows], 0.0, torch.float32),
-            "versions": padded([r.versions for r in token_rows], -1, torch.int64),
-            "turn_ids": padded([r.turn_ids for r in token_rows], -1, torch.int64),
-            "attention_mask": padded([[True] * len(r) for r in token_rows], False, torch.bool),
-            "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float32),
-            "turn_returns": padded(turn_returns, 0.0, torch.float32),
-            "group_ids": torch.tensor([r.group_id for r in rows], dtype=torch.long),
-            "episode_ids": torch.tensor([r.episode_index for r in rows], dtype=torch.long),
-        }
+        out = stack_token_rows(token_rows, [r.reward for r in rows], turn_returns)
+        out["group_ids"] = torch.tensor([r.group_id for r in rows], dtype=torch.long)
+        out["episode_ids"] = torch.tensor([r.episode_index for r in rows], dtype=torch.long)
+        return out
 
     # ---------------------------------------------------------------- editing
     def reexport(self, discount: float | None = None, style: ExportStyle | None = None,
