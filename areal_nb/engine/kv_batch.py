@@ -207,15 +207,17 @@ class PaddedKVBatch:
             src_index = torch.tensor(src, dtype=torch.long, device=self.device)
             if logits is None:
                 logits = group_logits.new_empty(len(prompts), group_logits.shape[1])
+                # with the spare columns the next decoding steps write into: adopted as they are
+                # below, so the first step does not copy the whole cache to grow it
                 for layer in cache.layers:
                     batch, heads, _, dim = layer.keys.shape
-                    keys.append(layer.keys.new_zeros(len(prompts), heads, width, dim))
-                    values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
+                    keys.append(layer.keys.new_zeros(len(prompts), heads, width + SPARE_COLUMNS, dim))
+                    values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width + SPARE_COLUMNS,
                                                          layer.values.shape[3]))
             logits[out_index] = group_logits.index_select(0, src_index)
             for layer, k, v in zip(cache.layers, keys, values, strict=True):
-                k[out_index, :, width - group_width :] = layer.keys.index_select(0, src_index)
-                v[out_index, :, width - group_width :] = layer.values.index_select(0, src_index)
+                k[out_index, :, width - group_width : width] = layer.keys.index_select(0, src_index)
+                v[out_index, :, width - group_width : width] = layer.values.index_select(0, src_index)
         joined = _new_cache(self.num_layers)
         for layer, k, v in zip(joined.layers, keys, values, strict=True):
             layer.adopt(k, v, width)

@@ -68,3 +68,24 @@ def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(
         for _ in range(5):
             logits = step(logits)
             check(logits)
+
+
+def test_a_prefill_of_several_forwards_leaves_room_for_the_decoding_steps(tiny_model_path):
+    """Prompts of very different lengths, or repeated ones, are prefilled in several forwards and
+    joined: the joined cache comes with spare columns, so the decoding steps that follow write
+    into it instead of copying the whole cache to grow it."""
+    import torch
+
+    from areal_nb.engine.kv_batch import SPARE_COLUMNS, PaddedKVBatch
+    from areal_nb.engine.weights import load_engine_model
+
+    model, _ = load_engine_model(tiny_model_path, None, torch.device("cpu"), torch.float32)
+    batch = PaddedKVBatch(model)
+    with torch.inference_mode():
+        batch.prefill([[5, 6, 7, 8], [5, 6, 7, 8], list(range(10, 40))])  # a repeat and a long one
+        layer = batch.cache.layers[0]
+        assert (batch.length, layer.capacity) == (30, 30 + SPARE_COLUMNS)
+        buffer = layer._k
+        for _ in range(SPARE_COLUMNS):
+            batch.decode(torch.tensor([9, 9, 9]))
+        assert layer._k is buffer and batch.length == 30 + SPARE_COLUMNS
