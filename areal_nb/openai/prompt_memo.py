@@ -66,6 +66,10 @@ class PromptMemo:
                         self._entries.popitem(last=False)
         return ids
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
     def _key(self, template: Any, key_parts: tuple[Any, ...]) -> bytes | None:
         with self._lock:
             if template is not self._template and template != self._template:
