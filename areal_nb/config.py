@@ -105,6 +105,9 @@ class AgentConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
     admin_api_key: str | None = None  # None: a random key per Session
+    # proxy.settings.DEFAULT_SESSION_TIMEOUT (tests/test_config.py checks they agree); not imported
+    # from there because importing the proxy loads FastAPI and the OpenAI SDK (~1.8 s) into every
+    # config read, e.g. an export's check that its config loads.
     session_timeout: float = Field(3600.0, gt=0)
     agent_timeout: float | None = Field(120.0, gt=0)
     subproc_max_workers: int = Field(2, ge=1)  # agent processes in mode "subproc"

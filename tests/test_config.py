@@ -123,3 +123,11 @@ def test_engine_defaults_are_the_same_through_config_command_line_and_constructo
     for name in ("max_batch_size", "prefix_cache_tokens"):
         assert getattr(args, name) == getattr(config, name) == constructor[name].default, name
     assert args.admission_max_wait == EngineServerSettings().admission_max_wait
+
+
+def test_the_proxy_session_timeout_is_the_same_through_config_command_line_and_settings():
+    from areal_nb.cli.proxy import build_parser
+    from areal_nb.config import AgentConfig
+    from areal_nb.proxy.settings import ProxySettings
+
+    assert build_parser().parse_args([]).session_timeout == AgentConfig().session_timeout == ProxySettings().session_timeout
