@@ -58,7 +58,11 @@ __all__ = [
 
 MODEL_NAME = "areal-nb"
 # Conversations up to this many characters are rendered on the event loop, longer ones in a thread.
-INLINE_RENDER_CHARS = 16 * 1024
+# Rendering + tokenizing costs ~0.5 us/char of prose and ~1.2 us/char of digits (tiny-math), so at
+# 2 KiB the loop is held ~2.5 ms at most; at 16 KiB it was held up to 21 ms, and a hostile 6 KB
+# over-context prompt held it 7 ms a time (tests/proxy/test_chaos.py's /health p99). A thread
+# hop costs the loop ~0.03 ms, small next to rendering 2 KiB; tiny-math prompts stay inline.
+INLINE_RENDER_CHARS = 2 * 1024
 
 
 @dataclass
