@@ -93,3 +93,33 @@ def test_a_stalled_rank_0_ends_the_job_at_the_group_timeout(tmp_path):
     result = torchrun([str(Path(__file__).with_name("ddp_stall.py"))], tmp_path, timeout=90, group_timeout_s=5)
     assert result.returncode != 0
     assert "[rank1]: RuntimeError" in result.stderr and "Timed out waiting 5000ms" in result.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
+    from . import fsdp_ref
+
+    out = tmp_path / "ref.pt"
+    result = torchrun([str(Path(fsdp_ref.__file__)), str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = torch.load(out, weights_only=False)
+    assert two["world_size"] == 2
+    for case in fsdp_ref.CASES:
+        one, ranks = fsdp_ref.one_process_step(case), two[case]
+        # the reference log-probs the KL penalty used, on every token of the batch, and what follows
+        assert one["ref_logprobs"].abs().max() > 0.1, case
+        torch.testing.assert_close(ranks["ref_logprobs"], one["ref_logprobs"], atol=1e-5, rtol=0), case
+        for key in ("loss", "kl_ref", "grad_norm"):
+            assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
+        assert abs(one["stats"]["kl_ref"]) > 1e-3, case  # the reference differs from the policy
+        # each rank holds about half of the reference, resharded after its no-grad passes (the
+        # root too), with no gradient and no optimizer state; one process holds all of it
+        assert ranks["ref_all_sharded"] and one["ref_held_numel"] == one["ref_numel"] == ranks["ref_numel"]
+        held = [by_rank[case] for by_rank in two["held_by_rank"]]
+        assert sum(held) == ranks["ref_numel"] and all(0.45 < h / ranks["ref_numel"] < 0.55 for h in held), held
+        for r in (one, ranks):
+            assert not (r["ref_requires_grad"] or r["ref_in_optimizer"] or r["ref_has_grad"]), case
+        # the step left the reference where it was (gathered from the shards: the one-process weights)
+        assert all(torch.equal(ranks["ref_weights"][k], one["ref_weights"][k]) for k in one["ref_weights"]), case
+    # saved (gathered on every rank) and loaded into another sharded actor: the same reference
+    assert two["round_trip"] == {"differed_before": True, "restored_equal": True}
