@@ -66,6 +66,9 @@ def train_case(case: str, parallel: DataParallel | None) -> dict:
         # after the no-grad passes every reference parameter is its shard again (the root too)
         "ref_all_sharded": all(isinstance(p, DTensor) for p in ref_params) if parallel is not None else None,
         "ref_held_numel": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in ref_params),
+        # the memory behind those shards (not views of a full copy that stayed allocated)
+        "ref_held_bytes": sum((p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes()
+                              for p in ref_params),
         "ref_numel": sum(p.numel() for p in ref_params),
         "ref_requires_grad": any(p.requires_grad for p in ref_params),
         "ref_in_optimizer": any(id(p) in trained for p in ref_params),
@@ -103,7 +106,8 @@ def main(out: str) -> None:
     results["round_trip"] = round_trip(results["packed"]["actor"], parallel, Path(out).parent)
     for case in CASES:
         del results[case]["actor"]
-    results["held_by_rank"] = parallel.all_gather({case: results[case]["ref_held_numel"] for case in CASES})
+    results["held_by_rank"] = parallel.all_gather({case: (results[case]["ref_held_numel"], results[case]["ref_held_bytes"])
+                                                   for case in CASES})
     results["world_size"] = parallel.world_size
     if parallel.is_leader:
         torch.save(results, out)

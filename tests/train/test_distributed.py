@@ -122,8 +122,10 @@ def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
         # each rank holds about half of the reference, resharded after its no-grad passes (the
         # root too), with no gradient and no optimizer state; one process holds all of it
         assert ranks["ref_all_sharded"] and one["ref_held_numel"] == one["ref_numel"] == ranks["ref_numel"]
-        held = [by_rank[case] for by_rank in two["held_by_rank"]]
+        held = [by_rank[case][0] for by_rank in two["held_by_rank"]]
         assert sum(held) == ranks["ref_numel"] and all(0.45 < h / ranks["ref_numel"] < 0.55 for h in held), held
+        held_bytes = [by_rank[case][1] for by_rank in two["held_by_rank"]]  # fp32; shards padded to equal size
+        assert all(b <= 4 * (ranks["ref_numel"] // 2 + 4096) for b in held_bytes), (held_bytes, ranks["ref_numel"])
         for r in (one, ranks):
             assert not (r["ref_requires_grad"] or r["ref_in_optimizer"] or r["ref_has_grad"]), case
         # the step left the reference where it was (gathered from the shards: the one-process weights)
