@@ -15,14 +15,18 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from areal_nb.engine.kv_batch import PaddedKVBatch
-from areal_nb.engine.weights import load_engine_model
-from areal_nb.models.cache import cache_root
-from benchmarks.engine_throughput import BENCH_QWEN2, build_bench_qwen2
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from areal_nb.engine.kv_batch import PaddedKVBatch  # noqa: E402
+from areal_nb.engine.weights import load_engine_model  # noqa: E402
+from areal_nb.models.cache import cache_root  # noqa: E402
+from benchmarks.engine_throughput import BENCH_QWEN2, build_bench_qwen2  # noqa: E402
 
 
 def prefill_cpu(batch: PaddedKVBatch, prompts: list[list[int]], packed: bool) -> float:
