@@ -239,9 +239,8 @@ class PaddedKVBatch:
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         self.last_prefill_computed = sum(len(f) for f in fed)
         if len(distinct) != len(prompts):
-            index = torch.tensor(source, dtype=torch.long, device=self.device)
-            self._place(start, [k.index_select(0, index) for k in keys], [v.index_select(0, index) for v in values])
-            logits = logits.index_select(0, index)
+            self._place(start, keys, values, source)
+            logits = logits.index_select(0, torch.tensor(source, dtype=torch.long, device=self.device))
         self._add_rows(torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device))
         return logits
 
@@ -379,15 +378,31 @@ class PaddedKVBatch:
         self.length = length
         self.relayouts += 1
 
-    def _place(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Copy new rows' keys/values [k, kv_heads, w, D] into rows [start, start + k), right-aligned
-        at `self.length`, clearing what earlier rows left in those rows."""
-        rows, width = keys[0].shape[0], keys[0].shape[2]
+    def _place(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor],
+               source: list[int] | None = None) -> None:
+        """Copy new rows' keys/values into rows [start, start + k), right-aligned at `self.length`,
+        clearing what earlier rows left in those rows. `keys`/`values`: per layer [k, kv_heads, w, D],
+        or with `source` (row j of the new rows gets computed row source[j]) the computed rows only.
+
+        A run of rows with one source (a GRPO group's samples) is one broadcast copy: no gathered
+        temporary of every row, whose fresh memory cost as much as the copy itself.
+        """
+        rows, width = (keys[0].shape[0] if source is None else len(source)), keys[0].shape[2]
+        runs, first = [], 0  # (first row, last row + 1, source row), or one run of every row
+        for j in range(1, rows + 1):
+            if source is None:
+                runs = [(0, rows, None)]
+                break
+            if j == rows or source[j] != source[first]:
+                runs.append((first, j, source[first]))
+                first = j
         for layer, k, v in zip(self.cache.layers, keys, values, strict=True):
             for buffer, new in ((layer._k, k), (layer._v, v)):
                 target = buffer[start : start + rows]
-                target.zero_()
-                target[:, :, self.length - width : self.length] = new
+                target[:, :, : self.length - width].zero_()
+                target[:, :, self.length :].zero_()
+                for a, b, i in runs:
+                    target[a:b, :, self.length - width : self.length] = new if i is None else new[i : i + 1]
 
     def _add_rows(self, pads: torch.Tensor) -> None:
         self.pads = torch.cat([self.pads, pads])
