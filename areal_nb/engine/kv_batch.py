@@ -20,7 +20,11 @@ decode step writes one column instead of re-concatenating the whole cache (what 
 `DynamicLayer` does, and the main per-step cost besides the matmuls on a small model). The buffer
 stays contiguous, valid columns first, spare columns zero: a decoding step attends over the whole
 buffer (spare columns masked out), because torch's CPU `bmm` over a column slice of a wider buffer
-(batch stride != rows x cols) takes a slow path, 3-4x slower than over a contiguous tensor.
+(batch stride != rows x cols) is slower than over the whole buffer: per layer ~1.8x at 32 and 128
+rows, although it reads fewer bytes (measured with 2+ columns left out; a whole decoding step with
+sliced attention was 1.1-1.3x slower at 4-128 rows). So left padding and spare columns are read
+too: at 128 rows about 40 % of the attended columns (`benchmarks/decode_step.py`; see
+docs/design.md on what a layout bucketed by length would save).
 """
 
 from __future__ import annotations
