@@ -23,8 +23,8 @@ buffer (spare columns masked out), because torch's CPU `bmm` over a column slice
 (batch stride != rows x cols) is slower than over the whole buffer: per layer ~1.8x at 32 and 128
 rows, although it reads fewer bytes (measured with 2+ columns left out; a whole decoding step with
 sliced attention was 1.1-1.3x slower at 4-128 rows). So left padding and spare columns are read
-too: at 128 rows about 40 % of the attended columns (`benchmarks/decode_step.py`; see
-docs/design.md on what a layout bucketed by length would save).
+too: at 128 rows about 40 % of the attended columns (`benchmarks/decode_step.py`; docs/design.md
+says why a layout bucketed by length did not pay either).
 """
 
 from __future__ import annotations
