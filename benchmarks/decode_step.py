@@ -76,11 +76,8 @@ def _grouped_decode(fast, batches: list[PaddedKVBatch], tokens: torch.Tensor) ->
     n_q, n_kv, dim = fast.n_heads, fast.n_kv_heads, fast.head_dim
     masks, positions, bounds = [], [], [0]
     for batch in batches:
-        layers = batch.cache.layers
-        if batch.length >= layers[0].capacity:
-            for layer in layers:
-                layer.reserve(1)
-        mask, position = batch._step_inputs(layers[0].capacity)
+        batch._reserve_column()
+        mask, position = batch._step_inputs(batch.cache.layers[0].capacity)
         masks.append(mask)
         positions.append(position)
         bounds.append(bounds[-1] + batch.size)
