@@ -11,11 +11,14 @@ real rows).
 Storage: each layer keeps its keys/values in preallocated buffers [row capacity, kv_heads,
 column capacity, head_dim] (`_SlotLayer`). The running rows are the buffer's first `size` rows
 (a contiguous slice, which the decoding step's matmuls need: torch's CPU `bmm` over a column
-slice of a wider buffer takes a slow path, 3-4x slower), its valid columns the first `length`.
+slice of a wider buffer is ~1.8x slower per attention at 32-128 rows although it reads fewer
+bytes, `benchmarks/decode_step.py`), its valid columns the first `length`.
 A running row's other columns hold zeros (finite, so a masked-out score stays exactly -inf and its
 weight 0); rows beyond `size` hold anything (never read) until a joining row clears its row.
 - A decoding step writes one column (spare columns: no re-concatenation of the whole cache, what
-  the stock `DynamicLayer` does) and attends over the whole column capacity, spare columns masked.
+  the stock `DynamicLayer` does) and attends over the whole column capacity, spare columns masked
+  (and left padding: at 128 rows ~40 % of the columns read; docs/design.md says why neither a
+  trimmed view nor buffers bucketed by length paid for reading less).
 - Rows join (`prefill`) in the spare rows, right-aligned at `length`, when they fit there: the
   running rows are not touched. Only when they do not (more rows than the capacity, a prompt
   longer than `length`) are the running rows copied, once, into larger buffers (rows double).
