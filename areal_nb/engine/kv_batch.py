@@ -11,11 +11,14 @@ real rows).
 Storage: each layer keeps its keys/values in preallocated buffers [row capacity, kv_heads,
 column capacity, head_dim] (`_SlotLayer`). The running rows are the buffer's first `size` rows
 (a contiguous slice, which the decoding step's matmuls need: torch's CPU `bmm` over a column
-slice of a wider buffer takes a slow path, 3-4x slower), its valid columns the first `length`.
+slice of a wider buffer is ~1.8x slower per attention at 32-128 rows although it reads fewer
+bytes, `benchmarks/decode_step.py`), its valid columns the first `length`.
 A running row's other columns hold zeros (finite, so a masked-out score stays exactly -inf and its
 weight 0); rows beyond `size` hold anything (never read) until a joining row clears its row.
 - A decoding step writes one column (spare columns: no re-concatenation of the whole cache, what
-  the stock `DynamicLayer` does) and attends over the whole column capacity, spare columns masked.
+  the stock `DynamicLayer` does) and attends over the whole column capacity, spare columns masked
+  (and left padding: at 128 rows ~40 % of the columns read; docs/design.md says why neither a
+  trimmed view nor buffers bucketed by length paid for reading less).
 - Rows join (`prefill`) in the spare rows, right-aligned at `length`, when they fit there: the
   running rows are not touched. Only when they do not (more rows than the capacity, a prompt
   longer than `length`) are the running rows copied, once, into larger buffers (rows double).
@@ -206,9 +209,11 @@ class PaddedKVBatch:
         return self._prefill_stock(prompts, prefixes, cached, distinct, source)
 
     def _prefill_packed(self, prompts, prefixes, cached, distinct, source) -> torch.Tensor:
-        """The lean forward: one `packed_prefill` over every distinct prompt's uncached tokens,
-        writing their keys/values into the new rows' columns (a scratch buffer first when some
-        prompts repeat, copied to every row that repeats them)."""
+        """The lean forward: `packed_prefill` over every distinct prompt's uncached tokens, in
+        forwards of at most `prefill_tokens` tokens (measured on the 6.4 M benchmark model, 128
+        prompts: 0.78x the CPU of one forward over all 4,600 tokens, whose [T, intermediate]
+        activations no longer stay in cache), writing their keys/values into the new rows' columns
+        (a scratch buffer first when some prompts repeat, copied to every row that repeats them)."""
         width = max(len(p) for p in prompts)
         start = self._make_room(len(prompts), width, self.fast.n_kv_heads, self.fast.head_dim)
         layers = self.cache.layers
@@ -239,9 +244,8 @@ class PaddedKVBatch:
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         self.last_prefill_computed = sum(len(f) for f in fed)
         if len(distinct) != len(prompts):
-            index = torch.tensor(source, dtype=torch.long, device=self.device)
-            self._place(start, [k.index_select(0, index) for k in keys], [v.index_select(0, index) for v in values])
-            logits = logits.index_select(0, index)
+            self._place(start, keys, values, source)
+            logits = logits.index_select(0, torch.tensor(source, dtype=torch.long, device=self.device))
         self._add_rows(torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device))
         return logits
 
@@ -379,15 +383,31 @@ class PaddedKVBatch:
         self.length = length
         self.relayouts += 1
 
-    def _place(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Copy new rows' keys/values [k, kv_heads, w, D] into rows [start, start + k), right-aligned
-        at `self.length`, clearing what earlier rows left in those rows."""
-        rows, width = keys[0].shape[0], keys[0].shape[2]
+    def _place(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor],
+               source: list[int] | None = None) -> None:
+        """Copy new rows' keys/values into rows [start, start + k), right-aligned at `self.length`,
+        clearing what earlier rows left in those rows. `keys`/`values`: per layer [k, kv_heads, w, D],
+        or with `source` (row j of the new rows gets computed row source[j]) the computed rows only.
+
+        A run of rows with one source (a GRPO group's samples) is one broadcast copy: no gathered
+        temporary of every row, whose fresh memory cost as much as the copy itself.
+        """
+        rows, width = (keys[0].shape[0] if source is None else len(source)), keys[0].shape[2]
+        runs, first = [], 0  # (first row, last row + 1, source row), or one run of every row
+        for j in range(1, rows + 1):
+            if source is None:
+                runs = [(0, rows, None)]
+                break
+            if j == rows or source[j] != source[first]:
+                runs.append((first, j, source[first]))
+                first = j
         for layer, k, v in zip(self.cache.layers, keys, values, strict=True):
             for buffer, new in ((layer._k, k), (layer._v, v)):
                 target = buffer[start : start + rows]
-                target.zero_()
-                target[:, :, self.length - width : self.length] = new
+                target[:, :, : self.length - width].zero_()
+                target[:, :, self.length :].zero_()
+                for a, b, i in runs:
+                    target[a:b, :, self.length - width : self.length] = new if i is None else new[i : i + 1]
 
     def _add_rows(self, pads: torch.Tensor) -> None:
         self.pads = torch.cat([self.pads, pads])

@@ -2,9 +2,9 @@
 
 One worker thread owns the model. Each scheduler iteration it
 1. applies pending weight updates and aborts (also while paused),
-2. admits waiting requests (one left-padded prefill for all that arrived together),
+2. admits waiting requests (one prefill for all that arrived together, into free rows of the batch),
 3. runs one batched decode step over every active row, samples one token per row,
-4. retires finished rows, which leave the batch at once (their cache rows are dropped).
+4. retires finished rows, which leave the batch at once (the last rows move into their slots).
 Requests that arrive while others decode join the running batch at the next iteration; the KV
 cache of running rows is kept (see `kv_batch.PaddedKVBatch`).
 
