@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import functools
 import itertools
 import math
 import os
@@ -157,6 +159,8 @@ class SGLangEngine:
         self._user_aborted: set[str] = set()
         self._attempts: dict[str, tuple[_Server, str]] = {}  # caller rid → (server, server rid)
         self._closed = False
+        self._inbox: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future]] = []
+        self._inbox_lock = threading.Lock()
 
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="SGLangEngine-loop", daemon=True)
@@ -204,12 +208,41 @@ class SGLangEngine:
                 return await coro
         except RuntimeError:
             pass
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        fut = self._submit(coro)
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             fut.cancel()
             raise
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """`run_coroutine_threadsafe` for a burst: coroutines submitted before the engine loop
+        wakes up start in one wake-up (one self-pipe write and one GIL hand-over for the burst, not
+        one per request; the hand-overs are what spread a burst's sends over several milliseconds)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._inbox_lock:
+            self._inbox.append((coro, fut))
+            if len(self._inbox) > 1:
+                return fut  # a wake-up is already on its way
+        try:
+            self._loop.call_soon_threadsafe(self._start_submitted)
+        except RuntimeError:  # the loop is closed
+            with self._inbox_lock:
+                self._inbox.clear()
+            coro.close()
+            fut.set_exception(EngineServerError("SGLangEngine is closed"))
+        return fut
+
+    def _start_submitted(self) -> None:
+        with self._inbox_lock:
+            batch, self._inbox = self._inbox, []
+        for coro, fut in batch:
+            if fut.cancelled():  # the caller gave up before it started
+                coro.close()
+                continue
+            task = self._loop.create_task(coro)
+            task.add_done_callback(functools.partial(_copy_outcome, fut))
+            fut.add_done_callback(functools.partial(_cancel_task_from_any_thread, self._loop, task))
 
     # ------------------------------------------------------------------ InferenceEngine
 
@@ -546,6 +579,27 @@ class SGLangEngine:
                 task.cancel()
         await asyncio.sleep(0)
         await self._client.aclose()
+
+
+def _copy_outcome(fut: concurrent.futures.Future, task: asyncio.Task) -> None:
+    # `fut` stays pending while the task runs, so the caller can still cancel it (and with it the task)
+    if task.cancelled():
+        fut.cancel()
+    elif not fut.set_running_or_notify_cancel():  # cancelled by the caller meanwhile
+        return
+    elif task.exception() is not None:
+        fut.set_exception(task.exception())
+    else:
+        fut.set_result(task.result())
+
+
+def _cancel_task_from_any_thread(loop: asyncio.AbstractEventLoop, task: asyncio.Task,
+                                 fut: concurrent.futures.Future) -> None:
+    if fut.cancelled() and not task.done():
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 # ---------------------------------------------------------------------- wire helpers
