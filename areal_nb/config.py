@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
+from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 from areal_nb.train import GRPOConfig
 
 
@@ -67,12 +68,12 @@ class EngineConfig(_Section):
     # "local": the embedded engine; "sglang": the Session starts SGLang-API servers (engine.launch)
     # and stops them on close(); "remote": servers someone else started, at engine.addresses.
     type: Literal["local", "sglang", "remote"] = "local"  # made by areal_nb.engine.create_engine
-    max_batch_size: int = Field(64, ge=1)
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
     seed: int = 0
     # engine.type local: tokens of finished sequences' KV kept so that a prompt continuing one
     # (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
     # `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers.
-    prefix_cache_tokens: int = Field(32768, ge=0)
+    prefix_cache_tokens: int = Field(DEFAULT_PREFIX_CACHE_TOKENS, ge=0)
     addresses: list[str] = Field(default_factory=list)  # engine.type remote: http://host:port per server
     api_key: str | None = None  # sent to the servers as Authorization: Bearer
     # Where the trainer writes new weights for the servers to load (a directory both can read).
@@ -104,6 +105,9 @@ class AgentConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
     admin_api_key: str | None = None  # None: a random key per Session
+    # proxy.settings.DEFAULT_SESSION_TIMEOUT (tests/test_config.py checks they agree); not imported
+    # from there because importing the proxy loads FastAPI and the OpenAI SDK (~1.8 s) into every
+    # config read, e.g. an export's check that its config loads.
     session_timeout: float = Field(3600.0, gt=0)
     agent_timeout: float | None = Field(120.0, gt=0)
     subproc_max_workers: int = Field(2, ge=1)  # agent processes in mode "subproc"

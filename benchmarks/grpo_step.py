@@ -30,7 +30,14 @@ Per step (median over the steps after the first, which warms up):
   trie over all of them, as `benchmarks/train_tokens.py` counts); `row_tokens` is what training
   on every row unshared would compute (the rows' non-padding tokens).
 
-The last line is one JSON object with both setups and `multi_over_single` (target <= 1.5).
+With both "multi" and "single", the decomposition: multi / single per phase (wall and CPU), the
+work ratios (`unique_tokens`; `generated_tokens`, the loss-mask tokens; engine positions,
+`prefill_positions` + generated; engine calls), the step's ratio per unit of each, and what the
+target would need with this work: the cost per unique / generated token, and the rollout time
+left beside the measured train phase.
+
+The last line is one JSON object with both setups, `multi_over_single` (target <= 1.5) and
+`decomposition`.
 """
 
 from __future__ import annotations
@@ -162,6 +169,7 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
             t0 = time.perf_counter()
             batch = session.rollout()
             t1 = time.perf_counter()
+            cpu1 = time.process_time()
             rollout_s, rollout_n = timers.take()
             counters = {k: v - counters0[k] for k, v in engine_counters(session.engine).items()}
             stats = session.train_step(batch)
@@ -173,6 +181,7 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
             tensors = batch.to_tensors()
             row = {
                 "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
+                "rollout_cpu_s": cpu1 - cpu0, "train_cpu_s": cpu_s - (cpu1 - cpu0),
                 "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
                 "calls_per_episode": calls / episodes,
                 "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
@@ -188,6 +197,8 @@ def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[s
                 "trained_tokens": int(stats["train_positions"]),
                 "unique_tokens": count_unique_tokens(tensors["input_ids"], tensors["attention_mask"]),
                 "row_tokens": int(tensors["attention_mask"].sum()),
+                "generated_tokens": int((tensors["loss_mask"].bool() & tensors["attention_mask"].bool()).sum()),
+                "engine_calls": calls,
                 "reward_mean": stats.get("reward_mean"),
             }
             rows.append(row)
@@ -235,7 +246,59 @@ def main() -> None:
         result["multi_over_single_cpu"] = result["multi"]["cpu_s"] / result["single"]["cpu_s"]
         print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5); CPU time per "
               f"step {result['multi_over_single_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
+        result["decomposition"] = decomposition(result["multi"], result["single"])
     print(json.dumps(result))
+
+
+TARGET = 1.5
+# The work a step does, per setup (medians per step): what training computes (unique tokens of the
+# batch's trie), what the policy samples (generated tokens), what the engine computes (prefilled
+# positions + generated tokens) and the engine calls (sequential turns per episode).
+WORK = {"unique": "unique_tokens", "generated": "generated_tokens", "engine_positions": ("prefill_positions",
+        "generated_tokens"), "calls": "engine_calls"}
+
+
+def decomposition(multi: dict[str, float], single: dict[str, float]) -> dict[str, float]:
+    """multi / single per phase, per unit of work, and what the target would need; printed."""
+
+    def work(m: dict[str, float], key: str | tuple[str, ...]) -> float:
+        return sum(m[k] for k in ((key,) if isinstance(key, str) else key))
+
+    out = {f"{phase}_ratio": multi[f"{phase}_s"] / single[f"{phase}_s"] for phase in ("step", "rollout", "train")}
+    out |= {f"{phase}_cpu_ratio": multi[f"{phase}_cpu_s"] / single[f"{phase}_cpu_s"] for phase in ("rollout", "train")}
+    out |= {f"work_{name}_ratio": work(multi, key) / work(single, key) for name, key in WORK.items()}
+    # < 1: multi does a unit of that work cheaper than single does
+    out["step_per_unique_ratio"] = out["step_ratio"] / out["work_unique_ratio"]
+    out["step_per_generated_ratio"] = out["step_ratio"] / out["work_generated_ratio"]
+    out["train_per_unique_ratio"] = out["train_ratio"] / out["work_unique_ratio"]
+    out["rollout_per_engine_position_ratio"] = out["rollout_ratio"] / out["work_engine_positions_ratio"]
+    out["rollout_per_generated_ratio"] = out["rollout_ratio"] / out["work_generated_ratio"]
+    # the target with this work: the cost per unit it needs, and the rollout it leaves beside this train
+    budget = TARGET * single["step_s"]
+    out["needed_step_per_unique_ratio"] = TARGET / out["work_unique_ratio"]
+    out["needed_step_per_generated_ratio"] = TARGET / out["work_generated_ratio"]
+    out["rollout_budget_s"] = budget - multi["train_s"]
+    print(f"multi / single: step {out['step_ratio']:.2f}x = rollout {out['rollout_ratio']:.2f}x "
+          f"({multi['rollout_s']:.2f} vs {single['rollout_s']:.2f} s; CPU {out['rollout_cpu_ratio']:.2f}x) and train "
+          f"{out['train_ratio']:.2f}x ({multi['train_s']:.2f} vs {single['train_s']:.2f} s; CPU "
+          f"{out['train_cpu_ratio']:.2f}x)")
+    print(f"work multi / single: unique (trained) tokens {out['work_unique_ratio']:.2f}x "
+          f"({multi['unique_tokens']:.0f} vs {single['unique_tokens']:.0f}), generated tokens "
+          f"{out['work_generated_ratio']:.2f}x ({multi['generated_tokens']:.0f} vs {single['generated_tokens']:.0f}), "
+          f"engine positions (prefilled + generated) {out['work_engine_positions_ratio']:.2f}x, engine calls "
+          f"{out['work_calls_ratio']:.2f}x ({multi['calls_per_episode']:.2f} sequential per episode)")
+    print(f"per unit of work, multi / single: step per unique token {out['step_per_unique_ratio']:.2f}x, per "
+          f"generated token {out['step_per_generated_ratio']:.2f}x; train per unique token "
+          f"{out['train_per_unique_ratio']:.2f}x; rollout per engine position "
+          f"{out['rollout_per_engine_position_ratio']:.2f}x, per generated token {out['rollout_per_generated_ratio']:.2f}x")
+    print(f"target <= {TARGET}x with this work: the multi step may cost {out['needed_step_per_unique_ratio']:.2f}x "
+          f"single's per unique token (now {out['step_per_unique_ratio']:.2f}x) and "
+          f"{out['needed_step_per_generated_ratio']:.2f}x per generated token (now "
+          f"{out['step_per_generated_ratio']:.2f}x); beside this train ({multi['train_s']:.2f} s) it leaves the "
+          f"rollout {out['rollout_budget_s']:.2f} s = {out['rollout_budget_s'] / single['rollout_s']:.2f}x single's "
+          f"rollout, for {out['work_engine_positions_ratio']:.2f}x its engine positions in "
+          f"{multi['calls_per_episode']:.2f} sequential calls per episode")
+    return out
 
 
 if __name__ == "__main__":

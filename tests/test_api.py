@@ -81,3 +81,28 @@ def test_export_style_check_is_the_one_concat_rule():
     with pytest.raises(ValueError, match=r"'concat' style .* 1 of 2 are not \(first: 'b'\)"):
         check_export_style("concat", {"a": "concat", "b": "hf"})
     assert can_export_concat(["concat", "concat"]) and not can_export_concat(["concat", "hf"])
+
+
+def test_import_object_reads_both_spellings_and_walks_attributes_after_the_colon():
+    import json.decoder
+
+    from areal_nb.api import import_object
+
+    assert import_object("json.decoder.JSONDecoder") is json.decoder.JSONDecoder
+    assert import_object("json.decoder:JSONDecoder") is json.decoder.JSONDecoder
+    assert import_object("json.decoder:JSONDecoder.decode") is json.decoder.JSONDecoder.decode
+
+
+@pytest.mark.parametrize("path, error, message", [
+    ("justaname", ValueError, "'justaname' is not an import path"),
+    (":name", ValueError, "is not an import path"),
+    ("json.decoder:", ValueError, "is not an import path"),
+    ("no_such_pkg.thing", ImportError, "cannot import module 'no_such_pkg'"),
+    ("json.decoder.Nope", ImportError, "module 'json.decoder' has no attribute 'Nope'"),
+    ("json.decoder:JSONDecoder.nope", ImportError, "module 'json.decoder' has no attribute 'JSONDecoder.nope'"),
+])
+def test_import_object_says_what_is_missing(path, error, message):
+    from areal_nb.api import import_object
+
+    with pytest.raises(error, match=message):
+        import_object(path)

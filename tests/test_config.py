@@ -106,3 +106,28 @@ def test_values_are_checked_on_assignment_too():
     cfg.rollout.batch_size = 4
     with pytest.raises(ValidationError, match="batch_size"):
         cfg.rollout.batch_size = "four"
+
+
+def test_engine_defaults_are_the_same_through_config_command_line_and_constructor():
+    # One source (areal_nb/engine/defaults.py, admission.py): a literal reintroduced in any door fails here.
+    import inspect
+
+    from areal_nb.cli.engine_server import build_parser
+    from areal_nb.config import EngineConfig
+    from areal_nb.engine.local import LocalEngine
+    from areal_nb.engine.server_app import EngineServerSettings
+
+    args = build_parser().parse_args([])
+    constructor = inspect.signature(LocalEngine.__init__).parameters
+    config = EngineConfig()
+    for name in ("max_batch_size", "prefix_cache_tokens"):
+        assert getattr(args, name) == getattr(config, name) == constructor[name].default, name
+    assert args.admission_max_wait == EngineServerSettings().admission_max_wait
+
+
+def test_the_proxy_session_timeout_is_the_same_through_config_command_line_and_settings():
+    from areal_nb.cli.proxy import build_parser
+    from areal_nb.config import AgentConfig
+    from areal_nb.proxy.settings import ProxySettings
+
+    assert build_parser().parse_args([]).session_timeout == AgentConfig().session_timeout == ProxySettings().session_timeout

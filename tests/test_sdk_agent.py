@@ -14,6 +14,7 @@ from areal_nb.agents.math_agent import MultiTurnMathAgent
 from areal_nb.agents.sdk_agent import SDKAgent
 from areal_nb.data import CORRECTION_PROMPT
 from areal_nb.proxy import OpenAIProxyWorkflow, ProxySettings, create_app
+from areal_nb.reward import AsyncRewardWrapper, math_reward
 from areal_nb.testing import ScriptedEngine
 
 ADMIN_KEY = "sdk-agent-test-admin-key"
@@ -66,6 +67,26 @@ def test_the_math_agent_corrects_once_with_the_seed_prompt(tiny_tokenizer):
         agent.close()  # its reward worker processes
     assert [t.reward for t in turns] == [0.0, 1.0]
     assert turns[1].messages[-1] == {"role": "user", "content": CORRECTION_PROMPT}
+
+
+def test_the_math_agent_sends_a_repeated_reply_to_its_reward_worker_once(tiny_tokenizer):
+    class CountingRewards(AsyncRewardWrapper):
+        calls = 0
+
+        async def __call__(self, *args: Any, **kwargs: Any) -> float:
+            CountingRewards.calls += 1
+            return await super().__call__(*args, **kwargs)
+
+    agent = MultiTurnMathAgent()
+    try:
+        agent._reward = CountingRewards(math_reward)
+        first, _ = run_episode(tiny_tokenizer, agent, ["The answer is 5.", "The answer is 5."])
+        agent._reward = CountingRewards(math_reward)  # (closing the workflow closed the last one)
+        second, _ = run_episode(tiny_tokenizer, agent, ["The answer is 5.", "The answer is 4."])
+    finally:
+        agent.close()
+    assert [t.reward for t in first] == [0.0, 0.0] and [t.reward for t in second] == [0.0, 1.0]
+    assert CountingRewards.calls == 2  # "5" once in all, "4" once
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.25, "max_completion_tokens": 3}])

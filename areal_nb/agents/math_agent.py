@@ -17,6 +17,9 @@ from areal_nb.reward import AsyncRewardWrapper, math_reward
 from .sdk_agent import SDKAgent, openai_client
 
 
+SCORE_MEMO_SIZE = 65536  # (reply, gold) pairs whose reward an agent keeps
+
+
 class MultiTurnMathAgent(SDKAgent):
     def __init__(
         self,
@@ -29,6 +32,8 @@ class MultiTurnMathAgent(SDKAgent):
         super().__init__(max_turns, model, temperature, max_completion_tokens)
         self.reward_timeout = reward_timeout
         self._reward: AsyncRewardWrapper | None = None
+        # (reply, gold) -> reward, in insertion order (the oldest goes first when full)
+        self._scores: dict[tuple[str, str], float] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # The reward wrapper owns worker processes; a pickled copy (subproc mode) makes its own.
@@ -52,7 +57,18 @@ class MultiTurnMathAgent(SDKAgent):
         """Per-turn rewards by completion id: 1.0 for the correct answer, 0.0 for a wrong one."""
 
         async def score(reply: str) -> float:
-            return await self._reward_fn()(reply, data["answer"])
+            # `math_reward` is a pure function of the two strings, and a group's samples (and the
+            # steps of a run) repeat their replies: ~200 calls a demo step hold ~65 distinct pairs,
+            # ~50 not seen in earlier steps. Each call to the worker process is a round trip that
+            # the reply's next turn waits for, queued behind the others (one worker on 2 cores),
+            # so a pair is sent there once. Failures are not kept: the next call tries again.
+            key = (reply, str(data["answer"]))
+            if key not in self._scores:
+                reward = await self._reward_fn()(reply, data["answer"])
+                if len(self._scores) >= SCORE_MEMO_SIZE:
+                    del self._scores[next(iter(self._scores))]
+                self._scores[key] = reward
+            return self._scores[key]
 
         return await self.answer_until_rewarded(openai_client(**extra_kwargs), list(data["messages"]), score,
                                                 CORRECTION_PROMPT)

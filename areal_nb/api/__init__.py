@@ -2,6 +2,7 @@
 
 from .by_value import NotSerializableError
 from .engine_api import InferenceEngine
+from .import_path import import_object
 from .io_struct import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -54,4 +55,5 @@ __all__ = [
     "RolloutWorkflow",
     "can_export_concat",
     "check_export_style",
+    "import_object",
 ]

@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
+from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 
 # The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
@@ -43,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
     parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prefix-cache-tokens", type=int, default=32768,
+    parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
                         help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads (default: torch's, one per core); give each of "
@@ -54,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
                              "Python's own is 0.005): how long the engine thread or the HTTP thread may "
                              "wait for the other to hand over the GIL")
-    parser.add_argument("--admission-gap", type=float, default=0.008,
+    parser.add_argument("--admission-gap", type=float, default=DEFAULT_ADMISSION_GAP,
                         help="seconds a burst of requests reaching an idle engine may pause before it "
                              "starts as one batch (default: %(default)s; 0: each request starts at once)")
-    parser.add_argument("--admission-max-wait", type=float, default=0.03,
+    parser.add_argument("--admission-max-wait", type=float, default=DEFAULT_ADMISSION_MAX_WAIT,
                         help="the longest a request waits for its burst to end, in seconds")
     return parser
 

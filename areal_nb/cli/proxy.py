@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES
-from areal_nb.proxy.settings import DEFAULT_ADMIN_API_KEY, ProxySettings, validate_admin_key
+from areal_nb.proxy.settings import DEFAULT_ADMIN_API_KEY, DEFAULT_SESSION_TIMEOUT, ProxySettings, validate_admin_key
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts")
     parser.add_argument("--chat-template-type", choices=CHAT_TEMPLATE_TYPES, default="hf")
-    parser.add_argument("--session-timeout", type=float, default=3600.0, help="seconds without calls before a session is dropped")
+    parser.add_argument("--session-timeout", type=float, default=DEFAULT_SESSION_TIMEOUT, help="seconds without calls before a session is dropped")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--engine-max-tokens", type=int, default=None, help="cap on prompt + output tokens")
     return parser

@@ -23,6 +23,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+# `areal-nb engine-server --admission-gap / --admission-max-wait` (see the module docstring for 8 ms)
+DEFAULT_ADMISSION_GAP = 0.008
+DEFAULT_ADMISSION_MAX_WAIT = 0.03
+
 
 class AdmissionWindow:
     """See the module docstring. Used on one event loop; `engine_busy()` says whether our requests

@@ -57,7 +57,8 @@ def create_engine(
     if spec.type == "local":
         import torch
 
-        from .local import DEFAULT_PREFIX_CACHE_TOKENS, LocalEngine
+        from .defaults import DEFAULT_PREFIX_CACHE_TOKENS
+        from .local import LocalEngine
 
         return LocalEngine(model if model is not None else model_path, tokenizer, device=device,
                            dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed,

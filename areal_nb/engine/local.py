@@ -47,6 +47,7 @@ from transformers import PreTrainedModel
 
 from areal_nb.api import ModelRequest, ModelResponse
 
+from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
 from .kv_batch import PaddedKVBatch
 from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
@@ -85,12 +86,6 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-# A multi-turn batch of the demo (128 conversations of ~100 tokens) fits several times over; a
-# token of KV costs layers x 2 x kv_heads x head_dim x dtype bytes (tiny-math: 4 KiB in fp32,
-# Qwen2.5-1.5B: 28 KiB in bf16, so 0.9 GiB at this default).
-DEFAULT_PREFIX_CACHE_TOKENS = 32768
 
 
 class EngineClosedError(RuntimeError):
@@ -169,7 +164,7 @@ class LocalEngine:
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         seed: int = 0,
         fast_forward: bool = True,
         single_thread_rows: int = SINGLE_THREAD_ROWS,

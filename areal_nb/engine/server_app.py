@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 
-from .admission import AdmissionWindow
+from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .native_api import (
     AbortRequest,
     GenerateRequest,
@@ -65,9 +65,11 @@ class EngineServerSettings:
     served_model_name: str = ""
     api_key: str | None = None
     weights_dir: str | None = None  # the only tree /update_weights_from_disk may read
-    # a burst reaching an idle engine starts as one batch (admission.py); 0 sends each at once
+    # a burst reaching an idle engine starts as one batch (admission.py); 0 sends each at once.
+    # An app made in code (tests, benchmarks) starts each request at once; `areal-nb engine-server`
+    # passes DEFAULT_ADMISSION_GAP.
     admission_gap: float = 0.0
-    admission_max_wait: float = 0.02
+    admission_max_wait: float = DEFAULT_ADMISSION_MAX_WAIT
 
 
 class BadRequest(ValueError):

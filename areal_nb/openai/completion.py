@@ -58,7 +58,11 @@ __all__ = [
 
 MODEL_NAME = "areal-nb"
 # Conversations up to this many characters are rendered on the event loop, longer ones in a thread.
-INLINE_RENDER_CHARS = 16 * 1024
+# Rendering + tokenizing costs ~0.5 us/char of prose and ~1.2 us/char of digits (tiny-math), so at
+# 2 KiB the loop is held ~2.5 ms at most; at 16 KiB it was held up to 21 ms, and a hostile 6 KB
+# over-context prompt held it 7 ms a time (tests/proxy/test_chaos.py's /health p99). A thread
+# hop costs the loop ~0.03 ms, small next to rendering 2 KiB; tiny-math prompts stay inline.
+INLINE_RENDER_CHARS = 2 * 1024
 
 
 @dataclass
@@ -165,7 +169,10 @@ def sampling_config(
     budget: TokenBudget,
     presence_penalty: float | None = None,
 ) -> GenerationConfig:
-    """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`."""
+    """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`.
+
+    `tokenizer=None` checks the values only (no stop token ids): what the door check before
+    rendering needs, without reading the tokenizer's special tokens twice per call."""
     if presence_penalty:
         raise CompletionRequestError(f"presence_penalty is not supported (got {presence_penalty}); send 0 or omit it")
     temp = 1.0 if temperature is None else temperature
@@ -190,12 +197,23 @@ def sampling_config(
         top_p=float(top),
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
+        stop_token_ids=[] if tokenizer is None else pad_and_eos_ids(tokenizer),
     )
     try:
         gconfig.check()
     except InvalidRequestError as exc:
         raise CompletionRequestError(str(exc)) from None
-    return gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+    return gconfig
+
+
+def pad_and_eos_ids(tokenizer: Any) -> list[int]:
+    """The tokenizer's pad and EOS ids, each once (`GenerationConfig.new_with_stop_and_pad_token_ids`
+    of a config without stop ids, minus the copy)."""
+    ids: list[int] = []
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    return ids
 
 
 def build_prompt_ids(
@@ -269,7 +287,7 @@ async def generate_for_messages(
     chat_template_kwargs = check_chat_template_kwargs(chat_template_kwargs, tokenizer)
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
-    sampling_config(tokenizer=tokenizer, budget=TokenBudget(1, 2), **sampling_kwargs)  # bad values fail before rendering
+    sampling_config(tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs)  # bad values fail before rendering
     parent = cache.find_parent(messages) if cache is not None else None
 
     def render() -> list[int]:

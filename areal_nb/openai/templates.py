@@ -14,6 +14,7 @@ from typing import Any
 
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
+from .prompt_memo import prompt_memo
 
 
 class ConcatAlignmentError(RuntimeError):
@@ -28,15 +29,29 @@ def render_prompt_ids(
 ) -> list[int]:
     """The tokenizer's chat template over `messages`, with the generation prompt, as ids.
 
-    A conversation the template rejects (`raise_exception` in the template) is the caller's
-    input error: `CompletionRequestError`.
+    A conversation rendered recently comes from the tokenizer's `PromptMemo` (a GRPO group
+    sends its prompt once per sample). A conversation the template rejects
+    (`raise_exception` in the template) is the caller's input error: `CompletionRequestError`.
     """
+    tools = tools or None
+    memo = prompt_memo(tokenizer)
+
+    def render() -> list[int]:
+        return _render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs)
+
+    if memo is None:
+        return render()
+    return memo.ids(getattr(tokenizer, "chat_template", None), (messages, tools, chat_template_kwargs), render)
+
+
+def _render_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       chat_template_kwargs: dict[str, Any] | None) -> list[int]:
     from jinja2 import TemplateError
 
     try:
         ids = tokenizer.apply_chat_template(
             messages,
-            tools=tools or None,
+            tools=tools,
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,

@@ -9,6 +9,7 @@ from typing import Any
 
 DEFAULT_ADMIN_API_KEY = "areal-admin-key"
 ALLOW_DEFAULT_KEY_ENV = "AREAL_ALLOW_DEFAULT_ADMIN_KEY"
+DEFAULT_SESSION_TIMEOUT = 3600.0  # seconds without a call before a session is swept
 
 
 @dataclass
@@ -19,7 +20,7 @@ class ProxySettings:
     """
 
     admin_api_key: str = DEFAULT_ADMIN_API_KEY
-    session_timeout: float = 3600.0  # seconds without a call before a session is swept
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
     sweep_interval: float = 60.0  # stale sessions are looked for at most this often
     export_wait_timeout: float = 300.0  # export waits this long for end_session → 504
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies → 413

@@ -10,12 +10,13 @@ CPU-heavy or untrusted one belongs in `AsyncRewardWrapper` (separate processes, 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from areal_nb.api import import_object
 
 RewardFn = Callable[[Mapping[str, Any], Any], "float | Awaitable[float]"]
 
@@ -30,17 +31,12 @@ def resolve_reward(fn: RewardFn | str) -> RewardFn:
         return fn
     if not isinstance(fn, str) or not fn.strip():
         raise TypeError(f"a reward must be a callable or an import path string, got {type(fn).__name__}")
-    module_name, sep, attr = fn.partition(":") if ":" in fn else fn.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'")
     try:
-        module = importlib.import_module(module_name)
+        target = import_object(fn)
+    except ValueError:
+        raise ValueError(f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'") from None
     except ImportError as e:
-        raise ImportError(f"reward {fn!r}: cannot import module {module_name!r} ({e})") from e
-    try:
-        target = getattr(module, attr)
-    except AttributeError:
-        raise ImportError(f"reward {fn!r}: module {module_name!r} has no attribute {attr!r}") from None
+        raise ImportError(f"reward {fn!r}: {e}") from e
     if not callable(target):
         raise TypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
     return target

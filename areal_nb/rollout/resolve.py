@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Any
 
-from areal_nb.api import RolloutWorkflow
+from areal_nb.api import RolloutWorkflow, import_object
 
 from .grouped import GroupedRolloutWorkflow
 
@@ -26,22 +25,12 @@ logger = logging.getLogger(__name__)
 
 def import_from_string(path: str) -> Any:
     """`"pkg.mod.Name"` or `"pkg.mod:Name"` → the object; ValueError saying what failed."""
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"workflow string {path!r} is not of the form 'package.module.Name'")
     try:
-        module = importlib.import_module(module_name)
+        return import_object(path)
+    except ValueError:
+        raise ValueError(f"workflow string {path!r} is not of the form 'package.module.Name'") from None
     except ImportError as exc:
         raise ValueError(f"Failed to import workflow from string {path!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise ValueError(f"Failed to import workflow from string {path!r}: {module_name} has no {attr!r}") from exc
-    return obj
 
 
 def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, **proxy_workflow_kwargs: Any):

@@ -284,7 +284,8 @@ class Actor:
             flat = self.cfg.tree_attention and supports_tree_attention(model)
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
             logprobs, entropy = packed_token_logprobs_and_entropy(
-                model, packed, self.cfg.temperature, positions=needed)
+                model, packed, self.cfg.temperature, positions=needed,
+                last_layer_at_heads=self.cfg.last_layer_at_heads)
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
         logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)

@@ -15,7 +15,7 @@ statistics are still exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -134,6 +134,19 @@ def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return mean, var.sqrt() if count > 1 else torch.ones_like(mean)
 
 
+def shape_and_normalize(values: Tensor, pools: Callable[[], Any], cfg: Any) -> Tensor:
+    """`RewardShaping` of `values`, then `cfg.reward_norm`: "group" over the pools `pools()` gives
+    (asked only then), "batch" over all of them, None: as shaped. One rule for both credits."""
+    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(values)
+    if cfg.reward_norm == "group":
+        return group_normalize(score, pools(), "group", "group", eps=cfg.norm_eps)
+    if cfg.reward_norm == "batch":
+        return group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
+    if cfg.reward_norm is not None:
+        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
+    return score
+
+
 def compute_advantages(
     batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None,
     credit: str | None = None,
@@ -182,14 +195,7 @@ def compute_advantages(
             )
         token_score, score = turn_scores(batch["turn_returns"], batch["turn_ids"], mask, group_ids, cfg)
     else:
-        score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(rewards)
-        if cfg.reward_norm == "group":
-            score = group_normalize(score, group_ids, "group", "group", eps=cfg.norm_eps)
-        elif cfg.reward_norm == "batch":
-            score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
-        elif cfg.reward_norm is not None:
-            raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
-        score = score.to(mask.device)
+        score = shape_and_normalize(rewards, lambda: group_ids, cfg).to(mask.device)
 
     kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
     if cfg.kl_ctl > 0:
@@ -272,18 +278,14 @@ def turn_scores(
     pair_row, pair_turn = pair // n_turns, pair % n_turns
 
     returns = (sums[present] / counts[present]).float()  # one per (row, turn): all its tokens hold the same
-    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(returns)
-    if cfg.reward_norm == "group":
+
+    def pools() -> Tensor:
         if group_ids is None:
             raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
         gid = group_index(group_ids, n_rows).to(mask.device)[pair_row]
-        pools = gid * n_turns + pair_turn if getattr(cfg, "credit_norm", "turn") == "turn" else gid
-        score = group_normalize(score, pools, "group", "group", eps=cfg.norm_eps)
-    elif cfg.reward_norm == "batch":
-        score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
-    elif cfg.reward_norm is not None:
-        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
-    score = score.to(mask.device)
+        return gid * n_turns + pair_turn if getattr(cfg, "credit_norm", "turn") == "turn" else gid
+
+    score = shape_and_normalize(returns, pools, cfg).to(mask.device)
     per_slot = torch.zeros(n_rows * n_turns, dtype=torch.float32, device=mask.device)
     per_slot[present] = score
     return per_slot[slot] * mask, score

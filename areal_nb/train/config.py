@@ -66,6 +66,11 @@ class GRPOConfig:
     # and the LM head only where the loss reads log-probs; False runs one sequence per group with
     # a dense tree mask (attention over every pair of a group's nodes).
     tree_attention: bool = True
+    # In that flat layout, run the last decoder layer's queries, attention output and MLP only at
+    # the nodes whose logits the loss reads (`head_forward.py`; Qwen2/Llama layouts, not under
+    # FSDP): every other node needs only its keys and values there. Same values; False runs the
+    # whole last layer (the A/B baseline of benchmarks/train_tokens.py).
+    last_layer_at_heads: bool = True
     # Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
     # every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     # models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process.

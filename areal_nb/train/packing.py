@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .head_forward import head_logits, supports_head_forward
 from .tree_attention import TreePlan, plan_tree_attention, supports_tree_attention, tree_attention
 
 # Padding a batched forward may add to its real nodes (see `forward_groups`).
@@ -227,16 +228,17 @@ def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[lis
 
 def packed_token_logprobs_and_entropy(
     model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0, with_entropy: bool = True,
-    positions: Tensor | None = None,
+    positions: Tensor | None = None, last_layer_at_heads: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) `[B, L]` of the packed rows, in `logprobs.logits_to_token_logprobs`'s
     layout: position t holds log p(token_t | tokens_<t) under softmax(logits / temperature), position 0
     and padding hold 0. With `positions` (bool `[B, L]`, e.g. the loss mask) only those positions
-    are computed; the others hold 0 (the flat layout then runs the LM head on fewer nodes)."""
+    are computed; the others hold 0 (the flat layout then runs the LM head on fewer nodes, and with
+    `last_layer_at_heads` the last decoder layer's queries and MLP too: `head_forward.py`)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if packed.plan is not None:
-        return _flat_logprobs(model, packed, temperature, with_entropy, positions)
+        return _flat_logprobs(model, packed, temperature, with_entropy, positions, last_layer_at_heads)
     logprobs, entropy = _dense_logprobs(model, packed, temperature, with_entropy)
     if positions is not None:
         logprobs = torch.where(positions, logprobs, 0.0)
@@ -246,6 +248,7 @@ def packed_token_logprobs_and_entropy(
 
 def _flat_logprobs(
     model: torch.nn.Module, packed: PackedRows, temperature: float, with_entropy: bool, positions: Tensor | None,
+    last_layer_at_heads: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The flat layout: one `[1, T]` forward with tree attention, logits only where they are read."""
     assert packed.flat_nodes is not None and packed.plan is not None
@@ -263,14 +266,20 @@ def _flat_logprobs(
     children = torch.unique(wanted)
     children = children[parent_of[children] >= 0]
     heads, head_of_child = torch.unique(compact[parent_of[children]], return_inverse=True)
+    position_ids = packed.position_ids.reshape(-1)[flat]
     with tree_attention(model):
-        logits = model(
-            input_ids=tokens[None],
-            position_ids=packed.position_ids.reshape(-1)[flat][None],
-            attention_mask={"full_attention": packed.plan},  # a prepared mask mapping is used as is
-            use_cache=False,
-            logits_to_keep=heads,  # a 1D index: the LM head runs at these positions only
-        ).logits[0]  # [heads, V]
+        if last_layer_at_heads and len(heads) and supports_head_forward(model):  # the last layer at the heads only
+            head_plan = plan_tree_attention(_head_runs(compact, packed.node_of, heads), len(flat),
+                                            queries=heads.tolist())
+            logits = head_logits(model, tokens, position_ids, packed.plan, heads, head_plan.to(device))
+        else:
+            logits = model(
+                input_ids=tokens[None],
+                position_ids=position_ids[None],
+                attention_mask={"full_attention": packed.plan},  # a prepared mask mapping is used as is
+                use_cache=False,
+                logits_to_keep=heads,  # a 1D index: the LM head runs at these positions only
+            ).logits[0]  # [heads, V]
     log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [heads, V]
     child_tokens = packed.input_ids.reshape(-1)[children]
     per_node = log_probs.new_zeros(n_packs * n).index_put((children,), log_probs[head_of_child, child_tokens])
@@ -286,6 +295,35 @@ def _flat_logprobs(
         logprobs = torch.where(positions, logprobs, 0.0)
         entropy = None if entropy is None else torch.where(positions, entropy, 0.0)
     return logprobs, entropy
+
+
+def _head_runs(compact: Tensor, node_of: Tensor, heads: Tensor) -> list[tuple[list[int], int, int]]:
+    """`heads` (flat indices) as query runs (row path in flat indices, start, end) for
+    `plan_tree_attention(queries=heads)`: a row's heads lie in runs along its path (the parents of
+    a turn's generated tokens), and each head goes to the first row that has it."""
+    n_rows = node_of.shape[0]
+    rows_flat = torch.where(node_of >= 0, compact[node_of.clamp(min=0)], -1)  # [B, L]
+    valid = rows_flat >= 0
+    is_head = torch.zeros(len(compact), dtype=torch.bool, device=compact.device)
+    is_head[heads] = True
+    row_index = torch.arange(n_rows, device=compact.device)[:, None].expand_as(rows_flat)
+    first_row = torch.full((len(compact),), n_rows, dtype=torch.long, device=compact.device)
+    first_row.scatter_reduce_(0, rows_flat[valid], row_index[valid], "amin")
+    takes = valid & is_head[rows_flat.clamp(min=0)] & (first_row[rows_flat.clamp(min=0)] == row_index)
+    runs = []
+    for row in torch.nonzero(takes.any(1)).flatten().tolist():
+        path = rows_flat[row][valid[row]].tolist()
+        take = takes[row, : len(path)].tolist()
+        t = 0
+        while t < len(path):
+            if take[t]:
+                start = t
+                while t < len(path) and take[t]:
+                    t += 1
+                runs.append((path, start, t))
+            else:
+                t += 1
+    return runs
 
 
 def _dense_logprobs(

@@ -51,9 +51,9 @@ class TreePlan:
     and where each node's output lies among the query slots."""
 
     buckets: list[Bucket]
-    query_nodes: Tensor  # [Σ n*q_len] node of each query slot (padding slots repeat a real node)
+    query_nodes: Tensor  # [Σ n*q_len] node (query) of each query slot (padding slots repeat a real one)
     key_nodes: Tensor  # [Σ n*k_len] node of each key slot (padding slots: node 0, masked)
-    output_slot: Tensor  # [T] query slot of each node
+    output_slot: Tensor  # [T] query slot of each node (of each query, planned with `queries`)
     pairs: int  # (query, key) pairs computed, padding included (the dense mask: T² per sequence)
 
     def to(self, device: torch.device) -> TreePlan:
@@ -62,15 +62,23 @@ class TreePlan:
                         self.output_slot.to(device), self.pairs)
 
 
-def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int]], n_nodes: int, chunk: int = CHUNK,
-                        slack: float = SLACK) -> TreePlan:
+def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int] | tuple[Sequence[int], int, int]],
+                        n_nodes: int, chunk: int = CHUNK, slack: float = SLACK,
+                        queries: Sequence[int] | None = None) -> TreePlan:
     """The plan for `n_nodes` nodes from their segments: (path, start), where `path` lists the node
     indices of a row root first (node path[t] has depth t) and the segment is path[start:]. Every
-    node must be in exactly one segment."""
+    node must be in exactly one segment.
+
+    With `queries` only those nodes' outputs are computed (`head_forward.py`'s last layer): the
+    segments are then (path, start, end), the queries path[start:end], each query in exactly one
+    segment; the plan's query tensor holds the queries in `queries` order (its `query_nodes` and
+    `output_slot` index that order), its keys and values stay those of all `n_nodes` nodes."""
     chunks: list[tuple[Sequence[int], int, int]] = []  # (path, first query depth, end depth)
-    for path, start in segments:
-        for lo in range(start, len(path), chunk):
-            chunks.append((path, lo, min(lo + chunk, len(path))))
+    for segment in segments:
+        path, start = segment[0], segment[1]
+        stop = segment[2] if len(segment) > 2 else len(path)
+        for lo in range(start, stop, chunk):
+            chunks.append((path, lo, min(lo + chunk, stop)))
     # longest keys first (a group's first chunk sets its key length); a chunk joins the first group
     # whose padded work stays within `slack` of its real work (or is small anyway)
     chunks.sort(key=lambda c: -c[2])
@@ -102,7 +110,7 @@ def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int]], n_nodes: 
             keys += path[:end]
             keys += [0] * (k_len - end)  # padding keys: depth >= end, which no query of the chunk sees
             query_nodes += path[lo:end]
-            query_nodes += [path[0]] * (q_len - end + lo)  # padding queries (their output is dropped)
+            query_nodes += [path[lo]] * (q_len - end + lo)  # padding queries (their output is dropped)
             query_slots.append(range(slots + i * q_len, slots + i * q_len + end - lo))
         key_nodes.append(torch.tensor(keys, dtype=torch.long))
         lo = torch.tensor([c[1] for c in group])
@@ -118,9 +126,18 @@ def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int]], n_nodes: 
     real_slots = torch.tensor([slot for chunk in query_slots for slot in chunk], dtype=torch.long)
     slot_of = torch.full((n_nodes,), -1, dtype=torch.long)
     slot_of[nodes[real_slots]] = real_slots
-    if bool((slot_of < 0).any()):
-        raise ValueError("plan_tree_attention: some nodes are in no segment")
-    return TreePlan(buckets, nodes, torch.cat(key_nodes), slot_of, pairs)
+    keys = torch.cat(key_nodes) if key_nodes else torch.zeros(0, dtype=torch.long)
+    if queries is None:
+        if bool((slot_of < 0).any()):
+            raise ValueError("plan_tree_attention: some nodes are in no segment")
+        return TreePlan(buckets, nodes, keys, slot_of, pairs)
+    wanted = torch.as_tensor(queries, dtype=torch.long)
+    index_of = torch.full((n_nodes,), -1, dtype=torch.long)
+    index_of[wanted] = torch.arange(len(wanted))
+    output_slot, query_index = slot_of[wanted], index_of[nodes]
+    if bool((output_slot < 0).any()) or bool((query_index < 0).any()):
+        raise ValueError("plan_tree_attention: the segments' queries are not exactly `queries`")
+    return TreePlan(buckets, query_index, keys, output_slot, pairs)
 
 
 def tree_attention_forward(
@@ -128,7 +145,8 @@ def tree_attention_forward(
     scaling: float | None = None, dropout: float = 0.0, **kwargs: object,
 ) -> tuple[Tensor, None]:
     """`AttentionInterface` function: query `[1, H, T, D]`, key/value `[1, Hkv, T, D]` of the flat
-    trie, `attention_mask` its `TreePlan`; returns `[1, T, H, D]` like the sdpa function."""
+    trie, `attention_mask` its `TreePlan`; returns `[1, T, H, D]` like the sdpa function. (A plan
+    made with `queries`: query `[1, H, Q, D]` of those nodes, output `[1, Q, H, D]`.)"""
     if not isinstance(attention_mask, TreePlan):
         raise TypeError(f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}")
     if kwargs.get("sliding_window") is not None:

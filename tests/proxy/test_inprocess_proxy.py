@@ -248,3 +248,35 @@ def builder_config_path():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
+
+
+def test_in_process_client_keeps_cookies_and_skips_the_jar_for_responses_without_them():
+    """The client inline agents get behaves like a plain httpx client on cookies (a Set-Cookie is
+    stored and sent back, cookies can be replaced); only responses without Set-Cookie skip the jar."""
+    import httpx
+
+    from areal_nb.proxy.inprocess import InProcessClient, SetCookieOnlyCookies
+
+    async def app(scope, receive, send):
+        await receive()
+        headers = [(b"content-type", b"text/plain")]
+        if scope["path"] == "/set":
+            headers.append((b"set-cookie", b"k=v; Path=/"))
+        cookie = dict(scope["headers"]).get(b"cookie", b"")
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": cookie})
+
+    jar_calls = []
+
+    async def run() -> list[str]:
+        async with InProcessClient(transport=httpx.ASGITransport(app=app), base_url="http://x", cookies={"a": "1"}) as c:
+            jar = c.cookies.jar
+            original = jar.extract_cookies
+            jar.extract_cookies = lambda *a: jar_calls.append(1) or original(*a)
+            sent = [(await c.get("/plain")).text, (await c.get("/set")).text, (await c.get("/plain")).text]
+            c.cookies = {"z": "9"}
+            assert isinstance(c.cookies, SetCookieOnlyCookies)
+            return [*sent, (await c.get("/plain")).text]
+
+    assert asyncio.run(run()) == ["a=1", "a=1", "a=1; k=v", "z=9"]
+    assert jar_calls == [1]  # only the response that set a cookie reached the jar

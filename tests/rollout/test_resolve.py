@@ -49,7 +49,7 @@ def test_import_strings_dot_and_colon():
 def test_import_errors_are_clear():
     with pytest.raises(ValueError, match="Failed to import workflow from string 'no_such_pkg.X'"):
         resolve_workflow("no_such_pkg.X")
-    with pytest.raises(ValueError, match="has no 'Missing'"):
+    with pytest.raises(ValueError, match="has no attribute 'Missing'"):
         import_from_string("tests.proxy.agents.Missing")
     with pytest.raises(ValueError, match="not of the form"):
         import_from_string("justaname")

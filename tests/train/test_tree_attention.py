@@ -1,7 +1,7 @@
 """The flat layout of packed tries (`pack_rows(flat=True)`): attention over each node's ancestors
 only (`tree_attention.py`) equals the dense tree mask, values and gradients; log-probs equal the
-padded rows'; the LM head runs only where log-probs are asked for; models that cannot take it fall
-back to the dense layout."""
+padded rows'; the LM head, and the last layer's queries and MLP, run only where log-probs are asked
+for; models that cannot take it fall back to the dense layout."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from areal_nb.train import Actor, GRPOConfig
+from areal_nb.train.head_forward import supports_head_forward
 from areal_nb.train.logprobs import compute_token_logprobs_and_entropy
 from areal_nb.train.packing import (
     _ancestor_mask,
@@ -62,6 +63,58 @@ def test_tree_attention_equals_the_dense_tree_mask(chunk, kv_heads):
     want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for a, b in zip(got_grads, want_grads, strict=True):
         assert (a - b).abs().max() < 1e-5
+
+
+def test_a_plan_for_some_queries_equals_those_rows_of_the_dense_attention():
+    rows = random_rows(seed=5)
+    tokens, parents, depths, paths = build_trie(rows)
+    n = len(tokens)
+    # queries: runs along the rows' paths (as the last layer's heads are), each node in one run
+    runs, queries = [], []
+    for path in paths:
+        for lo in range(1, len(path), 4):
+            new = [node for node in path[lo:lo + 2] if node not in queries]
+            if new == path[lo:lo + len(new)] and new:
+                runs.append((path, lo, lo + len(new)))
+                queries += new
+    assert len(runs) >= 3 and len(queries) > len(runs)
+    plan = plan_tree_attention(runs, n, chunk=3, queries=queries)
+    ancestors = _ancestor_mask(torch.tensor([parents]), torch.tensor([depths]))[0]
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, n, 8, generator=gen)
+    k, v = (torch.randn(1, 2, n, 8, generator=gen, requires_grad=True) for _ in range(2))
+    q_some = q[:, :, queries].clone().requires_grad_(True)
+    got, _ = tree_attention_forward(None, q_some, k, v, plan, scaling=0.3)  # [1, Q, H, D]
+    want = F.scaled_dot_product_attention(q_some, k, v, attn_mask=ancestors[queries], scale=0.3, enable_gqa=True)
+    want = want.transpose(1, 2)
+    assert got.shape == (1, len(queries), 4, 8) and (got - want).abs().max() < 1e-6
+    weights = torch.randn(got.shape, generator=gen)
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), (q_some, k, v)),
+                    torch.autograd.grad((want * weights).sum(), (q_some, k, v)), strict=True):
+        assert (a - b).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="queries"):
+        plan_tree_attention(runs, n, queries=queries[:-1])
+
+
+def test_the_last_layer_runs_at_the_heads_only():
+    model = make_tiny_qwen2()
+    rows, groups = rows_and_masks()
+    batch = make_batch(model, rows)
+    ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"].bool()
+    packed = pack_rows(ids, attention, groups, flat=True)
+    mlp_rows = []  # rows each layer's MLP computed
+    hooks = [layer.mlp.register_forward_hook(lambda _m, inputs, _o: mlp_rows.append(inputs[0].numel() // 32))
+             for layer in model.model.layers]
+    with torch.no_grad():
+        want_lp, _ = compute_token_logprobs_and_entropy(model, ids, attention)
+        mlp_rows.clear()
+        got_lp, _ = packed_token_logprobs_and_entropy(model, packed, positions=loss_mask)
+    for hook in hooks:
+        hook.remove()
+    parents_of_generated = len(torch.unique(packed.node_of[:, :-1][loss_mask[:, 1:]]))
+    assert supports_head_forward(model)
+    assert mlp_rows == [packed.n_nodes] * (len(model.model.layers) - 1) + [parents_of_generated]
+    assert (got_lp - want_lp)[loss_mask].abs().max() < TOL
 
 
 def test_flat_layout_is_one_trie_of_all_rows():

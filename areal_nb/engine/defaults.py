@@ -1,0 +1,16 @@
+"""The embedded engine's defaults, in one place, without torch.
+
+`LocalEngine`, `areal_nb.config.EngineConfig` and `areal-nb engine-server` all read them from
+here, so the config, the command line and the engine cannot drift apart; this module imports
+nothing heavy, so the config can import it without loading torch or transformers.
+"""
+
+from __future__ import annotations
+
+# Most requests decoded together in one step; more wait for a row to finish.
+DEFAULT_MAX_BATCH_SIZE = 64
+
+# A multi-turn batch of the demo (128 conversations of ~100 tokens) fits several times over; a
+# token of KV costs layers x 2 x kv_heads x head_dim x dtype bytes (tiny-math: 4 KiB in fp32,
+# Qwen2.5-1.5B: 28 KiB in bf16, so 0.9 GiB at this default).
+DEFAULT_PREFIX_CACHE_TOKENS = 32768
