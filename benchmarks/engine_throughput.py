@@ -42,6 +42,7 @@ import dataclasses
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -212,7 +213,8 @@ def start_remote(args):
     port = free_port()
     cmd = engine_server_command(args.model_dir, port=port, extra_args=[
         "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed),
-        "--torch-threads", str(torch.get_num_threads())])  # as many as the embedded engine
+        "--torch-threads", str(torch.get_num_threads()),  # as many as the embedded engine
+        *shlex.split(args.server_args)])
     proc = ServerProcess(cmd, f"http://127.0.0.1:{port}").start()
     proc.wait_ready(timeout=600)
     return proc, SGLangEngine([proc.url], owned_processes=[proc])
@@ -263,6 +265,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
+    parser.add_argument("--server-args", default="",
+                        help="more engine-server flags for --remote, e.g. '--admission-gap 0.004'")
     parser.add_argument("--only", nargs="+", default=None, help="subset of ways to run, e.g. engine remote")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch threads here and in the engine-server (default: torch's, one per core)")

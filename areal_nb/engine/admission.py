@@ -57,11 +57,21 @@ class AdmissionWindow:
         if self._timer is not None:
             self._timer.cancel()
         # every arrival pushes the release back by `gap`, never past the deadline
-        self._timer = loop.call_at(min(loop.time() + self.gap, self._deadline), self._release, self._open)
+        self._timer = loop.call_at(min(loop.time() + self.gap, self._deadline), self._due, self._open)
         await self._open.wait()  # an Event: a cancelled waiter leaves the others untouched
+
+    def _due(self, window: asyncio.Event) -> None:
+        # One loop iteration later: when the loop thread was kept off the CPU past the timer, the
+        # rest of the burst's bytes were read in the same iteration as the timer fired, and their
+        # handlers start only in the next one; released now, the window would start the engine with
+        # the first request alone and the others would join the running batch (2 prefills, 31 rows
+        # joined, seen at load 7-9). Their handlers run before this callback and join the window.
+        asyncio.get_running_loop().call_soon(self._release, window)
 
     def _release(self, window: asyncio.Event) -> None:
         if self._open is window:
             self._open = None
+            if self._timer is not None:  # set by a request that joined after the timer fired
+                self._timer.cancel()
             self._timer = None
         window.set()
