@@ -154,6 +154,9 @@ class SGLangEngine:
             self._generate_headers["Authorization"] = f"Bearer {api_key}"
         self._prefixes = _PrefixTable(max_tracked_sequences)
         self._tie_break = itertools.count()
+        # server-side rids: unique per engine and attempt (uuid4 for each would read os.urandom each time)
+        self._rid_prefix = uuid.uuid4().hex
+        self._rid_counter = itertools.count()
         self._version = 0
         self._pause_epoch = 0
         self._user_aborted: set[str] = set()
@@ -418,7 +421,8 @@ class SGLangEngine:
                 if server.down is not None:
                     server = self._route(prompt + tokens)
                 epoch = self._pause_epoch
-                payload = _generate_payload(prompt + tokens, budget - len(tokens), g, len(tokens), uuid.uuid4().hex)
+                payload = _generate_payload(prompt + tokens, budget - len(tokens), g, len(tokens),
+                                            f"{self._rid_prefix}-{next(self._rid_counter)}")
                 self._attempts[req.rid] = (server, payload["rid"])
                 out = await self._generate_on(server, payload)
                 meta = out.get("meta_info") or {}
@@ -497,6 +501,11 @@ class SGLangEngine:
         finally:
             server.in_flight -= 1
             server.tasks.discard(task)
+        if status == 200 and body:  # the hot path: no httpx.Response to build
+            try:
+                return orjson.loads(body)
+            except orjson.JSONDecodeError:
+                pass  # _json_or_raise words the error
         return _json_or_raise(httpx.Response(status, content=body), server.url, "/generate")
 
     async def _answers_health(self, server: _Server) -> bool:
