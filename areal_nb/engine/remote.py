@@ -9,7 +9,9 @@ Threads. The engine owns one event loop in a daemon thread and one aiohttp conne
 (control calls go through an `httpx.AsyncClient` over it, `/generate` straight to it); every
 HTTP call runs there. `agenerate` may be awaited from any loop in any thread (like `LocalEngine`),
 and the sync control methods (`pause`, `resume`, `update_weights`, `set_version`, `close`) may be
-called from any thread but the engine's own.
+called from any thread but the engine's own. Requests submitted from another thread before the
+loop wakes up start together (`_submit`): one wake-up for a rollout's burst, which then leaves
+back to back instead of interleaved with GIL hand-overs between the two threads.
 
 Several servers. A request whose prompt extends the exact tokens (prompt + output) of a request this
 engine finished earlier goes to the server that produced them, so the server's prefix cache holds the

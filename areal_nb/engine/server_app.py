@@ -14,6 +14,9 @@ What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU
   `settings.weights_dir` are read (resolved, so `..` and symlinks cannot leave it).
 - `--api-key`: every route but `/health*` needs `Authorization: Bearer KEY` (401 otherwise).
 Bad input is a 400 and disturbs nothing; our own faults are 500s with a logged traceback.
+`/generate` is served by a plain ASGI route in front of the FastAPI app (`_GenerateRoute`): it is
+called once per rollout request, on the thread that shares the GIL with the engine, and FastAPI's
+per-request machinery was half of its CPU.
 
 The engine is any object with LocalEngine's surface (`agenerate`, `abort`, `abort_all`, `pause`,
 `resume`, `update_weights(path, version)`, `set_version`, `get_version`, `tokenizer`,
