@@ -9,6 +9,9 @@ like external ones (the path before in-process episodes), to measure what that c
 "multi_nocache" (run only when named in `--only`) is "multi" with the engine's prefix cache off
 (`engine.prefix_cache_tokens=0`): every turn prefills its whole prompt again.
 
+The setups' Sessions are open together and take their steps in turn (a step of each, then the
+next of each), so a change of load on a shared machine hits them alike.
+
 Per step (median over the steps after the first, which warms up):
 - rollout: wall time; `engine_busy_s` the engine worker's time inside decode steps (the rest of
   the wall the engine waited on agents, proxy and lifecycle); per call `capture_ms` (the proxy's
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import inspect
 import json
@@ -149,60 +153,77 @@ def instrument_session(session: Any, timers: Timers) -> None:
     timers.wrap(session.actor, "push_weights", "push")
 
 
-def run_setup(name: str, steps: int, overrides: list[str], http: bool) -> dict[str, Any]:
+def run_setups(names: list[str], steps: int, overrides: list[str], http: bool) -> dict[str, dict[str, Any]]:
+    """Each setup's medians. The setups' Sessions are open together and take their steps in turn
+    (step 0 of each, then step 1 of each, ...): on a shared machine a change of load hits them
+    alike, and the ratios compare steps taken seconds apart (an idle Session's engine sleeps)."""
     from areal_nb.config import load_config
     from areal_nb.session import Session, builder
-    from areal_nb.train.packing import count_unique_tokens
 
     builder.IN_PROCESS_AGENTS = not http
-    timers = TIMERS
     instrument_modules()
-    cfg = load_config(CONFIG, [*SETUPS[name], *overrides, "logging.progress=false", "logging.eval_every=0",
-                               "rollout.prefetch=false"])
-    rows = []
-    with Session(cfg) as session:
-        instrument_session(session, timers)
-        timers.take()
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with contextlib.ExitStack() as stack:
+        sessions = {}
+        for name in names:
+            cfg = load_config(CONFIG, [*SETUPS[name], *overrides, "logging.progress=false", "logging.eval_every=0",
+                                       "rollout.prefetch=false"])
+            sessions[name] = stack.enter_context(Session(cfg))
+            instrument_session(sessions[name], TIMERS)
         for step in range(steps):
-            cpu0 = time.process_time()
-            counters0 = engine_counters(session.engine)
-            t0 = time.perf_counter()
-            batch = session.rollout()
-            t1 = time.perf_counter()
-            cpu1 = time.process_time()
-            rollout_s, rollout_n = timers.take()
-            counters = {k: v - counters0[k] for k, v in engine_counters(session.engine).items()}
-            stats = session.train_step(batch)
-            t2 = time.perf_counter()
-            cpu_s = time.process_time() - cpu0
-            train_s, _ = timers.take()
-            calls = max(rollout_n.get("capture", 0), 1)
-            episodes = max(rollout_n.get("episode", 0), 1)
-            tensors = batch.to_tensors()
-            row = {
-                "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
-                "rollout_cpu_s": cpu1 - cpu0, "train_cpu_s": cpu_s - (cpu1 - cpu0),
-                "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
-                "calls_per_episode": calls / episodes,
-                "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
-                "engine_ms": 1e3 * rollout_s.get("engine", 0.0) / calls,
-                "episode_ms": 1e3 * rollout_s.get("episode", 0.0) / episodes,
-                "agent_ms": 1e3 * rollout_s.get("agent", 0.0) / episodes,
-                "lifecycle_ms": 1e3 * (rollout_s.get("episode", 0.0) - rollout_s.get("agent", 0.0)) / episodes,
-                "prefix_hit_rate": counters["prefix_cache_hits"] / calls,
-                "prefill_saved": counters["prefix_cache_tokens"] / max(counters["prompt_tokens"], 1),
-                "prefill_positions": counters["prefill_positions"],
-                **{f"{k}_s": train_s.get(k, 0.0)
-                   for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
-                "trained_tokens": int(stats["train_positions"]),
-                "unique_tokens": count_unique_tokens(tensors["input_ids"], tensors["attention_mask"]),
-                "row_tokens": int(tensors["attention_mask"].sum()),
-                "generated_tokens": int((tensors["loss_mask"].bool() & tensors["attention_mask"].bool()).sum()),
-                "engine_calls": calls,
-                "reward_mean": stats.get("reward_mean"),
-            }
-            rows.append(row)
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            for name, session in sessions.items():
+                row = run_step(name, step, session, TIMERS)
+                rows[name].append(row)
+                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    return {name: medians(setup_rows) for name, setup_rows in rows.items()}
+
+
+def run_step(name: str, step: int, session: Any, timers: Timers) -> dict[str, Any]:
+    """One rollout and train step of `session`, timed by phase."""
+    from areal_nb.train.packing import count_unique_tokens
+
+    timers.take()
+    cpu0 = time.process_time()
+    counters0 = engine_counters(session.engine)
+    t0 = time.perf_counter()
+    batch = session.rollout()
+    t1 = time.perf_counter()
+    cpu1 = time.process_time()
+    rollout_s, rollout_n = timers.take()
+    counters = {k: v - counters0[k] for k, v in engine_counters(session.engine).items()}
+    stats = session.train_step(batch)
+    t2 = time.perf_counter()
+    cpu_s = time.process_time() - cpu0
+    train_s, _ = timers.take()
+    calls = max(rollout_n.get("capture", 0), 1)
+    episodes = max(rollout_n.get("episode", 0), 1)
+    tensors = batch.to_tensors()
+    return {
+        "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
+        "rollout_cpu_s": cpu1 - cpu0, "train_cpu_s": cpu_s - (cpu1 - cpu0),
+        "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
+        "calls_per_episode": calls / episodes,
+        "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
+        "engine_ms": 1e3 * rollout_s.get("engine", 0.0) / calls,
+        "episode_ms": 1e3 * rollout_s.get("episode", 0.0) / episodes,
+        "agent_ms": 1e3 * rollout_s.get("agent", 0.0) / episodes,
+        "lifecycle_ms": 1e3 * (rollout_s.get("episode", 0.0) - rollout_s.get("agent", 0.0)) / episodes,
+        "prefix_hit_rate": counters["prefix_cache_hits"] / calls,
+        "prefill_saved": counters["prefix_cache_tokens"] / max(counters["prompt_tokens"], 1),
+        "prefill_positions": counters["prefill_positions"],
+        **{f"{k}_s": train_s.get(k, 0.0)
+           for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
+        "trained_tokens": int(stats["train_positions"]),
+        "unique_tokens": count_unique_tokens(tensors["input_ids"], tensors["attention_mask"]),
+        "row_tokens": int(tensors["attention_mask"].sum()),
+        "generated_tokens": int((tensors["loss_mask"].bool() & tensors["attention_mask"].bool()).sum()),
+        "engine_calls": calls,
+        "reward_mean": stats.get("reward_mean"),
+    }
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over the steps after the first (warm-up), and the token ratios over their sums."""
     measured = rows[1:] or rows
     med = {k: statistics.median(r[k] for r in measured) for k in rows[0] if isinstance(rows[0][k], int | float)
            and k != "step"}
@@ -222,9 +243,7 @@ def main() -> None:
     args = parser.parse_args()
 
     result: dict[str, Any] = {"transport": "http" if args.http else "in-process"}
-    for name in SETUPS:
-        if name in args.only:
-            result[name] = run_setup(name, args.steps, args.overrides, args.http)
+    result |= run_setups([name for name in SETUPS if name in args.only], args.steps, args.overrides, args.http)
     for name in SETUPS:
         if name in result:
             m = result[name]

@@ -2,9 +2,9 @@
 
 One worker thread owns the model. Each scheduler iteration it
 1. applies pending weight updates and aborts (also while paused),
-2. admits waiting requests (one left-padded prefill for all that arrived together),
+2. admits waiting requests (one prefill for all that arrived together, into free rows of the batch),
 3. runs one batched decode step over every active row, samples one token per row,
-4. retires finished rows, which leave the batch at once (their cache rows are dropped).
+4. retires finished rows, which leave the batch at once (the last rows move into their slots).
 Requests that arrive while others decode join the running batch at the next iteration; the KV
 cache of running rows is kept (see `kv_batch.PaddedKVBatch`).
 
@@ -48,7 +48,7 @@ from transformers import PreTrainedModel
 from areal_nb.api import ModelRequest, ModelResponse
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
-from .kv_batch import PaddedKVBatch
+from .kv_batch import PaddedKVBatch, compact_order
 from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
 from .sampling import sample_next_tokens
@@ -189,7 +189,7 @@ class LocalEngine:
 
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = 0
-        self._batch = PaddedKVBatch(self.model, fast_forward=fast_forward)
+        self._batch = PaddedKVBatch(self.model, fast_forward=fast_forward, max_rows=max_batch_size)
         self._active: list[_Row] = []  # aligned with the rows of self._batch; worker-only
         self.prefix_cache = PrefixCache(prefix_cache_tokens)  # worker-only
         self._epoch = 0  # +1 on every weight update: KV of an older epoch is not kept
@@ -502,16 +502,22 @@ class LocalEngine:
         self.stats.prefill_positions += self._batch.last_prefill_computed
         return logits
 
-    def _keep_prefix(self, index: int, row: _Row) -> None:
-        """Put finished row `index`'s keys/values in the prefix cache (its prompt and every output
-        token but the last, which was sampled, never fed) if the current weights computed them."""
-        if not self.prefix_cache.enabled or row.epoch != self._epoch or not row.output:
+    def _keep_prefixes(self, finished: list[tuple[int, _Row]]) -> None:
+        """Put finished rows' keys/values (batch row, row) in the prefix cache (each row's prompt and
+        every output token but the last, which was sampled, never fed) if the current weights
+        computed them; one copy out of the batch for all of them."""
+        if not self.prefix_cache.enabled:
+            return
+        kept = [(index, row) for index, row in finished if row.epoch == self._epoch and row.output]
+        if not kept:
             return
         try:
-            self.prefix_cache.insert(list(row.plan.prompt) + row.output[:-1], self._batch.row_kv(index),
-                                     replaces=row.prefix)
+            kvs = self._batch.rows_kv([index for index, _ in kept])
+            for (_, row), kv in zip(kept, kvs, strict=True):
+                self.prefix_cache.insert(list(row.plan.prompt) + row.output[:-1], kv, replaces=row.prefix)
         except Exception:  # a cache fault must not fail the request: it only loses the reuse
-            self._errors.exception("LocalEngine could not keep the prefix of request %s", row.plan.rid)
+            self._errors.exception("LocalEngine could not keep the prefixes of requests %s",
+                                   [row.plan.rid for _, row in kept])
             self.prefix_cache.clear()
 
     def _fail_all(self, admitted: list[_Row], error: BaseException) -> None:
@@ -584,6 +590,7 @@ class LocalEngine:
     def _retire(self, abort_only: bool = False) -> None:
         """Finish rows that stopped (or were aborted) and drop them from the batch."""
         keep: list[int] = []
+        finished: list[tuple[int, _Row]] = []
         for index, row in enumerate(self._active):
             if row.error is not None:
                 self._fail(row, row.error)
@@ -593,10 +600,12 @@ class LocalEngine:
             if row.stop_reason is None or (abort_only and row.stop_reason != "abort"):
                 keep.append(index)
             else:
-                if row.stop_reason != "abort":
-                    self._keep_prefix(index, row)
-                self._finish(row, row.stop_reason)
+                finished.append((index, row))
+        self._keep_prefixes([(index, row) for index, row in finished if row.stop_reason != "abort"])
+        for _, row in finished:
+            self._finish(row, row.stop_reason)
         if len(keep) != len(self._active):
+            keep = compact_order(keep)  # the rows after the freed slots move into them
             self._batch.keep_rows(keep)
             self._active = [self._active[i] for i in keep]
 

@@ -89,3 +89,65 @@ def test_a_prefill_of_several_forwards_leaves_room_for_the_decoding_steps(tiny_m
         for _ in range(SPARE_COLUMNS):
             batch.decode(torch.tensor([9, 9, 9]))
         assert layer._k is buffer and batch.length == 30 + SPARE_COLUMNS
+
+
+def test_compact_order_moves_only_rows_beyond_the_kept_count_into_the_holes():
+    from areal_nb.engine.kv_batch import compact_order
+
+    assert compact_order([0, 2, 3, 5]) == [0, 5, 2, 3]  # old row 5 fills slot 1; 0, 2, 3 stay put
+    assert compact_order([1, 2]) == [2, 1]
+    assert compact_order([0, 1, 2]) == [0, 1, 2]
+
+
+def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(tiny_model_path, reference_model):
+    """Rows leave (the last row moves into a freed slot), then new rows join in the freed slots of
+    the same buffers (no copy of the running rows), in packed forwards of a few tokens each: every
+    row keeps the logits of a plain forward over its own sequence. The freed slots are filled with
+    NaN first: a joining row must clear whatever an earlier row left there."""
+    import torch
+
+    from areal_nb.engine.kv_batch import PaddedKVBatch, compact_order
+    from areal_nb.engine.weights import load_engine_model
+
+    model, _ = load_engine_model(tiny_model_path, None, torch.device("cpu"), torch.float32)
+    batch = PaddedKVBatch(model, max_rows=8)
+    batch.prefill_tokens = 16  # several packed forwards per prefill
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (12, 30, 7, 21)]
+
+    def check(logits):
+        with torch.inference_mode():
+            for row, got in zip(rows, logits, strict=True):
+                want = reference_model(torch.tensor([row])).logits[0, -1]
+                assert (got - want).abs().max() < 1e-4
+
+    def step(logits):
+        for row, next_token in zip(rows, logits.argmax(-1).tolist(), strict=True):
+            row.append(next_token)
+        return batch.decode(torch.tensor([row[-1] for row in rows]))
+
+    with torch.inference_mode():
+        logits = batch.prefill([list(r) for r in rows])
+        check(logits)
+        assert batch.cache.layers[0].row_capacity == 8  # room for twice the rows, up to max_rows
+        for _ in range(2):
+            logits = step(logits)
+        order = compact_order([0, 2, 3])  # row 1 leaves: row 3 moves into its slot
+        batch.keep_rows(order)
+        rows, logits = [rows[i] for i in order], logits[order]
+        check(logits)
+        buffers = [(layer._k, layer._v) for layer in batch.cache.layers]
+        for k, v in buffers:
+            k[batch.size :] = float("nan")
+            v[batch.size :] = float("nan")
+        joined = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (25, 3, 25)]
+        joined[2] = list(joined[0])  # a repeated prompt: computed once, copied to its row
+        new_logits = batch.prefill([list(r) for r in joined])
+        assert batch.relayouts == 0 and all(layer._k is k and layer._v is v  # the same buffers
+                                            for layer, (k, v) in zip(batch.cache.layers, buffers, strict=True))
+        rows += joined
+        logits = torch.cat([logits, new_logits])
+        check(logits)
+        for _ in range(3):
+            logits = step(logits)
+            check(logits)

@@ -6,7 +6,7 @@ for; models that cannot take it fall back to the dense layout."""
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.head_forward import supports_head_forward
@@ -96,8 +96,16 @@ def test_a_plan_for_some_queries_equals_those_rows_of_the_dense_attention():
         plan_tree_attention(runs, n, queries=queries[:-1])
 
 
-def test_the_last_layer_runs_at_the_heads_only():
-    model = make_tiny_qwen2()
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make_model", [make_tiny_qwen2, tiny_llama], ids=["qwen2", "llama"])
+def test_the_last_layer_runs_at_the_heads_only(make_model):
+    model = make_model()
     rows, groups = rows_and_masks()
     batch = make_batch(model, rows)
     ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"].bool()
