@@ -1,5 +1,5 @@
 """A user's train script, run on every rank by tests/test_distributed_session.py under torchrun:
-`Session(config)`, `run(2)`, one explicit `train_step(rollout())`, `save`, `close`, then
+`Session(config)`, `run(2)`, one explicit `train_step(rollout())`, `save`, `export`, `close`, then
 `Session.load` of that checkpoint and one more step. Each rank writes its weights, history and
 resumed state to OUT/rank<R>.pt (for the test only).
 
@@ -39,6 +39,7 @@ def main(out: Path, fail: bool, fsdp: bool) -> None:
         session.run(2)
         session.train_step(session.rollout())
         saved = session.save(out / "final")
+        exported = session.export(out / "exported")  # every rank calls it; rank 0 writes the folder
         weights = flat(session.actor.weights().values())  # (fsdp: gathered from the shards)
         # what this rank holds: under fsdp a shard of each parameter (DTensor), else all of it
         held = sum(getattr(p, "_local_tensor", p).numel() for p in session.actor.model.parameters())
@@ -46,7 +47,8 @@ def main(out: Path, fail: bool, fsdp: bool) -> None:
         report = {"held_numel": held, "weights_numel": sum(p.numel() for p in session.actor.model.parameters()),
                   "ref_held_numel": ref_held, "initial_ref": initial_ref,
                   "rank": session.rank, "world_size": session.world_size, "weights": weights,
-                  "history": session.history.to_dict("records"), "version": session.version, "saved": str(saved)}
+                  "history": session.history.to_dict("records"), "version": session.version, "saved": str(saved),
+                  "exported": str(exported)}
     # resume: rank 0 restores the checkpoint and sends weights and optimizer state to the replicas
     with Session.load(out / "final") as resumed:
         report["resumed_at"] = (resumed.version, resumed.step_count, resumed.actor.steps_done)

@@ -49,6 +49,12 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
         replica["history"][1]["eval_reward"]
     assert (tmp_path / "ckpt" / "step2" / "state.pt").is_file() and (tmp_path / "final" / "state.pt").is_file()
     assert replica["saved"] == str(tmp_path / "final")
+    # export on every rank: the weights gathered by all (fsdp: from the shards), the folder written by rank 0
+    assert leader["exported"] == replica["exported"] == str(tmp_path / "exported")
+    exported = torch.load(tmp_path / "exported" / "checkpoint" / "state.pt", weights_only=False)
+    assert exported["version"] == 3 and (tmp_path / "exported" / "train.py").is_file()
+    assert torch.equal(torch.cat([t.flatten() for t in exported["actor"]["model"].values()]).sort().values,
+                       leader["weights"].sort().values)
     # Session.load on both ranks: rank 0 restores and sends its weights and Adam state; one more step
     for r in (leader, replica):
         assert r["resumed_at"] == (3, 3, 3) and r["resumed_weights_equal"]

@@ -13,9 +13,14 @@ meanwhile is released with it. Requests that arrive while the engine is busy go 
 engine admits them at its next step anyway. A lone request pays `gap` of latency.
 
 engine-server's default gap is 8 ms: a client that sends a burst from another thread of its process
-(`SGLangEngine`'s loop thread) can stall up to its own GIL switch interval (5 ms) after the first
+(`SGLangEngine`'s loop thread) could stall up to its own GIL switch interval (5 ms) after the first
 request; with a 2 ms gap the first request still started alone in most rounds, with 8 ms the burst
-took one prefill (1 thread, load 5-9).
+took one prefill (1 thread, load 5-9). Since `SGLangEngine` starts a submitted burst in one wake-up
+of its loop (session 6) the burst reaches the server in ~5 ms instead of ~15 (median, instant
+engine, load 7), but the largest gap inside a burst is still 5-7 ms in a quarter of the rounds at
+that load: with a 4 ms gap 10-30% of the bursts split (2 ms: 33%), with 8 ms 6-10%, so 8 ms stays.
+A window whose timer fires in the same loop turn that read the rest of the burst (the loop thread
+was kept off the CPU past the timer) releases one turn later, after those requests have joined it.
 """
 
 from __future__ import annotations
@@ -57,11 +62,21 @@ class AdmissionWindow:
         if self._timer is not None:
             self._timer.cancel()
         # every arrival pushes the release back by `gap`, never past the deadline
-        self._timer = loop.call_at(min(loop.time() + self.gap, self._deadline), self._release, self._open)
+        self._timer = loop.call_at(min(loop.time() + self.gap, self._deadline), self._due, self._open)
         await self._open.wait()  # an Event: a cancelled waiter leaves the others untouched
+
+    def _due(self, window: asyncio.Event) -> None:
+        # One loop iteration later: when the loop thread was kept off the CPU past the timer, the
+        # rest of the burst's bytes were read in the same iteration as the timer fired, and their
+        # handlers start only in the next one; released now, the window would start the engine with
+        # the first request alone and the others would join the running batch (2 prefills, 31 rows
+        # joined, seen at load 7-9). Their handlers run before this callback and join the window.
+        asyncio.get_running_loop().call_soon(self._release, window)
 
     def _release(self, window: asyncio.Event) -> None:
         if self._open is window:
             self._open = None
+            if self._timer is not None:  # set by a request that joined after the timer fired
+                self._timer.cancel()
             self._timer = None
         window.set()

@@ -10,7 +10,8 @@ point, `(kind, payload)`:
   (non-empty after `Session.load`), and after `Session.load` under FSDP the KL reference's full
   weights (each rank keeps its shards); the weights follow as tensors (`broadcast_module`);
 - "train": per training step, the batch tensors, its credit mode and `inspect`;
-- "saved": after rank 0 wrote a checkpoint in `save()`, its path (the others may load it next);
+- "saved": after rank 0 wrote a checkpoint in `save()` (or a run folder in `export()`), its path (the
+  others may load it next);
 - "abort": instead of any of these, when rank 0 failed: the other ranks raise `LeaderFailed` with its
   message instead of waiting for the process-group timeout.
 """

@@ -457,11 +457,27 @@ class Session:
         applied), train.py, the agent (its import path, or agent.py with its source taken from
         the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
         job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
-        state, so the job goes on from this step. Raises ExportError naming what cannot travel."""
+        state, so the job goes on from this step. Raises ExportError naming what cannot travel.
+
+        Under torchrun every rank calls it (the same script runs everywhere): each takes part in
+        gathering the weights (FSDP shards them), rank 0 writes the folder, the others return its path."""
         from areal_nb.export import export_run
 
         self._check_open()
-        return export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite)
+        gathered = None
+        if checkpoint and self._channel is not None:
+            gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
+        if self.rank == 0:
+            try:
+                path = export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite,
+                                  gathered=gathered)
+            except BaseException as e:
+                if self._channel is not None:
+                    self._channel.abort(e)
+                raise
+        if self._channel is not None:
+            path = self._channel.send("saved", str(path) if self.rank == 0 else None)
+        return Path(path)
 
     # ------------------------------------------------------------------ widgets
     def dashboard(self):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-
 import threading
+import time
 
 import httpx
 import pytest
@@ -76,6 +76,31 @@ def test_a_cancelled_waiter_leaves_the_others_in_the_window():
         return results
 
     assert asyncio.run(run()) == ["kept"]
+
+
+def test_a_request_read_in_the_loop_turn_where_the_timer_fires_still_joins_the_window():
+    """The loop thread kept off the CPU past the timer: the rest of the burst is read in the same loop
+    turn as the timer fires (their handlers start a turn later); they must not be left out."""
+
+    async def run() -> AdmissionWindow:
+        window = AdmissionWindow(gap=0.01, max_wait=30.0, engine_busy=lambda: False)
+        loop = asyncio.get_running_loop()
+        later: list[asyncio.Future] = []
+
+        def starved_turn() -> None:
+            time.sleep(0.05)  # past the first request's timer
+            # what a connection's data_received does: the handler task starts on the next turn
+            loop.call_soon(lambda: later.append(asyncio.ensure_future(window.wait())))
+
+        first = asyncio.ensure_future(window.wait())
+        await asyncio.sleep(0)  # the first request is held; its timer is due in 10 ms
+        loop.call_soon(starved_turn)
+        await asyncio.wait_for(first, timeout=10)
+        await asyncio.wait_for(asyncio.gather(*later), timeout=10)
+        return window
+
+    window = asyncio.run(run())
+    assert (window.windows, window.held) == (1, 2)
 
 
 def test_negative_settings_are_refused():
