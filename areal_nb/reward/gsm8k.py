@@ -63,7 +63,7 @@ def math_reward(result: Any, answer: Any) -> float:
 @functools.lru_cache(maxsize=16384)
 def _score(result: str, gold_text: str) -> float:
     try:
-        gold = _parse(gold_text)
+        gold = list(_parse_gold(gold_text))
         if not gold:
             logger.warning("gold answer %r is not parsable; scoring 0.0", gold_text)
             return 0.0
@@ -74,6 +74,13 @@ def _score(result: str, gold_text: str) -> float:
     except Exception as exc:  # a reward must never take the rollout down
         logger.warning("math_verify failed on %r vs %r: %r; scoring 0.0", result, gold_text, exc)
         return 0.0
+
+
+# A group's distinct replies are all scored against one gold answer: its parse (a third of a
+# score's CPU, measured ~0.23 ms) is done once per gold text; a tuple, so no caller can change it.
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold_text: str) -> tuple:
+    return tuple(_parse(gold_text))
 
 
 def gsm8k_reward_fn(
