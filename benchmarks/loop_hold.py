@@ -64,7 +64,10 @@ async def main(sizes: list[int], repeats: int) -> dict:
     from areal_nb.models import load_tokenizer
     from areal_nb.openai.templates import render_prompt_ids
 
+    from areal_nb.openai.prompt_memo import prompt_memo
+
     tokenizer = load_tokenizer("tiny-math")
+    prompt_memo(tokenizer).max_entries = 0  # every render is a fresh one (a GRPO group's repeats would be hits)
     rows = []
     for chars in sizes:
         messages = [{"role": "user", "content": "1+" * (chars // 2)}]

@@ -35,6 +35,7 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
     for r in (leader, replica):  # fsdp: each rank holds about half of every parameter
         held = r["held_numel"] / r["weights_numel"]
         assert held == 1.0 if mode == "ddp" else 0.45 < held < 0.55, (mode, held)
+        assert r["ref_held_numel"] == r["held_numel"], mode  # the KL reference is laid out like the policy
     # three data-parallel steps (run(2) + train_step) kept the replicas equal
     assert torch.equal(leader["weights"], replica["weights"])
     assert leader["version"] == replica["version"] == 3
@@ -48,12 +49,22 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
         replica["history"][1]["eval_reward"]
     assert (tmp_path / "ckpt" / "step2" / "state.pt").is_file() and (tmp_path / "final" / "state.pt").is_file()
     assert replica["saved"] == str(tmp_path / "final")
+    # export on every rank: the weights gathered by all (fsdp: from the shards), the folder written by rank 0
+    assert leader["exported"] == replica["exported"] == str(tmp_path / "exported")
+    exported = torch.load(tmp_path / "exported" / "checkpoint" / "state.pt", weights_only=False)
+    assert exported["version"] == 3 and (tmp_path / "exported" / "train.py").is_file()
+    assert torch.equal(torch.cat([t.flatten() for t in exported["actor"]["model"].values()]).sort().values,
+                       leader["weights"].sort().values)
     # Session.load on both ranks: rank 0 restores and sends its weights and Adam state; one more step
     for r in (leader, replica):
         assert r["resumed_at"] == (3, 3, 3) and r["resumed_weights_equal"]
     assert torch.equal(leader["resumed_exp_avg"], replica["resumed_exp_avg"])
     assert torch.equal(leader["resumed_weights"], replica["resumed_weights"])
     assert not torch.equal(leader["resumed_weights"], leader["weights"])
+    # the KL reference (actor.kl_ctl) came back as the initial policy on every rank, not the saved one
+    for r in (leader, replica):
+        assert torch.equal(r["resumed_ref"], leader["initial_ref"]), r["rank"]
+    assert not torch.equal(leader["initial_ref"], leader["weights"])
 
 
 def test_rank_0_failing_ends_rank_1_with_its_message(tmp_path):

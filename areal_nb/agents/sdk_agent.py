@@ -19,10 +19,12 @@ def openai_client(base_url: str | None = None, api_key: str | None = None, http_
     """The episode's `AsyncOpenAI` client: the given endpoint, key and HTTP client, else the env's.
 
     A new client per episode is cheap when `http_client` is given (the Session always gives one,
-    and the SDK client is then a thin wrapper around it): ~0.09 ms CPU, ~0.05 ms more than reusing
-    one client with `with_options(api_key=...)` (benchmarks/grpo_step.py, multi-turn episodes of
-    ~2.4 s), so the agents stay plain. `max_retries=0`: a retried call would be a second, unlinked
-    generation in the episode.
+    and the SDK client is then a thin wrapper around it): ~0.09 ms CPU to build, ~0.05 ms more than
+    reusing one client with `with_options(api_key=...)` (benchmarks/grpo_step.py, multi-turn
+    episodes of ~2.4 s), so the agents stay plain. Its first request also looks up the platform in a
+    worker thread (once per client, the SDK's own step): ~0.1 ms more of the event loop's CPU per
+    episode, 7 % of the loop's CPU in a single-turn step (one run, load 7). `max_retries=0`: a
+    retried call would be a second, unlinked generation in the episode.
     """
     from openai import AsyncOpenAI
 

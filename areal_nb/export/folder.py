@@ -31,9 +31,12 @@ logger = logging.getLogger(__name__)
 
 
 def export_run(path: str | Path, config: SessionConfig, *, session: Session | None = None,
-               checkpoint: bool = True, command: str | None = None, overwrite: bool = False) -> Path:
+               checkpoint: bool = True, command: str | None = None, overwrite: bool = False,
+               gathered: tuple[dict[str, Any], dict[str, Any] | None] | None = None) -> Path:
     """Write the run folder at `path` and return it; `session` adds `checkpoint/` (when
-    `checkpoint`), and is where an agent defined in notebook cells is found."""
+    `checkpoint`), and is where an agent defined in notebook cells is found. `gathered`: the
+    actor's state and KL reference weights when every rank already took part in gathering them
+    (`Session.export` under torchrun); otherwise the checkpoint gathers them here."""
     out = Path(path).absolute()
     if out.exists() and any(out.iterdir()):
         if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
@@ -59,7 +62,7 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
                 shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
         if saved:
-            _save_checkpoint(session, cfg, tmp / "checkpoint")
+            _save_checkpoint(session, cfg, tmp / "checkpoint", gathered)
         _write_launchers(tmp, cfg)
         (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))
         _write_readme(tmp, cfg, captured.source is not None, saved, session,
@@ -108,7 +111,8 @@ def _check_plain(cfg: SessionConfig) -> None:
                               f"cannot hold: refer to it from the agent's code instead, or pass plain data")
 
 
-def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path) -> None:
+def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
+                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None) -> None:
     """`session.save(path)`, recording the exported config (the agent as its import string)."""
     from areal_nb.session.checkpoint import save_checkpoint
 
@@ -120,7 +124,7 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path) -> None:
     original = session.config
     session.config = cfg
     try:
-        save_checkpoint(session, path)
+        save_checkpoint(session, path, *(gathered or ()))
     finally:
         session.config = original
 

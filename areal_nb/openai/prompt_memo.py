@@ -4,17 +4,17 @@ A GRPO group sends the same conversation `group_size` times (8 episodes, one pro
 rendering plus tokenizing it was two thirds of the CPU a chat completion cost the proxy (0.17 of
 0.25 ms per call on an instant engine, tiny-math's template). The render is a pure function of
 what the template reads — the messages, tools, template variables and the template itself — so
-the ids are kept for recent inputs and a repeat costs one `orjson.dumps` of the input.
+the ids are kept for recent inputs and a repeat costs a type walk and one `orjson.dumps` of the input.
 
 What is never memoised, so a hit can never differ from a fresh render:
 - templates that read the clock (`strftime_now`, e.g. Llama 3's "Today Date");
 - inputs that are not plain JSON values (exact dict/list/str/int/float/bool/None, str keys,
   finite floats, no lone surrogates): the key is their JSON text, and an Enum, UUID or str
   subclass would serialise like a plain string yet may render differently;
-- inputs whose JSON exceeds `MAX_KEY_BYTES` (long conversations render in a worker thread
-  anyway, and are rarely repeated);
+- inputs whose JSON exceeds `MAX_KEY_BYTES` (bounds the memo's memory; a few-shot prompt fits);
 - renders that raised (the error is raised again on every call).
-The memo follows the tokenizer's `chat_template`: assigning a new one empties it.
+The memo follows the tokenizer's `chat_template`: assigning a new one empties it. It does not
+watch the vocabulary: after adding tokens to a tokenizer in use, call `prompt_memo(tokenizer).clear()`.
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ class PromptMemo:
                     if len(self._entries) > self.max_entries:
                         self._entries.popitem(last=False)
         return ids
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
 
     def _key(self, template: Any, key_parts: tuple[Any, ...]) -> bytes | None:
         with self._lock:

@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     from .session import Session
 
 
-def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint folder (rank 0). `actor_state`: the actor's full state when the caller
-    already gathered it (under FSDP every rank takes part in that gather; see `Session.save`)."""
+def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, Any] | None = None,
+                    ref_weights: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint folder (rank 0). `actor_state` / `ref_weights`: the actor's full state
+    and its KL reference's full weights when the caller already gathered them (under FSDP every
+    rank takes part in those gathers; see `Session.save`)."""
     path = Path(path)
     cfg = copy.deepcopy(session.config)
     if not isinstance(cfg.agent.workflow, str):
@@ -33,6 +35,7 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
     path.mkdir(parents=True, exist_ok=True)
     _store_python_datasets(cfg.data, path / "data")
     actor_state = session.actor.state_dict() if actor_state is None else actor_state
+    ref_weights = session.actor.ref_weights() if ref_weights is None else ref_weights
     # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
     session.actor.model.save_pretrained(path / "model", state_dict=dict(actor_state["model"]))
     session.tokenizer.save_pretrained(path / "model")
@@ -47,7 +50,7 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
         "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
         "data_pos": session.data.pos,
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
-        "ref_model": session.actor.ref_model.state_dict() if session.actor.ref_model is not None else None,
+        "ref_model": ref_weights,  # full tensors (None without kl_ctl)
     }
     torch.save(state, path / "state.pt")
     (path / "history.json").write_text(json.dumps(session._history, default=float))
@@ -85,7 +88,7 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     actor, engine = session.actor, session.engine
     actor.load_state_dict(state["actor"])
     if actor.ref_model is not None and state.get("ref_model") is not None:
-        actor.ref_model.load_state_dict(state["ref_model"])
+        actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")
     actor.version = session.version
     engine.update_weights(state["actor"]["model"], version=session.version)  # (no gather: rank 0 alone)
     engine.set_version(session.version)

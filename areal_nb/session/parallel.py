@@ -7,9 +7,11 @@ receive what rank 0 sends instead of doing rank-0 work. Rank 0 sends one message
 point, `(kind, payload)`:
 
 - "start": at the end of `start()`: the actor's version and step count, the optimizer state
-  (non-empty after `Session.load`); the weights follow as tensors (`broadcast_module`);
+  (non-empty after `Session.load`), and after `Session.load` under FSDP the KL reference's full
+  weights (each rank keeps its shards); the weights follow as tensors (`broadcast_module`);
 - "train": per training step, the batch tensors, its credit mode and `inspect`;
-- "saved": after rank 0 wrote a checkpoint in `save()`, its path (the others may load it next);
+- "saved": after rank 0 wrote a checkpoint in `save()` (or a run folder in `export()`), its path (the
+  others may load it next);
 - "abort": instead of any of these, when rank 0 failed: the other ranks raise `LeaderFailed` with its
   message instead of waiting for the process-group timeout.
 """

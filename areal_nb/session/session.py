@@ -166,10 +166,17 @@ class Session:
             return
         actor = self.actor
         resumed = self._resume_state  # rank 0 after Session.load: the checkpoint's full optimizer state
+        # A sharded reference after Session.load: rank 0 restored only its own shards, and the
+        # others built theirs from the saved policy, so every rank cuts its shards from the
+        # checkpoint's full reference weights (replicas get rank 0's by broadcast_module below).
+        ref_state = resumed.get("ref_model") if resumed is not None and actor.sharded else None
         state = self._channel.send("start", {
             "version": actor.version, "steps_done": actor.steps_done, "step_count": self.step_count,
             "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
+            "ref_model": ref_state if actor.ref_model is not None else None,
         } if self.rank == 0 else None)
+        if self.rank != 0 and state["ref_model"] is not None:
+            actor.load_ref_weights(state["ref_model"])
         self._parallel.broadcast_module(actor.model)
         if actor.ref_model is not None:
             self._parallel.broadcast_module(actor.ref_model)
@@ -421,9 +428,10 @@ class Session:
         others return when the checkpoint is complete (so they may `Session.load` it next)."""
         self._check_open()
         actor_state = self.actor.state_dict()  # every rank: FSDP gathers the full tensors
+        ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
         if self.rank == 0:
             try:
-                path = save_checkpoint(self, path, actor_state)
+                path = save_checkpoint(self, path, actor_state, ref_weights)
             except BaseException as e:
                 if self._channel is not None:
                     self._channel.abort(e)
@@ -449,11 +457,27 @@ class Session:
         applied), train.py, the agent (its import path, or agent.py with its source taken from
         the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
         job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
-        state, so the job goes on from this step. Raises ExportError naming what cannot travel."""
+        state, so the job goes on from this step. Raises ExportError naming what cannot travel.
+
+        Under torchrun every rank calls it (the same script runs everywhere): each takes part in
+        gathering the weights (FSDP shards them), rank 0 writes the folder, the others return its path."""
         from areal_nb.export import export_run
 
         self._check_open()
-        return export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite)
+        gathered = None
+        if checkpoint and self._channel is not None:
+            gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
+        if self.rank == 0:
+            try:
+                path = export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite,
+                                  gathered=gathered)
+            except BaseException as e:
+                if self._channel is not None:
+                    self._channel.abort(e)
+                raise
+        if self._channel is not None:
+            path = self._channel.send("saved", str(path) if self.rank == 0 else None)
+        return Path(path)
 
     # ------------------------------------------------------------------ widgets
     def dashboard(self):

@@ -15,8 +15,9 @@ Usage (what `Session.train_step` does):
 Data-parallel (`parallel=DataParallel`, see `distributed.py`): every rank calls `train_step` with
 the same whole batch; each computes its share of the rows, the gradients are summed over the
 ranks, and the update equals the one-process update on the whole batch. With
-`cfg.parallel == "fsdp"` the model is sharded (FSDP2) and `weights()` / `state_dict()` gather the
-full tensors: collectives that every rank calls (see `distributed.py`).
+`cfg.parallel == "fsdp"` the model and the KL reference are sharded (FSDP2) and `weights()` /
+`state_dict()` / `ref_weights()` gather the full tensors: collectives that every rank calls (see
+`distributed.py`).
 """
 
 from __future__ import annotations
@@ -69,10 +70,12 @@ class Actor:
         self.model.eval()
         # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
         self.sharded = parallel is not None and self.cfg.parallel == "fsdp"
-        if self.sharded:
-            fully_shard_model(model)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
+        if self.sharded:
+            fully_shard_model(model)
+            if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
+                fully_shard_model(ref_model, frozen=True)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -136,7 +139,7 @@ class Actor:
             parallelism); through the sharded model, as many as every other rank (some empty)."""
             if parallel is None:
                 return list(rows.split(cfg.micro_batch_size or max(len(rows), 1))) if len(rows) else []
-            same_count = self.sharded and model is self.model
+            same_count = self.sharded  # (the policy and the reference alike)
             return parallel.micro_batches(rows, lengths, cfg.micro_batch_size, same_count=same_count,
                                           pack_ids=pack_ids if same_count and cfg.pack else None)
 
@@ -182,7 +185,7 @@ class Actor:
             minibatch_loss = 0.0
             for micro in own(rows, self.model):
                 if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
-                    self._empty_pass(input_ids, backward=True)
+                    self._empty_pass(self.model, input_ids, backward=True)
                     continue
                 width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
                 cols = slice(0, width)
@@ -316,7 +319,7 @@ class Actor:
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for micro in own(rows, model):
             if not len(micro):
-                self._empty_pass(input_ids, backward=False)
+                self._empty_pass(model, input_ids, backward=False)
                 continue
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
@@ -327,10 +330,10 @@ class Actor:
             self.parallel.sum_(out)
         return out
 
-    def _empty_pass(self, input_ids: Tensor, backward: bool) -> None:
+    def _empty_pass(self, model: torch.nn.Module, input_ids: Tensor, backward: bool) -> None:
         """A forward (and backward) of one token with zero loss: under FSDP every rank must run
         the same number of passes (each gathers and reduce-scatters with the others)."""
-        logits = self.model(input_ids=input_ids[:1, :1], use_cache=False).logits
+        logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -379,6 +382,20 @@ class Actor:
         self.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))
+
+    def ref_weights(self) -> dict[str, Tensor] | None:
+        """The KL reference's full weights (None without one). Sharded: a gather every rank calls."""
+        if self.ref_model is None:
+            return None
+        state = self.ref_model.state_dict()
+        return full_state_dict(state) if self.sharded else state
+
+    def load_ref_weights(self, state: dict[str, Tensor]) -> None:
+        """Restore `ref_weights()`'s full tensors; sharded, each rank keeps its own shards (no
+        communication)."""
+        if self.ref_model is None:
+            raise ValueError("this Actor has no reference model (actor.kl_ctl is 0)")
+        self.ref_model.load_state_dict(shard_like(state, self.ref_model.state_dict()) if self.sharded else state)
 
     def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
         """The optimizer's full state (a checkpoint's, or rank 0's), cut to this rank's shards."""

@@ -145,10 +145,15 @@ class DataParallel:
             offset += n
 
 
-def fully_shard_model(model: torch.nn.Module) -> None:
+def fully_shard_model(model: torch.nn.Module, frozen: bool = False) -> None:
     """FSDP2 on a Hugging Face decoder: each layer of `model.model.layers`, then the root
     (embeddings, final norm, head). Gradients are summed, not averaged, over the ranks: the loss
-    is already divided by the global token count (as for DDP above)."""
+    is already divided by the global token count (as for DDP above).
+
+    `frozen`: a model that only runs no-grad forwards (the KL reference). Every unit, the root
+    included, then frees its gathered weights right after its forward: by default FSDP keeps the
+    root's gathered for the backward that reshards it, which never comes, so each rank would hold
+    the embedding and head whole from the first forward on."""
     from torch.distributed.fsdp import fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
@@ -156,7 +161,9 @@ def fully_shard_model(model: torch.nn.Module) -> None:
         raise ValueError(f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none")
     units = [*layers, model]  # inner units first: the root's unit holds what is left
     for unit in units:
-        fully_shard(unit)
+        fully_shard(unit, reshard_after_forward=True if frozen else None)  # (None: FSDP's default)
+    if frozen:  # no gradients to reduce
+        return
     for unit in units:  # a plain SUM (gloo has no pre-multiplied sum)
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)

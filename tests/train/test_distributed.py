@@ -76,8 +76,14 @@ def test_two_ranks_give_the_one_process_step(tmp_path, mode):
         g_max = max(float(g.abs().max()) for g in one["exp_avg"])
         g_diff = max(float((a - b).abs().max()) for a, b in zip(one["exp_avg"], ranks["exp_avg"], strict=True))
         assert g_diff <= 1e-5 * g_max, case
-        # advantages normalised once on the whole batch; stats over the whole batch on rank 0
-        assert torch.equal(one["advantages"], ranks["advantages"]), case
+        # advantages normalised once on the whole batch; stats over the whole batch on rank 0. With
+        # the KL penalty they carry the reference's log-probs, to float rounding under fsdp: there
+        # the reference is sharded, and its packed passes run one group's trie each, like the policy's
+        if mode == "fsdp" and "kl_ref" in one["stats"]:
+            torch.testing.assert_close(ranks["advantages"], one["advantages"], atol=1e-6, rtol=0,
+                                       msg=lambda m: f"{case}: {m}")
+        else:
+            assert torch.equal(one["advantages"], ranks["advantages"]), case
         # inspect=True: every row's per-token loss share, assembled from both ranks
         assert torch.allclose(one["contribution"], ranks["contribution"], atol=1e-5), case
         for key in ("loss", "grad_norm", "clip_frac", "entropy", "reward_mean", "adv_std", "n_tokens"):
@@ -93,3 +99,36 @@ def test_a_stalled_rank_0_ends_the_job_at_the_group_timeout(tmp_path):
     result = torchrun([str(Path(__file__).with_name("ddp_stall.py"))], tmp_path, timeout=90, group_timeout_s=5)
     assert result.returncode != 0
     assert "[rank1]: RuntimeError" in result.stderr and "Timed out waiting 5000ms" in result.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
+    from . import fsdp_ref
+
+    out = tmp_path / "ref.pt"
+    result = torchrun([str(Path(fsdp_ref.__file__)), str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = torch.load(out, weights_only=False)
+    assert two["world_size"] == 2
+    for case in fsdp_ref.CASES:
+        one, ranks = fsdp_ref.one_process_step(case), two[case]
+        # the reference log-probs the KL penalty used, on every token of the batch, and what follows
+        assert one["ref_logprobs"].abs().max() > 0.1, case
+        torch.testing.assert_close(ranks["ref_logprobs"], one["ref_logprobs"], atol=1e-5, rtol=0,
+                                   msg=lambda m: f"{case}: {m}")
+        for key in ("loss", "kl_ref", "grad_norm"):
+            assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
+        assert abs(one["stats"]["kl_ref"]) > 1e-3, case  # the reference differs from the policy
+        # each rank holds about half of the reference, resharded after its no-grad passes (the
+        # root too), with no gradient and no optimizer state; one process holds all of it
+        assert ranks["ref_all_sharded"] and one["ref_held_numel"] == one["ref_numel"] == ranks["ref_numel"]
+        held = [by_rank[case][0] for by_rank in two["held_by_rank"]]
+        assert sum(held) == ranks["ref_numel"] and all(0.45 < h / ranks["ref_numel"] < 0.55 for h in held), held
+        held_bytes = [by_rank[case][1] for by_rank in two["held_by_rank"]]  # fp32; shards padded to equal size
+        assert all(b <= 4 * (ranks["ref_numel"] // 2 + 4096) for b in held_bytes), (held_bytes, ranks["ref_numel"])
+        for r in (one, ranks):
+            assert not (r["ref_requires_grad"] or r["ref_in_optimizer"] or r["ref_has_grad"]), case
+        # the step left the reference where it was (gathered from the shards: the one-process weights)
+        assert all(torch.equal(ranks["ref_weights"][k], one["ref_weights"][k]) for k in one["ref_weights"]), case
+    # saved (gathered on every rank) and loaded into another sharded actor: the same reference
+    assert two["round_trip"] == {"differed_before": True, "restored_equal": True}
