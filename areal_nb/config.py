@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
-from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from areal_nb.train import GRPOConfig
 
 
@@ -74,6 +74,9 @@ class EngineConfig(_Section):
     # (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
     # `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers.
     prefix_cache_tokens: int = Field(DEFAULT_PREFIX_CACHE_TOKENS, ge=0)
+    # engine.type local, CPU: decoding steps of at most this many rows run on one torch thread
+    # (0: all on torch's threads); `areal-nb engine-server --single-thread-rows` is the same knob.
+    single_thread_rows: int = Field(DEFAULT_SINGLE_THREAD_ROWS, ge=0)
     addresses: list[str] = Field(default_factory=list)  # engine.type remote: http://host:port per server
     api_key: str | None = None  # sent to the servers as Authorization: Bearer
     # Where the trainer writes new weights for the servers to load (a directory both can read).

@@ -85,14 +85,17 @@ def build_bench_qwen2(out_dir: Path) -> Path:
 class VllmWorker:
     """`vllm_offline_worker.py` running in another interpreter; one LLM, many timed generate calls."""
 
-    def __init__(self, python: str, model_dir: str, max_num_seqs: int, logprobs: bool, eager: bool) -> None:
+    def __init__(self, python: str, model_dir: str, max_num_seqs: int, logprobs: bool, eager: bool,
+                 omp_wait_policy: str | None = None) -> None:
         env = dict(os.environ)
+        if omp_wait_policy:  # vLLM's own, apart from ours (its engine core and worker are two processes)
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
         env.pop("PYTHONPATH", None)  # its own venv: none of our packages
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         preload = [_tcmalloc_path(), _venv_lib(python, "libiomp5.so")]
         env["LD_PRELOAD"] = ":".join(p for p in preload if p)
-        self.tuning = {k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD")}
+        self.tuning = {k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD", "OMP_WAIT_POLICY")}
         self.proc = subprocess.Popen(
             [python, str(HERE / "vllm_offline_worker.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, text=True,
@@ -262,6 +265,9 @@ def main() -> None:
     parser.add_argument("--min-prompt", type=int, default=8)
     parser.add_argument("--max-prompt", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=128)
+    parser.add_argument("--single-thread-rows", type=int, default=None,
+                        help="LocalEngine(single_thread_rows=N): steps of at most N rows on one torch thread "
+                             "(0: never; default: the engine's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
@@ -274,6 +280,8 @@ def main() -> None:
                         help="transformers baselines to run (none: only engine and vLLM)")
     parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu: adds the vLLM column")
     parser.add_argument("--vllm-no-logprobs", action="store_true", help="vLLM skips the sampled-token log-probs")
+    parser.add_argument("--vllm-omp-wait-policy", choices=("PASSIVE", "ACTIVE"), default=None,
+                        help="OMP_WAIT_POLICY for the vLLM worker only (default: inherited)")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
     args = parser.parse_args()
     if args.torch_threads:
@@ -287,12 +295,14 @@ def main() -> None:
     else:
         model_name = str(resolve_model_path(model_name))
     args.model_dir = model_name
-    engine = LocalEngine(model_name, max_batch_size=args.max_batch_size, seed=args.seed)
+    threads = {} if args.single_thread_rows is None else {"single_thread_rows": args.single_thread_rows}
+    engine = LocalEngine(model_name, max_batch_size=args.max_batch_size, seed=args.seed, **threads)
     # The baselines use the engine's own weights, so all serve the same model.
     model, pad_id = engine.model, engine.tokenizer.pad_token_id or 0
     rng = random.Random(args.seed)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-          f"torch threads {torch.get_num_threads()}, device {engine.device}, "
+          f"torch threads {torch.get_num_threads()} (one at steps of <= {engine.single_thread_rows} rows), "
+          f"device {engine.device}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load average {_load()}", flush=True)
 
     vllm = None
@@ -302,7 +312,8 @@ def main() -> None:
         else:
             start = time.perf_counter()
             vllm = VllmWorker(args.vllm_python, model_name, max(max(args.requests), args.max_batch_size),
-                              logprobs=not args.vllm_no_logprobs, eager=args.vllm_eager)
+                              logprobs=not args.vllm_no_logprobs, eager=args.vllm_eager,
+                              omp_wait_policy=args.vllm_omp_wait_policy)
             print(f"  vLLM {vllm.version} ready in {time.perf_counter() - start:.0f} s "
                   f"({'eager' if args.vllm_eager else 'compiled'}, "
                   f"{'no ' if args.vllm_no_logprobs else ''}log-probs, {vllm.tuning})", flush=True)

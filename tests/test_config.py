@@ -120,7 +120,7 @@ def test_engine_defaults_are_the_same_through_config_command_line_and_constructo
     args = build_parser().parse_args([])
     constructor = inspect.signature(LocalEngine.__init__).parameters
     config = EngineConfig()
-    for name in ("max_batch_size", "prefix_cache_tokens"):
+    for name in ("max_batch_size", "prefix_cache_tokens", "single_thread_rows"):
         assert getattr(args, name) == getattr(config, name) == constructor[name].default, name
     assert args.admission_max_wait == EngineServerSettings().admission_max_wait
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
-from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 
 # The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
                         help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
+    parser.add_argument("--single-thread-rows", type=int, default=DEFAULT_SINGLE_THREAD_ROWS,
+                        help="CPU: decoding steps of at most this many rows run on one torch thread "
+                             "(0: every step on torch's threads; default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads (default: torch's, one per core); give each of "
                              "several servers sharing a machine its share of the cores")
@@ -106,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
+    if args.single_thread_rows < 0:
+        print(f"areal-nb engine-server: --single-thread-rows must be >= 0, got {args.single_thread_rows}",
+              file=sys.stderr)
+        return 2
     if args.switch_interval <= 0:
         print(f"areal-nb engine-server: --switch-interval must be > 0, got {args.switch_interval}", file=sys.stderr)
         return 2
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path = resolve_model_path(args.model)
     engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
                          max_batch_size=args.max_batch_size, seed=args.seed,
-                         prefix_cache_tokens=args.prefix_cache_tokens)
+                         prefix_cache_tokens=args.prefix_cache_tokens, single_thread_rows=args.single_thread_rows)
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
                                     api_key=api_key, weights_dir=args.weights_dir,

@@ -14,3 +14,8 @@ DEFAULT_MAX_BATCH_SIZE = 64
 # token of KV costs layers x 2 x kv_heads x head_dim x dtype bytes (tiny-math: 4 KiB in fp32,
 # Qwen2.5-1.5B: 28 KiB in bf16, so 0.9 GiB at this default).
 DEFAULT_PREFIX_CACHE_TOKENS = 32768
+
+# Decoding steps of up to this many rows run on one torch thread (CPU); 0: every step on torch's
+# threads. One thread leaves the other core to the Python threads beside the engine (the Session's
+# agents and proxy, a server's HTTP loop); see LocalEngine's docstring for what was measured.
+DEFAULT_SINGLE_THREAD_ROWS = 64

@@ -27,7 +27,7 @@ class EngineSpec(Protocol):
     type: str
     max_batch_size: int
     seed: int
-    # prefix_cache_tokens: int (read by "local" when present)
+    # prefix_cache_tokens, single_thread_rows: int (read by "local" when present)
     # read by "sglang" / "remote" only (getattr: a spec for "local" may leave them out)
     # addresses: list[str]; api_key: str | None; launch: command, n_servers, host, ports, tp_size,
     # dp_size, mem_fraction_static, extra_args, ready_timeout
@@ -57,12 +57,13 @@ def create_engine(
     if spec.type == "local":
         import torch
 
-        from .defaults import DEFAULT_PREFIX_CACHE_TOKENS
+        from .defaults import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
         from .local import LocalEngine
 
         return LocalEngine(model if model is not None else model_path, tokenizer, device=device,
                            dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed,
-                           prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS))
+                           prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
+                           single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS))
     if spec.type == "sglang":
         from .remote_launch import launch_remote_engine
 

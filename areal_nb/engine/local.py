@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 
 from areal_nb.api import ModelRequest, ModelResponse
 
-from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS
+from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from .kv_batch import PaddedKVBatch, compact_order
 from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
@@ -63,8 +63,12 @@ Delivery = Callable[[ModelResponse | BaseException], None]
 # threads alternating in one process, minimum wall time per step at load average 3): 4.9 vs 5.5 ms
 # at 8 rows, 10.0 vs 10.6 at 32, 16.9 vs 18.0 at 64, 33.0 vs 31.7 at 128. Waking the second OpenMP
 # thread for each of a step's ~150 small operations costs more than it saves until the matmuls
-# are large.
-SINGLE_THREAD_ROWS = 64
+# are large. That holds where other threads want the cores (the Session's agents and proxy: its
+# rollouts measured the same with 0 and 64 on a quiet machine). An engine alone on a quiet machine
+# is the other way round: with OpenMP's default spin-waiting, every step on both threads
+# (single_thread_rows=0) gave 2,065 vs 1,498 tok/s at 8 rows, 3,606 vs 2,756 at 32 and 4,571-5,030
+# vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1, session 6).
+SINGLE_THREAD_ROWS = DEFAULT_SINGLE_THREAD_ROWS
 
 
 @contextmanager

@@ -245,3 +245,20 @@ def test_small_decoding_steps_run_on_one_thread_and_keep_token_consistency(tiny_
     assert torch.get_num_threads() == caller_threads
     for resp in responses:
         assert max_logprob_error(reference_model, resp) <= 1e-4
+
+
+def test_the_config_and_command_line_set_the_one_thread_rows(tiny_model_path):
+    # engine.single_thread_rows / --single-thread-rows reach LocalEngine; 0 keeps every step on
+    # torch's threads (the tuning for an engine alone on a machine), negatives are refused
+    from areal_nb.cli.engine_server import main as engine_server_main
+    from areal_nb.config import EngineConfig
+    from areal_nb.engine import create_engine
+
+    engine = create_engine(EngineConfig(single_thread_rows=0), tiny_model_path, None)
+    try:
+        assert engine.single_thread_rows == 0 and engine._small_work_threads(1) is None
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="single_thread_rows"):
+        EngineConfig(single_thread_rows=-1)
+    assert engine_server_main(["--model", str(tiny_model_path), "--single-thread-rows", "-1"]) == 2
