@@ -429,9 +429,15 @@ class Session:
         self._check_open()
         actor_state = self.actor.state_dict()  # every rank: FSDP gathers the full tensors
         ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
+        return self._written_by_rank_0(lambda: save_checkpoint(self, path, actor_state, ref_weights))
+
+    def _written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
+        """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"
+        message), or raise rank 0's error when it failed."""
+        path = None
         if self.rank == 0:
             try:
-                path = save_checkpoint(self, path, actor_state, ref_weights)
+                path = write()
             except BaseException as e:
                 if self._channel is not None:
                     self._channel.abort(e)
@@ -467,17 +473,8 @@ class Session:
         gathered = None
         if checkpoint and self._channel is not None:
             gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
-        if self.rank == 0:
-            try:
-                path = export_run(path, self.config, session=self, checkpoint=checkpoint, overwrite=overwrite,
-                                  gathered=gathered)
-            except BaseException as e:
-                if self._channel is not None:
-                    self._channel.abort(e)
-                raise
-        if self._channel is not None:
-            path = self._channel.send("saved", str(path) if self.rank == 0 else None)
-        return Path(path)
+        return self._written_by_rank_0(lambda: export_run(path, self.config, session=self, checkpoint=checkpoint,
+                                                          overwrite=overwrite, gathered=gathered))
 
     # ------------------------------------------------------------------ widgets
     def dashboard(self):
