@@ -24,6 +24,26 @@ def test_every_row_lands_in_exactly_one_group():
         assert min(lengths[i] for i in group) >= 0.75 * max(lengths[i] for i in group)
 
 
+
+def _check_and_step(batch, reference_model, rows):
+    """`check(logits)`: each row's logits equal a plain forward over its own tokens (1e-4);
+    `step(logits)`: append each row's argmax and decode one step. Both read `rows` as it is at
+    the call (change it in place as rows leave or join)."""
+    import torch
+
+    def check(logits):
+        with torch.inference_mode():
+            for row, got in zip(rows, logits, strict=True):
+                want = reference_model(torch.tensor([row])).logits[0, -1]
+                assert (got - want).abs().max() < 1e-4
+
+    def step(logits):
+        for row, next_token in zip(rows, logits.argmax(-1).tolist(), strict=True):
+            row.append(next_token)
+        return batch.decode(torch.tensor([row[-1] for row in rows]))
+
+    return check, step
+
 def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(tiny_model_path, reference_model):
     """Rows that decode past the spare columns, leave (trimming padding) and join a running batch
     get the logits of a plain forward over their own unpadded sequence, at every step."""
@@ -38,16 +58,7 @@ def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(
     gen = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (3, 17, 9)]
 
-    def check(logits):
-        with torch.inference_mode():
-            for row, got in zip(rows, logits, strict=True):
-                want = reference_model(torch.tensor([row])).logits[0, -1]
-                assert (got - want).abs().max() < 1e-4
-
-    def step(logits):
-        for row, next_token in zip(rows, logits.argmax(-1).tolist(), strict=True):
-            row.append(next_token)
-        return batch.decode(torch.tensor([row[-1] for row in rows]))
+    check, step = _check_and_step(batch, reference_model, rows)
 
     with torch.inference_mode():
         logits = batch.prefill([list(r) for r in rows])
@@ -56,7 +67,7 @@ def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(
             logits = step(logits)
             check(logits)
         batch.keep_rows([2, 0])  # the longest prompt leaves: padding columns are trimmed
-        rows, logits = [rows[2], rows[0]], logits[[2, 0]]
+        rows[:], logits = [rows[2], rows[0]], logits[[2, 0]]
         for _ in range(3):
             logits = step(logits)
             check(logits)
@@ -115,16 +126,7 @@ def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(
     gen = torch.Generator().manual_seed(3)
     rows = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (12, 30, 7, 21)]
 
-    def check(logits):
-        with torch.inference_mode():
-            for row, got in zip(rows, logits, strict=True):
-                want = reference_model(torch.tensor([row])).logits[0, -1]
-                assert (got - want).abs().max() < 1e-4
-
-    def step(logits):
-        for row, next_token in zip(rows, logits.argmax(-1).tolist(), strict=True):
-            row.append(next_token)
-        return batch.decode(torch.tensor([row[-1] for row in rows]))
+    check, step = _check_and_step(batch, reference_model, rows)
 
     with torch.inference_mode():
         logits = batch.prefill([list(r) for r in rows])
@@ -134,7 +136,7 @@ def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(
             logits = step(logits)
         order = compact_order([0, 2, 3])  # row 1 leaves: row 3 moves into its slot
         batch.keep_rows(order)
-        rows, logits = [rows[i] for i in order], logits[order]
+        rows[:], logits = [rows[i] for i in order], logits[order]
         check(logits)
         buffers = [(layer._k, layer._v) for layer in batch.cache.layers]
         for k, v in buffers:
