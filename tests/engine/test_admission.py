@@ -14,6 +14,7 @@ from areal_nb.engine.admission import AdmissionWindow
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.proxy.server import ProxyServer
+from engine_test_helpers import ServedStub
 
 
 def test_a_burst_at_an_idle_engine_is_released_together_after_the_last_arrival():
@@ -108,12 +109,8 @@ def test_negative_settings_are_refused():
         AdmissionWindow(gap=-1.0, max_wait=0.02, engine_busy=lambda: False)
 
 
-class Counting:
+class Counting(ServedStub):
     """Answers every request with token 7 after 50 ms and records which rids reached it."""
-
-    tokenizer = None
-    eos_token_ids = [2]
-    max_context = 512
 
     def __init__(self) -> None:
         self.started: list[str] = []
@@ -123,15 +120,6 @@ class Counting:
         await asyncio.sleep(0.05)
         return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7], output_logprobs=[-1.0],
                              output_versions=[0], stop_reason="length")
-
-    def get_version(self) -> int:
-        return 0
-
-    def abort(self, rid: str) -> None:
-        pass
-
-    def abort_all(self) -> None:
-        pass
 
 
 @pytest.mark.server

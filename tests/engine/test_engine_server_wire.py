@@ -19,18 +19,15 @@ from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.proxy.server import ProxyServer
+from engine_test_helpers import ServedStub
 
 pytestmark = pytest.mark.server
 
 KEY = "wire-key"
 
 
-class ScriptedLogprobs:
+class ScriptedLogprobs(ServedStub):
     """Answers every request with tokens 10, 11, ... and the log-probs it was given."""
-
-    tokenizer = None
-    eos_token_ids = [2]
-    max_context = 512
 
     def __init__(self, logprobs: list[float]) -> None:
         self.logprobs = logprobs
@@ -39,15 +36,6 @@ class ScriptedLogprobs:
         n = len(self.logprobs)
         return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[10 + i for i in range(n)],
                              output_logprobs=list(self.logprobs), output_versions=[0] * n, stop_reason="length")
-
-    def get_version(self) -> int:
-        return 0
-
-    def abort(self, rid: str) -> None:
-        pass
-
-    def abort_all(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("logprobs", [
@@ -68,12 +56,8 @@ def test_logprobs_arrive_exactly(logprobs):
         server.stop()
 
 
-class Slow:
+class Slow(ServedStub):
     """Generates until aborted (`/abort_request`); records which rids started and which were aborted."""
-
-    tokenizer = None
-    eos_token_ids = [2]
-    max_context = 512
 
     def __init__(self) -> None:
         self.started: list[str] = []
@@ -87,15 +71,9 @@ class Slow:
         return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7], output_logprobs=[-1.0],
                              output_versions=[0], stop_reason="abort")
 
-    def get_version(self) -> int:
-        return 0
-
     def abort(self, rid: str) -> None:  # called on the server's loop
         self.aborted.append(rid)
         self._stop[rid].set()
-
-    def abort_all(self) -> None:
-        pass
 
 
 def test_cancelling_callers_of_a_burst_frees_the_server_and_the_client_keeps_working():
