@@ -166,8 +166,7 @@ class PaddedKVBatch:
         self.length = 0
 
     def _forward(self, input_ids, mask, position_ids, cache) -> torch.Tensor:
-        if self.fast is not None:
-            return self.fast(input_ids, mask, position_ids, cache)
+        """The stock forward (models without `Qwen2FastForward`): next-token logits [B, V]."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

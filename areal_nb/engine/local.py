@@ -58,8 +58,8 @@ logger = logging.getLogger(__name__)
 
 Delivery = Callable[[ModelResponse | BaseException], None]
 
-# Decoding steps of up to this many rows run on one torch thread (CPU). Measured on this project's
-# 2-core machine (decoding steps of the 6.4 M Qwen2 of benchmarks/engine_throughput.py, 1 vs 2
+# Why decoding steps of up to DEFAULT_SINGLE_THREAD_ROWS (64) rows run on one torch thread (CPU).
+# Measured on this project's 2-core machine (decoding steps of the 6.4 M Qwen2 of benchmarks/engine_throughput.py, 1 vs 2
 # threads alternating in one process, minimum wall time per step at load average 3): 4.9 vs 5.5 ms
 # at 8 rows, 10.0 vs 10.6 at 32, 16.9 vs 18.0 at 64, 33.0 vs 31.7 at 128. Waking the second OpenMP
 # thread for each of a step's ~150 small operations costs more than it saves until the matmuls
@@ -68,7 +68,6 @@ Delivery = Callable[[ModelResponse | BaseException], None]
 # is the other way round: with OpenMP's default spin-waiting, every step on both threads
 # (single_thread_rows=0) gave 2,065 vs 1,498 tok/s at 8 rows, 3,606 vs 2,756 at 32 and 4,571-5,030
 # vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1, session 6).
-SINGLE_THREAD_ROWS = DEFAULT_SINGLE_THREAD_ROWS
 
 
 @contextmanager
@@ -171,12 +170,12 @@ class LocalEngine:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         seed: int = 0,
         fast_forward: bool = True,
-        single_thread_rows: int = SINGLE_THREAD_ROWS,
+        single_thread_rows: int = DEFAULT_SINGLE_THREAD_ROWS,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         """`fast_forward=False` forces transformers' stock forward even for Qwen2 models;
         `single_thread_rows`: on CPU, decoding steps of at most this many rows run on one torch
-        thread (see `SINGLE_THREAD_ROWS`; 0: never); `prefix_cache_tokens` bounds the prefix cache
+        thread (see the comment on `DEFAULT_SINGLE_THREAD_ROWS` above; 0: never); `prefix_cache_tokens` bounds the prefix cache
         (tokens of KV kept, 0: no cache)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -10,7 +10,7 @@ lengths, runs on the rows' padded layout, which is where their keys/values must 
 running batch's left-padded cache (`kv_batch.PaddedKVBatch`). So the keys/values are written
 straight into their cache columns, with no join and no copy of the batch.
 
-The arithmetic per token is `Qwen2FastForward.__call__`'s (same fused projections, RMSNorm,
+The arithmetic per token is `Qwen2FastForward.decode`'s (same fused projections, RMSNorm,
 rotary table), so the logits and keys/values equal a plain forward over each prompt alone up to
 fp32 rounding (matmuls over a different number of rows may sum in another order).
 """

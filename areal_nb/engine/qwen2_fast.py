@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache
 
 
 def _rms_norm(hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -163,8 +162,8 @@ class Qwen2FastForward:
     def decode(
         self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, layers: list
     ) -> torch.Tensor:
-        """Next-token logits [B, V] of one decoding step, the arithmetic of `__call__` for one new
-        token per row written for that case (fewer operations per layer, no [B, 1, ...] axis).
+        """Next-token logits [B, V] of one decoding step: the arithmetic of `packed_prefill.py` for
+        one new token per row, written for that case (fewer operations per layer, no [B, 1, ...] axis).
 
         `input_ids` [B]: each row's last token; `positions` [B]: its position; `layers`: the cache
         layers, whose `append_column(k, v)` writes this step's keys/values [B, kv_heads, D] into
@@ -190,32 +189,3 @@ class Qwen2FastForward:
             gate, up = gate_up_proj(x).chunk(2, dim=-1)
             hidden.add_(down_proj(F.silu(gate) * up))
         return self._lm_head(_rms_norm(hidden, inner.norm))
-
-    def __call__(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: Cache
-    ) -> torch.Tensor:
-        """Next-token logits [B, V] after the last position of `input_ids` [B, T] (a prefill; the
-        decoding steps use `decode`)."""
-        inner = self.inner
-        hidden = F.embedding(input_ids, inner.embed_tokens.weight)
-        cos, sin = self._rope(hidden, position_ids)
-        batch, length, _ = hidden.shape
-        fused = self._fused_weights()
-        n_q, n_kv = self.n_heads, self.n_kv_heads
-        for index, layer in enumerate(inner.layers):
-            qkv_proj, o_proj, gate_up_proj, down_proj = fused[index]
-            x = _rms_norm(hidden, layer.input_layernorm)
-            # q|k|v as heads of one tensor: rotary is applied to q and k together, fewer small ops
-            qkv = qkv_proj(x).view(batch, length, n_q + 2 * n_kv, self.head_dim).transpose(1, 2)
-            qk = qkv[:, : n_q + n_kv]
-            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)
-            k, v = cache.layers[index].update(qk[:, n_q:], qkv[:, n_q + n_kv :])
-            out = F.scaled_dot_product_attention(qk[:, :n_q], k, v, attn_mask=mask, scale=1.0,  # q is scaled
-                                                 enable_gqa=self.gqa)
-            out = out.transpose(1, 2).reshape(batch, length, -1)
-            hidden = hidden + o_proj(out)
-            x = _rms_norm(hidden, layer.post_attention_layernorm)
-            gate, up = gate_up_proj(x).chunk(2, dim=-1)
-            hidden = hidden + down_proj(F.silu(gate) * up)
-        last = _rms_norm(hidden[:, -1], inner.norm)
-        return self._lm_head(last)
