@@ -134,7 +134,7 @@ class Actor:
         lengths = attention.sum(1)
         parallel = self.parallel
 
-        def own(rows: Tensor, model: torch.nn.Module) -> list[Tensor]:
+        def own(rows: Tensor) -> list[Tensor]:
             """The micro-batches of `rows` this process computes (all rows without data
             parallelism); through the sharded model, as many as every other rank (some empty)."""
             if parallel is None:
@@ -183,7 +183,7 @@ class Actor:
             # is the whole minibatch's (every rank has the batch), and the sum runs over ranks.
             minibatch_tokens = int(mask[rows].sum())
             minibatch_loss = 0.0
-            for micro in own(rows, self.model):
+            for micro in own(rows):
                 if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
                     self._empty_pass(self.model, input_ids, backward=True)
                     continue
@@ -314,10 +314,10 @@ class Actor:
         needed: Tensor | None = None,
     ) -> Tensor:
         """Log-probs of every row (with `needed`: at least there); data-parallel, each rank
-        computes its micro-batches `own(rows, model)` and the ranks sum their (otherwise zero) rows."""
+        computes its micro-batches `own(rows)` and the ranks sum their (otherwise zero) rows."""
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        for micro in own(rows, model):
+        for micro in own(rows):
             if not len(micro):
                 self._empty_pass(model, input_ids, backward=False)
                 continue

@@ -238,8 +238,9 @@ def packed_token_logprobs_and_entropy(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if packed.plan is not None:
-        return _flat_logprobs(model, packed, temperature, with_entropy, positions, last_layer_at_heads)
-    logprobs, entropy = _dense_logprobs(model, packed, temperature, with_entropy)
+        logprobs, entropy = _flat_logprobs(model, packed, temperature, with_entropy, positions, last_layer_at_heads)
+    else:
+        logprobs, entropy = _dense_logprobs(model, packed, temperature, with_entropy)
     if positions is not None:
         logprobs = torch.where(positions, logprobs, 0.0)
         entropy = None if entropy is None else torch.where(positions, entropy, 0.0)
@@ -291,10 +292,7 @@ def _flat_logprobs(
             head_entropy = -(detached.exp() * detached).sum(-1)
             per_node = head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy[head_of_child])
             entropy = _to_rows(per_node, packed.node_of)
-    if positions is not None:
-        logprobs = torch.where(positions, logprobs, 0.0)
-        entropy = None if entropy is None else torch.where(positions, entropy, 0.0)
-    return logprobs, entropy
+    return logprobs, entropy  # (zeroed outside `positions` by the caller)
 
 
 def _head_runs(compact: Tensor, node_of: Tensor, heads: Tensor) -> list[tuple[list[int], int, int]]:
