@@ -89,11 +89,7 @@ class GenerationConfig:
         return dataclasses.replace(self, **kwargs)
 
     def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationConfig:
-        ids = list(self.stop_token_ids)
-        for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-            if tid is not None and tid not in ids:
-                ids.append(tid)
-        return self.new(stop_token_ids=ids)
+        return self.new(stop_token_ids=with_pad_and_eos_ids(self.stop_token_ids, tokenizer))
 
     def to_openai_args_dict(self, api_format: str = "completions") -> dict[str, Any]:
         """Keyword arguments for an OpenAI-style `create` call.
@@ -195,3 +191,12 @@ class ModelResponse:
         while end > 0 and self.output_tokens[end - 1] in stop_ids:
             end -= 1
         return list(self.output_tokens[:end])
+
+
+def with_pad_and_eos_ids(stop_token_ids: Any, tokenizer: Any) -> list[int]:
+    """`stop_token_ids` and then the tokenizer's pad and EOS ids, each id once."""
+    ids = list(stop_token_ids)
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    return ids

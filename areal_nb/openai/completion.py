@@ -26,6 +26,7 @@ from areal_nb.api import (
     ModelRequest,
     ModelResponse,
 )
+from areal_nb.api.io_struct import with_pad_and_eos_ids
 
 from .cache import InteractionCache
 from .interaction import InteractionWithTokenLogpReward
@@ -197,23 +198,13 @@ def sampling_config(
         top_p=float(top),
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
-        stop_token_ids=[] if tokenizer is None else pad_and_eos_ids(tokenizer),
+        stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
     )
     try:
         gconfig.check()
     except InvalidRequestError as exc:
         raise CompletionRequestError(str(exc)) from None
     return gconfig
-
-
-def pad_and_eos_ids(tokenizer: Any) -> list[int]:
-    """The tokenizer's pad and EOS ids, each once (`GenerationConfig.new_with_stop_and_pad_token_ids`
-    of a config without stop ids, minus the copy)."""
-    ids: list[int] = []
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if tid is not None and tid not in ids:
-            ids.append(tid)
-    return ids
 
 
 def build_prompt_ids(
