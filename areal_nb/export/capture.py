@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import importlib.util
 import inspect
 import re
@@ -29,6 +28,8 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from areal_nb.api import import_object
 
 AGENT_MODULE = "agent"  # agent.py in the run folder
 _MISSING = object()
@@ -130,10 +131,8 @@ def _import_path(obj: Any) -> str:
         raise ExportError(f"agent.workflow {qualname!r} is defined inside a function: define it at the top "
                           f"level of a cell or module so it can be imported by name")
     try:
-        found = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
+        found = import_object(f"{module}:{qualname}")
+    except ImportError as exc:
         raise ExportError(f"agent.workflow {module}.{qualname} cannot be imported back ({exc})") from exc
     if found is not obj:
         raise ExportError(f"agent.workflow {module}.{qualname} imports as a different object (was it redefined?)")
