@@ -126,12 +126,21 @@ def test_step_callback_and_history(session):
 
 
 def test_keyboard_interrupt_during_rollout_leaves_session_usable(session):
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    # Ctrl-C once episodes are running (not after a fixed delay: a fast machine could finish the
+    # rollout first, and the signal would hit the test itself)
+    def interrupt_once_running() -> None:
+        for _ in range(3000):
+            if session.executor.staleness.running > 0:
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_running)
     before = sys.getswitchinterval()
+    interrupter.start()
     with pytest.raises(KeyboardInterrupt):
-        session.rollout(64)  # far more than fits in half a second
-    timer.join()
+        session.rollout(64)  # far more than one round of episodes
+    interrupter.join()
     assert session.executor.staleness.running == 0 and session.executor.n_waiting == 0
     assert sys.getswitchinterval() == before  # the GIL setting of the rollout was given back
     batch = session.rollout(1)

@@ -71,12 +71,21 @@ def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_
             assert "engine-server listening on" in text
             assert any(line.startswith(f"[server {i}] ") and "listening on" in line for line in log.lines)
         assert log.widget().value.splitlines()[-1] == log.lines[-1]
-        # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving
-        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-        timer.start()
+        # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving.
+        # The interrupt comes once requests are in flight (not after a fixed delay: a fast
+        # machine could finish the rollout first and the signal would hit the test itself).
+        def interrupt_once_generating() -> None:
+            for _ in range(3000):
+                if any(s["in_flight"] for s in session.engine.server_status()):
+                    break
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        interrupter = threading.Thread(target=interrupt_once_generating)
+        interrupter.start()
         with pytest.raises(KeyboardInterrupt):
-            session.rollout(64)  # far more than fits in a second
-        timer.join()
+            session.rollout(64)  # far more than one round of requests
+        interrupter.join()
         for _ in range(300):  # the cancellations reach the engine's own loop thread; a hang guard
             if [s["in_flight"] for s in session.engine.server_status()] == [0, 0]:
                 break
