@@ -76,7 +76,7 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
                 shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
         if saved:
-            _save_checkpoint(session, cfg, tmp / "checkpoint", gathered)
+            _save_checkpoint(session, cfg, tmp / "checkpoint", gathered, final=out / "checkpoint")
         _write_launchers(tmp, cfg)
         (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))
         _write_readme(tmp, cfg, captured.source is not None, saved, session,
@@ -145,8 +145,9 @@ def _check_plain(cfg: SessionConfig) -> None:
 
 
 def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
-                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None) -> None:
-    """`session.save(path)`, recording the exported config (the agent as its import string)."""
+                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None, *, final: Path) -> None:
+    """`session.save(path)`, recording the exported config (the agent as its import string) and
+    the model folder where it will be (`final`), not in the temporary folder it is written to."""
     from areal_nb.session.checkpoint import save_checkpoint
 
     waiting = getattr(session.executor, "n_waiting", 0)
@@ -160,6 +161,8 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
         save_checkpoint(session, path, *(gathered or ()))
     finally:
         session.config = original
+    saved = load_config(path / "config.yaml", {"model.path": str(final / "model")})
+    dump_config(saved, path / "config.yaml")
 
 
 # ----------------------------------------------------------------------------- scripts
