@@ -221,9 +221,15 @@ class ClusterConfig(_Section):
         if self.infer_nodes >= self.nodes:
             raise ValueError(f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
                              f"cluster.nodes ({self.nodes}) for the trainer")
-        if self.gpus_per_node and self.servers_per_node * self.gpus_per_server > self.gpus_per_node:
+        servers = self.servers_per_node * self.gpus_per_server
+        if self.gpus_per_node and servers > self.gpus_per_node:
             raise ValueError(f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
                              f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})")
+        if self.gpus_per_node and self.infer_nodes == 0 and servers + self.nproc_per_node > self.gpus_per_node:
+            raise ValueError(f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
+                             f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
+                             f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
+                             f"set infer_nodes")
         return self
 
 

@@ -190,10 +190,16 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
         "INFER_NODES": cluster.infer_nodes, "SERVERS_PER_NODE": cluster.servers_per_node,
         "GPUS_PER_NODE": cluster.gpus_per_node, "GPUS_PER_SERVER": cluster.gpus_per_server,
         "NPROC_PER_NODE": cluster.nproc_per_node, "ENGINE_PORT": cluster.engine_port,
-        "RDZV_PORT": cluster.rdzv_port, "MODEL": shlex.quote(cfg.model.path),  # a path may hold spaces, $ or quotes
+        "RDZV_PORT": cluster.rdzv_port, "MODEL": _bash_word(cfg.model.path),
     }))
     for script in (local, sbatch):
         script.chmod(0o755)
+
+
+def _bash_word(value: str) -> str:
+    """`value` as one bash word: in double quotes, as a user would write it, unless it holds
+    what bash expands or ends there ($, `, \\, "); then in shlex's single quotes."""
+    return f'"{value}"' if re.fullmatch(r'[^"$`\\\n]*', value) else shlex.quote(value)
 
 
 def _job_name(experiment_name: str) -> str:
