@@ -31,13 +31,12 @@ from typing import Any
 
 from areal_nb.api import import_object
 
+from .instance import rebuild_kwargs
+from .plain import ExportError, is_plain_data
+
 AGENT_MODULE = "agent"  # agent.py in the run folder
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_][\w.]*")  # pkg.mod.name, pkg.mod:Name
 _MISSING = object()
-
-
-class ExportError(ValueError):
-    """The run cannot be exported; the message names what and why."""
 
 
 @dataclass
@@ -90,7 +89,7 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
         return CapturedAgent(workflow=workflow, workflow_kwargs=workflow_kwargs)
     target, kwargs = workflow, workflow_kwargs
     if not (inspect.isclass(workflow) or inspect.isfunction(workflow)):
-        target, kwargs = type(workflow), _constructor_kwargs(workflow)
+        target, kwargs = type(workflow), rebuild_kwargs(workflow)
     code_args = {k: v for k, v in (kwargs or {}).items() if inspect.isfunction(v) or inspect.isclass(v)}
     if target.__module__ != "__main__" and not code_args:
         return CapturedAgent(workflow=_import_path(target), workflow_kwargs=kwargs)
@@ -162,35 +161,6 @@ def _import_path(obj: Any) -> str:
     if found is not obj:
         raise ExportError(f"agent.workflow {module}.{qualname} imports as a different object (was it redefined?)")
     return f"{module}.{qualname}"
-
-
-def _constructor_kwargs(instance: Any) -> dict[str, Any]:
-    """An agent instance → the kwargs that rebuild it: every `__init__` parameter must be kept
-    as an attribute of the same name, holding plain data or code (a function or class)."""
-    cls = type(instance)
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()
-              if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    state = getattr(instance, "__dict__", {})
-    kwargs = {}
-    for p in params:
-        value = state.get(p.name)
-        if p.name in state and (is_plain_data(value) or inspect.isfunction(value) or inspect.isclass(value)):
-            if p.default is p.empty or value != p.default:
-                kwargs[p.name] = value
-        else:  # not kept under its name, or not data nor code: its value cannot be known
-            raise ExportError(
-                f"agent.workflow is an instance of {cls.__qualname__} whose argument {p.name!r} cannot be "
-                f"recovered as plain data or code: pass the class and agent.workflow_kwargs instead "
-                f"(Session(..., agent__workflow={cls.__qualname__}, agent__workflow_kwargs={{...}}))")
-    return kwargs
-
-
-def is_plain_data(value: Any) -> bool:
-    """Data `repr` writes and `ast.literal_eval` reads back equal (numbers, strings, lists, dicts ...)."""
-    try:
-        return ast.literal_eval(repr(value)) == value
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return False
 
 
 # ----------------------------------------------------------------------------- code from cells
@@ -296,15 +266,18 @@ class _NotebookCode:
 
     def _definition(self, name: str, value: Any, by: str | None) -> None:
         label = f"{name!r}" + (f" (used by {by!r})" if by else "")
+        binding = self.bindings.get(name)
+        # A decorated def's closure is the decorator's (functools.wraps and the like): agent.py
+        # runs the decorated definition again, so the closure is rebuilt, not written down.
+        decorated = binding is not None and bool(getattr(binding[1], "decorator_list", None))
         closure = getattr(value, "__closure__", None)
-        if closure:
+        if closure and not decorated:
             free = ", ".join(f"{var!r} ({type(_cell_value(c)).__qualname__})"
                              for var, c in zip(value.__code__.co_freevars, closure, strict=False))
             raise ExportError(f"{label} closes over {free}: a closure's captured objects cannot be written as "
                               f"source. Define it at the top level and pass data as arguments or globals")
-        if "<locals>" in value.__qualname__:
+        if "<locals>" in value.__qualname__ and not decorated:
             raise ExportError(f"{label} is defined inside a function; define it at the top level of a cell")
-        binding = self.bindings.get(name)
         if binding is None:
             raise ExportError(f"the source of {label} was not found in the notebook's cells (or the script): "
                               f"put it in a module and pass its import path")

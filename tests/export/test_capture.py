@@ -187,3 +187,70 @@ def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py
     # the same through the class and workflow_kwargs
     by_class = capture_workflow(main.ChatAgent, {"reward_fn": main.exact})
     assert by_class.workflow == "agent.AGENT" and "AGENT = ChatAgent(reward_fn=exact)" in by_class.source
+
+
+def test_a_decorated_reward_from_cells_is_written_with_its_decorator(as_main, tmp_path):
+    """`functools.wraps` leaves a closure on the function: agent.py re-runs the decorated def,
+    so that closure is rebuilt, not refused."""
+    main = as_main('''
+        import functools
+        from areal_nb.agents.chat_agent import ChatAgent
+
+        def doubled(fn):
+            @functools.wraps(fn)
+            def inner(row, reply):
+                return 2 * fn(row, reply)
+            return inner
+
+        @doubled
+        def exact(row, reply):
+            return float(reply.strip() == row["answer"])
+
+        agent = ChatAgent(reward_fn=exact)
+        ''')
+    captured = capture_workflow(main.agent)
+    assert "@doubled\ndef exact(row, reply):" in captured.source and "def doubled(fn):" in captured.source
+    module = load_agent_py(tmp_path, captured.source)
+    assert module.AGENT.reward_fn({"answer": "4"}, " 4") == 2.0
+
+
+def test_an_instance_keeps_what_a_subclass_passes_on_through_kwargs(as_main):
+    main = as_main('''
+        from areal_nb.agents.chat_agent import ChatAgent
+
+        def exact(row, reply):
+            return 1.0
+
+        class Strict(ChatAgent):
+            def __init__(self, bonus=0.5, **kwargs):
+                super().__init__(reward_fn=exact, **kwargs)
+                self.bonus = bonus
+
+        agent = Strict(bonus=0.7, max_turns=3)
+        agent.retry_prompt = "Once more."   # a ChatAgent argument, set after the agent was made
+        agent.calls = 12                    # state, not configuration
+        ''')
+    captured = capture_workflow(main.agent)
+    assert captured.workflow == "agent.Strict"
+    assert captured.workflow_kwargs == {"bonus": 0.7, "max_turns": 3, "retry_prompt": "Once more."}
+
+
+def test_an_instance_whose_configuration_cannot_be_rebuilt_fails_naming_it(as_main):
+    main = as_main('''
+        class Agent:
+            def __init__(self, turns=1, temperature=1.0):
+                self.turns = turns
+                self.temperature = temperature
+
+            async def run(self, data, **kwargs):
+                return 0.0
+
+        class Hot(Agent):
+            def __init__(self):          # takes nothing on: temperature cannot come back
+                super().__init__(turns=2)
+
+        agent = Hot()
+        agent.temperature = 0.3
+        ''')
+    with pytest.raises(ExportError, match=r"instance of Hot, holds temperature=0.3 \(rebuilt: 1.0\)"):
+        capture_workflow(main.agent)
