@@ -45,3 +45,15 @@ def test_staleness_bound_holds_after_resuming_with_prefetch(tmp_path):
         assert b.version == 3
         b.run(3)
         assert b.history["staleness_max"].tolist()[3:] == [0.0, 0.0, 0.0]
+
+
+def test_interrupting_a_run_gives_the_prefetched_rows_back():
+    """Ctrl-C during run() cancels the groups fetched ahead; their rows are not skipped: the next
+    rollout() draws them again (the clean-up the runtime runs on KeyboardInterrupt)."""
+    with Session(config(seed=7, rollout__prefetch=True, rollout__max_head_offpolicyness=1)) as s:
+        s.run(1)
+        ahead, drawn = waiting_rows(s)
+        assert ahead
+        s._runtime.call(s._runtime.on_interrupt())  # noqa: SLF001 - what LoopRuntime.call runs on Ctrl-C
+        assert s.executor.n_waiting == 0 and s.data.pos == drawn - len(ahead)
+        assert [episodes[0].data for episodes in s.rollout().groups.values()] == ahead[:2]

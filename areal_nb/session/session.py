@@ -538,7 +538,10 @@ class Session:
                     logger.warning("closing %s failed: %s", name.lstrip("_"), e)
 
     async def _cancel_rollouts(self) -> None:
+        dropped = self.executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
         await self.executor.cancel_all()
+        if dropped:  # their rows come again (Ctrl-C must not skip data that was never trained on)
+            self.data = self.data.at(self.data.pos - dropped)
 
     def _batch(self, episodes: list) -> RolloutBatch:
         agent = self.config.agent
