@@ -290,4 +290,4 @@ def _edited_assistant_continuation(candidate: InteractionWithTokenLogpReward, me
     if not is_prefix(candidate.messages, messages) or len(messages) < n_in + len(outputs):
         return False
     sent = messages[n_in : n_in + len(outputs)]
-    return any(m.get("role") == "assistant" for m in sent) and sent != outputs
+    return any(m.get("role") == "assistant" for m in sent) and not is_prefix(outputs, sent)
