@@ -21,7 +21,8 @@ from .messages import is_prefix
 
 
 class ConversationLinkWarning(UserWarning):
-    """A call looks like a continuation but an edited assistant message prevents the link."""
+    """A call looks like a continuation but is not linked as one: an edited assistant message, or
+    (concat mode) tools or template variables that differ from the parent's."""
 
 
 class MissingRewardWarning(UserWarning):
