@@ -183,3 +183,25 @@ def test_a_reward_that_raises_is_reported_with_its_traceback():
     with Session(dataset=ROWS, agent__workflow=ChatAgent(reward_fn=strict_reward), **SMALL) as s:
         with pytest.raises(FirstEpisodeError, match=r"(?s)ValueError: cannot score.*in strict_reward"):
             s.rollout()
+
+
+# ----------------------------------------------------------------------------- what people write
+
+
+def test_a_dataframe_mixing_prompt_and_messages_rows_and_a_bool_reward_trains():
+    # pd.DataFrame of rows with different keys: each row has an empty cell (None) where the other
+    # kind has its prompt; the reward returns a bool, as `target in reply` does
+    rows = [{"prompt": r["prompt"], "target": r["target"]} if i % 2 else
+            {"messages": [{"role": "user", "content": r["prompt"]}], "target": r["target"]}
+            for i, r in enumerate(ROWS)]
+    agent = RecordingAgent(reward_fn=lambda row, reply: row["target"] in reply)
+    with Session(dataset=pd.DataFrame(rows), agent__workflow=agent, **SMALL) as s:
+        history = s.run(2)
+        assert history["step"].tolist() == [1, 2] and not s.last_batch.rejected
+        batch = s.last_batch
+        calls = [c for i in range(len(batch.episodes)) for c in batch.calls(i)]
+        assert {c.raw_reward for c in calls} <= {0.0, 1.0}  # True / False as 1.0 / 0.0
+        assert {tuple(sorted(row)) for row in agent.seen} == {("messages", "prompt", "target")}
+        assert all((row["prompt"] is None) != (row["messages"] is None) for row in agent.seen)
+        # each row's own question reached the model, whichever column held it
+        assert {c.messages[0]["content"] for c in calls} <= {r["prompt"] for r in ROWS}

@@ -66,21 +66,25 @@ def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
 
 def _is_gsm8k(source: Any, fmt: str) -> bool:
     """A string source read as GSM8K: a folder, a hub name, or (format "auto") a JSONL file whose
-    first row has "question" and "answer" but no "messages"."""
+    first row has "question" and a GSM8K "answer" (reasoning, then "#### <value>") but no "messages".
+    Any other JSONL is the user's rows: a task of its own may well name its fields question/answer."""
     if not isinstance(source, str) or fmt == "rows" or is_row_factory(source):
         return False
-    if fmt == "gsm8k" or not is_row_file(source):
+    if fmt == "gsm8k":
         return True
+    if not is_row_file(source):  # a folder or a hub name; a file of another kind is refused by load_rows
+        return not Path(source).expanduser().is_file()
     path = Path(source).expanduser()
     if path.suffix.lower() != ".jsonl" or not path.is_file():
         return False
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         first = next((line for line in f if line.strip()), "")
     try:
         row = json.loads(first)
     except json.JSONDecodeError:
         return False
-    return isinstance(row, dict) and "question" in row and "answer" in row and "messages" not in row
+    return (isinstance(row, dict) and "question" in row and "####" in str(row.get("answer", ""))
+            and "messages" not in row)
 
 
 class DataStream:
