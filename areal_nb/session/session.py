@@ -473,6 +473,11 @@ class Session:
         (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
         state and sends it to the other ranks."""
         state = read_checkpoint(path) if distributed.env_rank() == 0 else None
+        if config is None and (Path(path) / "model").is_dir() and "model.path" not in _flatten_overrides(overrides):
+            # the saved config.yaml names the model folder by the absolute path it was written at,
+            # which is gone once the checkpoint is moved or copied (an exported run's folder, a
+            # job's result brought back from the cluster): the folder beside it is that model
+            overrides = {**overrides, "model__path": str((Path(path) / "model").resolve())}
         session = cls(Path(path) / "config.yaml" if config is None else config, start=False, **overrides)
         session._resume_state = state
         return session.start()
