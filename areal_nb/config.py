@@ -137,7 +137,7 @@ class RolloutConfig(_Section):
 
 class DataConfig(_Section):
     # "generated"; a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k";
-    # or your own rows: a JSONL/JSON/Parquet/CSV path, or (from Python) a list of dicts, a pandas
+    # or your own rows: a JSONL/JSON/Parquet/CSV/TSV path, or (from Python) a list of dicts, a pandas
     # DataFrame or a datasets.Dataset. Rows reach the agent unchanged (areal_nb.data.load_rows).
     source: Any = "generated"
     # The held-out rows evaluate() runs on (same forms); None: the source's test split, or

@@ -151,10 +151,9 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
     from areal_nb.session.checkpoint import save_checkpoint
 
     waiting = getattr(session.executor, "n_waiting", 0)
-    if waiting:
-        logger.warning("%d prefetched rollout group(s) were not trained on: the exported run does not carry "
-                       "them and continues with the rows after them (use rollout.prefetch=false or rollout()"
-                       " + train_step() before exporting for an exact continuation)", waiting)
+    if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
+        logger.info("%d prefetched rollout group(s) were not trained on: the exported run generates them "
+                    "again from their rows, at its own policy version", waiting)
     original = session.config
     session.config = cfg
     try:
