@@ -5,7 +5,9 @@ after the servers', not cuda:0 beside server 0; on separate inference nodes they
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,18 @@ def test_trainer_nodes_without_servers_keep_every_gpu(tmp_path):
 def test_servers_and_trainer_that_do_not_fit_one_node_are_refused():
     with pytest.raises(ConfigError, match=r"2 GPU\(s\) and cluster.nproc_per_node \(3\) .* exceed cluster.gpus_per_node \(4\)"):
         load_config(CONFIG, {**SHARED, "cluster.nproc_per_node": 3})
+
+
+def test_a_job_submitted_without_the_environment_says_so_before_starting_anything(tmp_path):
+    run = export_run(tmp_path / "run", load_config(CONFIG))
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in ("bash", "dirname", "mkdir", "cat", "seq", "cut"):  # a shell, without the run's environment
+        (bare / name).symlink_to(shutil.which(name))
+    env = {"PATH": str(bare), "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(run),
+           "PYTHON": shutil.which("python3") or sys.executable}
+    job = subprocess.run([str(bare / "bash"), "job.sbatch"], cwd=run, env=env, capture_output=True, text=True, timeout=60)
+    assert job.returncode == 127 and "job.sbatch: torchrun is not on PATH" in job.stderr, job.stderr
+    local = subprocess.run([str(bare / "bash"), "launch_local.sh"], cwd=run, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert local.returncode == 127 and "launch_local.sh: torchrun is not on PATH" in local.stderr, local.stderr

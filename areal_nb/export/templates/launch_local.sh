@@ -8,4 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 NPROC="${NPROC:-@NPROC@}"
+if ! command -v torchrun > /dev/null; then
+  echo "launch_local.sh: torchrun is not on PATH: activate the environment this run was exported from" \
+       "(or pip install -r requirements.txt)" >&2
+  exit 127
+fi
 exec torchrun --standalone --nproc-per-node "$NPROC" train.py "$@"
