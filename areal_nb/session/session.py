@@ -483,22 +483,26 @@ class Session:
         return session.start()
 
     # ------------------------------------------------------------------ export
-    def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False) -> Path:
+    def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False,
+               **overrides: Any) -> Path:
         """Write a run folder that continues this run as a batch job: config.yaml (every override
         applied), train.py, the agent (its import path, or agent.py with its source taken from
         the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
         job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
         state, so the job goes on from this step. Raises ExportError naming what cannot travel.
+        `overrides` change the job's config only (`total_steps=200, cluster__nodes=2`), as
+        `areal-nb export`'s key=value do; this Session keeps its own.
 
         Under torchrun every rank calls it (the same script runs everywhere): each takes part in
         gathering the weights (FSDP shards them), rank 0 writes the folder, the others return its path."""
         from areal_nb.export import export_run
 
         self._check_open()
+        config = load_config(self.config, _flatten_overrides(overrides)) if overrides else self.config
         gathered = None
         if checkpoint and self._channel is not None:
             gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
-        return self._written_by_rank_0(lambda: export_run(path, self.config, session=self, checkpoint=checkpoint,
+        return self._written_by_rank_0(lambda: export_run(path, config, session=self, checkpoint=checkpoint,
                                                           overwrite=overwrite, gathered=gathered))
 
     # ------------------------------------------------------------------ widgets
