@@ -43,7 +43,7 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
     `checkpoint`), and is where an agent defined in notebook cells is found. `gathered`: the
     actor's state and KL reference weights when every rank already took part in gathering them
     (`Session.export` under torchrun); otherwise the checkpoint gathers them here."""
-    out = Path(path).expanduser().absolute()
+    out = Path(path).expanduser().resolve()  # (a link to a folder elsewhere: work beside its target)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder")
     if out.exists() and any(out.iterdir()):

@@ -88,3 +88,16 @@ def test_a_user_module_named_like_the_folders_own_files_is_refused(tmp_path, mon
     with pytest.raises(ExportError, match=r"your module .*train.py.*rename the module"):
         export_run(tmp_path / "run", config)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_export_through_a_link_to_a_folder_writes_into_the_folder(tmp_path):
+    """`runs` linked to a scratch filesystem, as clusters often do: the export (and a re-export)
+    lands in the linked folder, and the link stays a link."""
+    target = tmp_path / "scratch" / "run"
+    target.mkdir(parents=True)
+    link = tmp_path / "run"
+    link.symlink_to(target, target_is_directory=True)
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml")
+    export_run(link, config)
+    export_run(link, load_config(config, {"total_steps": 3}), overwrite=True)
+    assert link.is_symlink() and load_config(target / "config.yaml").total_steps == 3
