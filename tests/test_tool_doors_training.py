@@ -39,7 +39,8 @@ class ResponsesCalculatorAgent:
             calls = [item for item in response.output if item.type == "function_call"]
             if not calls:
                 return answer_reward(data, response.output_text)
-            items += [item.model_dump(exclude_none=True) for item in response.output]  # as the model returned them
+            # the whole output goes back, as Responses agents do (text the model wrote before its call included)
+            items += [item.model_dump(exclude_none=True) for item in response.output]
             for call in calls:
                 expression = json.loads(call.arguments).get("expression", "")
                 items.append({"type": "function_call_output", "call_id": call.call_id, "output": calculator(expression)})

@@ -25,6 +25,7 @@ from .completion import (
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
+from .tool_specs import check_tools
 
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
 _ITEM_ROLES = ("user", "assistant", "system", "developer")
@@ -66,7 +67,8 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
                 raise CompletionRequestError(f"input[{i}] is a function_call without a name (a non-empty string)")
             if not isinstance(arguments, str):
                 raise CompletionRequestError(f"input[{i}].arguments must be a JSON string")
-            call = {"id": item.get("call_id", item.get("id")), "type": "function",
+            _require_call_id(item, i)
+            call = {"id": item["call_id"], "type": "function",
                     "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and previous_type in ("message", "function_call"):
@@ -75,14 +77,19 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
-            if item.get("call_id") is not None and not isinstance(item.get("call_id"), str):
-                raise CompletionRequestError(f"input[{i}].call_id must be a string")
+            _require_call_id(item, i)
             messages.append({"role": "tool", "content": output if isinstance(output, str) else _content_text(output, i),
                              "tool_call_id": item.get("call_id")})
         else:
             raise CompletionRequestError(f"input[{i}] has unsupported item type {kind!r}")
         previous_type = kind
     return messages
+
+
+def _require_call_id(item: dict[str, Any], index: int) -> None:
+    """A call and its output are paired by `call_id`; without one the template cannot pair them."""
+    if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+        raise CompletionRequestError(f"input[{index}] ({item.get('type')}) needs a call_id (a non-empty string)")
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -93,11 +100,30 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         tool = normalize_message(tool, i)
-        if tool.get("type") != "function" or "name" not in tool:
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str) or not tool["name"]:
             raise CompletionRequestError(f"tools[{i}] must be a function tool with a name")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         out.append({"type": "function", "function": fn})
     return out or None
+
+
+def _previous_conversation(cache: InteractionCache | None, previous_response_id: Any) -> list[dict[str, Any]]:
+    """The chat messages a response continues: its input (without its instructions) and output."""
+    if previous_response_id is None:
+        return []
+    if not isinstance(previous_response_id, str):
+        raise CompletionRequestError(f"previous_response_id must be a string, got {type(previous_response_id).__name__}")
+    previous = cache.get(previous_response_id) if cache is not None else None
+    if previous is None or previous.response is None:
+        raise CompletionRequestError(
+            f"previous_response_id {previous_response_id!r} is not a response of this session"
+            + ("" if cache is not None else " (no cache records responses here)")
+        )
+    if previous.output_message_list is None:
+        raise CompletionRequestError(f"previous_response_id {previous_response_id!r} has not completed yet")
+    had_instructions = previous.response.instructions is not None
+    kept = previous.messages[1 if had_instructions else 0 :] + previous.output_message_list
+    return [normalize_message(m, i) for i, m in enumerate(kept)]  # copies: nothing shared with the earlier call
 
 
 def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
@@ -125,9 +151,14 @@ async def create_response(
     metadata: dict[str, Any] | None = None,
     include: Any = None,
     extra_body: dict[str, Any] | None = None,
+    previous_response_id: str | None = None,
     **ignored: Any,
 ):
-    """One OpenAI Response; the call is always recorded in `cache` (when one is given)."""
+    """One OpenAI Response; the call is always recorded in `cache` (when one is given).
+
+    `previous_response_id` continues a response of the same cache: its conversation (input and
+    output, without its instructions, as in the OpenAI API) comes before this call's input.
+    """
     from openai.types.responses import (
         Response,
         ResponseFunctionToolCall,
@@ -139,6 +170,9 @@ async def create_response(
 
     if include:
         raise CompletionRequestError("include is not supported")
+    if ignored.get("conversation") is not None:
+        raise CompletionRequestError("conversation is not supported; send previous_response_id or the whole input")
+    history = _previous_conversation(cache, previous_response_id)
     if input is None:
         raise CompletionRequestError("input is required for Responses.create")
     if isinstance(input, str):
@@ -147,12 +181,13 @@ async def create_response(
         items = [normalize_message(item, i) for i, item in enumerate(input)]
     else:
         raise MessageTypeError(f"input must be a string or a list of items, got {type(input).__name__}")
-    messages = response_items_to_messages(items)
+    messages = history + response_items_to_messages(items)
     if instructions is not None:
         messages.insert(0, {"role": "system", "content": instructions})
     if not messages:
         raise CompletionRequestError("input cannot be empty")
     chat_tools = _chat_tools(tools)
+    check_tools(chat_tools, tool_choice)
     response_id = "resp-" + uuid.uuid4().hex[:29]
     interaction, model_response = await generate_for_messages(
         engine=engine,
@@ -196,6 +231,8 @@ async def create_response(
         tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
         tools=[],
         status="completed",
+        instructions=instructions,
+        previous_response_id=previous_response_id,
         max_output_tokens=max_output_tokens,
         temperature=temperature,
         top_p=top_p,

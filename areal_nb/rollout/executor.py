@@ -180,6 +180,8 @@ class RolloutExecutor:
                     logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason)
             if self.staleness.running <= 0:
                 self._switch_interval.release()
+            if self._feeder is not None and ep.rejection_reason != "cancelled":
+                self._pump()  # async RL: a freed slot starts the next group now, not at the next step
             self._changed.set()
 
     # ------------------------------------------------------------------ consumption
@@ -200,6 +202,8 @@ class RolloutExecutor:
             self._pump()
             if len(self._groups) >= n and all(g.done for g in list(self._groups)[:n]):
                 out = [self._groups.popleft().episodes for _ in range(n)]
+                self.staleness.on_hand_out(sum(len(g) for g in out), self.engine.get_version())
+                self._pump()  # the next batches may start while this one trains
                 return out
             head = list(self._groups)[:n]
             if any(not g.started for g in head) and self.staleness.running == 0:
@@ -216,11 +220,12 @@ class RolloutExecutor:
         self._feeder = None
         tasks = [t for g in self._groups for t in g.tasks if not t.done()]
         running = len(tasks)
+        finished = sum(len(g.tasks) for g in self._groups) - running
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        self.staleness.on_cancel(running)
+        self.staleness.on_cancel(running, finished)
         self._groups.clear()
         self._switch_interval.release()
         self._changed.set()

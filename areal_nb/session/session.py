@@ -473,6 +473,11 @@ class Session:
         (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
         state and sends it to the other ranks."""
         state = read_checkpoint(path) if distributed.env_rank() == 0 else None
+        if config is None and (Path(path) / "model").is_dir() and "model.path" not in _flatten_overrides(overrides):
+            # the saved config.yaml names the model folder by the absolute path it was written at,
+            # which is gone once the checkpoint is moved or copied (an exported run's folder, a
+            # job's result brought back from the cluster): the folder beside it is that model
+            overrides = {**overrides, "model__path": str((Path(path) / "model").resolve())}
         session = cls(Path(path) / "config.yaml" if config is None else config, start=False, **overrides)
         session._resume_state = state
         return session.start()
@@ -563,7 +568,10 @@ class Session:
                     logger.warning("closing %s failed: %s", name.lstrip("_"), e)
 
     async def _cancel_rollouts(self) -> None:
+        dropped = self.executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
         await self.executor.cancel_all()
+        if dropped:  # their rows come again (Ctrl-C must not skip data that was never trained on)
+            self.data = self.data.at(self.data.pos - dropped)
 
     def _batch(self, episodes: list) -> RolloutBatch:
         agent = self.config.agent
