@@ -263,9 +263,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     async def set_reward(body: SetRewardRequest, session: SessionData = Depends(session_key)) -> dict[str, Any]:
         cache = session.cache
         if body.interaction_id is None:
-            if len(cache) == 0:
-                raise ProxyError(400, f"no interactions in session {session.session_id!r} to reward", "no_interactions")
-            cache.set_last_reward(body.reward)
+            session.set_last_reward(body.reward)
         else:
             try:
                 cache.set_reward(body.interaction_id, body.reward)
