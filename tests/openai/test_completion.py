@@ -46,7 +46,9 @@ def create(client, **kw):
         ({"messages": "hello"}, TypeError, "messages must be a list"),
         ({"messages": [Q[0], "raw string"]}, TypeError, r"messages\[1\] must be a dict"),
         ({"messages": []}, CompletionRequestError, "messages cannot be empty"),
-        ({"n": 2}, CompletionRequestError, "n != 1 is not supported"),
+        ({"n": 0}, CompletionRequestError, "n must be positive"),
+        ({"n": 17}, CompletionRequestError, r"n=17 is more than 16 choices"),
+        ({"n": 2.0}, CompletionRequestError, "n must be an integer"),
         ({"max_tokens": 5, "max_completion_tokens": 5}, CompletionRequestError, "cannot be set at the same time"),
         ({"max_completion_tokens": 0}, CompletionRequestError, "max_completion_tokens must be positive"),
         ({"max_completion_tokens": True}, CompletionRequestError, "max_completion_tokens must be an integer"),
@@ -226,6 +228,79 @@ def test_stream_chunks(tiny_tokenizer):
     assert [ch.choices[0].finish_reason for ch in chunks] == [None, None, None, "tool_calls"]
     usage = chunks[-1].usage
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and usage.completion_tokens > 0
+
+
+# ----- n > 1 ------------------------------------------------------------------------------------
+def _numbered_replies(tokenizer):
+    count = iter(range(100))
+    return ScriptedEngine(tokenizer, lambda req: f"Answer {next(count)}.")
+
+
+def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
+    """n > 1 samples the prompt n times; each choice is its own interaction (`completion.id` is
+    choice 0's, `f"{completion.id}-{i}"` choice i's), with its own tokens, and a next call that
+    echoes choice i's message is choice i's child."""
+    engine = _numbered_replies(tiny_tokenizer)
+    c = ArealOpenAI(engine, tiny_tokenizer, chat_template_type="concat")
+    completion = create(c, n=3)
+    cid = completion.id
+    assert [ch.index for ch in completion.choices] == [0, 1, 2]
+    assert sorted(ch.message.content for ch in completion.choices) == ["Answer 0.", "Answer 1.", "Answer 2."]
+    ids = [cid, f"{cid}-1", f"{cid}-2"]
+    assert list(c.cache) == ids
+    assert len(engine.requests) == 3 and all(r.input_ids == engine.requests[0].input_ids for r in engine.requests)
+    for i, iid in enumerate(ids):
+        it = c.get_interaction(iid)
+        assert it.interaction_id == iid and it.parent is None and it.is_complete
+        assert it.output_message_list == [completion.choices[i].message.model_dump(exclude_none=True)]
+        mr = it.model_response
+        assert tiny_tokenizer.decode(mr.output_tokens) == completion.choices[i].message.content + "<|im_end|>"
+        row = it.to_tensor_dict()
+        assert row["input_ids"][0].tolist() == mr.input_tokens + mr.output_tokens
+        assert row["loss_mask"][0].tolist() == [0] * mr.input_len + [1] * mr.output_len
+    prompt_len = c.get_interaction(cid).model_response.input_len
+    outputs = [c.get_interaction(i).model_response.output_len for i in ids]
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_len, sum(outputs))
+    # continue from choice 1 only: it gets the child; choices 0 and 2 stay leaves
+    follow = create(c, messages=[*Q, completion.choices[1].message, {"role": "user", "content": "Sure?"}])
+    child = c.get_interaction(follow.id)
+    assert child.parent is c.get_interaction(ids[1])
+    c.set_reward(ids[0], 1.0)
+    c.set_reward(ids[2], 0.0)
+    c.set_reward(follow.id, 1.0)
+    leaves = c.export_interactions("concat", reward_discount=0.5)
+    assert list(leaves) == [ids[0], ids[2], follow.id]
+    assert c.get_interaction(ids[1]).reward == 0.5  # its own 0 + 0.5 x its child's 1
+
+
+def test_n_choices_stream_by_index_and_a_failed_sample_records_nothing(tiny_tokenizer):
+    c = ArealOpenAI(_numbered_replies(tiny_tokenizer), tiny_tokenizer)
+
+    async def consume():
+        stream = await c.chat.completions.create(messages=Q, n=2, stream=True, max_completion_tokens=20)
+        return [chunk async for chunk in stream]
+
+    chunks = run(consume())
+    by_index = {0: "", 1: ""}
+    for ch in chunks:
+        for choice in ch.choices:
+            by_index[choice.index] += choice.delta.content or ""
+    assert sorted(by_index.values()) == ["Answer 0.", "Answer 1."]
+    assert [(ch.choices[0].index, ch.choices[0].finish_reason) for ch in chunks if ch.choices[0].finish_reason] == [(0, "stop"), (1, "stop")]
+    assert [ch.usage is not None for ch in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert len(c.cache) == 2
+
+    class FailsSecond(ScriptedEngine):
+        async def agenerate(self, req):
+            if len(self.requests) == 1:
+                self.requests.append(req)
+                raise RuntimeError("engine lost a row")
+            return await super().agenerate(req)
+
+    failing = ArealOpenAI(FailsSecond(tiny_tokenizer, "x"), tiny_tokenizer)
+    with pytest.raises(RuntimeError, match="engine lost a row"):
+        create(failing, n=3)
+    assert len(failing.cache) == 0
 
 
 # ----- responses --------------------------------------------------------------------------------

@@ -272,6 +272,36 @@ def test_responses_on_tiny_model(local_server):
     assert wire[response.id]["messages"][0] == {"role": "system", "content": "Add."}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_n_choices_on_tiny_model(local_server, stream):
+    """n=3 through the SDK (plain and streamed) on the real model: three choices, each exported
+    as its own interaction with the engine's exact tokens; the SDK sees the usage of all three."""
+    sid, key = _session(local_server.url, f"oai-n-{stream}")
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
+            request = {"model": "m", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "n": 3,
+                       "max_completion_tokens": 8, "temperature": 1.0}
+            if not stream:
+                completion = await client.chat.completions.create(**request)
+                return completion.id, [c.message.content for c in completion.choices], completion.usage
+            texts, usage, cid = ["", "", ""], None, None
+            async for chunk in await client.chat.completions.create(**request, stream=True):
+                cid, usage = chunk.id, chunk.usage or usage
+                for choice in chunk.choices:
+                    texts[choice.index] += choice.delta.content or ""
+            return cid, texts, usage
+
+    cid, texts, usage = asyncio.run(run())
+    wire = _export(local_server.url, sid, key)
+    ids = [cid, f"{cid}-1", f"{cid}-2"]
+    assert list(wire) == ids
+    for iid, text in zip(ids, texts, strict=True):
+        _check_tokens(wire[iid])
+        assert wire[iid]["output_message_list"][0]["content"] == text
+    assert usage.completion_tokens == sum(len(wire[i]["model_response"]["output_tokens"]) for i in ids)
+
+
 def test_sdk_sees_errors_in_its_dialect(scripted_server):
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{scripted_server.url}/v1", api_key="bogus-key-123", max_retries=0) as c:
