@@ -103,6 +103,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         create_chat_completion,
     )
     from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
+    from areal_nb.openai.response_stream import format_response_sse, response_stream_events
     from areal_nb.openai.responses import create_response
 
     settings = settings or ProxySettings()
@@ -311,8 +312,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return Response(completion.model_dump_json(), media_type="application/json")
 
     async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
-        if body.stream:
-            raise ProxyError(400, "stream=true is not supported on /v1/responses; use /v1/chat/completions to stream", "unsupported")
         response = await generate(
             create_response(
                 **capture_kwargs(session),
@@ -330,6 +329,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 extra_body=extra_body_of(body),
             )
         )
+        if body.stream:  # generated already: the events replay the recorded response
+            return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
         return Response(response.model_dump_json(), media_type="application/json")
 
     for prefix in ("/v1", ""):

@@ -376,6 +376,41 @@ def test_previous_response_id_errors_record_nothing(client, kwargs, match):
     assert list(client.cache) == [chat.id]
 
 
+def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
+    """`responses.create(stream=True)`: the OpenAI event sequence (created, in_progress, per
+    output item added/deltas/done, completed) with increasing sequence numbers; the text deltas
+    and argument deltas rebuild the output, `response.completed` carries the recorded response."""
+    from areal_nb.openai.response_stream import response_stream_events
+
+    text = 'Let me add.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
+
+    async def consume():
+        stream = await c.responses.create(input="What is 2+3?", tools=tools, max_output_tokens=200, stream=True)
+        async with stream as s:
+            return [event async for event in s]
+
+    events = run(consume())
+    recorded = next(iter(c.cache.values()))
+    assert recorded.is_complete
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert events[4].delta == "Let me add." and events[4].item_id == events[2].item.id
+    assert events[9].delta == '{"expr": "2+3"}' and events[10].arguments == '{"expr": "2+3"}'
+    final = events[-1].response
+    assert final == recorded.response and final.id == recorded.interaction_id
+    assert [o.type for o in final.output] == ["message", "function_call"]
+    assert response_stream_events(final) == events
+
+
 def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer, chat_template_type="concat")
     first = create(c, max_completion_tokens=3)

@@ -23,7 +23,7 @@ BAD_SESSION_BODIES = [
     ("/v1/chat/completions", {"messages": OK_CHAT["messages"], "max_tokens": 4, "max_completion_tokens": 4}, 400, "max_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "max_total_tokens": 3}, 400, "exceeds"),
     ("/v1/responses", {"input": 7}, 422, "input"),
-    ("/v1/responses", {"input": "hi", "stream": True}, 400, "stream"),
+    ("/v1/responses", {"input": "hi", "stream": "yes please"}, 422, "stream"),
     ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, 422, "max_tokens"),
     ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "hi"}]}, 400, "role"),
     ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400, "video"),

@@ -302,6 +302,52 @@ def test_openai_n_choices_on_tiny_model(local_server, stream):
     assert usage.completion_tokens == sum(len(wire[i]["model_response"]["output_tokens"]) for i in ids)
 
 
+def test_agents_sdk_streamed_run_on_the_responses_api_scripted(tool_server):
+    """The OpenAI Agents SDK's default model (the Responses API), streamed: the SDK rebuilds each
+    turn from our events, runs the tool, and its second call links to the first."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    sid, key = _session(tool_server.url, "resp-stream-agents")
+
+    @function_tool
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        return "3"
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=key, max_retries=0) as client:
+            agent = Agent(name="adder", instructions="Use the add tool.", tools=[add],
+                          model=OpenAIResponsesModel(model="m", openai_client=client), model_settings=ModelSettings(max_tokens=48))
+            result = Runner.run_streamed(agent, "What is 1 + 2?")
+            kinds = [event.type async for event in result.stream_events()]
+            return result.final_output, kinds
+
+    final, kinds = asyncio.run(run())
+    assert final == "The sum is 3" and "raw_response_event" in kinds
+    wire = _export(tool_server.url, sid, key)
+    first, second = wire
+    assert wire[second]["parent_id"] == first
+    assert wire[second]["messages"][-1]["role"] == "tool" and wire[second]["messages"][-1]["content"] == "3"
+
+
+def test_responses_stream_on_tiny_model(local_server):
+    sid, key = _session(local_server.url, "resp-stream-real")
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
+            async with client.responses.stream(model="m", input="What is 1 + 2?", max_output_tokens=8) as stream:
+                deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+                return "".join(deltas), await stream.get_final_response()
+
+    text, final = asyncio.run(run())
+    assert text == final.output_text
+    wire = _export(local_server.url, sid, key)
+    _check_tokens(wire[final.id])
+    assert wire[final.id]["output_message_list"] == [{"role": "assistant", "content": text}]
+    assert final.usage.output_tokens == len(wire[final.id]["model_response"]["output_tokens"])
+
+
 def test_sdk_sees_errors_in_its_dialect(scripted_server):
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{scripted_server.url}/v1", api_key="bogus-key-123", max_retries=0) as c:
