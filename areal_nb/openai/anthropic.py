@@ -191,9 +191,12 @@ def _convert_tools(tools: Any) -> list[dict[str, Any]] | None:
         schema = tool.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, Mapping):
             raise AnthropicRequestError(f"tools[{i}].input_schema must be an object")
-        function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
+        # name, description, parameters: the order an OpenAI client sends, so the same tool renders
+        # the same prompt text through every door (the template dumps the tool's JSON as it is)
+        function: dict[str, Any] = {"name": name}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
+        function["parameters"] = dict(schema)
         out.append({"type": "function", "function": function})
     return out or None
 
@@ -221,7 +224,7 @@ def anthropic_request_to_chat(
     """Keyword arguments for `create_chat_completion` from a Messages request body.
 
     `tool_arguments` maps tool-call ids the proxy returned to their exact argument strings.
-    Unknown fields (top_k, metadata, thinking, service_tier, ...) are ignored.
+    Unknown fields (metadata, thinking, service_tier, ...) are ignored.
     """
     if not isinstance(body, Mapping):
         raise AnthropicRequestError("the request body must be a JSON object")
@@ -248,7 +251,7 @@ def anthropic_request_to_chat(
             kwargs["tool_choice"] = tool_choice
     if body.get("max_tokens") is not None:
         kwargs["max_completion_tokens"] = body["max_tokens"]
-    for key in ("temperature", "top_p"):
+    for key in ("temperature", "top_p", "top_k"):
         if body.get(key) is not None:
             kwargs[key] = body[key]
     if body.get("stop_sequences"):

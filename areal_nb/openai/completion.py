@@ -41,6 +41,7 @@ from .request_limits import (
     text_chars,
 )
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
+from .tool_specs import check_tools
 from .tool_calls import (
     SUPPORTED_REASONING_PARSERS,
     SUPPORTED_TOOL_CALL_PARSERS,
@@ -170,6 +171,7 @@ def sampling_config(
     tokenizer: Any,
     budget: TokenBudget,
     presence_penalty: float | None = None,
+    top_k: int | None = None,
 ) -> GenerationConfig:
     """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`.
 
@@ -197,6 +199,7 @@ def sampling_config(
         greedy=temp == 0.0,
         temperature=float(temp),
         top_p=float(top),
+        **({} if top_k is None else {"top_k": top_k}),  # None: no top-k cut (GenerationConfig's default)
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
         stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
@@ -367,15 +370,19 @@ async def create_chat_completion(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     extra_body: dict[str, Any] | None = None,
+    logprobs: bool | None = None,
+    top_k: int | None = None,
     **ignored: Any,
 ):
-    """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`."""
+    """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`.
+    `logprobs=True` returns the sampled tokens' log-probs (the ones recorded for training)."""
     from openai.types.chat import ChatCompletion
 
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:29]
     normalized = normalize_messages(messages)
     n_choices = _check_choices(n)
     tools_list = _normalize_tools(tools)
+    check_tools(tools_list, tool_choice)
     record = cache if store is not False else None
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
     ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
@@ -390,7 +397,7 @@ async def create_chat_completion(
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
         sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop,
-                         "presence_penalty": presence_penalty},
+                         "presence_penalty": presence_penalty, "top_k": top_k},
         metadata=metadata,
     )
     if n_choices == 1:
@@ -400,7 +407,7 @@ async def create_chat_completion(
     created = int(time.time())
     choices = []
     for index, (interaction, response) in enumerate(samples):
-        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice)
+        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs)
         choices.append(choice)
         interaction.completion = ChatCompletion(
             id=interaction.interaction_id, choices=[choice], created=created, model=MODEL_NAME, object="chat.completion",
@@ -451,7 +458,7 @@ def _forget(cache: InteractionCache | None, ids: list[str]) -> None:
 
 
 def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: CompletionSettings,
-            tools_list: list[dict[str, Any]] | None, tool_choice: Any) -> Any:
+            tools_list: list[dict[str, Any]] | None, tool_choice: Any, logprobs: bool | None) -> Any:
     """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason."""
     from openai.types.chat import ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
@@ -466,13 +473,27 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
     message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
-    return Choice(index=index, finish_reason=finish_reason, logprobs=None, message=message)
+    return Choice(index=index, finish_reason=finish_reason, message=message,
+                  logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
     from openai.types.completion_usage import CompletionUsage
 
     return CompletionUsage(completion_tokens=completion_tokens, prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion_tokens)
+
+
+def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
+    """OpenAI's `choice.logprobs` for the reply's tokens (trailing EOS/pad left out, as in its text)."""
+    from openai.types.chat import ChatCompletionTokenLogprob
+    from openai.types.chat.chat_completion import ChoiceLogprobs
+
+    tokens = response.output_tokens_without_stop
+    content = []
+    for token_id, logprob in zip(tokens, response.output_logprobs[: len(tokens)], strict=True):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        content.append(ChatCompletionTokenLogprob(token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]))
+    return ChoiceLogprobs(content=content)
 
 
 def chat_completion_stream_chunks(completion: Any) -> list[Any]:
@@ -486,10 +507,10 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
         ChoiceDeltaToolCallFunction,
     )
 
-    def chunk(index: int, delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None) -> ChatCompletionChunk:
+    def chunk(index: int, delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None, logprobs: Any = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=completion.id,
-            choices=[Choice(index=index, delta=delta, finish_reason=finish_reason, logprobs=None)],
+            choices=[Choice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
             created=completion.created,
             model=completion.model,
             object="chat.completion.chunk",
@@ -502,7 +523,8 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
         i = choice.index
         chunks.append(chunk(i, ChoiceDelta(role="assistant", content="")))
         if choice.message.content:
-            chunks.append(chunk(i, ChoiceDelta(content=choice.message.content)))
+            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
+            chunks.append(chunk(i, ChoiceDelta(content=choice.message.content), logprobs=logprobs))
         for j, call in enumerate(choice.message.tool_calls or []):
             delta_call = ChoiceDeltaToolCall(
                 index=j,

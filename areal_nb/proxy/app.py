@@ -49,6 +49,7 @@ from areal_nb.openai.anthropic import (
 from .errors import ProxyError, describe_validation_errors, error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
+from .options import check_chat_options, check_responses_options
 from .schemas import (
     ChatCompletionRequest,
     ExportTrajectoriesRequest,
@@ -283,6 +284,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return await chat_completion_response(body, session)
 
     async def chat_completion_response(body: ChatCompletionRequest, session: SessionData) -> Response:
+        check_chat_options(body)
         completion = await generate(
             create_chat_completion(
                 **capture_kwargs(session),
@@ -300,6 +302,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 metadata=body.metadata,
                 frequency_penalty=body.frequency_penalty,
                 presence_penalty=body.presence_penalty,
+                logprobs=body.logprobs,
+                top_k=body.top_k,
                 extra_body=extra_body_of(body),
             )
         )
@@ -312,6 +316,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return Response(completion.model_dump_json(), media_type="application/json")
 
     async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
+        check_responses_options(body)
         response = await generate(
             create_response(
                 **capture_kwargs(session),
