@@ -242,7 +242,7 @@ def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
     echoes choice i's message is choice i's child."""
     engine = _numbered_replies(tiny_tokenizer)
     c = ArealOpenAI(engine, tiny_tokenizer, chat_template_type="concat")
-    completion = create(c, n=3)
+    completion = create(c, n=3, logprobs=True)
     cid = completion.id
     assert [ch.index for ch in completion.choices] == [0, 1, 2]
     assert sorted(ch.message.content for ch in completion.choices) == ["Answer 0.", "Answer 1.", "Answer 2."]
@@ -255,6 +255,9 @@ def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
         assert it.output_message_list == [completion.choices[i].message.model_dump(exclude_none=True)]
         mr = it.model_response
         assert tiny_tokenizer.decode(mr.output_tokens) == completion.choices[i].message.content + "<|im_end|>"
+        own = completion.choices[i].logprobs.content  # each choice carries its own sample's log-probs
+        assert "".join(t.token for t in own) == completion.choices[i].message.content
+        assert [t.logprob for t in own] == mr.output_logprobs[: len(own)] and len(own) == mr.output_len - 1
         row = it.to_tensor_dict()
         assert row["input_ids"][0].tolist() == mr.input_tokens + mr.output_tokens
         assert row["loss_mask"][0].tolist() == [0] * mr.input_len + [1] * mr.output_len
