@@ -349,6 +349,22 @@ def decode_output(tokenizer: Any, response: ModelResponse) -> str:
     return tokenizer.decode(response.output_tokens_without_stop, skip_special_tokens=False)
 
 
+def cut_stop_string(text: str, response: ModelResponse, stop: Any) -> tuple[str, str | None]:
+    """(text before the stop string that ended the generation, that string) — OpenAI's and
+    Anthropic's APIs leave it out of the text. The tokens keep it: the model generated them.
+
+    Only for a reply that a stop string ended (stop_reason "stop" without a trailing EOS/pad); the
+    engine stops at the first match, so the earliest occurrence of any stop string is the one."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str) and s]
+    if not stops or response.stop_reason != "stop" or not response.output_tokens or response.end_with_stop:
+        return text, None
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return text, None
+    at, matched = min(found)
+    return text[:at], matched
+
+
 async def create_chat_completion(
     *,
     engine: InferenceEngine,
@@ -407,7 +423,7 @@ async def create_chat_completion(
     created = int(time.time())
     choices = []
     for index, (interaction, response) in enumerate(samples):
-        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs)
+        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs, stop)
         choices.append(choice)
         interaction.completion = ChatCompletion(
             id=interaction.interaction_id, choices=[choice], created=created, model=MODEL_NAME, object="chat.completion",
@@ -458,12 +474,13 @@ def _forget(cache: InteractionCache | None, ids: list[str]) -> None:
 
 
 def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: CompletionSettings,
-            tools_list: list[dict[str, Any]] | None, tool_choice: Any, logprobs: bool | None) -> Any:
-    """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason."""
+            tools_list: list[dict[str, Any]] | None, tool_choice: Any, logprobs: bool | None, stop: Any) -> Any:
+    """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason; a
+    matched stop string is `choice.stop_reason` (an extra field, as vLLM's server reports it)."""
     from openai.types.chat import ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
 
-    text = decode_output(tokenizer, response)
+    text, matched_stop = cut_stop_string(decode_output(tokenizer, response), response, stop)
     finish_reason = response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
     tool_calls = None
     if tools_list and tool_choice != "none":
@@ -473,8 +490,11 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
     message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
-    return Choice(index=index, finish_reason=finish_reason, message=message,
-                  logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)
+    choice = Choice(index=index, finish_reason=finish_reason, message=message,
+                    logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)
+    if matched_stop is not None:
+        choice.stop_reason = matched_stop
+    return choice
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Any:

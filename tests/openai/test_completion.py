@@ -230,6 +230,28 @@ def test_stream_chunks(tiny_tokenizer):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and usage.completion_tokens > 0
 
 
+def test_stop_string_is_left_out_of_the_text_but_kept_in_the_tokens(tiny_tokenizer):
+    """As in the OpenAI API, the returned text ends before the stop string that ended the
+    generation (the matched string is `choice.stop_reason`, as vLLM reports it); the recorded
+    tokens keep it, since the model generated them and they are trained on."""
+    ids = tiny_tokenizer.encode("The answer is 5. Done", add_special_tokens=False)
+    cut = next(i for i in range(1, len(ids) + 1) if tiny_tokenizer.decode(ids[:i]).endswith("5."))
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, ids[:cut]), tiny_tokenizer)  # no EOS: a stop-string stop
+    completion = create(c, stop=["zzz", "."])
+    choice = completion.choices[0]
+    assert (choice.message.content, choice.finish_reason, choice.stop_reason) == ("The answer is 5", "stop", ".")
+    it = c.get_interaction(completion.id)
+    assert it.model_response.output_tokens == ids[:cut]
+    assert it.output_message_list == [{"role": "assistant", "content": "The answer is 5"}]
+    assert it.to_tensor_dict()["loss_mask"][0].tolist()[-cut:] == [1] * cut
+    # a reply that ended on EOS is not cut, even if it contains a stop string
+    plain = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer)
+    done = create(plain, stop=["."]).choices[0]
+    assert done.message.content == "The answer is 5." and getattr(done, "stop_reason", None) is None
+    r = run(c.responses.create(input="What is 2+3?", max_output_tokens=20, stop=["."]))
+    assert r.output_text == "The answer is 5"
+
+
 # ----- n > 1 ------------------------------------------------------------------------------------
 def _numbered_replies(tokenizer):
     count = iter(range(100))

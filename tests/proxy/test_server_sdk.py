@@ -184,6 +184,32 @@ def test_anthropic_on_tiny_model(local_server, stream):
     assert wire[first.id]["output_message_list"][0]["content"] == text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_stop_sequence_on_tiny_model(local_server, tiny_tokenizer, stream):
+    """A stop sequence ends the real model's reply: Anthropic's stop_reason/stop_sequence, the
+    text without it; the recorded tokens (trained on) still hold it."""
+    sid, key = _session(local_server.url, f"ant-stop-{stream}")
+    stops = [" ", "{", "\\", *"0123456789"]  # every tiny-math answer hits one of these
+
+    async def run():
+        async with anthropic.AsyncAnthropic(base_url=local_server.url, api_key=key, max_retries=0) as client:
+            request = {"model": "m", "max_tokens": 24, "stop_sequences": stops,
+                       "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+            if stream:
+                async with client.messages.stream(**request) as s:
+                    return await s.get_final_message()
+            return await client.messages.create(**request)
+
+    message = asyncio.run(run())
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence in stops
+    text = "".join(b.text for b in message.content if b.type == "text")
+    wire = _export(local_server.url, sid, key)
+    tokens = wire[message.id]["model_response"]["output_tokens"]
+    assert tiny_tokenizer.decode(tokens).startswith(text + message.stop_sequence)
+    assert wire[message.id]["output_message_list"][0]["content"] == text
+    _check_tokens(wire[message.id])
+
+
 def test_anthropic_set_reward_by_message_id(local_server):
     sid, key = _session(local_server.url, "ant-reward")
     first, _ = asyncio.run(_anthropic_two_turns(local_server.url, key, False, tools=False))
