@@ -1,15 +1,16 @@
 """Rollouts running ahead of training (`rollout.prefetch`) in a real Session: no prefetched row
-lost to a checkpoint or an interrupt, and the staleness bound after a resume."""
+lost to a checkpoint or an interrupt, the staleness bound after a resume, and the note run()
+gives when stale tokens would train without the decoupled loss."""
 
 from __future__ import annotations
 
 import pytest
 
 from areal_nb import Session
+from areal_nb.config import SessionConfig
+from areal_nb.session.session import uncorrected_staleness_note
 
 from .test_session import config
-
-pytestmark = pytest.mark.slow
 
 
 def waiting_rows(session: Session) -> tuple[list[dict], int]:
@@ -21,6 +22,7 @@ def waiting_rows(session: Session) -> tuple[list[dict], int]:
     return session._runtime.call(read())  # noqa: SLF001
 
 
+@pytest.mark.slow
 def test_prefetched_rows_survive_checkpoints_and_interrupts_and_the_bound_holds_after_resuming(tmp_path):
     """Groups fetched ahead and not trained yet are not lost: a checkpoint records the data
     position before them, and Ctrl-C (the clean-up LoopRuntime runs) gives their rows back. A run
@@ -40,3 +42,20 @@ def test_prefetched_rows_survive_checkpoints_and_interrupts_and_the_bound_holds_
         b.train_step(batch)
         b.run(3)
         assert b.history["staleness_max"].tolist()[-3:] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("overrides", "noted"), [
+    ({}, True),  # the Session's defaults: prefetch on, 2 versions ahead, plain PPO
+    ({"actor.use_decoupled_loss": True}, False),
+    ({"rollout.prefetch": False}, False),
+    ({"rollout.max_head_offpolicyness": 0}, False),
+])
+def test_run_notes_stale_tokens_trained_without_the_decoupled_loss(overrides, noted):
+    cfg = SessionConfig.model_validate({})
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        setattr(getattr(cfg, section), field, value)
+    note = uncorrected_staleness_note(cfg)
+    assert (note is not None) == noted
+    if noted:
+        assert "actor.use_decoupled_loss=true" in note and "max_head_offpolicyness=2" in note

@@ -81,6 +81,7 @@ class Session:
         self.config: SessionConfig = load_config(config, flat)
         self.step_count = 0
         self.version = 0
+        self._staleness_noted = False  # run()'s note on uncorrected off-policy tokens, said once
         self.last_batch: RolloutBatch | None = None
         self.last_inspection = None  # a train.LossInspection, from train_step(batch, inspect=True)
         self._history: list[dict[str, Any]] = []
@@ -363,6 +364,10 @@ class Session:
         cfg = self.config
         self._runtime.call(self._check_first_episode())  # before background rollouts start
         if cfg.rollout.prefetch:
+            note = uncorrected_staleness_note(cfg)
+            if note is not None and not self._staleness_noted:
+                logger.warning(note)
+                self._staleness_noted = True
             self._runtime.call_soon(self.executor.set_feeder, self.data)
         show = cfg.logging.progress if progress is None else progress
         bar = tqdm(total=steps, desc=f"GRPO {cfg.experiment_name}", disable=not show)
@@ -583,3 +588,17 @@ def _close_all_sessions() -> None:
             session.close()
         except Exception:
             pass
+
+
+def uncorrected_staleness_note(cfg: SessionConfig) -> str | None:
+    """What run() says when its rollouts run ahead of training without the decoupled loss: the
+    tokens then train with plain PPO, the clip centred on the policy that sampled them, which may
+    be `max_head_offpolicyness` versions old (AReaL's asynchronous recipe uses the decoupled loss)."""
+    rollout = cfg.rollout
+    if not rollout.prefetch or rollout.max_head_offpolicyness == 0 or cfg.actor.use_decoupled_loss:
+        return None
+    return (f"run() generates rollouts up to rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} "
+            "versions ahead of training (rollout.prefetch), and actor.use_decoupled_loss is off: those tokens "
+            "train with plain PPO against the older policy that sampled them. Set actor.use_decoupled_loss=true "
+            "to correct for it (the behaviour-weighted loss), or rollout.prefetch=false / "
+            "rollout.max_head_offpolicyness=0 to train on-policy")

@@ -277,3 +277,4 @@ def test_a_feeder_failing_as_an_episode_ends_reaches_the_caller():
         assert [ep.data["i"] for ep in g0] == [0, 0] and all(ep.accepted for ep in g0)
 
     asyncio.run(main())
+
