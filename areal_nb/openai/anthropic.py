@@ -224,7 +224,7 @@ def anthropic_request_to_chat(
     """Keyword arguments for `create_chat_completion` from a Messages request body.
 
     `tool_arguments` maps tool-call ids the proxy returned to their exact argument strings.
-    Unknown fields (top_k, metadata, thinking, service_tier, ...) are ignored.
+    Unknown fields (metadata, thinking, service_tier, ...) are ignored.
     """
     if not isinstance(body, Mapping):
         raise AnthropicRequestError("the request body must be a JSON object")
@@ -251,7 +251,7 @@ def anthropic_request_to_chat(
             kwargs["tool_choice"] = tool_choice
     if body.get("max_tokens") is not None:
         kwargs["max_completion_tokens"] = body["max_tokens"]
-    for key in ("temperature", "top_p"):
+    for key in ("temperature", "top_p", "top_k"):
         if body.get(key) is not None:
             kwargs[key] = body[key]
     if body.get("stop_sequences"):

@@ -40,6 +40,7 @@ from .request_limits import (
     text_chars,
 )
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
+from .tool_specs import check_tools
 from .tool_calls import (
     SUPPORTED_REASONING_PARSERS,
     SUPPORTED_TOOL_CALL_PARSERS,
@@ -169,6 +170,7 @@ def sampling_config(
     tokenizer: Any,
     budget: TokenBudget,
     presence_penalty: float | None = None,
+    top_k: int | None = None,
 ) -> GenerationConfig:
     """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`.
 
@@ -196,6 +198,7 @@ def sampling_config(
         greedy=temp == 0.0,
         temperature=float(temp),
         top_p=float(top),
+        **({} if top_k is None else {"top_k": top_k}),  # None: no top-k cut (GenerationConfig's default)
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
         stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
@@ -366,9 +369,12 @@ async def create_chat_completion(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     extra_body: dict[str, Any] | None = None,
+    logprobs: bool | None = None,
+    top_k: int | None = None,
     **ignored: Any,
 ):
-    """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`."""
+    """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`.
+    `logprobs=True` returns the sampled tokens' log-probs (the ones recorded for training)."""
     from openai.types.chat import ChatCompletion, ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
     from openai.types.completion_usage import CompletionUsage
@@ -378,6 +384,7 @@ async def create_chat_completion(
     if n is not None and n != 1:
         raise CompletionRequestError("n != 1 is not supported yet")
     tools_list = _normalize_tools(tools)
+    check_tools(tools_list, tool_choice)
     interaction, response = await generate_for_messages(
         engine=engine,
         tokenizer=tokenizer,
@@ -389,7 +396,7 @@ async def create_chat_completion(
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
         sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop,
-                         "presence_penalty": presence_penalty},
+                         "presence_penalty": presence_penalty, "top_k": top_k},
         metadata=metadata,
     )
     text = decode_output(tokenizer, response)
@@ -404,7 +411,8 @@ async def create_chat_completion(
     message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
     completion = ChatCompletion(
         id=completion_id,
-        choices=[Choice(index=0, finish_reason=finish_reason, logprobs=None, message=message)],
+        choices=[Choice(index=0, finish_reason=finish_reason, message=message,
+                        logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)],
         created=int(time.time()),
         model=MODEL_NAME,
         object="chat.completion",
@@ -421,6 +429,19 @@ async def create_chat_completion(
     return completion
 
 
+def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
+    """OpenAI's `choice.logprobs` for the reply's tokens (trailing EOS/pad left out, as in its text)."""
+    from openai.types.chat import ChatCompletionTokenLogprob
+    from openai.types.chat.chat_completion import ChoiceLogprobs
+
+    tokens = response.output_tokens_without_stop
+    content = []
+    for token_id, logprob in zip(tokens, response.output_logprobs[: len(tokens)], strict=True):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        content.append(ChatCompletionTokenLogprob(token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]))
+    return ChoiceLogprobs(content=content)
+
+
 def chat_completion_stream_chunks(completion: Any) -> list[Any]:
     """OpenAI-shaped stream chunks of a finished completion (role, content, tool calls, finish)."""
     from openai.types.chat import ChatCompletionChunk
@@ -431,10 +452,10 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
         ChoiceDeltaToolCallFunction,
     )
 
-    def chunk(delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None) -> ChatCompletionChunk:
+    def chunk(delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None, logprobs: Any = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=completion.id,
-            choices=[Choice(index=0, delta=delta, finish_reason=finish_reason, logprobs=None)],
+            choices=[Choice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
             created=completion.created,
             model=completion.model,
             object="chat.completion.chunk",
@@ -444,7 +465,8 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
     choice = completion.choices[0]
     chunks = [chunk(ChoiceDelta(role="assistant", content=""))]
     if choice.message.content:
-        chunks.append(chunk(ChoiceDelta(content=choice.message.content)))
+        logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
+        chunks.append(chunk(ChoiceDelta(content=choice.message.content), logprobs=logprobs))
     for i, call in enumerate(choice.message.tool_calls or []):
         delta_call = ChoiceDeltaToolCall(
             index=i,

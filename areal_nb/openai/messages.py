@@ -145,7 +145,12 @@ def check_chat_messages(messages: list[dict[str, Any]]) -> None:
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, Mapping):
                 raise CompletionRequestError(f"{where}.content[{j}] must be an object, got {type(part).__name__}")
-            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+            kind = part.get("type")
+            if kind != "text":  # the template would drop it: the prompt would lose what was sent
+                raise CompletionRequestError(
+                    f"{where}.content[{j}].type must be 'text', got {kind!r:.80}: the engine reads text only"
+                )
+            if not isinstance(part.get("text"), str):
                 raise CompletionRequestError(f"{where}.content[{j}].text must be a string")
         for key in ("name", "tool_call_id"):
             if message.get(key) is not None and not isinstance(message[key], str):

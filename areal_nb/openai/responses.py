@@ -25,6 +25,7 @@ from .completion import (
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
+from .tool_specs import check_tools
 
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
 _ITEM_ROLES = ("user", "assistant", "system", "developer")
@@ -66,7 +67,8 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
                 raise CompletionRequestError(f"input[{i}] is a function_call without a name (a non-empty string)")
             if not isinstance(arguments, str):
                 raise CompletionRequestError(f"input[{i}].arguments must be a JSON string")
-            call = {"id": item.get("call_id", item.get("id")), "type": "function",
+            _require_call_id(item, i)
+            call = {"id": item["call_id"], "type": "function",
                     "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and previous_type in ("message", "function_call"):
@@ -75,14 +77,19 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
-            if item.get("call_id") is not None and not isinstance(item.get("call_id"), str):
-                raise CompletionRequestError(f"input[{i}].call_id must be a string")
+            _require_call_id(item, i)
             messages.append({"role": "tool", "content": output if isinstance(output, str) else _content_text(output, i),
                              "tool_call_id": item.get("call_id")})
         else:
             raise CompletionRequestError(f"input[{i}] has unsupported item type {kind!r}")
         previous_type = kind
     return messages
+
+
+def _require_call_id(item: dict[str, Any], index: int) -> None:
+    """A call and its output are paired by `call_id`; without one the template cannot pair them."""
+    if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+        raise CompletionRequestError(f"input[{index}] ({item.get('type')}) needs a call_id (a non-empty string)")
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -93,7 +100,7 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         tool = normalize_message(tool, i)
-        if tool.get("type") != "function" or "name" not in tool:
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str) or not tool["name"]:
             raise CompletionRequestError(f"tools[{i}] must be a function tool with a name")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         out.append({"type": "function", "function": fn})
@@ -180,6 +187,7 @@ async def create_response(
     if not messages:
         raise CompletionRequestError("input cannot be empty")
     chat_tools = _chat_tools(tools)
+    check_tools(chat_tools, tool_choice)
     response_id = "resp-" + uuid.uuid4().hex[:29]
     interaction, model_response = await generate_for_messages(
         engine=engine,

@@ -49,6 +49,7 @@ from areal_nb.openai.anthropic import (
 from .errors import ProxyError, describe_validation_errors, error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
+from .options import check_chat_options, check_responses_options
 from .schemas import (
     ChatCompletionRequest,
     ExportTrajectoriesRequest,
@@ -284,6 +285,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return await chat_completion_response(body, session)
 
     async def chat_completion_response(body: ChatCompletionRequest, session: SessionData) -> Response:
+        check_chat_options(body)
         completion = await generate(
             create_chat_completion(
                 **capture_kwargs(session),
@@ -301,6 +303,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 metadata=body.metadata,
                 frequency_penalty=body.frequency_penalty,
                 presence_penalty=body.presence_penalty,
+                logprobs=body.logprobs,
+                top_k=body.top_k,
                 extra_body=extra_body_of(body),
             )
         )
@@ -315,6 +319,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
         if body.stream:
             raise ProxyError(400, "stream=true is not supported on /v1/responses; use /v1/chat/completions to stream", "unsupported")
+        check_responses_options(body)
         response = await generate(
             create_response(
                 **capture_kwargs(session),

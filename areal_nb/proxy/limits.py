@@ -6,7 +6,7 @@
   only stall the event loop;
 - JSON nesting: 400 above `MAX_JSON_DEPTH` levels (deep nesting makes every recursive consumer —
   pydantic, copying, templates, export — raise `RecursionError`);
-- text: 400 for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
+- text: 400 for bytes that are not UTF-8 (what JSON must be sent in), and for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
   is valid JSON but no valid text, and would only fail later (at export, after the episode).
 
 Bodies larger than `THREAD_BYTES` are inspected in a worker thread so a large request never
@@ -94,6 +94,14 @@ def body_problem(body: bytes) -> tuple[str, str] | None:
     depth = json_depth(body, at_least=MAX_JSON_DEPTH)
     if depth > MAX_JSON_DEPTH:
         return f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted", "nesting_too_deep"
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"request body is not valid UTF-8: byte 0x{body[exc.start]:02x} at offset {exc.start}; "
+            "JSON must be sent as UTF-8",
+            "invalid_utf8",
+        )
     where = lone_surrogate_path(body)
     if where is not None:
         return (

@@ -3,9 +3,9 @@ declared ones give the OpenAPI schema that schemathesis explores."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from areal_nb.api import DiscountMode, ExportStyle
 
@@ -14,12 +14,25 @@ MAX_TOKENS_LIMIT = 2**31 - 1
 ToolChoiceMode = Literal["none", "auto", "required"]
 
 
+def _json_number(value: Any) -> Any:
+    """Only JSON numbers: pydantic's lax mode would read `true` as 1 and `"4"` as 4, so a client
+    that sent the wrong type would be served something it did not ask for."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+Count = Annotated[int, BeforeValidator(_json_number)]  # 4.0 is still 4; 4.5, true and "4" are not
+Flag = StrictBool
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
 class GrantCapacityRequest(_Body):
-    count: int = Field(1, ge=1, le=1_000_000)
+    count: Count = Field(1, ge=1, le=1_000_000)
 
 
 class StartSessionRequest(_Body):
@@ -35,57 +48,73 @@ class StartSessionResponse(BaseModel):
 
 class SetRewardRequest(_Body):
     interaction_id: str | None = None
-    reward: float = Field(allow_inf_nan=False)
+    reward: Number = Field(allow_inf_nan=False)
 
 
 class ExportTrajectoriesRequest(_Body):
     session_id: str
-    discount: float = Field(1.0, ge=0.0, le=1.0)
+    discount: Number = Field(1.0, ge=0.0, le=1.0)
     style: ExportStyle = "individual"
     discount_mode: DiscountMode = "tree"
     # seconds to wait for end_session; None → the server's export_wait_timeout
-    wait_timeout: float | None = Field(None, gt=0, le=86_400)
+    wait_timeout: Number | None = Field(None, gt=0, le=86_400)
 
 
 class ChatCompletionRequest(_Body):
     messages: list[dict[str, Any]] = Field(min_length=1)
     model: str | None = None
-    stream: bool | None = None
+    stream: Flag | None = None
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
-    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_total_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_total_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     stop: str | list[str] | None = None
-    store: bool | None = None
-    n: int | None = Field(None, ge=1, le=1)
+    store: Flag | None = None
+    n: Count | None = Field(None, ge=1, le=1)
     metadata: dict[str, Any] | None = None
     # accepted by the schema so that a non-zero value gets a 400 "not supported", not silence
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     extra_body: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # typed so a wrong type is a 422; `proxy/options.py` refuses the values the engine cannot honour
+    seed: Count | None = None  # best effort in OpenAI's API too: accepted, not reproduced
+    user: str | None = None
+    parallel_tool_calls: Flag | None = None
+    logprobs: Flag | None = None
+    top_logprobs: Count | None = Field(None, ge=0, le=20)
+    best_of: Count | None = Field(None, ge=1)
+    logit_bias: dict[str, Number] | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    top_k: Count | None = None  # vLLM/SGLang's extra sampling parameter: ≥ 1, or -1 for no limit
 
 
 class ResponsesRequest(_Body):
     input: str | list[dict[str, Any]]
     model: str | None = None
-    stream: bool | None = None
+    stream: Flag | None = None
     instructions: str | None = None
     previous_response_id: str | None = None  # a response of the same session
     conversation: str | dict[str, Any] | None = None  # declared to be refused clearly (400)
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
-    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_output_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     extra_body: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    store: Flag | None = None
+    parallel_tool_calls: Flag | None = None
+    top_logprobs: Count | None = Field(None, ge=0, le=20)
+    text: dict[str, Any] | None = None
 
 
 class MessagesRequest(_Body):
@@ -93,11 +122,12 @@ class MessagesRequest(_Body):
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int = Field(ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: Count = Field(ge=1, le=MAX_TOKENS_LIMIT)
     system: str | list[dict[str, Any]] | None = None
-    stream: bool | None = None
+    stream: Flag | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     stop_sequences: list[str] | None = None
+    top_k: Count | None = None  # ≥ 1; honoured by the engine

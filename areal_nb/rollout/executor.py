@@ -25,6 +25,15 @@ from .switch_interval import SwitchIntervalLease
 logger = logging.getLogger(__name__)
 
 
+def rejection_with_row(ep: Episode, describe_row: Callable[[dict], str | None]) -> str:
+    """`ep`'s rejection reason, prefixed with its row when `describe_row` can name it."""
+    try:
+        row = describe_row(ep.data)
+    except Exception:  # naming the row is a courtesy; it must never lose the reason
+        row = None
+    return f"{row}: {ep.rejection_reason}" if row else str(ep.rejection_reason)
+
+
 class StalenessLimitError(RuntimeError):
     """More rollouts were asked for than the staleness bound allows before the next training step."""
 
@@ -94,6 +103,8 @@ class RolloutExecutor:
         self._feeder: Iterator[dict] | None = None
         self._feeder_error: Exception | None = None  # raised by the next wait_groups
         self.rejection_reasons: list[str] = []
+        # Names an episode's row in rejection messages ("data.source row 5"); the Session sets it.
+        self.describe_row: Callable[[dict], str | None] = lambda data: None
         # Held exactly while episodes run: acquired by _start, released when the last one ends.
         self._switch_interval = SwitchIntervalLease(switch_interval)
 
@@ -173,9 +184,9 @@ class RolloutExecutor:
             if ep.rejection_reason != "cancelled":
                 self.staleness.on_finish(accepted)
                 if not accepted:
-                    self.rejection_reasons.append(ep.rejection_reason)
-                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id,
-                                   ep.rejection_reason)
+                    reason = rejection_with_row(ep, self.describe_row)
+                    self.rejection_reasons.append(reason)
+                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason)
             if self.staleness.running <= 0:
                 self._switch_interval.release()
             self._changed.set()

@@ -111,6 +111,45 @@ HOSTILE: list[Hostile] = [
     Hostile("key with control chars", "/rl/start_session", {"task_id": "evil", "api_key": "ctrl\x01key-123"}, 400, "visible ASCII"),
     Hostile("non-ASCII key", "/rl/start_session", {"task_id": "evil", "api_key": "ключ-123456"}, 400, "visible ASCII"),
     Hostile("empty key", "/rl/start_session", {"task_id": "evil", "api_key": ""}, 422, "api_key"),
+    # wrong types are refused, never coerced (a bool is no number, a string no count or flag)
+    Hostile("max_tokens true", "/v1/chat/completions", chat(max_tokens=True), 422, "max_tokens"),
+    Hostile("max_tokens as a string", "/v1/chat/completions", chat(max_tokens="4"), 422, "max_tokens"),
+    Hostile("temperature true", "/v1/chat/completions", chat(temperature=True), 422, "temperature"),
+    Hostile("temperature as a string", "/v1/chat/completions", chat(temperature="0.5"), 422, "temperature"),
+    Hostile("stream as a string", "/v1/chat/completions", chat(stream="yes"), 422, "stream"),
+    Hostile("max_output_tokens true (responses)", "/v1/responses", {"input": "hi", "max_output_tokens": True}, 422, "max_output_tokens"),
+    Hostile("max_tokens as a string (anthropic)", "/v1/messages", anthropic(max_tokens="4"), 422, "max_tokens"),
+    Hostile("reward true", "/rl/set_reward", {"reward": True}, 422, "reward"),
+    Hostile("reward as a string", "/rl/set_reward", {"reward": "1"}, 422, "reward"),
+    Hostile("capacity as a string", "/grant_capacity", {"count": "5"}, 422, "count"),
+    Hostile("seed as a string", "/v1/chat/completions", chat(seed="x"), 422, "seed"),
+    # options the engine cannot honour are refused, not silently dropped
+    Hostile("logit_bias", "/v1/chat/completions", chat(logit_bias={"5": 100}), 400, "logit_bias is not supported"),
+    Hostile("response_format json_schema", "/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), 400, "response_format"),
+    Hostile("best_of 3", "/v1/chat/completions", chat(best_of=3), 400, "best_of"),
+    Hostile("top_logprobs 5", "/v1/chat/completions", chat(logprobs=True, top_logprobs=5), 400, "top_logprobs"),
+    Hostile("audio output", "/v1/chat/completions", chat(modalities=["text", "audio"]), 400, "modalities"),
+    Hostile("structured output (responses)", "/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, 400, "text.format"),
+    Hostile("top_logprobs (responses)", "/v1/responses", {"input": "hi", "top_logprobs": 3}, 400, "top_logprobs"),
+    Hostile("top_k 0 (anthropic)", "/v1/messages", anthropic(top_k=0), 400, "top_k must be >= 1"),
+    Hostile("top_k true", "/v1/chat/completions", chat(top_k=True), 422, "top_k"),
+    # parts the text-only engine cannot read are refused, not dropped from the prompt
+    Hostile("image part (chat)", "/v1/chat/completions", chat([{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]), 400, "image_url"),
+    Hostile("part without a type (chat)", "/v1/chat/completions", chat([{"text": "hi"}]), 400, "content[0].type"),
+    Hostile("image block (anthropic)", "/v1/messages", anthropic([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]), 400, "image"),
+    # tools with shapes no template can render, tool_choice naming no tool
+    Hostile("tool without function", "/v1/chat/completions", chat(tools=[{"type": "function"}]), 400, "tools[0].function"),
+    Hostile("tool name not a string", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": 5}}]), 400, "tools[0].function.name"),
+    Hostile("tool parameters not an object", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), 400, "parameters"),
+    Hostile("tool of another type", "/v1/chat/completions", chat(tools=[{"type": "code_interpreter"}]), 400, "tools[0].type"),
+    Hostile("tool_choice names no tool", "/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}}), 400, "'g'"),
+    Hostile("tool_choice required without tools", "/v1/chat/completions", chat(tool_choice="required"), 400, "tool_choice"),
+    Hostile("tool_choice names no tool (anthropic)", "/v1/messages", anthropic(tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "g"}), 400, "'g'"),
+    Hostile("tool name not a string (responses)", "/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": 5}]}, 400, "tools[0]"),
+    Hostile("function_call without call_id (responses)", "/v1/responses", {"input": [{"role": "user", "content": "q"}, {"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "call_id"),
+    Hostile("function_call_output without call_id (responses)", "/v1/responses", {"input": [{"role": "user", "content": "q"}, {"type": "function_call_output", "output": "4"}]}, 400, "call_id"),
+    # bytes that are no text
+    Hostile("invalid UTF-8", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}], "max_tokens": 4}', 400, "UTF-8"),
 ]
 
 

@@ -72,7 +72,7 @@ def test_request_with_system_tools_tool_use_and_results():
     assert out["tools"] == [{"type": "function", "function": {"name": "add", "description": "add two ints", "parameters": TOOLS[0]["input_schema"]}}]
     assert out["tool_choice"] == {"type": "function", "function": {"name": "add"}}
     assert out["max_completion_tokens"] == 32 and out["stop"] == ["END"] and out["temperature"] == 0.0
-    assert "top_k" not in out
+    assert out["top_k"] == 3  # honoured by the engine (it was dropped before)
 
 
 def test_tool_arguments_are_reserialised_when_unknown_or_changed():

@@ -1,0 +1,50 @@
+"""Request options the engine cannot honour: a 400 that says so, never a silent drop.
+
+A client that asks for structured output, a logit bias, alternatives per token or audio and gets
+an ordinary completion back would act on an answer it did not ask for (and the recorded episode
+would not be the one its author meant to train on). Options that only change how a reply is
+delivered (`seed`, `user`, `parallel_tool_calls`) are accepted as OpenAI's own API accepts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ProxyError
+from .schemas import ChatCompletionRequest, ResponsesRequest
+
+_NO_CONSTRAINED_DECODING = "the engine has no constrained decoding; ask for the format in the prompt"
+_ONLY_SAMPLED_LOGPROBS = "only the sampled tokens' log-probs are known (logprobs=true gives those)"
+
+
+def _unsupported(message: str) -> ProxyError:
+    return ProxyError(400, message, "unsupported_option")
+
+
+def _format_type(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else value
+
+
+def check_chat_options(body: ChatCompletionRequest) -> None:
+    if body.logit_bias:
+        raise _unsupported("logit_bias is not supported: the engine samples from the model's own distribution "
+                           "(whose log-probs training uses); send {} or omit it")
+    kind = _format_type(body.response_format)
+    if kind not in (None, "text"):
+        raise _unsupported(f"response_format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
+    if body.best_of not in (None, 1):
+        raise _unsupported(f"best_of={body.best_of} is not supported; send separate requests")
+    if body.top_logprobs:
+        raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
+    other = sorted(set(body.modalities or ()) - {"text"})
+    if other or body.audio is not None:
+        raise _unsupported(f"modalities {other or ['audio']} are not supported: the model answers in text only")
+
+
+def check_responses_options(body: ResponsesRequest) -> None:
+    kind = _format_type((body.text or {}).get("format"))
+    if kind not in (None, "text"):
+        raise _unsupported(f"text.format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
+    if body.top_logprobs:
+        raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
+
