@@ -346,6 +346,8 @@ class Session:
             if batch is None or batch.accepted:  # None: a rank ≠ 0, which trains on rank 0's batch
                 return batch
             empty.append(batch)
+            # not trained: its episodes stop holding staleness budget (before the next rollout, on the loop)
+            self._runtime.call_soon(self.executor.staleness.on_discard, len(batch.episodes))
             message = empty_batch_message(empty, self.data.source_index)
             if len(empty) >= MAX_EMPTY_BATCHES:
                 raise RolloutRejectedError(message)

@@ -56,6 +56,13 @@ def test_capacity_counts_queued_and_untrained_episodes():
     assert m.capacity(1) == 12 - 4  # trained
     m.on_cancel(running=0, finished=4)
     assert m.capacity(1) == 10
+    m.on_submit(4)
+    for _ in range(4):
+        m.on_finish(False)
+    m.on_hand_out(4, version=1)  # a batch of rejected episodes, never trained (Session.step rolls out again)
+    assert m.capacity(1) == 12 - 4
+    m.on_discard(4)
+    assert m.capacity(1) == 10
 
 
 def test_capacity_equals_areals_formula_when_every_version_consumed_a_full_batch():
