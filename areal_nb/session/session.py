@@ -623,14 +623,16 @@ def _close_all_sessions() -> None:
 
 
 def uncorrected_staleness_note(cfg: SessionConfig) -> str | None:
-    """What run() says when its rollouts run ahead of training without the decoupled loss: the
-    tokens then train with plain PPO, the clip centred on the policy that sampled them, which may
-    be `max_head_offpolicyness` versions old (AReaL's asynchronous recipe uses the decoupled loss)."""
+    """What run() says when its rollouts run ahead of training without the decoupled loss: those
+    tokens, sampled up to `max_head_offpolicyness` versions ago, then train with plain PPO, whose
+    ratio takes no account of the older policy that sampled them (with `recompute_logprob`, AReaL's
+    default, it is taken against the current weights). On the demo config that lost 7.5 held-out
+    points where the decoupled loss gained 23.5 (benchmarks/prefetch_learning.py, variant on_plain)."""
     rollout = cfg.rollout
     if not rollout.prefetch or rollout.max_head_offpolicyness == 0 or cfg.actor.use_decoupled_loss:
         return None
     return (f"run() generates rollouts up to rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} "
             "versions ahead of training (rollout.prefetch), and actor.use_decoupled_loss is off: those tokens "
-            "train with plain PPO against the older policy that sampled them. Set actor.use_decoupled_loss=true "
-            "to correct for it (the behaviour-weighted loss), or rollout.prefetch=false / "
-            "rollout.max_head_offpolicyness=0 to train on-policy")
+            "train with plain PPO, uncorrected for the older policy that sampled them (on the demo config this "
+            "made held-out accuracy fall). Set actor.use_decoupled_loss=true (the behaviour-weighted loss), or "
+            "rollout.prefetch=false / rollout.max_head_offpolicyness=0 to train on-policy")
