@@ -32,7 +32,7 @@ from typing import Any
 from areal_nb.api import import_object
 
 from .instance import rebuild_kwargs
-from .plain import ExportError, is_plain_data
+from .plain import ExportError, is_code, is_plain_data
 
 AGENT_MODULE = "agent"  # agent.py in the run folder
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_][\w.]*")  # pkg.mod.name, pkg.mod:Name
@@ -90,17 +90,17 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
     target, kwargs = workflow, workflow_kwargs
     if not (inspect.isclass(workflow) or inspect.isfunction(workflow)):
         target, kwargs = type(workflow), rebuild_kwargs(workflow)
-    code_args = {k: v for k, v in (kwargs or {}).items() if inspect.isfunction(v) or inspect.isclass(v)}
+    code_args = {k: v for k, v in (kwargs or {}).items() if _code_in(v)}
     if target.__module__ != "__main__" and not code_args:
         return CapturedAgent(workflow=_import_path(target), workflow_kwargs=kwargs)
     notebook = _NotebookCode()
-    for value in [target, *code_args.values()]:
+    for value in [target, *(code for v in code_args.values() for code in _code_in(v))]:
         notebook.add(value)
     if not code_args:
         source, modules = notebook.render()
         return CapturedAgent(workflow=f"{AGENT_MODULE}.{target.__name__}", workflow_kwargs=kwargs,
                              source=source, modules=modules)
-    args = ", ".join(f"{k}={v.__name__ if k in code_args else repr(v)}" for k, v in kwargs.items())
+    args = ", ".join(f"{k}={_source_of(v)}" for k, v in kwargs.items())
     source, modules = notebook.render(f"# the agent of this run, built as the notebook built it\n"
                                       f"AGENT = {target.__name__}({args})")
     return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
@@ -161,6 +161,29 @@ def _import_path(obj: Any) -> str:
     if found is not obj:
         raise ExportError(f"agent.workflow {module}.{qualname} imports as a different object (was it redefined?)")
     return f"{module}.{qualname}"
+
+
+def _code_in(value: Any) -> list[Any]:
+    """The functions and classes in `value` (itself, or nested in its dicts, lists and tuples)."""
+    if is_code(value):
+        return [value]
+    if isinstance(value, dict):
+        return [code for v in value.values() for code in _code_in(v)]
+    if type(value) in (list, tuple):
+        return [code for v in value for code in _code_in(v)]
+    return []
+
+
+def _source_of(value: Any) -> str:
+    """`value` as Python source for agent.py: code by its name (agent.py defines or imports it)."""
+    if is_code(value):
+        return value.__name__
+    if isinstance(value, dict) and _code_in(value):
+        return "{" + ", ".join(f"{k!r}: {_source_of(v)}" for k, v in value.items()) + "}"
+    if type(value) in (list, tuple) and _code_in(value):
+        items = ", ".join(_source_of(v) for v in value)
+        return f"[{items}]" if type(value) is list else f"({items}{',' if len(value) == 1 else ''})"
+    return repr(value)
 
 
 # ----------------------------------------------------------------------------- code from cells

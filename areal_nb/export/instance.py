@@ -10,14 +10,15 @@ import inspect
 import logging
 from typing import Any
 
-from .plain import ExportError, is_plain_data
+from .plain import ExportError, is_data_or_code, is_plain_data
 
 logger = logging.getLogger(__name__)
 
 
 def constructor_kwargs(instance: Any) -> dict[str, Any]:
     """An agent instance → the kwargs that rebuild it: every `__init__` parameter must be kept
-    as an attribute of the same name, holding plain data or code (a function or class)."""
+    as an attribute of the same name, holding plain data or code (a function or class, or
+    dicts/lists/tuples of those)."""
     cls = type(instance)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -25,7 +26,7 @@ def constructor_kwargs(instance: Any) -> dict[str, Any]:
     kwargs = {}
     for p in params:
         value = state.get(p.name)
-        if p.name in state and (is_plain_data(value) or inspect.isfunction(value) or inspect.isclass(value)):
+        if p.name in state and is_data_or_code(value):
             if p.default is p.empty or value != p.default:
                 kwargs[p.name] = value
         else:  # not kept under its name, or not data nor code: its value cannot be known
