@@ -116,7 +116,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     context = context_tokens(engine, None)
     max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
     app.state.max_body_bytes = max_body
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body, body_timeout=settings.body_timeout)
 
     # ------------------------------------------------------------------ error dialects
     @app.exception_handler(ProxyError)
