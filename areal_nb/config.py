@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
@@ -136,7 +137,7 @@ class RolloutConfig(_Section):
 
 class DataConfig(_Section):
     # "generated"; a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k";
-    # or your own rows: a JSONL/JSON/Parquet/CSV path, or (from Python) a list of dicts, a pandas
+    # or your own rows: a JSONL/JSON/Parquet/CSV/TSV path, or (from Python) a list of dicts, a pandas
     # DataFrame or a datasets.Dataset. Rows reach the agent unchanged (areal_nb.data.load_rows).
     source: Any = "generated"
     # The held-out rows evaluate() runs on (same forms); None: the source's test split, or
@@ -164,6 +165,11 @@ class CheckpointConfig(_Section):
     save_every: int = Field(0, ge=0)
 
 
+_SLURM_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
+_SLURM_NAME = re.compile(r"[\w.+-]+", re.ASCII)
+_SLURM_NAMES = re.compile(r"[\w.+-]+(,[\w.+-]+)*", re.ASCII)  # partitions: a job may name several
+
+
 class ClusterConfig(_Section):
     """Where an exported run goes (`session.export` / `areal-nb export`): `launch_local.sh` and
     `job.sbatch` in the run folder are written from these (and stay editable there)."""
@@ -183,14 +189,47 @@ class ClusterConfig(_Section):
     engine_port: int = Field(30000, ge=1, le=65535)  # first engine server port on a node
     rdzv_port: int = Field(29500, ge=1, le=65535)  # torchrun rendezvous on the first trainer node
 
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_text(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):  # YAML reads 2:00:00 as 7200 (base 60)
+            raise ValueError(f"cluster.time must be text, got the number {value}: quote it in YAML "
+                             f"(time: \"02:00:00\"), since YAML reads an unquoted 2:00:00 as seconds")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        # checked here, not by sbatch when the job is submitted (on another machine, later)
+        if not _SLURM_TIME.fullmatch(value):
+            raise ValueError(f"cluster.time {value!r} is not a Slurm time limit: minutes, MM:SS, HH:MM:SS, "
+                             f"D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 01:30:00 or 2-00:00:00)")
+        return value
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # an #SBATCH line is not shell: a space or quote there makes sbatch reject the script
+        several = info.field_name == "partition"
+        if value is not None and not (_SLURM_NAMES if several else _SLURM_NAME).fullmatch(value):
+            raise ValueError(f"cluster.{info.field_name} {value!r} is not a Slurm name (letters, digits, "
+                             f"'_', '-', '.'{', comma-separated' if several else ''})")
+        return value
+
     @model_validator(mode="after")
     def _trainer_nodes(self) -> ClusterConfig:
         if self.infer_nodes >= self.nodes:
             raise ValueError(f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
                              f"cluster.nodes ({self.nodes}) for the trainer")
-        if self.gpus_per_node and self.servers_per_node * self.gpus_per_server > self.gpus_per_node:
+        servers = self.servers_per_node * self.gpus_per_server
+        if self.gpus_per_node and servers > self.gpus_per_node:
             raise ValueError(f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
                              f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})")
+        if self.gpus_per_node and self.infer_nodes == 0 and servers + self.nproc_per_node > self.gpus_per_node:
+            raise ValueError(f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
+                             f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
+                             f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
+                             f"set infer_nodes")
         return self
 
 

@@ -6,6 +6,7 @@ scored by a plain function defined here. Real Session: tiny model, embedded engi
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pandas as pd
@@ -16,6 +17,7 @@ from areal_nb.agents.chat_agent import ChatAgent
 from areal_nb.data import DatasetError, generate_problems, write_jsonl
 from areal_nb.models.evaluation import generate_replies
 from areal_nb.session.preflight import FirstEpisodeError
+from areal_nb.session.rejections import MAX_EMPTY_BATCHES, RolloutRejectedError
 
 pytestmark = pytest.mark.slow
 
@@ -183,3 +185,82 @@ def test_a_reward_that_raises_is_reported_with_its_traceback():
     with Session(dataset=ROWS, agent__workflow=ChatAgent(reward_fn=strict_reward), **SMALL) as s:
         with pytest.raises(FirstEpisodeError, match=r"(?s)ValueError: cannot score.*in strict_reward"):
             s.rollout()
+
+
+# ----------------------------------------------------------------------------- what people write
+
+
+def test_a_dataframe_mixing_prompt_and_messages_rows_and_a_bool_reward_trains():
+    # pd.DataFrame of rows with different keys: each row has an empty cell (None) where the other
+    # kind has its prompt; the reward returns a bool, as `target in reply` does
+    rows = [{"prompt": r["prompt"], "target": r["target"]} if i % 2 else
+            {"messages": [{"role": "user", "content": r["prompt"]}], "target": r["target"]}
+            for i, r in enumerate(ROWS)]
+    agent = RecordingAgent(reward_fn=lambda row, reply: row["target"] in reply)
+    with Session(dataset=pd.DataFrame(rows), agent__workflow=agent, **SMALL) as s:
+        history = s.run(2)
+        assert history["step"].tolist() == [1, 2] and not s.last_batch.rejected
+        batch = s.last_batch
+        calls = [c for i in range(len(batch.episodes)) for c in batch.calls(i)]
+        assert {c.raw_reward for c in calls} <= {0.0, 1.0}  # True / False as 1.0 / 0.0
+        assert {tuple(sorted(row)) for row in agent.seen} == {("messages", "prompt", "target")}
+        assert all((row["prompt"] is None) != (row["messages"] is None) for row in agent.seen)
+        # each row's own question reached the model, whichever column held it
+        assert {c.messages[0]["content"] for c in calls} <= {r["prompt"] for r in ROWS}
+
+
+# ----------------------------------------------------------------------------- bad rows later on
+
+
+def rows_missing_target(bad: set[int]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not (k == "target" and i in bad)} for i, r in enumerate(ROWS)]
+
+
+def test_rows_missing_a_key_reject_only_their_episodes_named_by_row_and_training_goes_on():
+    bad = {i for i in range(1, 24) if i % 3 == 1}  # row 0 is good: the first-episode check passes
+    with Session(dataset=rows_missing_target(bad), agent__workflow=ChatAgent(reward_fn=target_in_reply),
+                 **SMALL) as s:
+        history = s.run(4)
+        assert history["step"].tolist() == [1, 2, 3, 4] and s.version == 4
+        reasons = s.executor.rejection_reasons
+        assert reasons, "the seeded stream drew no bad row in 4 steps"
+        for reason in reasons:
+            match = re.fullmatch(r"data\.source row (\d+): agent_error: agent raised KeyError: 'target'", reason)
+            assert match and int(match.group(1)) in bad, reason
+
+
+def test_when_every_batch_is_rejected_the_run_stops_with_the_reasons_and_rows():
+    calls = []
+
+    def only_the_check_scores(row, reply):  # the first-episode check passes, every episode after fails
+        calls.append(row["id"])
+        if len(calls) > 1:
+            raise ValueError("no scorer for this row")
+        return 1.0
+
+    agent = RecordingAgent(reward_fn=only_the_check_scores)
+    with Session(dataset=ROWS, agent__workflow=agent, **SMALL) as s:
+        with pytest.raises(RolloutRejectedError) as info:
+            s.run(1)
+        message = str(info.value)
+        assert f"every episode of the last {MAX_EMPTY_BATCHES} rollout batch(es) was rejected" in message
+        assert f"{4 * MAX_EMPTY_BATCHES}× agent_error: agent raised ValueError: no scorer for this row — " \
+               "data.source rows " in message
+        named = {int(i) for i in re.search(r"data\.source rows ([\d, ]+)", message).group(1).split(", ")}
+        assert named == {row["id"] for row in agent.seen[1:]}  # every row that ran, after the check's
+        assert len(agent.seen) == 1 + 4 * MAX_EMPTY_BATCHES and s.step_count == 0 and s.version == 0
+        # calling train_step on such a batch says why there is nothing to train on
+        with pytest.raises(ValueError, match=r"no accepted episodes to train on: its 4 episode\(s\) were rejected "
+                                             r"\(agent_error: agent raised ValueError: no scorer for this row\)"):
+            s.train_step(s.rollout())
+
+
+def test_a_held_out_row_that_fails_is_named_in_evaluation(caplog):
+    held_out = [dict(HELD_OUT[0]), {"prompt": HELD_OUT[1]["prompt"]}, dict(HELD_OUT[2])]
+    with Session(dataset=ROWS, eval_dataset=held_out, agent__workflow=ChatAgent(reward_fn=target_in_reply),
+                 **SMALL) as s:
+        result = s.evaluate()
+        assert (result.n, result.rejected) == (3, 1)
+        assert [str(ep.data) for ep in result.batch.rejected] == [str(held_out[1])]
+        rejected = [r.getMessage() for r in caplog.records if "episode rejected" in r.getMessage()]
+        assert [m.split("): ", 1)[1] for m in rejected] == ["held-out row 1: agent_error: agent raised KeyError: 'target'"]

@@ -102,3 +102,19 @@ def test_sampling_not_given_is_left_to_the_server(tiny_tokenizer, sampling):
 def test_max_turns_must_be_positive():
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         SDKAgent(max_turns=0)
+
+
+def test_the_chat_agent_reads_whichever_of_messages_and_prompt_a_row_fills(tiny_tokenizer):
+    from areal_nb.agents.chat_agent import prompt_messages
+
+    user = [{"role": "user", "content": "What is 2 + 2?"}]
+    assert prompt_messages({"messages": user, "prompt": None}) == user  # a table's empty cell is None
+    assert prompt_messages({"messages": None, "prompt": "What is 2 + 2?"}) == user
+    with pytest.raises(KeyError, match=r"neither 'messages' nor 'prompt' \(its keys: \['1', 'prompt'\]\)"):
+        prompt_messages({"prompt": None, 1: "x"})  # keys of mixed types are still listed
+    with pytest.raises(TypeError, match="'messages' must be a list of chat messages, got str"):
+        prompt_messages({"messages": "What is 2 + 2?"})
+    agent = ChatAgent(reward_fn=lambda row, reply: reply == "4")
+    interactions, requests = run_episode(tiny_tokenizer, agent, ["4"], {"messages": None, "prompt": "What is 2 + 2?"})
+    assert [i.reward for i in interactions] == [1.0]
+    assert tiny_tokenizer.decode(requests[0].input_ids).count("What is 2 + 2?") == 1

@@ -53,3 +53,30 @@ def test_the_stream_resumes_at_a_saved_position():
     resumed = DataStream(DataConfig(source=ROWS), rows=ROWS).at(12)
     assert [next(resumed)["id"] for _ in range(13)] == first[12:]
     assert stream.first_row() is ROWS[0]
+
+
+def test_a_jsonl_of_a_users_own_question_answer_rows_is_read_as_rows(tmp_path):
+    # GSM8K answers end in "#### <value>"; a task of one's own may call its fields question/answer too
+    path = tmp_path / "capitals.jsonl"
+    rows = [{"question": f"Capital of country {i}?", "answer": f"City {i}"} for i in range(5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_task_data(DataConfig(source=str(path))).train == rows
+
+
+def test_a_file_of_an_unknown_kind_is_refused_naming_the_kinds_read(tmp_path):
+    path = tmp_path / "rows.txt"
+    path.write_text("What is 2 + 3?\n")
+    with pytest.raises(DatasetError, match=r"rows.txt' is not a .jsonl/.json/.parquet/.csv/.tsv file"):
+        load_task_data(DataConfig(source=str(path)))
+    with pytest.raises(DatasetError, match=r"data.eval_source: .*rows.txt' is not a"):
+        load_task_data(DataConfig(source=ROWS, eval_source=str(path)))
+
+
+def test_the_stream_names_each_row_by_its_place_in_the_source_after_a_split():
+    data = load_task_data(DataConfig(source=ROWS, eval_fraction=0.3, seed=2))
+    assert data.train_index == [r["id"] for r in data.train] != list(range(7))
+    stream = DataStream(DataConfig(source=ROWS), rows=data.train, index=data.train_index)
+    for row in [next(stream) for _ in range(10)] + [next(stream.at(3))]:
+        assert stream.describe(row) == f"data.source row {row['id']}"
+    assert stream.describe(dict(ROWS[0])) is None  # a copy is not one of the stream's rows
+    assert DataStream(DataConfig()).describe(generate_problems(1)[0]) is None  # generated: no dataset row

@@ -24,12 +24,18 @@ RETRY_PROMPT = "That is not right. Try again."
 
 
 def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The chat messages a row asks for: its "messages", or its "prompt" as one user message."""
-    if "messages" in row:
-        return list(row["messages"])
-    if "prompt" in row:
+    """The chat messages a row asks for: its "messages", or its "prompt" as one user message.
+
+    A None value counts as absent: a table mixing both kinds of row has an empty cell (None) in
+    the column a row does not use."""
+    if row.get("messages") is not None:
+        messages = row["messages"]
+        if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
+            raise TypeError(f"the row's 'messages' must be a list of chat messages, got {type(messages).__name__}")
+        return list(messages)
+    if row.get("prompt") is not None:
         return [{"role": "user", "content": str(row["prompt"])}]
-    raise KeyError(f"the row has neither 'messages' nor 'prompt' (its keys: {sorted(row)})")
+    raise KeyError(f"the row has neither 'messages' nor 'prompt' (its keys: {sorted(map(str, row))})")
 
 
 class ChatAgent(SDKAgent):

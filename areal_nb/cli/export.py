@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.config import ConfigError, load_config
     from areal_nb.export import ExportError, export_run
 
-    overrides = list(args.overrides) + ([f"cluster.nproc_per_node={args.nproc}"] if args.nproc else [])
+    # (`is not None`: --nproc 0 must reach the config's check, not fall back to its value)
+    nproc = [] if args.nproc is None else [f"cluster.nproc_per_node={args.nproc}"]
+    overrides = list(args.overrides) + nproc
     try:
         config = load_config(args.config, overrides)
         out = export_run(args.out, config, overwrite=args.overwrite,

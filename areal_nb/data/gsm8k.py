@@ -52,7 +52,7 @@ def load_gsm8k_split(source: str, split: str) -> list[dict]:
 
 def _load_jsonl(path: Path) -> list[dict]:
     problems = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -1,10 +1,13 @@
 """A user's task data in any common form, as a list of rows (plain dicts) reaching the agent as is.
 
 Accepted: a list (or other iterable) of mappings, a pandas DataFrame, a Hugging Face
-`datasets.Dataset`, a path to a JSONL, JSON, Parquet or CSV file, or (so a YAML config can name
-generated data) a `"package.module:function"` string, called with no arguments for the rows. Nothing is renamed or
-converted: the agent's `run(data)` gets each row exactly as the source holds it (a DataFrame's
-row as `df.to_dict("records")` gives it). `check_rows` turns the mistakes that would otherwise
+`datasets.Dataset`, a path to a JSONL, JSON, Parquet, CSV or TSV file, or (so a YAML config can name
+generated data) a `"package.module:function"` string, called with no arguments for the rows. Nothing is renamed:
+the agent's `run(data)` gets each row as the source holds it. Tables (a DataFrame, CSV, TSV,
+Parquet) give plain Python values, as a `datasets.Dataset` does: a missing cell (NaN, NaT, NA) is
+None — a DataFrame made from rows with different keys fills the gaps with NaN, and a NaN where a
+prompt or a message list should be is a float the agent cannot use — arrays (Parquet list columns)
+are lists, NumPy scalars are ints, floats and bools. `check_rows` turns the mistakes that would otherwise
 reject every episode (an empty dataset, a row that is not a mapping, a row a `subproc` agent
 cannot receive) into one clear error before anything runs.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import pickle
 import random
@@ -21,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -63,7 +67,7 @@ def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
     if isinstance(source, Mapping):
         raise DatasetError(f"{name} is a single mapping; pass a list of rows (dicts)")
     if module == "pandas" and hasattr(source, "to_dict"):
-        return source.to_dict(orient="records")
+        return table_records(source)
     if module == "datasets" and hasattr(source, "to_list"):
         return source.to_list()
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
@@ -80,30 +84,55 @@ def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dic
     if suffix == ".jsonl":
         return _read_jsonl(path)
     if suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
         if not isinstance(rows, list):
             raise DatasetError(f"{path}: a .json dataset must hold a list of rows (use .jsonl for one row per line)")
         return rows
     import pandas as pd  # parquet needs pyarrow (or fastparquet) installed
 
     if suffix == ".parquet":
-        return pd.read_parquet(path).to_dict(orient="records")
-    if suffix == ".csv":
-        return pd.read_csv(path).to_dict(orient="records")
+        return table_records(pd.read_parquet(path))
+    if suffix in (".csv", ".tsv"):  # pandas reads the types ("5" is the number 5); empty cells are None
+        return table_records(pd.read_csv(path, sep="," if suffix == ".csv" else "\t"))
     raise DatasetError(f"{name}: {str(path)!r} is not a {'/'.join(ROW_FILE_SUFFIXES)} file")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is not a row
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
     return rows
+
+
+def table_records(frame: Any) -> list[dict]:
+    """A DataFrame's rows with plain Python values (see the module doc)."""
+    return [{key: _plain(value) for key, value in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _plain(value: Any) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or value is pd.NaT or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value
 
 
 def write_jsonl(rows: list[dict], path: str | os.PathLike, *, name: str = "dataset") -> Path:

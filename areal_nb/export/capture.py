@@ -32,6 +32,7 @@ from typing import Any
 from areal_nb.api import import_object
 
 AGENT_MODULE = "agent"  # agent.py in the run folder
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*[.:][A-Za-z_][\w.]*")  # pkg.mod.name, pkg.mod:Name
 _MISSING = object()
 
 
@@ -50,7 +51,30 @@ class CapturedAgent:
         """Files or package folders of the user's own modules the agent needs (a `%%writefile
         my_agent.py` beside the notebook): not installed, so they are copied into the run folder."""
         names = set(self.modules) | {self.workflow.split(".")[0]}
+        if self.source is not None:  # agent.py is written from the cells, not copied
+            names.discard(AGENT_MODULE)
         return sorted(p for p in (_local_path(name) for name in names) if p is not None)
+
+
+def local_import_paths(*values: Any) -> list[str]:
+    """The strings among `values` (nested in lists and dicts too) that name code in the user's own
+    modules: `"my_rewards.score"`, `"my_data:rows"` (a reward, a row factory). The run needs
+    those modules; an installed package's path or any other text is left alone."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str) and _IMPORT_PATH.fullmatch(value) and _local_path(re.split("[.:]", value)[0]):
+            found.append(value)
+
+    for value in values:
+        walk(value)
+    return found
 
 
 def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> CapturedAgent:
@@ -83,12 +107,13 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
     return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
 
 
-def check_imports(folder: Path, workflow: str, *, timeout: float = 120) -> None:
+def check_imports(folder: Path, workflow: str, *, also: list[str] = (), timeout: float = 120) -> None:
     """Import `workflow` in a fresh interpreter whose working directory is `folder` (as train.py
     runs), and load its config.yaml there, so a missing import or helper fails now, not when
-    the job starts."""
+    the job starts. `also`: more import paths the run names (a reward, a row factory)."""
     module, _, name = workflow.rpartition(".")
     code = (f"import sys; sys.path.insert(0, '.'); import {module}; getattr({module}, {name!r}); "
+            f"from areal_nb.api import import_object; [import_object(p) for p in {list(also)!r}]; "
             "from areal_nb.config import load_config; load_config('config.yaml')")
     result = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
                             timeout=timeout)
@@ -109,7 +134,7 @@ def _local_path(module_name: str) -> Path | None:
     import site
     import sysconfig
 
-    if module_name in ("__main__", AGENT_MODULE, "areal_nb") or module_name in sys.stdlib_module_names:
+    if module_name in ("__main__", "areal_nb") or module_name in sys.stdlib_module_names:
         return None
     try:
         spec = importlib.util.find_spec(module_name)  # a top-level name: found without importing it

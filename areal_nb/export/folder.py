@@ -9,6 +9,8 @@ what runs where: templates/README.md. Paths in config.yaml are relative to the f
 from __future__ import annotations
 
 import logging
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -18,15 +20,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_nb.config import SessionConfig, dump_config, load_config
-from areal_nb.data import load_rows, write_jsonl
+from areal_nb.data import is_row_file, load_rows, write_jsonl
 
-from .capture import AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data
+from .capture import (AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data,
+                      local_import_paths)
 from .provenance import git_description, package_version, requirements
 
 if TYPE_CHECKING:
     from areal_nb.session import Session
 
 TEMPLATES = Path(__file__).parent / "templates"
+# what an export writes (besides copies of the user's modules); the rest of a folder is not its own
+EXPORT_ENTRIES = frozenset({"config.yaml", "train.py", "launch_local.sh", "job.sbatch", "README.md",
+                            "requirements.txt", f"{AGENT_MODULE}.py", "data", "checkpoint"})
 logger = logging.getLogger(__name__)
 
 
@@ -37,7 +43,9 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
     `checkpoint`), and is where an agent defined in notebook cells is found. `gathered`: the
     actor's state and KL reference weights when every rank already took part in gathering them
     (`Session.export` under torchrun); otherwise the checkpoint gathers them here."""
-    out = Path(path).absolute()
+    out = Path(path).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder")
     if out.exists() and any(out.iterdir()):
         if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
             raise ExportError(f"{out} exists and is not empty" + ("" if overwrite else
@@ -55,26 +63,48 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         dump_config(cfg, tmp / "config.yaml")
         if captured.source is not None:
             (tmp / f"{AGENT_MODULE}.py").write_text(_agent_header() + captured.source)
+        named = local_import_paths(cfg.agent.workflow_kwargs, cfg.data.source, cfg.data.eval_source)
+        captured.modules.update(re.split("[.:]", p)[0] for p in named)
         for local in captured.local_modules():  # the user's own modules, beside train.py
+            # (agent.py itself travels when the run was exported before: its workflow is agent.<Name>)
+            if (local.name in EXPORT_ENTRIES or local.stem == "train") and local.name != f"{AGENT_MODULE}.py":
+                raise ExportError(f"the run needs your module {local}, whose name the run folder uses for its "
+                                  f"own {local.name}: rename the module")
             if local.is_dir():
                 shutil.copytree(local, tmp / local.name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
         if saved:
-            _save_checkpoint(session, cfg, tmp / "checkpoint", gathered)
+            _save_checkpoint(session, cfg, tmp / "checkpoint", gathered, final=out / "checkpoint")
         _write_launchers(tmp, cfg)
         (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))
         _write_readme(tmp, cfg, captured.source is not None, saved, session,
                       command or f"session.export({str(path)!r})")
-        check_imports(tmp, captured.workflow)  # and config.yaml loads, in a fresh process
+        check_imports(tmp, captured.workflow, also=named)  # and config.yaml loads, in a fresh process
         if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+            _replace_export(out, tmp)
+        else:
+            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _replace_export(out: Path, new: Path) -> None:
+    """Put the new export's files in place of the earlier export's (including what the new one
+    does not write: a stale agent.py or checkpoint/ would change what the job runs) and keep
+    everything else in `out`: the results of a job that ran there (runs/, logs/, slurm-*.out)
+    and the user's own files are not the export's to delete."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    for entry in out.iterdir():
+        if entry.name in EXPORT_ENTRIES or (new / entry.name).exists():
+            entry.rename(old / entry.name)
+    for entry in new.iterdir():
+        entry.rename(out / entry.name)
+    new.rmdir()
+    shutil.rmtree(old)
 
 
 # ----------------------------------------------------------------------------- config and data
@@ -86,8 +116,11 @@ def _place_data(cfg: SessionConfig, folder: Path) -> None:
     referenced by absolute path, a hub name or "generated" as it is."""
     for field, name in (("source", "train"), ("eval_source", "eval")):
         value = getattr(cfg.data, field)
+        if isinstance(value, (str, Path)) and is_row_file(value) and not Path(value).expanduser().is_file():
+            raise ExportError(f"data.{field} {value!r} is not a file (looked in {Path.cwd()}): the run folder "
+                              f"must carry its data, give the file's path")
         if value is None or (isinstance(value, str) and not Path(value).expanduser().exists()):
-            continue
+            continue  # "generated", a hub name, a row factory ("my_data:rows": its module travels)
         if isinstance(value, (str, Path)):
             src = Path(value).expanduser()
             if src.is_dir():
@@ -112,21 +145,23 @@ def _check_plain(cfg: SessionConfig) -> None:
 
 
 def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
-                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None) -> None:
-    """`session.save(path)`, recording the exported config (the agent as its import string)."""
+                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None, *, final: Path) -> None:
+    """`session.save(path)`, recording the exported config (the agent as its import string) and
+    the model folder where it will be (`final`), not in the temporary folder it is written to."""
     from areal_nb.session.checkpoint import save_checkpoint
 
     waiting = getattr(session.executor, "n_waiting", 0)
-    if waiting:
-        logger.warning("%d prefetched rollout group(s) were not trained on: the exported run does not carry "
-                       "them and continues with the rows after them (use rollout.prefetch=false or rollout()"
-                       " + train_step() before exporting for an exact continuation)", waiting)
+    if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
+        logger.info("%d prefetched rollout group(s) were not trained on: the exported run generates them "
+                    "again from their rows, at its own policy version", waiting)
     original = session.config
     session.config = cfg
     try:
         save_checkpoint(session, path, *(gathered or ()))
     finally:
         session.config = original
+    saved = load_config(path / "config.yaml", {"model.path": str(final / "model")})
+    dump_config(saved, path / "config.yaml")
 
 
 # ----------------------------------------------------------------------------- scripts
@@ -146,7 +181,7 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
     local.write_text(_render("launch_local.sh", {"NPROC": cluster.nproc_per_node}))
     sbatch = folder / "job.sbatch"
     sbatch.write_text(_render("job.sbatch", {
-        "JOB_NAME": cfg.experiment_name, "NODES": cluster.nodes, "CPUS_PER_NODE": cluster.cpus_per_node,
+        "JOB_NAME": _job_name(cfg.experiment_name), "NODES": cluster.nodes, "CPUS_PER_NODE": cluster.cpus_per_node,
         "TIME": cluster.time,
         "GPU_LINE": f"#SBATCH --gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else "<drop>",
         "PARTITION_LINE": f"#SBATCH --partition={cluster.partition}" if cluster.partition else "<drop>",
@@ -154,10 +189,23 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
         "INFER_NODES": cluster.infer_nodes, "SERVERS_PER_NODE": cluster.servers_per_node,
         "GPUS_PER_NODE": cluster.gpus_per_node, "GPUS_PER_SERVER": cluster.gpus_per_server,
         "NPROC_PER_NODE": cluster.nproc_per_node, "ENGINE_PORT": cluster.engine_port,
-        "RDZV_PORT": cluster.rdzv_port, "MODEL": cfg.model.path,
+        "RDZV_PORT": cluster.rdzv_port, "MODEL": _bash_word(cfg.model.path),
     }))
     for script in (local, sbatch):
         script.chmod(0o755)
+
+
+def _bash_word(value: str) -> str:
+    """`value` as one bash word: in double quotes, as a user would write it, unless it holds
+    what bash expands or ends there ($, `, \\, "); then in shlex's single quotes."""
+    return f'"{value}"' if re.fullmatch(r'[^"$`\\\n]*', value) else shlex.quote(value)
+
+
+def _job_name(experiment_name: str) -> str:
+    """The experiment's name as a Slurm job name inside `#SBATCH --job-name="..."`: sbatch reads
+    that line itself (no shell), splitting at spaces outside quotes and knowing no escapes, so a
+    quote or a line break cannot be written there; they become '_'."""
+    return re.sub(r'["\\\x00-\x1f\x7f]', "_", experiment_name)
 
 
 def _agent_header() -> str:

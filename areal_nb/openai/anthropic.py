@@ -191,9 +191,12 @@ def _convert_tools(tools: Any) -> list[dict[str, Any]] | None:
         schema = tool.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, Mapping):
             raise AnthropicRequestError(f"tools[{i}].input_schema must be an object")
-        function: dict[str, Any] = {"name": name, "parameters": dict(schema)}
+        # name, description, parameters: the order an OpenAI client sends, so the same tool renders
+        # the same prompt text through every door (the template dumps the tool's JSON as it is)
+        function: dict[str, Any] = {"name": name}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
+        function["parameters"] = dict(schema)
         out.append({"type": "function", "function": function})
     return out or None
 

@@ -21,7 +21,8 @@ from .messages import is_prefix
 
 
 class ConversationLinkWarning(UserWarning):
-    """A call looks like a continuation but an edited assistant message prevents the link."""
+    """A call looks like a continuation but is not linked as one: an edited assistant message, or
+    (concat mode) tools or template variables that differ from the parent's."""
 
 
 class MissingRewardWarning(UserWarning):
@@ -290,4 +291,4 @@ def _edited_assistant_continuation(candidate: InteractionWithTokenLogpReward, me
     if not is_prefix(candidate.messages, messages) or len(messages) < n_in + len(outputs):
         return False
     sent = messages[n_in : n_in + len(outputs)]
-    return any(m.get("role") == "assistant" for m in sent) and sent != outputs
+    return any(m.get("role") == "assistant" for m in sent) and not is_prefix(outputs, sent)

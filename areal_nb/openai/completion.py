@@ -28,7 +28,7 @@ from areal_nb.api import (
 )
 from areal_nb.api.io_struct import with_pad_and_eos_ids
 
-from .cache import InteractionCache
+from .cache import ConversationLinkWarning, InteractionCache
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError, MessageTypeError, check_chat_messages, normalize_messages
 from .request_limits import (
@@ -283,6 +283,16 @@ async def generate_for_messages(
     check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
     sampling_config(tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs)  # bad values fail before rendering
     parent = cache.find_parent(messages) if cache is not None else None
+    if parent is not None and settings.chat_template_type == "concat" and not _renders_like(parent, tools, chat_template_kwargs):
+        warnings.warn(
+            f"this call continues interaction {parent.interaction_id}, but its tools or chat_template_kwargs "
+            "differ from that call's, so the template renders the shared history differently and the "
+            "parent's tokens cannot start this prompt: it is rendered whole and trained as a new root "
+            "(concat mode; the earlier call gets no return from this one)",
+            ConversationLinkWarning,
+            stacklevel=3,
+        )
+        parent = None
 
     def render() -> list[int]:
         check_prompt_size(messages, tools, tokenizer, context)
@@ -327,6 +337,11 @@ async def generate_for_messages(
         response.tokenizer = tokenizer
     interaction.model_response = response
     return interaction, response
+
+
+def _renders_like(parent: InteractionWithTokenLogpReward, tools: Any, chat_template_kwargs: Any) -> bool:
+    """Whether the template sees what it saw for `parent`: a concat child reuses the parent's tokens."""
+    return (parent.tools or None) == (tools or None) and (parent.chat_template_kwargs or None) == (chat_template_kwargs or None)
 
 
 def decode_output(tokenizer: Any, response: ModelResponse) -> str:

@@ -8,6 +8,7 @@ models are dumped with `exclude_none=True` and `None`-valued keys are dropped ev
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -72,7 +73,59 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def is_prefix(prefix: list[dict[str, Any]], full: list[dict[str, Any]]) -> bool:
-    return len(prefix) <= len(full) and all(a == b for a, b in zip(prefix, full, strict=False))
+    """Whether `full` starts with the messages of `prefix` (equal, or `same_message`)."""
+    return len(prefix) <= len(full) and all(a == b or same_message(a, b) for a, b in zip(prefix, full, strict=False))
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two messages say the same thing, however the client spelled them.
+
+    SDKs and agent frameworks echo an assistant message back in their own shape: the OpenAI
+    Agents SDK leaves out the `content` of a tool-call message (we returned `""`), a streaming
+    client keeps each tool call's `index`, another re-serialises the arguments (`{"a":1}` for
+    `{"a": 1}`) or sends text as a list of text parts. Parent links compare messages, so
+    without this those calls lost their parent (and, in a tree discount, their reward).
+    An edited text or a different call still differs.
+    """
+    return _link_form(a) == _link_form(b)
+
+
+def _link_form(message: dict[str, Any]) -> dict[str, Any]:
+    out = dict(message)
+    content = out.get("content")
+    if isinstance(content, list) and all(_is_text_part(p) for p in content):
+        content = "".join(p if isinstance(p, str) else p["text"] for p in content)
+    if content in (None, "", []):
+        out.pop("content", None)
+    else:
+        out["content"] = content
+    calls = out.get("tool_calls")
+    if not calls:
+        out.pop("tool_calls", None)
+    elif isinstance(calls, list):
+        out["tool_calls"] = [_call_link_form(c) for c in calls]
+    return out
+
+
+def _is_text_part(part: Any) -> bool:
+    return isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str))
+
+
+def _call_link_form(call: Any) -> Any:
+    if not isinstance(call, Mapping):
+        return call
+    out = {k: v for k, v in call.items() if k != "index" and not (k == "type" and v == "function")}
+    fn = out.get("function")
+    if isinstance(fn, Mapping):
+        fn = dict(fn)
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                fn["arguments"] = json.loads(arguments)
+            except ValueError:
+                pass
+        out["function"] = fn
+    return out
 
 
 def check_chat_messages(messages: list[dict[str, Any]]) -> None:

@@ -107,6 +107,25 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
+def _previous_conversation(cache: InteractionCache | None, previous_response_id: Any) -> list[dict[str, Any]]:
+    """The chat messages a response continues: its input (without its instructions) and output."""
+    if previous_response_id is None:
+        return []
+    if not isinstance(previous_response_id, str):
+        raise CompletionRequestError(f"previous_response_id must be a string, got {type(previous_response_id).__name__}")
+    previous = cache.get(previous_response_id) if cache is not None else None
+    if previous is None or previous.response is None:
+        raise CompletionRequestError(
+            f"previous_response_id {previous_response_id!r} is not a response of this session"
+            + ("" if cache is not None else " (no cache records responses here)")
+        )
+    if previous.output_message_list is None:
+        raise CompletionRequestError(f"previous_response_id {previous_response_id!r} has not completed yet")
+    had_instructions = previous.response.instructions is not None
+    kept = previous.messages[1 if had_instructions else 0 :] + previous.output_message_list
+    return [normalize_message(m, i) for i, m in enumerate(kept)]  # copies: nothing shared with the earlier call
+
+
 def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
     start = text.find(THINK_OPEN)
     if start < 0:
@@ -132,9 +151,14 @@ async def create_response(
     metadata: dict[str, Any] | None = None,
     include: Any = None,
     extra_body: dict[str, Any] | None = None,
+    previous_response_id: str | None = None,
     **ignored: Any,
 ):
-    """One OpenAI Response; the call is always recorded in `cache` (when one is given)."""
+    """One OpenAI Response; the call is always recorded in `cache` (when one is given).
+
+    `previous_response_id` continues a response of the same cache: its conversation (input and
+    output, without its instructions, as in the OpenAI API) comes before this call's input.
+    """
     from openai.types.responses import (
         Response,
         ResponseFunctionToolCall,
@@ -146,6 +170,9 @@ async def create_response(
 
     if include:
         raise CompletionRequestError("include is not supported")
+    if ignored.get("conversation") is not None:
+        raise CompletionRequestError("conversation is not supported; send previous_response_id or the whole input")
+    history = _previous_conversation(cache, previous_response_id)
     if input is None:
         raise CompletionRequestError("input is required for Responses.create")
     if isinstance(input, str):
@@ -154,7 +181,7 @@ async def create_response(
         items = [normalize_message(item, i) for i, item in enumerate(input)]
     else:
         raise MessageTypeError(f"input must be a string or a list of items, got {type(input).__name__}")
-    messages = response_items_to_messages(items)
+    messages = history + response_items_to_messages(items)
     if instructions is not None:
         messages.insert(0, {"role": "system", "content": instructions})
     if not messages:
@@ -204,6 +231,8 @@ async def create_response(
         tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
         tools=[],
         status="completed",
+        instructions=instructions,
+        previous_response_id=previous_response_id,
         max_output_tokens=max_output_tokens,
         temperature=temperature,
         top_p=top_p,

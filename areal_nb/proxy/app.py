@@ -332,6 +332,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 max_output_tokens=body.max_output_tokens,
                 metadata=body.metadata,
                 include=body.include,
+                previous_response_id=body.previous_response_id,
+                conversation=body.conversation,
                 extra_body=extra_body_of(body),
             )
         )

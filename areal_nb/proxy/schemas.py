@@ -101,6 +101,8 @@ class ResponsesRequest(_Body):
     model: str | None = None
     stream: Flag | None = None
     instructions: str | None = None
+    previous_response_id: str | None = None  # a response of the same session
+    conversation: str | dict[str, Any] | None = None  # declared to be refused clearly (400)
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
     temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)

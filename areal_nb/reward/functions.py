@@ -5,6 +5,11 @@ scores — for the built-in `ChatAgent` the reply text. A YAML config names a fu
 import path (`"my_pkg.rewards.exact_match"` or `"my_pkg.rewards:exact_match"`). A sync function
 runs in a worker thread so a slow one does not stall the event loop the episodes share; a
 CPU-heavy or untrusted one belongs in `AsyncRewardWrapper` (separate processes, timeouts).
+
+What a reward may return: any real number (int, float, a NumPy scalar, a one-element array or
+tensor) or a bool, read as 1.0 / 0.0 (`return reply.strip() == row["answer"]` is a reward).
+None, NaN, infinities and anything else raise `RewardValueError`: the episode is rejected with
+that message rather than trained on a made-up value.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class RewardValueError(TypeError):
 def resolve_reward(fn: RewardFn | str) -> RewardFn:
     """`fn` itself, or the function an import path (`pkg.mod.func` / `pkg.mod:func`) names."""
     if callable(fn):
+        check_reward_signature(fn)
         return fn
     if not isinstance(fn, str) or not fn.strip():
         raise TypeError(f"a reward must be a callable or an import path string, got {type(fn).__name__}")
@@ -39,7 +45,22 @@ def resolve_reward(fn: RewardFn | str) -> RewardFn:
         raise ImportError(f"reward {fn!r}: {e}") from e
     if not callable(target):
         raise TypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
+    check_reward_signature(target)
     return target
+
+
+def check_reward_signature(fn: Callable[..., Any]) -> None:
+    """Raise TypeError now, not at the first episode, when `fn` cannot be called as `fn(row, completion)`
+    (e.g. a TRL-style `fn(completions, **kwargs)` or AReaL's `fn(prompt, completions, ...)`)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none to read
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as e:
+        raise TypeError(f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
+                        f"a reward takes the dataset row and the completion") from None
 
 
 async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
@@ -50,10 +71,25 @@ async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) 
         value = await asyncio.to_thread(fn, row, completion)
         if inspect.isawaitable(value):
             value = await value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise RewardValueError(f"reward function {getattr(fn, '__name__', fn)!r} returned {value!r}; "
-                               f"expected a finite number")
-    return float(value)
+    number = as_reward_number(value)
+    if number is None:
+        raise RewardValueError(f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number "
+                               f"(or a bool)")
+    return number
+
+
+def as_reward_number(value: Any) -> float | None:
+    """`value` as a finite float when it is a real number, a bool or a one-element array/tensor; else None."""
+    if hasattr(value, "item") and getattr(value, "shape", None) in ((), (1,), [1]):  # NumPy / torch scalars
+        value = value.item()
+    if not isinstance(value, (numbers.Real, bool)) and type(value).__name__ != "bool_":
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def math_answer(row: Mapping[str, Any], completion: Any) -> float:

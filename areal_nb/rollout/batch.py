@@ -137,7 +137,9 @@ class RolloutBatch:
         """
         rows = self.rows()
         if not rows:
-            raise ValueError("this batch has no accepted episodes to train on")
+            reasons = sorted({str(ep.rejection_reason) for ep in self.rejected})
+            why = f": its {len(self.rejected)} episode(s) were rejected ({'; '.join(reasons[:5])})" if reasons else ""
+            raise ValueError(f"this batch has no accepted episodes to train on{why}")
         # One tensor per field from the rows' token lists (`stack_token_rows`), with this batch's
         # rewards and returns: this runs in every training step (tests/rollout/test_batch_tensors.py
         # checks it equals `concat_padded_tensors` of the rows' `to_tensor_dict()`s).

@@ -25,6 +25,15 @@ from .switch_interval import SwitchIntervalLease
 logger = logging.getLogger(__name__)
 
 
+def rejection_with_row(ep: Episode, describe_row: Callable[[dict], str | None]) -> str:
+    """`ep`'s rejection reason, prefixed with its row when `describe_row` can name it."""
+    try:
+        row = describe_row(ep.data)
+    except Exception:  # naming the row is a courtesy; it must never lose the reason
+        row = None
+    return f"{row}: {ep.rejection_reason}" if row else str(ep.rejection_reason)
+
+
 class StalenessLimitError(RuntimeError):
     """More rollouts were asked for than the staleness bound allows before the next training step."""
 
@@ -93,6 +102,8 @@ class RolloutExecutor:
         self._changed = asyncio.Event()
         self._feeder: Iterator[dict] | None = None
         self.rejection_reasons: list[str] = []
+        # Names an episode's row in rejection messages ("data.source row 5"); the Session sets it.
+        self.describe_row: Callable[[dict], str | None] = lambda data: None
         # Held exactly while episodes run: acquired by _start, released when the last one ends.
         self._switch_interval = SwitchIntervalLease(switch_interval)
 
@@ -164,11 +175,13 @@ class RolloutExecutor:
             if ep.rejection_reason != "cancelled":
                 self.staleness.on_finish(accepted)
                 if not accepted:
-                    self.rejection_reasons.append(ep.rejection_reason)
-                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id,
-                                   ep.rejection_reason)
+                    reason = rejection_with_row(ep, self.describe_row)
+                    self.rejection_reasons.append(reason)
+                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason)
             if self.staleness.running <= 0:
                 self._switch_interval.release()
+            if self._feeder is not None and ep.rejection_reason != "cancelled":
+                self._pump()  # async RL: a freed slot starts the next group now, not at the next step
             self._changed.set()
 
     # ------------------------------------------------------------------ consumption
@@ -189,6 +202,8 @@ class RolloutExecutor:
             self._pump()
             if len(self._groups) >= n and all(g.done for g in list(self._groups)[:n]):
                 out = [self._groups.popleft().episodes for _ in range(n)]
+                self.staleness.on_hand_out(sum(len(g) for g in out), self.engine.get_version())
+                self._pump()  # the next batches may start while this one trains
                 return out
             head = list(self._groups)[:n]
             if any(not g.started for g in head) and self.staleness.running == 0:
@@ -205,11 +220,12 @@ class RolloutExecutor:
         self._feeder = None
         tasks = [t for g in self._groups for t in g.tasks if not t.done()]
         running = len(tasks)
+        finished = sum(len(g.tasks) for g in self._groups) - running
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        self.staleness.on_cancel(running)
+        self.staleness.on_cancel(running, finished)
         self._groups.clear()
         self._switch_interval.release()
         self._changed.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,13 +49,33 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
         "actor": actor_state,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
-        "data_pos": session.data.pos,
+        "data_pos": _untrained_data_pos(session),
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
     }
     torch.save(state, path / "state.pt")
     (path / "history.json").write_text(json.dumps(session._history, default=float))
     return path
+
+
+def _untrained_data_pos(session: Session) -> int:
+    """The data position before the groups drawn and not handed out for training yet (fetched
+    ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
+    version, instead of skipping their rows. Read on the session's loop, where the executor draws
+    rows, so the position and the waiting groups are one consistent state."""
+    executor, runtime = session.executor, session._runtime  # noqa: SLF001
+    if executor is None or runtime is None:
+        return session.data.pos
+
+    def position() -> int:
+        return session.data.pos - executor.n_waiting
+
+    async def read() -> int:
+        return position()
+
+    if threading.current_thread() is runtime._thread:  # noqa: SLF001 - on the loop already: no waiting on it
+        return position()
+    return runtime.call(read())
 
 
 def _store_python_datasets(data_cfg: Any, folder: Path) -> None:

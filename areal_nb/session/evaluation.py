@@ -93,22 +93,26 @@ class EvalResult:
 
 async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,
                               max_concurrent: int, episode_timeout: float | None,
-                              switch_interval: float | None = None) -> list:
+                              switch_interval: float | None = None, rows_name: str = "problem") -> list:
     """One greedy episode per problem, on an executor of their own (no staleness accounting)."""
     return await run_episodes(workflow, GreedyEngine(engine), problems, group_size=1, max_concurrent=max_concurrent,
-                              episode_timeout=episode_timeout, switch_interval=switch_interval)
+                              episode_timeout=episode_timeout, switch_interval=switch_interval, rows_name=rows_name)
 
 
 async def run_episodes(workflow: RolloutWorkflow, engine: Any, problems: list[dict], *, group_size: int,
-                       max_concurrent: int, episode_timeout: float | None, switch_interval: float | None = None) -> list:
+                       max_concurrent: int, episode_timeout: float | None, switch_interval: float | None = None,
+                       rows_name: str = "problem") -> list:
     """`group_size` episodes per problem on an executor of their own: never training data.
 
     Sampling is whatever `workflow` and `engine` do: the greedy `/eval` proxy and a GreedyEngine
-    for greedy evaluation, the training proxy and engine for pass@k samples.
+    for greedy evaluation, the training proxy and engine for pass@k samples. A rejected episode's
+    reason names its row as `rows_name` and its index in `problems` ("held-out row 3").
     """
     executor = RolloutExecutor(workflow, engine, group_size=group_size, batch_size=len(problems),
                                max_head_offpolicyness=0, max_concurrent=max(max_concurrent, group_size),
                                episode_timeout=episode_timeout, switch_interval=switch_interval)
+    position = {id(problem): i for i, problem in enumerate(problems)}
+    executor.describe_row = lambda row: f"{rows_name} {position[id(row)]}" if id(row) in position else None
     for problem in problems:
         executor.submit(problem)  # explicit: started as concurrency allows, at the current version
     try:

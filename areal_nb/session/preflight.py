@@ -59,7 +59,7 @@ async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine
     if reason is None:
         return
     message = (f"the agent failed on training row {row_index} before training started: {reason}\n"
-               f"row {row_index} has keys {sorted(row)}")
+               f"row {row_index} has keys {sorted(row, key=str)}")
     if trace:
         message += f"\n\nThe agent's traceback:\n{trace}"
     raise FirstEpisodeError(message)

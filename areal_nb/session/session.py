@@ -40,6 +40,7 @@ from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_g
 from .metrics import create_metrics_sink
 from .parallel import RankChannel
 from .preflight import check_first_episode
+from .rejections import MAX_EMPTY_BATCHES, RolloutRejectedError, empty_batch_message
 from .runtime import LoopRuntime
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Session:
 
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
     (`rollout={"batch_size": 4}`). `dataset` / `eval_dataset` set `data.source` / `data.eval_source`:
-    a list of dicts, a pandas DataFrame, a `datasets.Dataset` or a JSONL/JSON/Parquet/CSV path.
+    a list of dicts, a pandas DataFrame, a `datasets.Dataset` or a JSONL/JSON/Parquet/CSV/TSV path.
     """
 
     def __init__(self, config: SessionConfig | str | Path | dict | None = None, *, start: bool = True,
@@ -128,7 +129,8 @@ class Session:
             self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
             self.executor = self._runtime.call(self._make_executor())
             self.eval_problems = task_data.held_out
-            self.data = DataStream(cfg.data, rows=task_data.train)
+            self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
+            self.executor.describe_row = self._describe_row
             self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
                                                 project=cfg.experiment_name, config=_plain(self.config))
         except BaseException as e:
@@ -331,8 +333,23 @@ class Session:
         return await asyncio.to_thread(self.train_step, batch, inspect)
 
     def step(self) -> dict[str, float]:
-        """Rollout + train."""
-        return self.train_step(self.rollout())
+        """Rollout + train. A batch whose every episode was rejected is not trained on: another is
+        rolled out (`rejections.py`); `MAX_EMPTY_BATCHES` such batches in a row raise
+        `RolloutRejectedError` listing the reasons and the rows they hit."""
+        return self.train_step(self._rollout_with_accepted_episodes())
+
+    def _rollout_with_accepted_episodes(self) -> RolloutBatch | None:
+        empty: list[RolloutBatch] = []
+        while True:
+            batch = self.rollout()
+            if batch is None or batch.accepted:  # None: a rank ≠ 0, which trains on rank 0's batch
+                return batch
+            empty.append(batch)
+            message = empty_batch_message(empty, self.data.source_index)
+            if len(empty) >= MAX_EMPTY_BATCHES:
+                raise RolloutRejectedError(message)
+            logger.warning("%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1,
+                           MAX_EMPTY_BATCHES)
 
     def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
         """Train for `steps` steps, rollouts running ahead within the staleness bound.
@@ -405,6 +422,7 @@ class Session:
     async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
                         pass_k: int | None = None) -> EvalResult:
         self._check_open()
+        rows_name = "held-out row" if problems is None else "problems row"
         problems = list(self.eval_problems if problems is None else problems)[: n or None]
         if not problems:
             raise ValueError("evaluate() needs at least one problem: this dataset has no held-out rows; pass "
@@ -414,10 +432,12 @@ class Session:
         limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
                       episode_timeout=self.config.agent.agent_timeout,
                       switch_interval=self.config.rollout.gil_switch_interval)
-        result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems, **limits)))
+        result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems,
+                                                                 rows_name=rows_name, **limits)))
         if pass_k is None:
             return result
-        samples = self._batch(await run_episodes(self.workflow, self.engine, problems, group_size=pass_k, **limits))
+        samples = self._batch(await run_episodes(self.workflow, self.engine, problems, group_size=pass_k,
+                                                 rows_name=rows_name, **limits))
         return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
 
     # ------------------------------------------------------------------ checkpoints
@@ -453,6 +473,11 @@ class Session:
         (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
         state and sends it to the other ranks."""
         state = read_checkpoint(path) if distributed.env_rank() == 0 else None
+        if config is None and (Path(path) / "model").is_dir() and "model.path" not in _flatten_overrides(overrides):
+            # the saved config.yaml names the model folder by the absolute path it was written at,
+            # which is gone once the checkpoint is moved or copied (an exported run's folder, a
+            # job's result brought back from the cluster): the folder beside it is that model
+            overrides = {**overrides, "model__path": str((Path(path) / "model").resolve())}
         session = cls(Path(path) / "config.yaml" if config is None else config, start=False, **overrides)
         session._resume_state = state
         return session.start()
@@ -504,8 +529,13 @@ class Session:
         """Once, before the first rollout: the agent must succeed on the first training row."""
         if self._first_episode_checked:
             return
-        await check_first_episode(self._eval_workflow, self.engine, self.data.first_row(), row_index=0)
+        first = self.data.first_row()
+        index = self.data.source_index(first)
+        await check_first_episode(self._eval_workflow, self.engine, first, row_index=0 if index is None else index)
         self._first_episode_checked = True
+
+    def _describe_row(self, row: dict) -> str | None:
+        return self.data.describe(row) if self.data is not None else None
 
     async def _make_executor(self):
         # Made on the loop that will drive it (it owns asyncio primitives).
@@ -538,7 +568,10 @@ class Session:
                     logger.warning("closing %s failed: %s", name.lstrip("_"), e)
 
     async def _cancel_rollouts(self) -> None:
+        dropped = self.executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
         await self.executor.cancel_all()
+        if dropped:  # their rows come again (Ctrl-C must not skip data that was never trained on)
+            self.data = self.data.at(self.data.pos - dropped)
 
     def _batch(self, episodes: list) -> RolloutBatch:
         agent = self.config.agent

@@ -124,3 +124,50 @@ def test_a_module_function_name_gives_the_rows_it_returns():
         load_rows("no_such_module:rows")
     with pytest.raises(DatasetError, match="is a int, not a function that returns rows"):
         load_rows("tests.data.test_rows:NOT_A_FUNCTION")
+
+
+# ----------------------------------------------------------------------------- tables give plain values
+
+
+def test_a_dataframe_of_rows_with_different_keys_gives_none_for_the_gaps():
+    rows = [{"prompt": "What is 2 + 3?", "target": "5"},
+            {"messages": [{"role": "user", "content": "What is 7 - 4?"}], "target": "3"}]
+    assert pd.DataFrame(rows)["messages"].isna()[0]  # pandas fills the gap with NaN ...
+    assert load_rows(pd.DataFrame(rows)) == [{"prompt": "What is 2 + 3?", "target": "5", "messages": None},
+                                             {"prompt": None, "target": "3", "messages": rows[1]["messages"]}]
+
+
+def test_empty_csv_and_tsv_cells_are_none_and_a_tsv_is_read_by_tabs(tmp_path):
+    (tmp_path / "rows.csv").write_text("prompt,target,note\nWhat is 2 + 3?,5,\nWhat is 7 - 4?,3,easy\n")
+    (tmp_path / "rows.tsv").write_text("prompt\ttarget\tnote\nWhat is 2 + 3?\t5\t\nWhat is 7 - 4?\t3\teasy\n")
+    expected = [{"prompt": "What is 2 + 3?", "target": 5, "note": None},
+                {"prompt": "What is 7 - 4?", "target": 3, "note": "easy"}]
+    for name in ("rows.csv", "rows.tsv"):
+        rows = load_rows(tmp_path / name)
+        assert rows == expected and type(rows[0]["target"]) is int
+
+
+def test_parquet_list_and_struct_columns_come_back_as_lists_and_dicts(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "hi"}], "tags": ["a", "b"], "score": 0.5, "ok": True},
+            {"messages": [{"role": "user", "content": "yo"}], "tags": [], "score": None, "ok": False}]
+    pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
+    loaded = load_rows(tmp_path / "rows.parquet")
+    assert loaded == rows  # not numpy arrays: the rows pickle, print and save as JSON like the originals
+    assert type(loaded[0]["tags"]) is list and type(loaded[0]["ok"]) is bool
+    write_jsonl(loaded, tmp_path / "again.jsonl")  # what save() does with Python rows
+
+
+def test_files_with_a_byte_order_mark_read_as_without(tmp_path):
+    bom = "\ufeff"
+    (tmp_path / "rows.jsonl").write_text(bom + "".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    (tmp_path / "rows.json").write_text(bom + json.dumps(ROWS), encoding="utf-8")
+    (tmp_path / "rows.csv").write_text(bom + pd.DataFrame(ROWS).to_csv(index=False), encoding="utf-8")
+    assert load_rows(tmp_path / "rows.jsonl") == ROWS and load_rows(tmp_path / "rows.json") == ROWS
+    assert list(load_rows(tmp_path / "rows.csv")[0]) == ["prompt", "target", "difficulty"]
+
+
+def test_a_jsonl_line_that_is_not_an_object_is_named_by_its_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "a"}\n\n["prompt", "b"]\n')
+    with pytest.raises(DatasetError, match=r"rows.jsonl:3: a row must be a JSON object, got list"):
+        load_rows(path)

@@ -67,6 +67,11 @@ def test_a_cpu_job_uses_engine_server_and_drops_unset_sbatch_lines(tmp_path):
     (["rollout.batch_sise=3"], "did you mean 'rollout.batch_size'"),
     (["agent.workflow=no_such_module.Agent"], "does not import in a fresh process"),
     (["cluster.nodes=1", "cluster.infer_nodes=1"], "must leave at least one"),
+    (["--nproc", "0"], "cluster.nproc_per_node must be >= 1"),  # not silently the config's value
+    (["cluster.time=1 hour"], "is not a Slurm time limit"),  # sbatch would refuse it, later, elsewhere
+    (["cluster.time=2:00:00"], "quote it in YAML"),  # YAML's base-60 number 7200
+    (["cluster.partition=gpu queue"], "is not a Slurm name"),
+    (["data.source=no_such_rows.jsonl"], "data.source 'no_such_rows.jsonl' is not a file"),
 ])
 def test_bad_input_exits_2_naming_it_and_writes_nothing(tmp_path, args, message):
     result = areal_nb("export", CONFIG, *args, "--out", tmp_path / "run")
@@ -84,3 +89,46 @@ def test_an_existing_folder_is_not_overwritten_unless_asked(tmp_path):
     assert areal_nb("export", CONFIG, "--out", tmp_path / "new").returncode == 0
     assert areal_nb("export", CONFIG, "total_steps=3", "--out", tmp_path / "new", "--overwrite").returncode == 0
     assert load_config(tmp_path / "new" / "config.yaml").total_steps == 3
+
+
+def test_an_out_path_that_is_a_file_is_refused_and_kept(tmp_path):
+    (tmp_path / "run").write_text("mine")
+    result = areal_nb("export", CONFIG, "--out", tmp_path / "run")
+    assert result.returncode == 2 and "exists and is not a folder" in result.stderr, result.stderr
+    assert (tmp_path / "run").read_text() == "mine"
+
+
+def test_re_exporting_replaces_the_earlier_export_and_keeps_what_the_job_wrote(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 + 1 =", "target": "2"}\n')
+    run = tmp_path / "run"
+    assert areal_nb("export", CONFIG, f"data.source={rows}", "--out", run).returncode == 0
+    assert (run / "data" / "train.jsonl").is_file()
+    # what a job and its user left there
+    (run / "runs" / "multi_turn_math" / "final").mkdir(parents=True)
+    (run / "runs" / "multi_turn_math" / "final" / "state.pt").write_text("trained for hours")
+    (run / "slurm-7.out").write_text("job log")
+    (run / "notes.txt").write_text("mine")
+    result = areal_nb("export", CONFIG, "total_steps=3", "--out", run, "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert load_config(run / "config.yaml").total_steps == 3
+    assert not (run / "data").exists()  # the earlier export's data: the new config does not use it
+    assert (run / "runs" / "multi_turn_math" / "final" / "state.pt").read_text() == "trained for hours"
+    assert (run / "slurm-7.out").read_text() == "job log" and (run / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folders left
+
+
+def test_names_and_paths_with_spaces_and_quotes_reach_the_scripts_intact(tmp_path):
+    """sbatch reads `#SBATCH` lines itself and splits them at spaces; bash reads the rest."""
+    model = tmp_path / "my models" / 'it\'s "$HOME"'
+    (model.parent).mkdir()
+    out = tmp_path / "my runs" / "run 1"
+    result = areal_nb("export", CONFIG, 'experiment_name=my "best" run', f"model.path={model}", "--out", out)
+    assert result.returncode == 0, result.stderr
+    sbatch = (out / "job.sbatch").read_text()
+    assert '#SBATCH --job-name="my _best_ run"' in sbatch
+    model_line = next(line for line in sbatch.splitlines() if line.startswith("MODEL="))
+    echoed = subprocess.run(["bash", "-c", f'{model_line}\nprintf %s "$MODEL"'], capture_output=True, text=True)
+    assert echoed.stdout == str(model)
+    for script in ("job.sbatch", "launch_local.sh"):
+        assert subprocess.run(["bash", "-n", out / script]).returncode == 0, script

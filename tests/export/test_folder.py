@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from areal_nb.config import load_config
 from areal_nb.data import load_rows
-from areal_nb.export import export_run
+from areal_nb.export import ExportError, export_run
 
 pytestmark = pytest.mark.server  # the export imports its result in a fresh interpreter
 
@@ -36,3 +37,54 @@ def test_python_rows_and_local_files_are_written_into_the_folder(tmp_path):
     finally:
         os.chdir(cwd)
     assert config.data.source is ROWS  # the notebook's config is left as it was
+
+
+def test_a_reward_and_a_row_factory_named_by_import_path_travel_with_their_modules(tmp_path, monkeypatch):
+    """`reward_fn="my_rewards:exact"` and `data.source="my_rows:make"` name the user's own
+    modules (beside the notebook, not installed): the folder gets copies, checked to import."""
+    home = tmp_path / "notebook"
+    home.mkdir()
+    (home / "my_rewards.py").write_text("def exact(row, reply):\n    return float(reply.strip() == row['target'])\n")
+    (home / "my_rows.py").write_text(f"def make():\n    return {ROWS!r}\n")
+    monkeypatch.chdir(home)
+    monkeypatch.syspath_prepend(str(home))
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {
+        "agent.workflow": "areal_nb.agents.chat_agent.ChatAgent", "agent.workflow_kwargs": {"reward_fn": "my_rewards:exact"},
+        "agent.chat_template_type": "hf", "agent.export_style": "individual", "data.source": "my_rows:make"})
+    run = export_run(tmp_path / "run", config)
+    assert (run / "my_rewards.py").read_text() == (home / "my_rewards.py").read_text()
+    assert (run / "my_rows.py").read_text() == (home / "my_rows.py").read_text()
+    exported = load_config(run / "config.yaml")
+    assert exported.agent.workflow_kwargs == {"reward_fn": "my_rewards:exact"} and exported.data.source == "my_rows:make"
+
+
+def test_an_exported_runs_agent_py_travels_when_that_run_is_exported_again(tmp_path, monkeypatch):
+    """A job's Session (train.py puts its folder on sys.path; agent.workflow is "agent.Agent")
+    exported again: the new folder carries agent.py too."""
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "agent.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    monkeypatch.chdir(first)
+    monkeypatch.syspath_prepend(str(first))
+    monkeypatch.delitem(sys.modules, "agent", raising=False)
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {"agent.workflow": "agent.Agent"})
+    run = export_run(tmp_path / "second", config)
+    assert (run / "agent.py").read_text() == (first / "agent.py").read_text()
+
+
+@pytest.mark.parametrize("source", ["missing/train.jsonl", Path("missing.csv")])
+def test_a_data_file_that_is_not_there_fails_at_export_naming_it(tmp_path, source):
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {"data.eval_source": source})
+    with pytest.raises(ExportError, match=r"data.eval_source .*missing.* is not a file"):
+        export_run(tmp_path / "run", config)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_user_module_named_like_the_folders_own_files_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "train", raising=False)
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {"agent.workflow": "train.Agent"})
+    with pytest.raises(ExportError, match=r"your module .*train.py.*rename the module"):
+        export_run(tmp_path / "run", config)
+    assert not (tmp_path / "run").exists()

@@ -79,6 +79,50 @@ def test_sdk_message_objects_and_their_dumps_link_alike():
     assert b.parent is a
 
 
+def _tool_call_output(cache, iid="a"):
+    """A completed call whose output is a tool call, recorded the way the completion records it."""
+    it = call(iid, [user("add 1 and 2")], "")
+    it.output_message_list = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}]
+    cache[iid] = it
+    return it
+
+
+TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+
+
+@pytest.mark.parametrize("echo", [
+    # the OpenAI Agents SDK: no content key on a tool-call message
+    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+    # a streaming client that accumulated deltas: content None, each call keeps its index
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+    # a framework that parsed the arguments and dumped them again, without the type
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}]},
+], ids=["agents-sdk", "stream-accumulated", "reserialised"])
+def test_echoed_tool_call_message_in_another_spelling_still_links(echo):
+    cache = InteractionCache()
+    a = _tool_call_output(cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = add(cache, "b", [user("add 1 and 2"), echo, TOOL_RESULT], "The sum is 3")
+    assert b.parent is a
+
+
+def test_text_parts_echo_links_but_a_different_call_or_text_does_not():
+    cache = InteractionCache()
+    a = add(cache, "a", [user("q")], "x y")
+    parts = {"role": "assistant", "content": [{"type": "text", "text": "x "}, {"type": "text", "text": "y"}]}
+    assert add(cache, "b", [user("q"), parts, user("u")], "z").parent is a
+    c = _tool_call_output(cache, "c")
+    other_args = {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 5}'}}]}
+    with pytest.warns(ConversationLinkWarning, match="interaction c"):
+        d = add(cache, "d", [user("add 1 and 2"), other_args, TOOL_RESULT], "y")
+    assert d.parent is None and c.parent is None
+    with pytest.warns(ConversationLinkWarning, match="interaction a"):
+        assert add(cache, "e", [user("q"), assistant("x  y"), user("u")], "z").parent is None
+
+
 def test_unrelated_conversation_has_no_parent_and_no_warning():
     cache = InteractionCache()
     add(cache, "a", [user("q")], "x")

@@ -253,6 +253,54 @@ def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
         run(c.responses.create(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]))
 
 
+def test_previous_response_id_continues_the_stored_conversation(tiny_tokenizer):
+    """`previous_response_id` + only the new items: the prompt holds the whole conversation (the
+    earlier input, the earlier output, the new item), the call is the earlier one's child, and
+    the earlier call's instructions are not carried over (OpenAI's rule): this call's are used."""
+    replies = iter(['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5.", "Yes."])
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat")
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
+    r1 = run(c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200))
+    call_id = r1.output[0].call_id
+    r2 = run(c.responses.create(previous_response_id=r1.id, instructions="Be brief.", tools=tools, max_output_tokens=200,
+                                input=[{"type": "function_call_output", "call_id": call_id, "output": "5"}]))
+    first, second = c.get_interaction(r1.id), c.get_interaction(r2.id)
+    assert r2.previous_response_id == r1.id and r2.output[0].content[0].text == "It is 5."
+    assert second.parent is first
+    assert second.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": '{"expr": "2+3"}'}}]},
+        {"role": "tool", "content": "5", "tool_call_id": call_id},
+    ]
+    # exact tokens: the first call's prompt and output, then the tool result, then the generation prompt
+    suffix = tiny_tokenizer.encode(
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    mr1 = first.model_response
+    assert second.model_response.input_tokens == mr1.input_tokens + mr1.output_tokens + suffix
+    # a third turn without instructions: the chain's history, no system message
+    r3 = run(c.responses.create(previous_response_id=r2.id, input="Sure?", max_output_tokens=20))
+    third = c.get_interaction(r3.id)
+    assert third.messages == second.messages[1:] + [{"role": "assistant", "content": "It is 5."}, {"role": "user", "content": "Sure?"}]
+    assert third.parent is None  # another prompt (no system message): a new root
+    assert tiny_tokenizer.decode(third.model_response.input_tokens).startswith("<|im_start|>user\nWhat is 2+3?")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"previous_response_id": "resp-nope"}, "previous_response_id 'resp-nope' is not a response of this session"),
+    ({"previous_response_id": 7}, "previous_response_id must be a string"),
+    ({"conversation": "conv_1"}, "conversation is not supported"),
+])
+def test_previous_response_id_errors_record_nothing(client, kwargs, match):
+    with pytest.raises(CompletionRequestError, match=match):
+        run(client.responses.create(input="hi", max_output_tokens=5, **kwargs))
+    chat = create(client)  # a chat completion's id is not a response id
+    with pytest.raises(CompletionRequestError, match="is not a response of this session"):
+        run(client.responses.create(input="hi", max_output_tokens=5, previous_response_id=chat.id))
+    assert list(client.cache) == [chat.id]
+
+
 def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer, chat_template_type="concat")
     first = create(c, max_completion_tokens=3)

@@ -85,6 +85,46 @@ def test_concat_prompts_equal_hf_render_of_full_conversation_with_tool_calls(tin
     assert row["loss_mask"][0, at].item() == 0 and row["turn_ids"][0, at].item() == -1
 
 
+@pytest.mark.parametrize(("first_tools", "second_tools"), [(None, TOOLS), (TOOLS, None)], ids=["tools-added", "tools-dropped"])
+def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(tiny_tokenizer, first_tools, second_tools):
+    """Tools render into the system block, so a call whose tools differ from its parent's does not
+    continue the parent's tokens: counting EOS into the new render put the earlier answer twice
+    into the prompt (tools added) or dropped the new user message (tools dropped). Such a call
+    is rendered whole, as a new root, with a warning; each generated token is still in exactly
+    one concat leaf."""
+    from areal_nb.openai import ConversationLinkWarning
+
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, FINAL), tiny_tokenizer, chat_template_type="concat")
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    first = asyncio.run(c.chat.completions.create(messages=msgs, tools=first_tools, max_completion_tokens=20))
+    msgs = [*msgs, first.choices[0].message, {"role": "user", "content": "Check it."}]
+    with pytest.warns(ConversationLinkWarning, match="tools or chat_template_kwargs differ"):
+        second = asyncio.run(c.chat.completions.create(messages=msgs, tools=second_tools, max_completion_tokens=20))
+    a, b = c.get_interaction(first.id), c.get_interaction(second.id)
+    assert b.parent is None
+    assert b.model_response.input_tokens == render_prompt_ids(tiny_tokenizer, b.messages, second_tools)
+    assert check_retokenization(b, tiny_tokenizer).matches
+    leaves = c.export_interactions("concat")
+    assert list(leaves) == [first.id, second.id]
+    row = leaves[second.id].to_tensor_dict()
+    n_in = b.model_response.input_len
+    assert row["loss_mask"][0].tolist() == [0] * n_in + [1] * b.model_response.output_len
+    assert row["turn_ids"][0].tolist() == [-1] * n_in + [0] * b.model_response.output_len
+
+
+def test_concat_child_with_the_same_tools_and_kwargs_keeps_its_parent(tiny_tokenizer):
+    import warnings
+
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, FINAL), tiny_tokenizer, chat_template_type="concat")
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    first = asyncio.run(c.chat.completions.create(messages=msgs, tools=TOOLS, max_completion_tokens=20))
+    msgs = [*msgs, first.choices[0].message, {"role": "user", "content": "Check it."}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = asyncio.run(c.chat.completions.create(messages=msgs, tools=[dict(TOOLS[0])], max_completion_tokens=20))
+    assert c.get_interaction(second.id).parent is c.get_interaction(first.id)
+
+
 def test_tool_call_message_content_and_arguments(tiny_tokenizer):
     client, _, _, ids = run_tool_conversation(tiny_tokenizer, [CALL_2, FINAL])
     msg = client.get_interaction(ids[0]).completion.choices[0].message

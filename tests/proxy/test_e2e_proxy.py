@@ -149,6 +149,9 @@ def test_openai_agents_sdk_function_tool(tiny_tokenizer):
         assert call["function"]["arguments"].replace(" ", "") == '{"a":1,"b":2}'
         assert second.output_message_list[0]["content"] == "The sum is 3."
         assert second.reward == 1.0
+        # The SDK echoes the tool-call message without its empty content: still the same
+        # conversation, so the tool call is the answer's parent and gets its return (γ = 1).
+        assert second.parent_id == first.interaction_id and first.reward == 1.0
         assert len(engine.requests) == 2
         assert live_sessions(proxy.app) == ({}, {})
 

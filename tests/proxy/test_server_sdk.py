@@ -216,6 +216,48 @@ def test_responses_function_call_round_trip_scripted(tool_server):
     assert wire[second.id]["messages"][-1] == {"role": "tool", "content": "3", "tool_call_id": first.output[0].call_id}
 
 
+def test_responses_previous_response_id_scripted(tool_server):
+    """The SDK sends only the new item with `previous_response_id`: the proxy builds the prompt
+    from the stored conversation, links the call to its parent, and refuses an unknown id."""
+    sid, key = _session(tool_server.url, "resp-prev")
+    tools = [{"type": "function", "name": "add", "parameters": OPENAI_TOOLS[0]["function"]["parameters"]}]
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=key, max_retries=0) as client:
+            first = await client.responses.create(model="m", input="What is 1 + 2?", tools=tools, max_output_tokens=48)
+            second = await client.responses.create(model="m", previous_response_id=first.id, tools=tools, max_output_tokens=48,
+                                                   input=[{"type": "function_call_output", "call_id": first.output[0].call_id, "output": "3"}])
+            with pytest.raises(openai.BadRequestError, match="previous_response_id 'resp-gone' is not a response of this session"):
+                await client.responses.create(model="m", previous_response_id="resp-gone", input="hi", max_output_tokens=4)
+            return first, second
+
+    first, second = asyncio.run(run())
+    assert second.output_text == "The sum is 3" and second.previous_response_id == first.id
+    wire = _export(tool_server.url, sid, key)
+    assert list(wire) == [first.id, second.id] and wire[second.id]["parent_id"] == first.id
+    assert wire[second.id]["messages"][0] == {"role": "user", "content": "What is 1 + 2?"}
+    assert wire[second.id]["messages"][-1] == {"role": "tool", "content": "3", "tool_call_id": first.output[0].call_id}
+
+
+def test_responses_previous_response_id_on_tiny_model(local_server, tiny_tokenizer):
+    sid, key = _session(local_server.url, "resp-prev-real")
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
+            first = await client.responses.create(model="m", input="What is 1 + 2?", max_output_tokens=8, temperature=0)
+            second = await client.responses.create(model="m", previous_response_id=first.id, input="Are you sure?",
+                                                   max_output_tokens=8, temperature=0)
+            return first, second
+
+    first, second = asyncio.run(run())
+    wire = _export(local_server.url, sid, key)
+    _check_tokens(wire[second.id])
+    assert wire[second.id]["parent_id"] == first.id
+    prompt = tiny_tokenizer.decode(wire[second.id]["model_response"]["input_tokens"])
+    assert prompt == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n" + first.output_text
+                      + "<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_responses_on_tiny_model(local_server):
     sid, key = _session(local_server.url, "resp-real")
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
+
+from areal_nb.agents.chat_agent import ChatAgent
 
 from areal_nb.reward import RewardValueError, compute_reward, resolve_reward
 from areal_nb.reward.functions import math_answer
@@ -33,10 +38,57 @@ def test_sync_and_async_functions_and_callables_score_the_row():
     assert asyncio.run(compute_reward(lambda row, c: 1, ROW, "")) == 1.0  # an int is a number
 
 
-@pytest.mark.parametrize("value", [None, True, "1", float("nan"), float("inf")])
+@pytest.mark.parametrize("value", [None, "1", float("nan"), float("inf"), [1.0], np.array([1.0, 0.0]), 1j])
 def test_a_reward_that_is_not_a_finite_number_is_an_error(value):
     with pytest.raises(RewardValueError, match="expected a finite number"):
         asyncio.run(compute_reward(lambda row, c: value, ROW, ""))
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, 1.0), (False, 0.0), (np.bool_(True), 1.0), (np.float32(0.5), 0.5), (np.int64(2), 2.0),
+    (np.array(0.25), 0.25), (np.array([0.75]), 0.75), (torch.tensor(1.5), 1.5), (torch.tensor([True]), 1.0),
+    (Fraction(1, 4), 0.25), (-3, -3.0),
+])
+def test_bools_and_numpy_or_torch_scalars_are_rewards(value, expected):
+    # `return reply == row["target"]` or `np.mean(...)` / `torch.tensor(...)` results are what
+    # people write; they are read as plain floats
+    result = asyncio.run(compute_reward(lambda row, c: value, ROW, ""))
+    assert result == expected and type(result) is float
+
+
+async def async_bool_reward(row, completion):
+    return row["target"] in completion
+
+
+def test_an_async_reward_returning_a_bool_is_read_as_one_or_zero():
+    assert asyncio.run(compute_reward(async_bool_reward, ROW, "it is 5")) == 1.0
+    assert asyncio.run(compute_reward(async_bool_reward, ROW, "it is 4")) == 0.0
+
+
+def trl_style(completions, **kwargs):
+    return [1.0 for _ in completions]
+
+
+def areal_style(prompt, completions, prompt_ids, completion_ids, answer, **kwargs):
+    return 1.0
+
+
+@pytest.mark.parametrize("fn", [trl_style, areal_style, lambda completion: 1.0])
+def test_a_reward_that_cannot_take_row_and_completion_is_refused_when_given(fn):
+    with pytest.raises(TypeError, match=r"cannot be called as fn\(row, completion\)"):
+        resolve_reward(fn)
+    with pytest.raises(TypeError, match=r"cannot be called as fn\(row, completion\)"):
+        ChatAgent(reward_fn=fn)
+
+
+def test_rewards_with_defaults_varargs_or_no_signature_are_accepted():
+    def with_defaults(row, completion, scale=1.0):
+        return scale
+
+    assert resolve_reward(with_defaults) is with_defaults
+    assert resolve_reward(lambda *args: 1.0) is not None
+    assert resolve_reward(max) is max  # a builtin: nothing to check, called as is
+    assert resolve_reward(CallableReward()) is not None
 
 
 def test_exceptions_of_the_reward_function_propagate_unchanged():

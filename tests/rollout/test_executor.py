@@ -39,14 +39,42 @@ def make(workflow, engine, **kw):
     return RolloutExecutor(workflow, engine, **args)
 
 
-def test_capacity_formula_matches_reference_examples():
+def test_capacity_counts_queued_and_untrained_episodes():
     m = StalenessManager(max_concurrent=10, max_staleness=2, consumer_batch_size=4)
-    assert m.capacity(0) == min(10, (2 + 0 + 1) * 4)  # 10, concurrency-bound
+    assert m.capacity(0) == min(10, (2 + 1) * 4)  # 10, concurrency-bound
     m.on_submit(3)
     m.on_finish(True)
-    m.on_finish(False)
-    assert (m.running, m.accepted, m.rejected) == (1, 1, 1)
-    assert m.capacity(5) == min(10 - 1, (2 + 5 + 1) * 4 - 2)
+    m.on_finish(False)  # a rejected episode keeps its place in the queue
+    assert (m.running, m.queued, m.accepted, m.rejected) == (1, 3, 1, 1)
+    assert m.capacity(0) == min(10 - 1, 12 - 3)
+    m.on_submit(5)  # 8 queued, 6 running
+    assert m.capacity(0) == min(4, 12 - 8)
+    for _ in range(6):
+        m.on_finish(True)
+    m.on_hand_out(4, version=0)  # a batch leaves for its training step at version 0
+    assert m.capacity(0) == 12 - 4 - 4  # still counts until that step moved the version
+    assert m.capacity(1) == 12 - 4  # trained
+    m.on_cancel(running=0, finished=4)
+    assert m.capacity(1) == 10
+
+
+def test_capacity_equals_areals_formula_when_every_version_consumed_a_full_batch():
+    """AReaL: (S + v + 1)·B − (accepted + running). Same figure while each version step trained
+    exactly B accepted episodes handed out in order (the case that formula assumes)."""
+    S, B = 2, 4
+    m = StalenessManager(max_concurrent=100, max_staleness=S, consumer_batch_size=B)
+    accepted = running = 0
+    for version in range(5):
+        start = m.capacity(version)
+        assert start == (S + version + 1) * B - (accepted + running)
+        m.on_submit(start)
+        running += start
+        for _ in range(B):  # a batch finishes, is handed out and trained
+            m.on_finish(True)
+        running -= B
+        accepted += B
+        m.on_hand_out(B, version)
+        assert m.capacity(version) == (S + version + 1) * B - (accepted + running)  # its step is pending
 
 
 def test_groups_come_back_in_submission_order_with_rejections_recorded():
@@ -134,5 +162,96 @@ def test_explicit_rollouts_ignore_the_staleness_budget_but_not_concurrency():
         groups = await ex.wait_groups(5)
         assert len(groups) == 5 and all(ep.accepted for g in groups for ep in g)
         assert {ep.version_submitted for g in groups for ep in g} == {0}
+
+    asyncio.run(main())
+
+
+# --- the staleness bound under what a notebook really does (each would let a group start more
+# than max_head_offpolicyness versions before the step that trains it) ---
+
+
+async def _settle():
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+
+
+def test_rejected_episodes_use_the_staleness_budget():
+    """A rejected episode still fills its slot of a training batch (groups are handed out whole),
+    so it must hold budget: otherwise every rejection lets one more group run ahead."""
+    async def main():
+        eng = VersionEngine()
+        wf = EchoWorkflow()
+        ex = make(wf, eng, max_head_offpolicyness=0, batch_size=1)
+        ex.set_feeder(iter({"i": i, "fail": True} for i in range(50)))
+        await _settle()
+        assert wf.started == 2  # one group (the next step's batch) at version 0, not all 50
+        (g0,) = await ex.wait_groups(1)
+        assert not any(ep.accepted for ep in g0)
+        await _settle()
+        assert wf.started == 2  # the handed-out batch trains at version 0: nothing may start yet
+        eng.version = 1
+        ex.on_version_change()
+        await _settle()
+        assert wf.started == 4
+        await ex.cancel_all()
+
+    asyncio.run(main())
+
+
+def test_staleness_bound_after_resuming_at_a_later_version():
+    """An executor that starts at version 5 (Session.load, engine servers that served updates)
+    must not count versions 0-4 as budget (AReaL's capacity inflation after recovery)."""
+    async def main():
+        eng = VersionEngine()
+        eng.version = 5
+        wf = EchoWorkflow()
+        ex = make(wf, eng, max_head_offpolicyness=1, batch_size=1)
+        ex.set_feeder(iter({"i": i} for i in range(50)))
+        await _settle()
+        assert wf.started == 4  # (S + 1) batches of one group of 2
+        await ex.cancel_all()
+
+    asyncio.run(main())
+
+
+def test_versions_moved_by_small_explicit_batches_do_not_inflate_the_budget():
+    """A notebook trains a few steps on rollout(1) of a 2-prompt batch size, then run()s with
+    prefetch: the versions those steps moved consumed 2 episodes each, not a whole batch."""
+    async def main():
+        eng = VersionEngine()
+        wf = EchoWorkflow()
+        ex = make(wf, eng, max_head_offpolicyness=0, batch_size=2)  # B = 4 episodes
+        for v in range(3):
+            ex.submit({"i": v})
+            await ex.wait_groups(1)
+            eng.version = v + 1
+            ex.on_version_change()
+        started = wf.started
+        ex.set_feeder(iter({"i": i} for i in range(10, 60)))
+        await _settle()
+        assert wf.started - started == 4  # one batch (2 groups), trained at version 3
+        await ex.cancel_all()
+
+    asyncio.run(main())
+
+
+def test_trained_tokens_stay_within_the_bound_with_rejections_and_a_late_start():
+    """End to end on the executor: steps hand out batches in order and move the version; every
+    group's start version is within max_head_offpolicyness of the version that trains it."""
+    async def main():
+        for max_off in (0, 1, 2):
+            eng = VersionEngine()
+            eng.version = 7
+            wf = EchoWorkflow(delay=0.002)
+            ex = make(wf, eng, max_head_offpolicyness=max_off, batch_size=2)
+            ex.set_feeder(iter({"i": i, "fail": i % 3 == 0, "slow": i % 2} for i in range(1000)))
+            for _ in range(8):
+                groups = await ex.wait_groups(2)
+                lag = {eng.version - ep.version_submitted for g in groups for ep in g}
+                assert max(lag) <= max_off, (max_off, lag)
+                await asyncio.sleep(0.003)  # training
+                eng.version += 1
+                ex.on_version_change()
+            await ex.cancel_all()
 
     asyncio.run(main())

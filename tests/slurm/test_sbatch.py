@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -78,11 +79,24 @@ def test_a_failing_job_reports_failed_with_its_exit_code(slurm_cluster, tmp_path
     assert (result.state, result.exit_code) == ("FAILED", "3:0")
 
 
+def test_sbatch_accepts_job_sbatch_whatever_the_names_and_paths(slurm_cluster, tmp_path):
+    """`sbatch --test-only` parses the #SBATCH lines as a submission would: an experiment name
+    with spaces and quotes, a partition, a day-long time limit, a folder with spaces."""
+    from areal_nb.cli import main as areal_nb
+
+    run_dir = tmp_path / "my runs" / "run 1"
+    assert areal_nb(["export", str(CONFIG), "experiment_name=Bob's \"best\" run", "cluster.partition=debug",
+                     "cluster.time=1-00:00:00", "--out", str(run_dir)]) == 0
+    done = subprocess.run(["sbatch", "--test-only", "job.sbatch"], cwd=run_dir, env=slurm_cluster.env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+
+
 def test_the_exported_job_sbatch_trains_with_an_engine_server_and_two_ranks(slurm_cluster, tmp_path):
     """`areal-nb export` → `sbatch job.sbatch`, unedited: the engine server and a 2-process
     torchrun trainer run as steps of one job, train 2 steps of the tiny model against the server,
-    and write the final checkpoint."""
-    run_dir = _export(tmp_path / "run")
+    and write the final checkpoint. The folder's path has a space, as home folders often do."""
+    run_dir = _export(tmp_path / "my run")
     job_id = _submit(slurm_cluster, run_dir)
     result = slurm_cluster.wait(job_id, timeout=600)
     report = _job_report(run_dir, job_id)
