@@ -25,6 +25,7 @@ deliberate differences:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -156,10 +157,11 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             )
         return session
 
-    async def generate(call: Awaitable[T]) -> T:
-        """Await a capture-layer call, turning its failures into clear HTTP errors."""
+    async def generate(call: Awaitable[T], request: Request | None = None) -> T:
+        """Await a capture-layer call, turning its failures into clear HTTP errors; with `request`,
+        the call is cancelled if the client goes away first (`unless_client_leaves`)."""
         try:
-            return await call
+            return await (call if request is None else unless_client_leaves(request, call))
         except ProxyError:
             raise
         except InvalidRequestError as exc:  # input errors only: validation raises these types
@@ -280,11 +282,11 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
 
     # ------------------------------------------------------------------ generation endpoints
     async def chat_completions(
-        body: ChatCompletionRequest, session: SessionData = Depends(open_session)
+        body: ChatCompletionRequest, request: Request, session: SessionData = Depends(open_session)
     ) -> Response:
-        return await chat_completion_response(body, session)
+        return await chat_completion_response(body, session, request)
 
-    async def chat_completion_response(body: ChatCompletionRequest, session: SessionData) -> Response:
+    async def chat_completion_response(body: ChatCompletionRequest, session: SessionData, request: Request | None = None) -> Response:
         check_chat_options(body)
         completion = await generate(
             create_chat_completion(
@@ -306,7 +308,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 logprobs=body.logprobs,
                 top_k=body.top_k,
                 extra_body=extra_body_of(body),
-            )
+            ),
+            request,
         )
         if body.stream:
             # Generation is complete before the first byte, so the whole stream is sent at once;
@@ -316,7 +319,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
         return Response(completion.model_dump_json(), media_type="application/json")
 
-    async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
+    async def responses(body: ResponsesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
         if body.stream:
             raise ProxyError(400, "stream=true is not supported on /v1/responses; use /v1/chat/completions to stream", "unsupported")
         check_responses_options(body)
@@ -335,7 +338,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 previous_response_id=body.previous_response_id,
                 conversation=body.conversation,
                 extra_body=extra_body_of(body),
-            )
+            ),
+            request,
         )
         return Response(response.model_dump_json(), media_type="application/json")
 
@@ -372,12 +376,12 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.state.direct_routes = {f"{prefix}/chat/completions": direct_chat_completions for prefix in ("/v1", "")}
 
     @app.post("/v1/messages")
-    async def messages(body: MessagesRequest, session: SessionData = Depends(open_session)) -> Response:
+    async def messages(body: MessagesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
         try:
             chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
         except AnthropicRequestError as exc:
             raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs))
+        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs), request)
         session.tool_arguments.update(tool_arguments_of(completion))
         message = chat_completion_to_anthropic(completion, model=body.model)
         if body.stream:
@@ -385,6 +389,32 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return JSONResponse(message)
 
     return app
+
+
+async def unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
+    """`call`, cancelled if the client disconnects first: a reply nobody will read would only keep
+    the engine busy (a flood of abandoned requests would starve everyone else), and cancelled it
+    records nothing (the capture layer removes the entry of a call that did not finish)."""
+    work = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.done():
+        return work.result()  # it finished (or failed) first
+    with contextlib.suppress(asyncio.CancelledError):  # the client left: let the cancelled call clean up
+        await work
+    raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone")
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns once the client disconnects. The body was read already, so the next ASGI message
+    is `http.disconnect` (sent when the connection drops, or when the response is complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _HandOver(Response):

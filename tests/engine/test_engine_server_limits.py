@@ -98,3 +98,55 @@ def test_a_negative_weight_version_is_refused(local_engine, client, path, body):
     assert reply.status_code == 400 and ">= 0" in reply.text, reply.text
     assert local_engine.get_version() == before
     _still_serving(client)
+
+
+class _HoldingEngine:
+    """The real engine, except that prompts starting with token 7 wait until cancelled."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.held = self.cancelled = 0
+        self.aborted: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+        self._engine.abort(rid)
+
+    async def agenerate(self, req):
+        if req.input_ids[0] != 7:
+            return await self._engine.agenerate(req)
+        import asyncio
+
+        self.held += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+def test_a_client_that_leaves_has_its_generation_aborted(local_engine):
+    engine = _HoldingEngine(local_engine)
+    with ProxyServer(create_engine_app(engine, EngineServerSettings())) as served:
+        body = json.dumps({"input_ids": [[7, 1], [7, 2]], "rid": "gone", "sampling_params": {"max_new_tokens": 3}}).encode()
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            _wait(lambda: engine.held == 2)
+        _wait(lambda: engine.cancelled == 2)
+        assert sorted(engine.aborted) == ["gone_0", "gone_1"]
+        with httpx.Client(base_url=served.url, timeout=60) as client:
+            _still_serving(client)
+            again = client.post("/generate", json={**OK, "rid": "gone_0"})  # the rids were released
+            assert again.status_code == 200, again.text
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
