@@ -148,7 +148,9 @@ class DataConfig(_Section):
     # GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one.
     format: Literal["auto", "rows", "gsm8k"] = "auto"
     seed: int = 0
-    eval_size: int = Field(200, ge=1)  # held-out problems evaluate() runs on
+    # Held-out problems evaluate() runs on: None is 200 of the generated or GSM8K test split, and
+    # every row of your own held-out rows (a number cuts those too).
+    eval_size: int | None = Field(None, ge=1)
     task: TaskConfig = Field(default_factory=TaskConfig)
 
 

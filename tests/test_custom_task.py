@@ -264,3 +264,30 @@ def test_a_held_out_row_that_fails_is_named_in_evaluation(caplog):
         assert [str(ep.data) for ep in result.batch.rejected] == [str(held_out[1])]
         rejected = [r.getMessage() for r in caplog.records if "episode rejected" in r.getMessage()]
         assert [m.split("): ", 1)[1] for m in rejected] == ["held-out row 1: agent_error: agent raised KeyError: 'target'"]
+
+
+def test_evaluate_takes_problems_in_any_dataset_form_and_checks_them(tmp_path):
+    with Session(dataset=ROWS, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL) as s:
+        as_list = s.evaluate(problems=HELD_OUT[:4])
+        as_frame = s.evaluate(problems=pd.DataFrame(HELD_OUT[:4]))  # list(df) would be its column names
+        as_file = s.evaluate(problems=str(write_jsonl(HELD_OUT[:4], tmp_path / "held_out.jsonl")))
+        assert as_frame.n == as_file.n == 4 and as_frame.rejected == as_file.rejected == 0
+        assert as_frame.reward_mean == as_file.reward_mean == as_list.reward_mean
+        with pytest.raises(DatasetError, match="problems row 1 is a str, not a mapping"):
+            s.evaluate(problems=[HELD_OUT[0], "What is 2 + 2?"])
+        with pytest.raises(ValueError, match="needs at least one problem"):
+            s.evaluate(problems=[])
+
+
+class ChangesItsData(ChatAgent):
+    async def run(self, data, **kw):
+        data["prompt"] += " Think step by step."  # agents may change their `data`: it is their copy
+        return await super().run(data, **kw)
+
+
+def test_an_agent_changing_its_data_leaves_the_dataset_as_it_was():
+    rows = [dict(r) for r in ROWS]
+    with Session(dataset=rows, agent__workflow=ChangesItsData(reward_fn=target_in_reply), **SMALL) as s:
+        s.run(1)
+        s.evaluate(problems=rows[:2])
+    assert rows == ROWS  # the first-episode check's row 0 included

@@ -80,3 +80,11 @@ def test_the_stream_names_each_row_by_its_place_in_the_source_after_a_split():
         assert stream.describe(row) == f"data.source row {row['id']}"
     assert stream.describe(dict(ROWS[0])) is None  # a copy is not one of the stream's rows
     assert DataStream(DataConfig()).describe(generate_problems(1)[0]) is None  # generated: no dataset row
+
+
+def test_your_own_held_out_rows_are_all_evaluated_unless_eval_size_cuts_them():
+    many = [{"prompt": f"q{i}", "id": i} for i in range(250)]
+    assert load_task_data(DataConfig(source=ROWS, eval_source=many)).held_out == many  # not the first 200
+    assert len(load_task_data(DataConfig(source=many, eval_fraction=0.9)).held_out) == 225
+    assert load_task_data(DataConfig(source=ROWS, eval_source=many, eval_size=7)).held_out == many[:7]
+    assert len(load_task_data(DataConfig()).held_out) == 200  # the generated test split: 200 by default

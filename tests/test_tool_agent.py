@@ -77,3 +77,63 @@ def test_a_wrong_or_missing_tool_call_is_answered_not_raised(tiny_tokenizer):
         first, second = out.values()
         assert second.messages[-1]["content"] == "error: no tool named 'abacus'"
         assert second.reward == 0.0
+
+
+# ----------------------------------------------------------------------------- your own tools
+
+LOOKUP_SCHEMA = {"type": "function", "function": {"name": "lookup", "description": "Population of a city.",
+                                                  "parameters": {"type": "object",
+                                                                 "properties": {"city": {"type": "string"}}}}}
+POPULATION = {"Oslo": 709_000}
+
+
+def lookup(city):
+    return {"city": city, "population": POPULATION[city]}  # KeyError for a city it does not know
+
+
+async def async_lookup(city):
+    await asyncio.sleep(0)
+    return lookup(city)
+
+
+def tool_episode(tiny_tokenizer, agent, city: str):
+    """(the tool message the model got back, the answer's reward) for one episode calling lookup(city)."""
+    replies = iter(['<tool_call>\n{"name": "lookup", "arguments": {"city": "%s"}}\n</tool_call>' % city,
+                    "It has 709000 people."])
+    engine = ScriptedEngine(tiny_tokenizer, lambda req: next(replies))
+    row = {"messages": [{"role": "user", "content": f"How many people live in {city}?"}], "answer": "709000"}
+    with serve_proxy(engine, tiny_tokenizer) as proxy:
+        wf = OpenAIProxyWorkflow(agent=agent, proxy_addr=proxy.url, admin_api_key=ADMIN_KEY)
+        out = asyncio.run(wf.arun_episode(None, row))
+        assert wf.last_rejection_reason is None, wf.last_rejection_reason
+        first, second = out.values()
+        return second.messages[-1], second.reward
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("fn", [lookup, async_lookup])
+def test_your_own_sync_or_async_tool_returns_json_to_the_model(tiny_tokenizer, fn):
+    agent = ToolAgent(tools={"lookup": (LOOKUP_SCHEMA, fn)})
+    message, reward = tool_episode(tiny_tokenizer, agent, "Oslo")
+    assert message["role"] == "tool" and message["content"] == '{"city": "Oslo", "population": 709000}'
+    assert reward == 1.0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("fn", [lookup, async_lookup])
+def test_a_tool_that_raises_tells_the_model_and_the_episode_still_trains(tiny_tokenizer, fn):
+    # a rejected episode would drop exactly the signal RL needs: a call that went wrong earns its reward
+    agent = ToolAgent(tools={"lookup": (LOOKUP_SCHEMA, fn)})
+    message, reward = tool_episode(tiny_tokenizer, agent, "Atlantis")
+    assert message["content"] == "error: lookup raised KeyError: 'Atlantis'"
+    assert reward == 1.0  # the scripted answer still names the row's number
+
+
+def test_call_tool_reports_bad_arguments_and_refuses_an_async_tool_it_cannot_await():
+    agent = ToolAgent(tools={"lookup": (LOOKUP_SCHEMA, lookup), "alookup": (LOOKUP_SCHEMA, async_lookup)})
+    assert agent.call_tool("lookup", '{"city": "Oslo"}') == '{"city": "Oslo", "population": 709000}'
+    assert agent.call_tool("lookup", '["Oslo"]').startswith("error: bad arguments for lookup")
+    assert agent.call_tool("lookup", "{not json").startswith("error: bad arguments for lookup")
+    assert asyncio.run(agent.acall_tool("alookup", '{"city": "Oslo"}')) == '{"city": "Oslo", "population": 709000}'
+    with pytest.raises(TypeError, match="'alookup' is async: use `await agent.acall_tool"):
+        agent.call_tool("alookup", '{"city": "Oslo"}')

@@ -4,7 +4,8 @@ Each row gives the prompt — its "messages" (a chat list) or its "prompt" (one 
 and `reward_fn(row, reply_text)` scores every reply (sync or async, see
 `areal_nb.reward.functions`). With `max_turns > 1` a reply scored <= 0 gets `retry_prompt` and
 another try, like the math agent's correction turn. The function runs here, in the agent, so a
-function defined in a notebook cell works (inline mode; in subproc mode it must be importable).
+function defined in a notebook cell works in both modes (a `subproc` agent travels to its worker
+by value, the function with it).
 
     Session(config, dataset=rows, agent__workflow=ChatAgent(reward_fn=my_reward))
     # YAML:  agent: {workflow: areal_nb.agents.chat_agent.ChatAgent,

@@ -66,8 +66,11 @@ def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
                            f"e.g. ds['train'] (and ds['test'] as the eval dataset)")
     if isinstance(source, Mapping):
         raise DatasetError(f"{name} is a single mapping; pass a list of rows (dicts)")
-    if module == "pandas" and hasattr(source, "to_dict"):
+    if module == "pandas" and hasattr(source, "columns"):
         return table_records(source)
+    if module == "pandas":  # a Series (one column) or an Index: rows need their column names
+        raise DatasetError(f"{name} is a pandas {type(source).__name__}; pass a DataFrame, e.g. "
+                           f"series.to_frame('prompt') or df[['prompt', 'target']]")
     if module == "datasets" and hasattr(source, "to_list"):
         return source.to_list()
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):

@@ -91,17 +91,17 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
     target, kwargs = workflow, workflow_kwargs
     if not (inspect.isclass(workflow) or inspect.isfunction(workflow)):
         target, kwargs = type(workflow), _constructor_kwargs(workflow)
-    code_args = {k: v for k, v in (kwargs or {}).items() if inspect.isfunction(v) or inspect.isclass(v)}
+    code_args = {k: v for k, v in (kwargs or {}).items() if _code_in(v)}
     if target.__module__ != "__main__" and not code_args:
         return CapturedAgent(workflow=_import_path(target), workflow_kwargs=kwargs)
     notebook = _NotebookCode()
-    for value in [target, *code_args.values()]:
+    for value in [target, *(code for v in code_args.values() for code in _code_in(v))]:
         notebook.add(value)
     if not code_args:
         source, modules = notebook.render()
         return CapturedAgent(workflow=f"{AGENT_MODULE}.{target.__name__}", workflow_kwargs=kwargs,
                              source=source, modules=modules)
-    args = ", ".join(f"{k}={v.__name__ if k in code_args else repr(v)}" for k, v in kwargs.items())
+    args = ", ".join(f"{k}={_source_of(v)}" for k, v in kwargs.items())
     source, modules = notebook.render(f"# the agent of this run, built as the notebook built it\n"
                                       f"AGENT = {target.__name__}({args})")
     return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
@@ -174,7 +174,7 @@ def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     kwargs = {}
     for p in params:
         value = state.get(p.name)
-        if p.name in state and (is_plain_data(value) or inspect.isfunction(value) or inspect.isclass(value)):
+        if p.name in state and _is_data_or_code(value):
             if p.default is p.empty or value != p.default:
                 kwargs[p.name] = value
         else:  # not kept under its name, or not data nor code: its value cannot be known
@@ -183,6 +183,45 @@ def _constructor_kwargs(instance: Any) -> dict[str, Any]:
                 f"recovered as plain data or code: pass the class and agent.workflow_kwargs instead "
                 f"(Session(..., agent__workflow={cls.__qualname__}, agent__workflow_kwargs={{...}}))")
     return kwargs
+
+
+def _is_code(value: Any) -> bool:
+    return inspect.isfunction(value) or inspect.isclass(value)
+
+
+def _is_data_or_code(value: Any) -> bool:
+    """Plain data, a function or class, or dicts/lists/tuples of those (a ToolAgent's
+    `{"lookup": (schema, lookup)}`): what agent.py can write back as Python."""
+    if _is_code(value) or is_plain_data(value):
+        return True
+    if isinstance(value, dict):
+        return all(is_plain_data(k) and _is_data_or_code(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return all(_is_data_or_code(v) for v in value)
+    return False
+
+
+def _code_in(value: Any) -> list[Any]:
+    """The functions and classes in `value` (itself, or nested in its dicts, lists and tuples)."""
+    if _is_code(value):
+        return [value]
+    if isinstance(value, dict):
+        return [code for v in value.values() for code in _code_in(v)]
+    if type(value) in (list, tuple):
+        return [code for v in value for code in _code_in(v)]
+    return []
+
+
+def _source_of(value: Any) -> str:
+    """`value` as Python source for agent.py: code by its name (agent.py defines or imports it)."""
+    if _is_code(value):
+        return value.__name__
+    if isinstance(value, dict) and _code_in(value):
+        return "{" + ", ".join(f"{k!r}: {_source_of(v)}" for k, v in value.items()) + "}"
+    if type(value) in (list, tuple) and _code_in(value):
+        items = ", ".join(_source_of(v) for v in value)
+        return f"[{items}]" if type(value) is list else f"({items}{',' if len(value) == 1 else ''})"
+    return repr(value)
 
 
 def is_plain_data(value: Any) -> bool:

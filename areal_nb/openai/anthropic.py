@@ -278,14 +278,16 @@ def chat_completion_to_anthropic(completion: ChatCompletion, model: str) -> dict
             }
         )
     usage = completion.usage
+    matched = getattr(choice, "stop_reason", None)  # the stop string that ended the reply, if one did
+    matched = matched if isinstance(matched, str) and choice.finish_reason == "stop" else None
     return {
         "id": completion.id,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP_REASONS.get(choice.finish_reason or "stop", "end_turn"),
-        "stop_sequence": None,
+        "stop_reason": "stop_sequence" if matched is not None else _STOP_REASONS.get(choice.finish_reason or "stop", "end_turn"),
+        "stop_sequence": matched,
         "usage": {
             "input_tokens": usage.prompt_tokens if usage else 0,
             "output_tokens": usage.completion_tokens if usage else 0,

@@ -17,6 +17,7 @@ from areal_nb.api import ChatTemplateType, DiscountMode, ExportStyle, InferenceE
 from .cache import InteractionCache
 from .completion import CompletionSettings, chat_completion_stream_chunks, create_chat_completion
 from .interaction import InteractionWithTokenLogpReward
+from .response_stream import response_stream_events
 from .responses import create_response
 
 
@@ -44,7 +45,7 @@ def _offline_http_client() -> httpx.AsyncClient:
 
 
 class ChunkStream:
-    """Async iterator of `ChatCompletionChunk`s that also works as `async with` (like AsyncStream)."""
+    """Async iterator of stream chunks or events that also works as `async with` (like AsyncStream)."""
 
     def __init__(self, chunks: list[Any]) -> None:
         self._chunks = list(chunks)
@@ -102,16 +103,22 @@ class _Responses:
         self._client = client
 
     async def create(self, *, areal_cache: InteractionCache | None = None, **kwargs: Any) -> Any:
+        """`responses.create`; with `stream=True` an async iterator of Responses stream events.
+
+        The interaction is recorded before the stream is returned."""
         c = self._client
-        if kwargs.get("stream"):
-            raise NotImplementedError("streaming Responses are not supported by ArealOpenAI")
-        return await create_response(
+        kwargs = _given(kwargs)
+        stream = kwargs.pop("stream", None)
+        response = await create_response(
             engine=c.engine,
             tokenizer=c.tokenizer,
             settings=c.settings,
             cache=areal_cache if areal_cache is not None else c.cache,
-            **_given(kwargs),
+            **kwargs,
         )
+        if stream is True:
+            return ChunkStream(response_stream_events(response))
+        return response
 
 
 class ArealOpenAI(openai.AsyncOpenAI):

@@ -11,6 +11,7 @@ holds an incomplete interaction because of an error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 import warnings
@@ -348,6 +349,22 @@ def decode_output(tokenizer: Any, response: ModelResponse) -> str:
     return tokenizer.decode(response.output_tokens_without_stop, skip_special_tokens=False)
 
 
+def cut_stop_string(text: str, response: ModelResponse, stop: Any) -> tuple[str, str | None]:
+    """(text before the stop string that ended the generation, that string) — OpenAI's and
+    Anthropic's APIs leave it out of the text. The tokens keep it: the model generated them.
+
+    Only for a reply that a stop string ended (stop_reason "stop" without a trailing EOS/pad); the
+    engine stops at the first match, so the earliest occurrence of any stop string is the one."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str) and s]
+    if not stops or response.stop_reason != "stop" or not response.output_tokens or response.end_with_stop:
+        return text, None
+    found = [(text.find(s), s) for s in stops if s in text]
+    if not found:
+        return text, None
+    at, matched = min(found)
+    return text[:at], matched
+
+
 async def create_chat_completion(
     *,
     engine: InferenceEngine,
@@ -375,22 +392,22 @@ async def create_chat_completion(
 ):
     """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`.
     `logprobs=True` returns the sampled tokens' log-probs (the ones recorded for training)."""
-    from openai.types.chat import ChatCompletion, ChatCompletionMessage
-    from openai.types.chat.chat_completion import Choice
-    from openai.types.completion_usage import CompletionUsage
+    from openai.types.chat import ChatCompletion
 
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:29]
     normalized = normalize_messages(messages)
-    if n is not None and n != 1:
-        raise CompletionRequestError("n != 1 is not supported yet")
+    n_choices = _check_choices(n)
     tools_list = _normalize_tools(tools)
     check_tools(tools_list, tool_choice)
-    interaction, response = await generate_for_messages(
+    record = cache if store is not False else None
+    # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
+    ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
+    generate = functools.partial(
+        generate_for_messages,
         engine=engine,
         tokenizer=tokenizer,
         settings=settings,
-        cache=cache if store is not False else None,
-        interaction_id=completion_id,
+        cache=record,
         messages=normalized,
         tools=tools_list,
         chat_template_kwargs=_chat_template_kwargs(extra_body),
@@ -399,7 +416,71 @@ async def create_chat_completion(
                          "presence_penalty": presence_penalty, "top_k": top_k},
         metadata=metadata,
     )
-    text = decode_output(tokenizer, response)
+    if n_choices == 1:
+        samples = [await generate(interaction_id=completion_id)]
+    else:
+        samples = await _all_samples([generate(interaction_id=iid) for iid in ids], record, ids)
+    created = int(time.time())
+    choices = []
+    for index, (interaction, response) in enumerate(samples):
+        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs, stop)
+        choices.append(choice)
+        interaction.completion = ChatCompletion(
+            id=interaction.interaction_id, choices=[choice], created=created, model=MODEL_NAME, object="chat.completion",
+            usage=_usage(response.input_len, response.output_len),
+        )
+        interaction.output_message_list = [choice.message.model_dump(exclude_none=True)]
+        if record is not None:
+            record.mark_completed(interaction.interaction_id)
+    if n_choices == 1:
+        return samples[0][0].completion
+    prompt_len = samples[0][1].input_len
+    return ChatCompletion(
+        id=completion_id, choices=choices, created=created, model=MODEL_NAME, object="chat.completion",
+        usage=_usage(prompt_len, sum(response.output_len for _, response in samples)),
+    )
+
+
+MAX_CHOICES = 16
+
+
+def _check_choices(n: Any) -> int:
+    """The number of choices (`n`): 1 ≤ n ≤ MAX_CHOICES; each is a full generation."""
+    if n is None:
+        return 1
+    _check_positive_int("n", n)
+    if n > MAX_CHOICES:
+        raise CompletionRequestError(f"n={n} is more than {MAX_CHOICES} choices; make several calls instead")
+    return n
+
+
+async def _all_samples(calls: list[Any], cache: InteractionCache | None, ids: list[str]) -> list[Any]:
+    """Run the choices' generations together: all of them, or (any failed) none left in the cache."""
+    try:
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    except BaseException:  # cancelled: the finished choices' entries would stay incomplete
+        _forget(cache, ids)
+        raise
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        _forget(cache, ids)
+        raise failed
+    return outcomes
+
+
+def _forget(cache: InteractionCache | None, ids: list[str]) -> None:
+    for iid in ids if cache is not None else ():
+        cache.pop(iid, None)
+
+
+def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: CompletionSettings,
+            tools_list: list[dict[str, Any]] | None, tool_choice: Any, logprobs: bool | None, stop: Any) -> Any:
+    """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason; a
+    matched stop string is `choice.stop_reason` (an extra field, as vLLM's server reports it)."""
+    from openai.types.chat import ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
+
+    text, matched_stop = cut_stop_string(decode_output(tokenizer, response), response, stop)
     finish_reason = response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
     tool_calls = None
     if tools_list and tool_choice != "none":
@@ -409,24 +490,17 @@ async def create_chat_completion(
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
     message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
-    completion = ChatCompletion(
-        id=completion_id,
-        choices=[Choice(index=0, finish_reason=finish_reason, message=message,
-                        logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)],
-        created=int(time.time()),
-        model=MODEL_NAME,
-        object="chat.completion",
-        usage=CompletionUsage(
-            completion_tokens=response.output_len,
-            prompt_tokens=response.input_len,
-            total_tokens=response.input_len + response.output_len,
-        ),
-    )
-    interaction.completion = completion
-    interaction.output_message_list = [message.model_dump(exclude_none=True)]
-    if cache is not None and store is not False:
-        cache.mark_completed(completion_id)
-    return completion
+    choice = Choice(index=index, finish_reason=finish_reason, message=message,
+                    logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)
+    if matched_stop is not None:
+        choice.stop_reason = matched_stop
+    return choice
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
+    from openai.types.completion_usage import CompletionUsage
+
+    return CompletionUsage(completion_tokens=completion_tokens, prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion_tokens)
 
 
 def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
@@ -443,7 +517,8 @@ def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
 
 
 def chat_completion_stream_chunks(completion: Any) -> list[Any]:
-    """OpenAI-shaped stream chunks of a finished completion (role, content, tool calls, finish)."""
+    """OpenAI-shaped stream chunks of a finished completion: per choice (by `index`) its role,
+    content, tool calls and finish chunks; the usage on the last chunk."""
     from openai.types.chat import ChatCompletionChunk
     from openai.types.chat.chat_completion_chunk import (
         Choice,
@@ -452,28 +527,32 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
         ChoiceDeltaToolCallFunction,
     )
 
-    def chunk(delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None, logprobs: Any = None) -> ChatCompletionChunk:
+    def chunk(index: int, delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None, logprobs: Any = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=completion.id,
-            choices=[Choice(index=0, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
+            choices=[Choice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
             created=completion.created,
             model=completion.model,
             object="chat.completion.chunk",
             usage=usage,
         )
 
-    choice = completion.choices[0]
-    chunks = [chunk(ChoiceDelta(role="assistant", content=""))]
-    if choice.message.content:
-        logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
-        chunks.append(chunk(ChoiceDelta(content=choice.message.content), logprobs=logprobs))
-    for i, call in enumerate(choice.message.tool_calls or []):
-        delta_call = ChoiceDeltaToolCall(
-            index=i,
-            id=call.id,
-            type="function",
-            function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
-        )
-        chunks.append(chunk(ChoiceDelta(tool_calls=[delta_call])))
-    chunks.append(chunk(ChoiceDelta(), finish_reason=choice.finish_reason, usage=completion.usage))
+    chunks = []
+    last = len(completion.choices) - 1
+    for choice in completion.choices:
+        i = choice.index
+        chunks.append(chunk(i, ChoiceDelta(role="assistant", content="")))
+        if choice.message.content:
+            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
+            chunks.append(chunk(i, ChoiceDelta(content=choice.message.content), logprobs=logprobs))
+        for j, call in enumerate(choice.message.tool_calls or []):
+            delta_call = ChoiceDeltaToolCall(
+                index=j,
+                id=call.id,
+                type="function",
+                function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
+            )
+            chunks.append(chunk(i, ChoiceDelta(tool_calls=[delta_call])))
+        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason,
+                            usage=completion.usage if choice is completion.choices[last] else None))
     return chunks

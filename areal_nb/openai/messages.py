@@ -91,7 +91,8 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _link_form(message: dict[str, Any]) -> dict[str, Any]:
-    out = dict(message)
+    # an empty list or object says nothing (`"annotations": []`, `"tool_calls": []`)
+    out = {k: v for k, v in message.items() if not (isinstance(v, list | dict) and not v)}
     content = out.get("content")
     if isinstance(content, list) and all(_is_text_part(p) for p in content):
         content = "".join(p if isinstance(p, str) else p["text"] for p in content)
@@ -100,9 +101,7 @@ def _link_form(message: dict[str, Any]) -> dict[str, Any]:
     else:
         out["content"] = content
     calls = out.get("tool_calls")
-    if not calls:
-        out.pop("tool_calls", None)
-    elif isinstance(calls, list):
+    if isinstance(calls, list):
         out["tool_calls"] = [_call_link_form(c) for c in calls]
     return out
 

@@ -20,6 +20,7 @@ from .completion import (
     MODEL_NAME,
     CompletionSettings,
     _chat_template_kwargs,
+    cut_stop_string,
     decode_output,
     generate_for_messages,
 )
@@ -203,7 +204,7 @@ async def create_response(
         metadata=metadata,
         input_data=input,
     )
-    text = decode_output(tokenizer, model_response)
+    text, _ = cut_stop_string(decode_output(tokenizer, model_response), model_response, ignored.get("stop"))
     calls = []
     if chat_tools and tool_choice != "none":
         calls, parsed_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)

@@ -105,6 +105,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         create_chat_completion,
     )
     from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
+    from areal_nb.openai.response_stream import format_response_sse, response_stream_events
     from areal_nb.openai.responses import create_response
 
     settings = settings or ProxySettings()
@@ -266,9 +267,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     async def set_reward(body: SetRewardRequest, session: SessionData = Depends(session_key)) -> dict[str, Any]:
         cache = session.cache
         if body.interaction_id is None:
-            if len(cache) == 0:
-                raise ProxyError(400, f"no interactions in session {session.session_id!r} to reward", "no_interactions")
-            cache.set_last_reward(body.reward)
+            session.set_last_reward(body.reward)
         else:
             try:
                 cache.set_reward(body.interaction_id, body.reward)
@@ -320,8 +319,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return Response(completion.model_dump_json(), media_type="application/json")
 
     async def responses(body: ResponsesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
-        if body.stream:
-            raise ProxyError(400, "stream=true is not supported on /v1/responses; use /v1/chat/completions to stream", "unsupported")
         check_responses_options(body)
         response = await generate(
             create_response(
@@ -341,6 +338,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             ),
             request,
         )
+        if body.stream:  # generated already: the events replay the recorded response
+            return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
         return Response(response.model_dump_json(), media_type="application/json")
 
     for prefix in ("/v1", ""):

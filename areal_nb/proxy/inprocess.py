@@ -196,10 +196,9 @@ class InProcessProxyClient:
             ) from None
 
     async def set_last_reward(self, reward: float) -> None:
-        cache = self._live_cache("rl/set_reward")
-        if len(cache) == 0:
-            raise ProxyRequestError("rl/set_reward", 400, f"no interactions in session {self.session_id!r} to reward")
-        cache.set_last_reward(reward)
+        self._live_cache("rl/set_reward")
+        with _as_request_error("rl/set_reward"):
+            self._started().set_last_reward(reward)
 
     def _live_cache(self, endpoint: str) -> Any:
         """The session's cache, or the 410 the HTTP endpoint answers once the session is gone."""

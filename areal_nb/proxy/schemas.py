@@ -75,7 +75,7 @@ class ChatCompletionRequest(_Body):
     max_total_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     stop: str | list[str] | None = None
     store: Flag | None = None
-    n: Count | None = Field(None, ge=1, le=1)
+    n: Count | None = Field(None, ge=1)  # at most MAX_CHOICES (16): a 400 from the capture layer
     metadata: dict[str, Any] | None = None
     # accepted by the schema so that a non-zero value gets a 400 "not supported", not silence
     frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)

@@ -50,6 +50,21 @@ class SessionData:
     def touch(self) -> None:
         self.last_access = time.monotonic()
 
+    def set_last_reward(self, reward: float) -> None:
+        """Reward the most recently completed call; a 400 when there is none (yet)."""
+        if self.cache.last_interaction_id is None:
+            pending = len(self.cache)
+            if not pending:
+                raise ProxyError(400, f"no interactions in session {self.session_id!r} to reward", "no_interactions")
+            raise ProxyError(
+                400,
+                f"no completed interactions in session {self.session_id!r} to reward: "
+                f"{pending} call{' is' if pending == 1 else 's are'} still generating "
+                "(set the reward once it returns, or by interaction_id)",
+                "no_interactions",
+            )
+        self.cache.set_last_reward(reward)
+
     def is_stale(self, timeout: float, now: float) -> bool:
         return now - self.last_access > timeout
 

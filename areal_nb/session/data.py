@@ -24,6 +24,9 @@ from areal_nb.data import (check_rows, generate_problems, is_row_factory, is_row
                            split_rows)
 
 
+DEFAULT_EVAL_SIZE = 200  # held-out problems of the generated or GSM8K test split when data.eval_size is None
+
+
 @dataclass
 class TaskData:
     """What `data.source` resolves to: the training rows (None: generated per chunk) and the held-out rows.
@@ -43,11 +46,13 @@ def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
     if cfg.eval_fraction > 0 and cfg.eval_source is not None:
         raise ConfigError("give data.eval_source or data.eval_fraction, not both")
     row_source = not (isinstance(cfg.source, str) and (cfg.source == "generated" or _is_gsm8k(cfg.source, cfg.format)))
+    own_held_out = row_source  # the user's rows (or a split of them) are evaluated in full unless eval_size cuts them
     if cfg.eval_fraction > 0 and not row_source:
         raise ConfigError(f"data.eval_fraction splits a dataset of rows; data.source {cfg.source!r} has its own "
                           f"test split")
     if isinstance(cfg.source, str) and cfg.source == "generated":
-        train, held_out = None, generate_problems(cfg.eval_size, seed=0, split="test", config=cfg.task)
+        train, held_out = None, generate_problems(cfg.eval_size or DEFAULT_EVAL_SIZE, seed=0, split="test",
+                                                  config=cfg.task)
     elif _is_gsm8k(cfg.source, cfg.format):
         train = load_gsm8k_split(cfg.source, "train")
         if not train:
@@ -64,12 +69,16 @@ def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
             train, held_out = split_rows(train, cfg.eval_fraction, seed=cfg.seed)
             train_index = [position[id(row)] for row in train]
     if cfg.eval_source is not None:
-        if _is_gsm8k(cfg.eval_source, cfg.format):
+        own_held_out = not _is_gsm8k(cfg.eval_source, cfg.format)
+        if not own_held_out:
             held_out = load_gsm8k_split(cfg.eval_source, "test")
         else:
             held_out = load_rows(cfg.eval_source, name="data.eval_source")
             check_rows(held_out, name="data.eval_source", picklable=picklable)
-    return TaskData(train=train, held_out=held_out[: cfg.eval_size], train_index=train_index)
+    eval_size = cfg.eval_size
+    if eval_size is None and not own_held_out:
+        eval_size = DEFAULT_EVAL_SIZE
+    return TaskData(train=train, held_out=held_out[:eval_size], train_index=train_index)
 
 
 def _is_gsm8k(source: Any, fmt: str) -> bool:

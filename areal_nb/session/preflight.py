@@ -9,6 +9,7 @@ raises `FirstEpisodeError` with the row, the reason and the agent's own tracebac
 
 from __future__ import annotations
 
+import copy
 import traceback
 from typing import Any
 
@@ -48,7 +49,8 @@ async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine
         probe = OpenAIProxyWorkflow(mode="inline", agent=tracer, proxy_addr=workflow.proxy_addr,
                                     admin_api_key=workflow.admin_api_key, agent_timeout=workflow.agent_timeout)
     try:
-        result = await probe.arun_episode(GreedyEngine(engine), dict(row))
+        # a deep copy, as the executor gives every episode: the agent may change its `data` freely
+        result = await probe.arun_episode(GreedyEngine(engine), copy.deepcopy(row))
         reason = None if result else (getattr(probe, "last_rejection_reason", None) or "the episode returned nothing")
         trace = tracer.traceback if tracer is not None else None
     except Exception as e:  # a direct RolloutWorkflow raises its own errors

@@ -29,6 +29,7 @@ from typing import Any
 
 import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
+from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog
@@ -423,6 +424,10 @@ class Session:
                         pass_k: int | None = None) -> EvalResult:
         self._check_open()
         rows_name = "held-out row" if problems is None else "problems row"
+        if problems is not None:  # any form a dataset may take (a DataFrame, a path, ...), checked like one
+            problems = load_rows(problems, name="problems")
+            if problems:
+                check_rows(problems, name="problems", picklable=self.config.agent.mode == "subproc")
         problems = list(self.eval_problems if problems is None else problems)[: n or None]
         if not problems:
             raise ValueError("evaluate() needs at least one problem: this dataset has no held-out rows; pass "

@@ -75,6 +75,8 @@ def test_unreadable_sources_name_the_problem(tmp_path):
         load_rows({"prompt": "x"})
     with pytest.raises(DatasetError, match="got int"):
         load_rows(3)
+    with pytest.raises(DatasetError, match=r"a pandas Series; pass a DataFrame, e.g. series.to_frame\('prompt'\)"):
+        load_rows(pd.DataFrame(ROWS)["prompt"])
     with pytest.raises(DatasetError, match="row 1 cannot be written as JSON"):
         write_jsonl([{"a": 1}, {"a": object()}], tmp_path / "x.jsonl")
 

@@ -187,3 +187,38 @@ def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py
     # the same through the class and workflow_kwargs
     by_class = capture_workflow(main.ChatAgent, {"reward_fn": main.exact})
     assert by_class.workflow == "agent.AGENT" and "AGENT = ChatAgent(reward_fn=exact)" in by_class.source
+
+
+def test_a_tool_agent_with_tools_from_cells_is_rebuilt_in_agent_py(as_main, tmp_path):
+    main = as_main('''
+        from areal_nb.agents.tool_agent import ToolAgent
+
+        SCHEMA = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+        def lookup(city):
+            return {"city": city}
+
+        def exact(row, reply):
+            return reply == row["answer"]
+
+        agent = ToolAgent(reward_fn=exact, tools={"lookup": (SCHEMA, lookup)}, max_turns=2)
+        ''')
+    captured = capture_workflow(main.agent)
+    assert captured.workflow == "agent.AGENT"
+    assert "AGENT = ToolAgent(reward_fn=exact, max_turns=2, tools={'lookup': ({'type': 'function'" in captured.source
+    assert captured.source.rstrip().endswith("lookup)})")
+    module = load_agent_py(tmp_path, captured.source)
+    assert module.AGENT.call_tool("lookup", '{"city": "Oslo"}') == '{"city": "Oslo"}'
+    assert module.AGENT.max_turns == 2 and module.AGENT.reward_fn({"answer": "4"}, "4") is True
+
+
+def test_the_built_in_tool_agent_exports_with_its_calculator_imported(as_main, tmp_path):
+    main = as_main('''
+        from areal_nb.agents.tool_agent import ToolAgent
+
+        agent = ToolAgent(max_turns=2)
+        ''')
+    captured = capture_workflow(main.agent)
+    assert "from areal_nb.data.tool_task import calculator" in captured.source
+    module = load_agent_py(tmp_path, captured.source)
+    assert module.AGENT.call_tool("calculator", '{"expression": "6*7"}') == "42"

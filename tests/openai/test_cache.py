@@ -99,7 +99,10 @@ TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
         {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
     # a framework that parsed the arguments and dumped them again, without the type
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}]},
-], ids=["agents-sdk", "stream-accumulated", "reserialised"])
+    # a client that keeps empty fields of the SDK object
+    {"role": "assistant", "content": [], "annotations": [], "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+], ids=["agents-sdk", "stream-accumulated", "reserialised", "empty-fields"])
 def test_echoed_tool_call_message_in_another_spelling_still_links(echo):
     cache = InteractionCache()
     a = _tool_call_output(cache)

@@ -46,7 +46,9 @@ def create(client, **kw):
         ({"messages": "hello"}, TypeError, "messages must be a list"),
         ({"messages": [Q[0], "raw string"]}, TypeError, r"messages\[1\] must be a dict"),
         ({"messages": []}, CompletionRequestError, "messages cannot be empty"),
-        ({"n": 2}, CompletionRequestError, "n != 1 is not supported"),
+        ({"n": 0}, CompletionRequestError, "n must be positive"),
+        ({"n": 17}, CompletionRequestError, r"n=17 is more than 16 choices"),
+        ({"n": 2.0}, CompletionRequestError, "n must be an integer"),
         ({"max_tokens": 5, "max_completion_tokens": 5}, CompletionRequestError, "cannot be set at the same time"),
         ({"max_completion_tokens": 0}, CompletionRequestError, "max_completion_tokens must be positive"),
         ({"max_completion_tokens": True}, CompletionRequestError, "max_completion_tokens must be an integer"),
@@ -228,6 +230,104 @@ def test_stream_chunks(tiny_tokenizer):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and usage.completion_tokens > 0
 
 
+def test_stop_string_is_left_out_of_the_text_but_kept_in_the_tokens(tiny_tokenizer):
+    """As in the OpenAI API, the returned text ends before the stop string that ended the
+    generation (the matched string is `choice.stop_reason`, as vLLM reports it); the recorded
+    tokens keep it, since the model generated them and they are trained on."""
+    ids = tiny_tokenizer.encode("The answer is 5. Done", add_special_tokens=False)
+    cut = next(i for i in range(1, len(ids) + 1) if tiny_tokenizer.decode(ids[:i]).endswith("5."))
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, ids[:cut]), tiny_tokenizer)  # no EOS: a stop-string stop
+    completion = create(c, stop=["zzz", "."])
+    choice = completion.choices[0]
+    assert (choice.message.content, choice.finish_reason, choice.stop_reason) == ("The answer is 5", "stop", ".")
+    it = c.get_interaction(completion.id)
+    assert it.model_response.output_tokens == ids[:cut]
+    assert it.output_message_list == [{"role": "assistant", "content": "The answer is 5"}]
+    assert it.to_tensor_dict()["loss_mask"][0].tolist()[-cut:] == [1] * cut
+    # a reply that ended on EOS is not cut, even if it contains a stop string
+    plain = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer)
+    done = create(plain, stop=["."]).choices[0]
+    assert done.message.content == "The answer is 5." and getattr(done, "stop_reason", None) is None
+    r = run(c.responses.create(input="What is 2+3?", max_output_tokens=20, stop=["."]))
+    assert r.output_text == "The answer is 5"
+
+
+# ----- n > 1 ------------------------------------------------------------------------------------
+def _numbered_replies(tokenizer):
+    count = iter(range(100))
+    return ScriptedEngine(tokenizer, lambda req: f"Answer {next(count)}.")
+
+
+def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
+    """n > 1 samples the prompt n times; each choice is its own interaction (`completion.id` is
+    choice 0's, `f"{completion.id}-{i}"` choice i's), with its own tokens, and a next call that
+    echoes choice i's message is choice i's child."""
+    engine = _numbered_replies(tiny_tokenizer)
+    c = ArealOpenAI(engine, tiny_tokenizer, chat_template_type="concat")
+    completion = create(c, n=3, logprobs=True)
+    cid = completion.id
+    assert [ch.index for ch in completion.choices] == [0, 1, 2]
+    assert sorted(ch.message.content for ch in completion.choices) == ["Answer 0.", "Answer 1.", "Answer 2."]
+    ids = [cid, f"{cid}-1", f"{cid}-2"]
+    assert list(c.cache) == ids
+    assert len(engine.requests) == 3 and all(r.input_ids == engine.requests[0].input_ids for r in engine.requests)
+    for i, iid in enumerate(ids):
+        it = c.get_interaction(iid)
+        assert it.interaction_id == iid and it.parent is None and it.is_complete
+        assert it.output_message_list == [completion.choices[i].message.model_dump(exclude_none=True)]
+        mr = it.model_response
+        assert tiny_tokenizer.decode(mr.output_tokens) == completion.choices[i].message.content + "<|im_end|>"
+        own = completion.choices[i].logprobs.content  # each choice carries its own sample's log-probs
+        assert "".join(t.token for t in own) == completion.choices[i].message.content
+        assert [t.logprob for t in own] == mr.output_logprobs[: len(own)] and len(own) == mr.output_len - 1
+        row = it.to_tensor_dict()
+        assert row["input_ids"][0].tolist() == mr.input_tokens + mr.output_tokens
+        assert row["loss_mask"][0].tolist() == [0] * mr.input_len + [1] * mr.output_len
+    prompt_len = c.get_interaction(cid).model_response.input_len
+    outputs = [c.get_interaction(i).model_response.output_len for i in ids]
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (prompt_len, sum(outputs))
+    # continue from choice 1 only: it gets the child; choices 0 and 2 stay leaves
+    follow = create(c, messages=[*Q, completion.choices[1].message, {"role": "user", "content": "Sure?"}])
+    child = c.get_interaction(follow.id)
+    assert child.parent is c.get_interaction(ids[1])
+    c.set_reward(ids[0], 1.0)
+    c.set_reward(ids[2], 0.0)
+    c.set_reward(follow.id, 1.0)
+    leaves = c.export_interactions("concat", reward_discount=0.5)
+    assert list(leaves) == [ids[0], ids[2], follow.id]
+    assert c.get_interaction(ids[1]).reward == 0.5  # its own 0 + 0.5 x its child's 1
+
+
+def test_n_choices_stream_by_index_and_a_failed_sample_records_nothing(tiny_tokenizer):
+    c = ArealOpenAI(_numbered_replies(tiny_tokenizer), tiny_tokenizer)
+
+    async def consume():
+        stream = await c.chat.completions.create(messages=Q, n=2, stream=True, max_completion_tokens=20)
+        return [chunk async for chunk in stream]
+
+    chunks = run(consume())
+    by_index = {0: "", 1: ""}
+    for ch in chunks:
+        for choice in ch.choices:
+            by_index[choice.index] += choice.delta.content or ""
+    assert sorted(by_index.values()) == ["Answer 0.", "Answer 1."]
+    assert [(ch.choices[0].index, ch.choices[0].finish_reason) for ch in chunks if ch.choices[0].finish_reason] == [(0, "stop"), (1, "stop")]
+    assert [ch.usage is not None for ch in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert len(c.cache) == 2
+
+    class FailsSecond(ScriptedEngine):
+        async def agenerate(self, req):
+            if len(self.requests) == 1:
+                self.requests.append(req)
+                raise RuntimeError("engine lost a row")
+            return await super().agenerate(req)
+
+    failing = ArealOpenAI(FailsSecond(tiny_tokenizer, "x"), tiny_tokenizer)
+    with pytest.raises(RuntimeError, match="engine lost a row"):
+        create(failing, n=3)
+    assert len(failing.cache) == 0
+
+
 # ----- responses --------------------------------------------------------------------------------
 def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
     replies = iter(['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5."])
@@ -299,6 +399,41 @@ def test_previous_response_id_errors_record_nothing(client, kwargs, match):
     with pytest.raises(CompletionRequestError, match="is not a response of this session"):
         run(client.responses.create(input="hi", max_output_tokens=5, previous_response_id=chat.id))
     assert list(client.cache) == [chat.id]
+
+
+def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
+    """`responses.create(stream=True)`: the OpenAI event sequence (created, in_progress, per
+    output item added/deltas/done, completed) with increasing sequence numbers; the text deltas
+    and argument deltas rebuild the output, `response.completed` carries the recorded response."""
+    from areal_nb.openai.response_stream import response_stream_events
+
+    text = 'Let me add.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
+
+    async def consume():
+        stream = await c.responses.create(input="What is 2+3?", tools=tools, max_output_tokens=200, stream=True)
+        async with stream as s:
+            return [event async for event in s]
+
+    events = run(consume())
+    recorded = next(iter(c.cache.values()))
+    assert recorded.is_complete
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert events[4].delta == "Let me add." and events[4].item_id == events[2].item.id
+    assert events[9].delta == '{"expr": "2+3"}' and events[10].arguments == '{"expr": "2+3"}'
+    final = events[-1].response
+    assert final == recorded.response and final.id == recorded.interaction_id
+    assert [o.type for o in final.output] == ["message", "function_call"]
+    assert response_stream_events(final) == events
 
 
 def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):

@@ -143,3 +143,13 @@ def test_stream_event_sequence_rebuilds_the_message():
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use" and events[-2][1]["usage"] == {"output_tokens": 5}
     text = format_sse(events)
     assert text.startswith("event: message_start\ndata: {") and text.endswith('data: {"type": "message_stop"}\n\n')
+
+
+def test_a_matched_stop_sequence_is_reported_as_anthropic_does():
+    completion = _completion("The answer is 5")
+    completion.choices[0].stop_reason = "."  # the matched stop string (set by the completion logic)
+    message = chat_completion_to_anthropic(completion, "m")
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", ".")
+    assert message["content"] == [{"type": "text", "text": "The answer is 5"}]
+    assert anthropic_stream_events(message)[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "."}
+    at.Message.model_validate(message)

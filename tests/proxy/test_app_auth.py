@@ -79,6 +79,25 @@ def test_admin_key_as_session_key_says_why(app_client):
     assert "admin key is not a session key" in r.json()["error"]["message"]
 
 
+def test_last_reward_while_the_only_call_is_generating_is_a_400_not_a_500(app_client):
+    """A reward without an id goes to the most recently *completed* call; while the session's only
+    call is still generating there is none (this was an unhandled RuntimeError: 500)."""
+    from areal_nb.openai import InteractionWithTokenLogpReward
+
+    sid, key = start_session(app_client, "r")
+    cache = app_client.app.state.proxy.sessions[sid].cache
+    cache["chatcmpl-pending"] = InteractionWithTokenLogpReward(messages=[{"role": "user", "content": "q"}], _interaction_id="chatcmpl-pending")
+    r = app_client.post("/rl/set_reward", headers=session_headers(key), json={"reward": 1.0})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == (
+        "no completed interactions in session 'r-0' to reward: 1 call is still generating "
+        "(set the reward once it returns, or by interaction_id)")
+    assert cache["chatcmpl-pending"].reward is None
+    done = app_client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).json()["id"]
+    assert app_client.post("/rl/set_reward", headers=session_headers(key), json={"reward": 2.0}).status_code == 200
+    assert cache[done].reward == 2.0 and cache["chatcmpl-pending"].reward is None
+
+
 def test_other_sessions_key_reaches_only_its_own_session(app_client):
     sid_a, key_a = start_session(app_client, "a")
     sid_b, key_b = start_session(app_client, "b")

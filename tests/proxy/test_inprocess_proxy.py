@@ -131,6 +131,14 @@ def test_client_errors_carry_the_http_status(app):
             with pytest.raises(ProxyRequestError) as err:
                 await client.set_last_reward(1.0)
             assert err.value.status == 400 and "no interactions" in err.value.detail
+            from areal_nb.openai import InteractionWithTokenLogpReward
+
+            pending = InteractionWithTokenLogpReward(messages=[{"role": "user", "content": "q"}], _interaction_id="p")
+            state.sessions[client.session_id].cache["p"] = pending  # a call still generating
+            with pytest.raises(ProxyRequestError) as err:
+                await client.set_last_reward(1.0)
+            assert err.value.status == 400 and "1 call is still generating" in err.value.detail
+            del state.sessions[client.session_id].cache["p"]
             with pytest.raises(ProxyRequestError) as err:
                 await client.export_interactions()
             assert err.value.status == 504  # not ended yet: nothing lost

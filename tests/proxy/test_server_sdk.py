@@ -184,6 +184,32 @@ def test_anthropic_on_tiny_model(local_server, stream):
     assert wire[first.id]["output_message_list"][0]["content"] == text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_stop_sequence_on_tiny_model(local_server, tiny_tokenizer, stream):
+    """A stop sequence ends the real model's reply: Anthropic's stop_reason/stop_sequence, the
+    text without it; the recorded tokens (trained on) still hold it."""
+    sid, key = _session(local_server.url, f"ant-stop-{stream}")
+    stops = [" ", "{", "\\", *"0123456789"]  # every tiny-math answer hits one of these
+
+    async def run():
+        async with anthropic.AsyncAnthropic(base_url=local_server.url, api_key=key, max_retries=0) as client:
+            request = {"model": "m", "max_tokens": 24, "stop_sequences": stops,
+                       "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+            if stream:
+                async with client.messages.stream(**request) as s:
+                    return await s.get_final_message()
+            return await client.messages.create(**request)
+
+    message = asyncio.run(run())
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence in stops
+    text = "".join(b.text for b in message.content if b.type == "text")
+    wire = _export(local_server.url, sid, key)
+    tokens = wire[message.id]["model_response"]["output_tokens"]
+    assert tiny_tokenizer.decode(tokens).startswith(text + message.stop_sequence)
+    assert wire[message.id]["output_message_list"][0]["content"] == text
+    _check_tokens(wire[message.id])
+
+
 def test_anthropic_set_reward_by_message_id(local_server):
     sid, key = _session(local_server.url, "ant-reward")
     first, _ = asyncio.run(_anthropic_two_turns(local_server.url, key, False, tools=False))
@@ -270,6 +296,82 @@ def test_responses_on_tiny_model(local_server):
     wire = _export(local_server.url, sid, key)
     _check_tokens(wire[response.id])
     assert wire[response.id]["messages"][0] == {"role": "system", "content": "Add."}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_n_choices_on_tiny_model(local_server, stream):
+    """n=3 through the SDK (plain and streamed) on the real model: three choices, each exported
+    as its own interaction with the engine's exact tokens; the SDK sees the usage of all three."""
+    sid, key = _session(local_server.url, f"oai-n-{stream}")
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
+            request = {"model": "m", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "n": 3,
+                       "max_completion_tokens": 8, "temperature": 1.0}
+            if not stream:
+                completion = await client.chat.completions.create(**request)
+                return completion.id, [c.message.content for c in completion.choices], completion.usage
+            texts, usage, cid = ["", "", ""], None, None
+            async for chunk in await client.chat.completions.create(**request, stream=True):
+                cid, usage = chunk.id, chunk.usage or usage
+                for choice in chunk.choices:
+                    texts[choice.index] += choice.delta.content or ""
+            return cid, texts, usage
+
+    cid, texts, usage = asyncio.run(run())
+    wire = _export(local_server.url, sid, key)
+    ids = [cid, f"{cid}-1", f"{cid}-2"]
+    assert list(wire) == ids
+    for iid, text in zip(ids, texts, strict=True):
+        _check_tokens(wire[iid])
+        assert wire[iid]["output_message_list"][0]["content"] == text
+    assert usage.completion_tokens == sum(len(wire[i]["model_response"]["output_tokens"]) for i in ids)
+
+
+def test_agents_sdk_streamed_run_on_the_responses_api_scripted(tool_server):
+    """The OpenAI Agents SDK's default model (the Responses API), streamed: the SDK rebuilds each
+    turn from our events, runs the tool, and its second call links to the first."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    sid, key = _session(tool_server.url, "resp-stream-agents")
+
+    @function_tool
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        return "3"
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=key, max_retries=0) as client:
+            agent = Agent(name="adder", instructions="Use the add tool.", tools=[add],
+                          model=OpenAIResponsesModel(model="m", openai_client=client), model_settings=ModelSettings(max_tokens=48))
+            result = Runner.run_streamed(agent, "What is 1 + 2?")
+            kinds = [event.type async for event in result.stream_events()]
+            return result.final_output, kinds
+
+    final, kinds = asyncio.run(run())
+    assert final == "The sum is 3" and "raw_response_event" in kinds
+    wire = _export(tool_server.url, sid, key)
+    first, second = wire
+    assert wire[second]["parent_id"] == first
+    assert wire[second]["messages"][-1]["role"] == "tool" and wire[second]["messages"][-1]["content"] == "3"
+
+
+def test_responses_stream_on_tiny_model(local_server):
+    sid, key = _session(local_server.url, "resp-stream-real")
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
+            async with client.responses.stream(model="m", input="What is 1 + 2?", max_output_tokens=8) as stream:
+                deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+                return "".join(deltas), await stream.get_final_response()
+
+    text, final = asyncio.run(run())
+    assert text == final.output_text
+    wire = _export(local_server.url, sid, key)
+    _check_tokens(wire[final.id])
+    assert wire[final.id]["output_message_list"] == [{"role": "assistant", "content": text}]
+    assert final.usage.output_tokens == len(wire[final.id]["model_response"]["output_tokens"])
 
 
 def test_sdk_sees_errors_in_its_dialect(scripted_server):
