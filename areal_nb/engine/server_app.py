@@ -26,7 +26,6 @@ The engine is any object with LocalEngine's surface (`agenerate`, `abort`, `abor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hmac
 import logging
@@ -43,6 +42,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
@@ -136,8 +136,8 @@ class _GenerateRoute:
             await _send_json(send, 405, {"detail": "Method Not Allowed"}, [(b"allow", b"POST, PUT")])
             return
         try:
-            content = await _unless_client_leaves(self.handle(await self.read_body(scope, receive)), receive)
-        except _ClientGone:
+            content = await unless_client_leaves(self.handle(await self.read_body(scope, receive)), receive)
+        except ClientGone:
             return  # nobody to answer; the generation was aborted (as sglang aborts a disconnected request)
         except BodyError as exc:
             await _send_json(send, exc.status, {"error": {"message": str(exc)}}, [(b"connection", b"close")])
@@ -150,32 +150,6 @@ class _GenerateRoute:
             await _send_json(send, 500, {"error": {"message": "Internal Server Error"}})
             return
         await _send_json(send, 200, content)
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its reply was ready."""
-
-
-async def _unless_client_leaves(call: Awaitable[Any], receive: Receive) -> Any:
-    """`call`, cancelled if the client disconnects first: its rows are aborted (`_run_one`) and
-    released, so a flood of abandoned requests cannot keep the engine busy for nobody. After the
-    body, the next ASGI message is `http.disconnect` (when the connection drops)."""
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    work, watch = asyncio.ensure_future(call), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-    if work.done():
-        return work.result()
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
-    raise _ClientGone
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:

@@ -25,7 +25,6 @@ deliberate differences:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,6 +37,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
+from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -162,7 +162,9 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         """Await a capture-layer call, turning its failures into clear HTTP errors; with `request`,
         the call is cancelled if the client goes away first (`unless_client_leaves`)."""
         try:
-            return await (call if request is None else unless_client_leaves(request, call))
+            return await (call if request is None else unless_client_leaves(call, request.receive))
+        except ClientGone:  # nobody is left to read this answer
+            raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
         except ProxyError:
             raise
         except InvalidRequestError as exc:  # input errors only: validation raises these types
@@ -388,32 +390,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
         return JSONResponse(message)
 
     return app
-
-
-async def unless_client_leaves(request: Request, call: Awaitable[T]) -> T:
-    """`call`, cancelled if the client disconnects first: a reply nobody will read would only keep
-    the engine busy (a flood of abandoned requests would starve everyone else), and cancelled it
-    records nothing (the capture layer removes the entry of a call that did not finish)."""
-    work = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-    if work.done():
-        return work.result()  # it finished (or failed) first
-    with contextlib.suppress(asyncio.CancelledError):  # the client left: let the cancelled call clean up
-        await work
-    raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone")
-
-
-async def _client_gone(request: Request) -> None:
-    """Returns once the client disconnects. The body was read already, so the next ASGI message
-    is `http.disconnect` (sent when the connection drops, or when the response is complete)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class _HandOver(Response):
