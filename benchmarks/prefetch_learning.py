@@ -11,6 +11,9 @@ trains, within `rollout.max_head_offpolicyness`, and trained with the decoupled 
 variants: "on_s1" (prefetch, staleness bound 1), "on_plain" (prefetch without the decoupled loss:
 what the behaviour weight buys).
 
+`--repeats N` runs each (seed, variant) N times, the variants interleaved (off, on, off, on, ...),
+and `--no-eval` skips the held-out evaluation: for step time on a noisy machine.
+
 Per run: held-out greedy accuracy before/after (first reply, the demo's figure) on the same 200
 problems; training reward (mean episode return) first 5 / last 5 steps and the lowest 5-step
 mean (a collapse shows there); wall and process CPU per training step (median, and the run's
@@ -47,14 +50,14 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str) -> dict:
+def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str, evaluate: bool = True) -> dict:
     from areal_nb.config import load_config
     from areal_nb.session import Session
 
     cfg = load_config(config, [*overrides, f"total_steps={steps}", "logging.eval_every=0",
                                "logging.progress=false", f"logging.run_dir={out / name}"])
     with Session(cfg) as session:
-        before = session.evaluate()
+        before = session.evaluate() if evaluate else None
         times: list[tuple[float, float]] = []
         step = session.step
 
@@ -68,7 +71,7 @@ def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         history = session.run(steps)
         run_wall, run_cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        after = session.evaluate()
+        after = session.evaluate() if evaluate else None
     history.to_csv(out / f"{name}.csv", index=False)
     rewards = [float(r) for r in history["reward_mean"]]
     k = min(5, len(rewards))
@@ -80,10 +83,10 @@ def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str)
     return {
         "name": name,
         "overrides": overrides,
-        "accuracy_before": before.accuracy,
-        "accuracy_after": after.accuracy,
-        "gain_points": 100 * (after.accuracy - before.accuracy),
-        "agent_accuracy_after": after.agent_accuracy,
+        "accuracy_before": before.accuracy if evaluate else float("nan"),
+        "accuracy_after": after.accuracy if evaluate else float("nan"),
+        "gain_points": 100 * (after.accuracy - before.accuracy) if evaluate else float("nan"),
+        "agent_accuracy_after": after.agent_accuracy if evaluate else float("nan"),
         "reward_first5": sum(rewards[:k]) / k,
         "reward_last5": sum(rewards[-k:]) / k,
         "reward_min5": min(windows),
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--variants", nargs="+", default=["off", "on"], choices=sorted(VARIANTS))
     parser.add_argument("--out", default="runs/prefetch")
+    parser.add_argument("--no-eval", action="store_true", help="step time only: no held-out evaluation")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per (seed, variant), variants interleaved")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -114,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for seed in args.seeds:
-        for variant in args.variants:
-            name = f"{variant}_seed{seed}"
-            r = run_one(args.config, [*args.overrides, f"seed={seed}", *VARIANTS[variant]], args.steps, out, name)
+        for repeat, variant in ((r, v) for r in range(args.repeats) for v in args.variants):
+            name = f"{variant}_seed{seed}" + (f"_r{repeat}" if args.repeats > 1 else "")
+            r = run_one(args.config, [*args.overrides, f"seed={seed}", *VARIANTS[variant]], args.steps, out, name,
+                        evaluate=not args.no_eval)
             results.append(r)
             print(f"{name:>14}: held-out {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} "
                   f"({r['gain_points']:+.1f} points); reward first5 {r['reward_first5']:.3f} last5 "
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"load {r['load_average'][0]:.1f}", flush=True)
     ratios = []
     for r in results:
-        base = next((b for b in results if b["name"] == "off_seed" + r["name"].rsplit("_seed", 1)[1]), None)
+        base = next((b for b in results if b["name"] == "off_seed" + r["name"].split("_seed", 1)[1]), None)
         if base is None or base is r:
             continue
         ratios.append({"name": r["name"], "step_wall_ratio": r["step_wall_median_s"] / base["step_wall_median_s"],

@@ -1,15 +1,16 @@
-"""Rollouts running ahead of training (`rollout.prefetch`) in a real Session: the staleness bound
-after a resume, and checkpoints that lose no prefetched rows."""
+"""Rollouts running ahead of training (`rollout.prefetch`) in a real Session: no prefetched row
+lost to a checkpoint or an interrupt, the staleness bound after a resume, and the note run()
+gives when stale tokens would train without the decoupled loss."""
 
 from __future__ import annotations
 
 import pytest
 
 from areal_nb import Session
+from areal_nb.config import SessionConfig
+from areal_nb.session.session import uncorrected_staleness_note
 
 from .test_session import config
-
-pytestmark = pytest.mark.slow
 
 
 def waiting_rows(session: Session) -> tuple[list[dict], int]:
@@ -21,39 +22,40 @@ def waiting_rows(session: Session) -> tuple[list[dict], int]:
     return session._runtime.call(read())  # noqa: SLF001
 
 
-def test_checkpoint_keeps_the_prefetched_rows(tmp_path):
-    """A checkpoint taken while groups fetched ahead wait untrained records the data position
-    before them: the resumed run trains those prompts next instead of skipping them."""
+@pytest.mark.slow
+def test_prefetched_rows_survive_checkpoints_and_interrupts_and_the_bound_holds_after_resuming(tmp_path):
+    """Groups fetched ahead and not trained yet are not lost: a checkpoint records the data
+    position before them, and Ctrl-C (the clean-up LoopRuntime runs) gives their rows back. A run
+    resumed at version > 0 keeps the staleness bound (AReaL's capacity inflation after recovery)."""
     with Session(config(seed=5, rollout__prefetch=True, rollout__max_head_offpolicyness=1)) as a:
-        a.run(1)  # handing step 1's batch out started step 2's (capacity allows one batch ahead)
+        a.run(1)  # handing step 1's batch out let the next batch start while it trained
         ahead, drawn = waiting_rows(a)
         assert len(ahead) >= a.config.rollout.batch_size
         ckpt = a.save(tmp_path / "ckpt")
-    with Session.load(ckpt, rollout__prefetch=False) as b:
-        assert b.data.pos == drawn - len(ahead) == a.config.rollout.batch_size  # one batch trained
-        assert [episodes[0].data for episodes in b.rollout().groups.values()] == ahead[:2]
-
-
-def test_staleness_bound_holds_after_resuming_with_prefetch(tmp_path):
-    """A resumed run starts at version > 0 with nothing accepted yet: the budget must not count
-    the earlier versions (AReaL's capacity inflation after recovery)."""
-    with Session(config(seed=6)) as a:
-        for _ in range(3):
-            a.step()
-        ckpt = a.save(tmp_path / "ckpt")
+        a._runtime.call(a._runtime.on_interrupt())  # noqa: SLF001 - what LoopRuntime.call runs on Ctrl-C
+        assert a.executor.n_waiting == 0 and a.data.pos == drawn - len(ahead)
+        assert [episodes[0].data for episodes in a.rollout().groups.values()] == ahead[:2]
     with Session.load(ckpt, rollout__prefetch=True, rollout__max_head_offpolicyness=0) as b:
-        assert b.version == 3
+        assert b.version == 1 and b.data.pos == drawn - len(ahead)
+        batch = b.rollout()
+        assert [episodes[0].data for episodes in batch.groups.values()] == ahead[:2]
+        b.train_step(batch)
         b.run(3)
-        assert b.history["staleness_max"].tolist()[3:] == [0.0, 0.0, 0.0]
+        assert b.history["staleness_max"].tolist()[-3:] == [0.0, 0.0, 0.0]
 
 
-def test_interrupting_a_run_gives_the_prefetched_rows_back():
-    """Ctrl-C during run() cancels the groups fetched ahead; their rows are not skipped: the next
-    rollout() draws them again (the clean-up the runtime runs on KeyboardInterrupt)."""
-    with Session(config(seed=7, rollout__prefetch=True, rollout__max_head_offpolicyness=1)) as s:
-        s.run(1)
-        ahead, drawn = waiting_rows(s)
-        assert ahead
-        s._runtime.call(s._runtime.on_interrupt())  # noqa: SLF001 - what LoopRuntime.call runs on Ctrl-C
-        assert s.executor.n_waiting == 0 and s.data.pos == drawn - len(ahead)
-        assert [episodes[0].data for episodes in s.rollout().groups.values()] == ahead[:2]
+@pytest.mark.parametrize(("overrides", "noted"), [
+    ({}, True),  # the Session's defaults: prefetch on, 2 versions ahead, plain PPO
+    ({"actor.use_decoupled_loss": True}, False),
+    ({"rollout.prefetch": False}, False),
+    ({"rollout.max_head_offpolicyness": 0}, False),
+])
+def test_run_notes_stale_tokens_trained_without_the_decoupled_loss(overrides, noted):
+    cfg = SessionConfig.model_validate({})
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        setattr(getattr(cfg, section), field, value)
+    note = uncorrected_staleness_note(cfg)
+    assert (note is not None) == noted
+    if noted:
+        assert "actor.use_decoupled_loss=true" in note and "max_head_offpolicyness=2" in note

@@ -101,6 +101,7 @@ class RolloutExecutor:
         self._next_group_id = 0
         self._changed = asyncio.Event()
         self._feeder: Iterator[dict] | None = None
+        self._feeder_error: Exception | None = None  # raised by the next wait_groups
         self.rejection_reasons: list[str] = []
         # Names an episode's row in rejection messages ("data.source row 5"); the Session sets it.
         self.describe_row: Callable[[dict], str | None] = lambda data: None
@@ -141,6 +142,14 @@ class RolloutExecutor:
             self._groups.append(group)
             self._start(group, version)
 
+    def _pump_quietly(self) -> None:
+        """`_pump` from a finishing episode: the feeder's error must not break that episode's
+        bookkeeping; it stops the feeder and is raised to the caller of the next `wait_groups`."""
+        try:
+            self._pump()
+        except Exception as exc:
+            self._feeder, self._feeder_error = None, exc
+
     def _start(self, group: _Group, version: int) -> None:
         group.started = True
         self.staleness.on_submit(self.group_size)
@@ -180,9 +189,9 @@ class RolloutExecutor:
                     logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason)
             if self.staleness.running <= 0:
                 self._switch_interval.release()
-            if self._feeder is not None and ep.rejection_reason != "cancelled":
-                self._pump()  # async RL: a freed slot starts the next group now, not at the next step
             self._changed.set()
+            if self._feeder is not None and ep.rejection_reason != "cancelled":
+                self._pump_quietly()  # async RL: a freed slot starts the next group now, not at the next step
 
     # ------------------------------------------------------------------ consumption
 
@@ -199,11 +208,13 @@ class RolloutExecutor:
         if n > len(self._groups) and self._feeder is None:
             raise ValueError(f"asked for {n} groups but only {len(self._groups)} were submitted")
         while True:
+            if self._feeder_error is not None:
+                error, self._feeder_error = self._feeder_error, None
+                raise error
             self._pump()
             if len(self._groups) >= n and all(g.done for g in list(self._groups)[:n]):
                 out = [self._groups.popleft().episodes for _ in range(n)]
                 self.staleness.on_hand_out(sum(len(g) for g in out), self.engine.get_version())
-                self._pump()  # the next batches may start while this one trains
                 return out
             head = list(self._groups)[:n]
             if any(not g.started for g in head) and self.staleness.running == 0:

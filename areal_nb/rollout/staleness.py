@@ -65,6 +65,12 @@ class StalenessManager:
         self.queued -= n
         self.in_training.append(n)
 
+    def on_discard(self, n: int) -> None:
+        """The latest handed-out batch (`n` episodes) will not be trained (every episode rejected):
+        it no longer waits for a training step."""
+        if self.in_training and self.in_training[-1] == n:
+            self.in_training.pop()
+
     def on_cancel(self, running: int, finished: int = 0) -> None:
         """Episodes dropped before being handed out give their budget back: `running` ones
         cancelled, `finished` ones discarded."""

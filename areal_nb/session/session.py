@@ -83,6 +83,7 @@ class Session:
         self.config: SessionConfig = load_config(config, flat)
         self.step_count = 0
         self.version = 0
+        self._staleness_noted = False  # run()'s note on uncorrected off-policy tokens, said once
         self.last_batch: RolloutBatch | None = None
         self.last_inspection = None  # a train.LossInspection, from train_step(batch, inspect=True)
         self._history: list[dict[str, Any]] = []
@@ -346,6 +347,8 @@ class Session:
             if batch is None or batch.accepted:  # None: a rank ≠ 0, which trains on rank 0's batch
                 return batch
             empty.append(batch)
+            # not trained: its episodes stop holding staleness budget (before the next rollout, on the loop)
+            self._runtime.call_soon(self.executor.staleness.on_discard, len(batch.episodes))
             message = empty_batch_message(empty, self.data.source_index)
             if len(empty) >= MAX_EMPTY_BATCHES:
                 raise RolloutRejectedError(message)
@@ -381,6 +384,10 @@ class Session:
         cfg = self.config
         self._runtime.call(self._check_first_episode())  # before background rollouts start
         if cfg.rollout.prefetch:
+            note = uncorrected_staleness_note(cfg)
+            if note is not None and not self._staleness_noted:
+                logger.warning(note)
+                self._staleness_noted = True
             self._runtime.call_soon(self.executor.set_feeder, self.data)
         show = cfg.logging.progress if progress is None else progress
         bar = tqdm(total=steps, desc=f"GRPO {cfg.experiment_name}", disable=not show)
@@ -618,3 +625,19 @@ def _close_all_sessions() -> None:
             session.close()
         except Exception:
             pass
+
+
+def uncorrected_staleness_note(cfg: SessionConfig) -> str | None:
+    """What run() says when its rollouts run ahead of training without the decoupled loss: those
+    tokens, sampled up to `max_head_offpolicyness` versions ago, then train with plain PPO, whose
+    ratio takes no account of the older policy that sampled them (with `recompute_logprob`, AReaL's
+    default, it is taken against the current weights). On the demo config that lost 7.5 held-out
+    points where the decoupled loss gained 23.5 (benchmarks/prefetch_learning.py, variant on_plain)."""
+    rollout = cfg.rollout
+    if not rollout.prefetch or rollout.max_head_offpolicyness == 0 or cfg.actor.use_decoupled_loss:
+        return None
+    return (f"run() generates rollouts up to rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} "
+            "versions ahead of training (rollout.prefetch), and actor.use_decoupled_loss is off: those tokens "
+            "train with plain PPO, uncorrected for the older policy that sampled them (on the demo config this "
+            "made held-out accuracy fall). Set actor.use_decoupled_loss=true (the behaviour-weighted loss), or "
+            "rollout.prefetch=false / rollout.max_head_offpolicyness=0 to train on-policy")

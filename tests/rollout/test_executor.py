@@ -56,6 +56,13 @@ def test_capacity_counts_queued_and_untrained_episodes():
     assert m.capacity(1) == 12 - 4  # trained
     m.on_cancel(running=0, finished=4)
     assert m.capacity(1) == 10
+    m.on_submit(4)
+    for _ in range(4):
+        m.on_finish(False)
+    m.on_hand_out(4, version=1)  # a batch of rejected episodes, never trained (Session.step rolls out again)
+    assert m.capacity(1) == 12 - 4
+    m.on_discard(4)
+    assert m.capacity(1) == 10
 
 
 def test_capacity_equals_areals_formula_when_every_version_consumed_a_full_batch():
@@ -255,3 +262,26 @@ def test_trained_tokens_stay_within_the_bound_with_rejections_and_a_late_start()
             await ex.cancel_all()
 
     asyncio.run(main())
+
+
+def test_a_feeder_failing_as_an_episode_ends_reaches_the_caller():
+    """The data iterator raising when a finished episode frees a slot (concurrency-bound async
+    RL): the episode is still counted and its group handed out, and the error reaches the next
+    wait_groups instead of dying in the episode's task."""
+    def feeder():
+        yield {"i": 0}
+        raise RuntimeError("dataset file vanished")
+
+    async def main():
+        eng = VersionEngine()
+        ex = make(EchoWorkflow(), eng, max_head_offpolicyness=1, batch_size=1, max_concurrent=2)
+        ex.set_feeder(feeder())  # group 0 starts; the budget allows one more once a slot frees
+        await _settle()
+        assert ex.staleness.accepted == 2 and ex.staleness.running == 0
+        with pytest.raises(RuntimeError, match="dataset file vanished"):
+            await asyncio.wait_for(ex.wait_groups(1), 5)
+        (g0,) = await asyncio.wait_for(ex.wait_groups(1), 5)  # nothing lost
+        assert [ep.data["i"] for ep in g0] == [0, 0] and all(ep.accepted for ep in g0)
+
+    asyncio.run(main())
+
