@@ -21,7 +21,13 @@ import sys
 from pathlib import Path
 
 from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
-from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
+from areal_nb.engine.defaults import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_PREFIX_CACHE_TOKENS,
+    DEFAULT_SINGLE_THREAD_ROWS,
+)
 from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 
 # The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
@@ -64,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "starts as one batch (default: %(default)s; 0: each request starts at once)")
     parser.add_argument("--admission-max-wait", type=float, default=DEFAULT_ADMISSION_MAX_WAIT,
                         help="the longest a request waits for its burst to end, in seconds")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies are refused with 413 before they are parsed")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                        help="seconds a request body may take to arrive after its headers (408 after that)")
     return parser
 
 
@@ -131,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
                                     api_key=api_key, weights_dir=args.weights_dir,
-                                    admission_gap=args.admission_gap, admission_max_wait=args.admission_max_wait)
+                                    admission_gap=args.admission_gap, admission_max_wait=args.admission_max_wait,
+                                    max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
     server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
     return serve_until_signal(server, engine, "engine-server", args.model)
 

@@ -19,3 +19,9 @@ DEFAULT_PREFIX_CACHE_TOKENS = 32768
 # threads. One thread leaves the other core to the Python threads beside the engine (the Session's
 # agents and proxy, a server's HTTP loop); engine/local.py says what was measured.
 DEFAULT_SINGLE_THREAD_ROWS = 64
+
+# engine-server request bodies: larger ones are a 413 before they are parsed (a prompt batch is
+# ids, ~3-7 bytes a token, so 32 MiB is millions of tokens); one not complete this many seconds
+# after its headers is a 408, so a client that trickles a body cannot hold a request for ever
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT = 30.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, field_validator
 
 # sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
 SAMPLING_PARAM_KEYS: tuple[str, ...] = (
@@ -30,7 +30,8 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class SamplingParams(BaseModel):
-    """The closed key set; types as strict as sglang's generated schema (an int field takes no 1.0)."""
+    """The closed key set; types as strict as sglang's generated schema (an int field takes no 1.0,
+    a number field no `true` or `"1"`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,13 +39,13 @@ class SamplingParams(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     stop_regex: str | list[str] | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: StrictFloat = 1.0
+    top_p: StrictFloat = 1.0
     top_k: StrictInt = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    min_p: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    presence_penalty: StrictFloat = 0.0
+    repetition_penalty: StrictFloat = 1.0
     min_new_tokens: StrictInt = 0
     n: StrictInt = 1
     json_schema: str | None = None
@@ -74,10 +75,10 @@ class GenerateRequest(BaseModel):
     input_embeds: Any = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] = -1
-    top_logprobs_num: int | list[int] = 0
-    stream: bool = False
+    return_logprob: StrictBool | list[StrictBool] = False
+    logprob_start_len: StrictInt | list[StrictInt] = -1
+    top_logprobs_num: StrictInt | list[StrictInt] = 0
+    stream: StrictBool = False
 
 
 class AbortRequest(BaseModel):

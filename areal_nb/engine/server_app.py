@@ -42,8 +42,10 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
+from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from .native_api import (
     AbortRequest,
     GenerateRequest,
@@ -73,10 +75,20 @@ class EngineServerSettings:
     # passes DEFAULT_ADMISSION_GAP.
     admission_gap: float = 0.0
     admission_max_wait: float = DEFAULT_ADMISSION_MAX_WAIT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies → 413 (defaults.py says why)
+    body_timeout: float = DEFAULT_BODY_TIMEOUT  # a body not complete this long after its headers → 408
 
 
 class BadRequest(ValueError):
     """Client error: answered with 400 and `{"error": {"message": ...}}` (sglang's ValueError shape)."""
+
+
+class BodyError(Exception):
+    """A body that is too large (413) or did not arrive in time (408); the connection is closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ContractViolation(BadRequest):
@@ -111,9 +123,10 @@ class _GenerateRoute:
     that shares the GIL with the engine. Bad input is a 400 (`_error_body`); an unexpected error
     is a 500 with its traceback logged, as FastAPI's ServerErrorMiddleware does."""
 
-    def __init__(self, app: ASGIApp, handle: Callable[[bytes], Awaitable[Any]]) -> None:
+    def __init__(self, app: ASGIApp, handle: Callable[[bytes], Awaitable[Any]], read_body: Callable[..., Awaitable[bytes]]) -> None:
         self.app = app
         self.handle = handle
+        self.read_body = read_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/generate":
@@ -123,7 +136,12 @@ class _GenerateRoute:
             await _send_json(send, 405, {"detail": "Method Not Allowed"}, [(b"allow", b"POST, PUT")])
             return
         try:
-            content = await self.handle(await _read_body(receive))
+            content = await unless_client_leaves(self.handle(await self.read_body(scope, receive)), receive)
+        except ClientGone:
+            return  # nobody to answer; the generation was aborted (as sglang aborts a disconnected request)
+        except BodyError as exc:
+            await _send_json(send, exc.status, {"error": {"message": str(exc)}}, [(b"connection", b"close")])
+            return
         except (BadRequest, ValidationError) as exc:
             await _send_json(send, 400, _error_body(exc))
             return
@@ -134,15 +152,28 @@ class _GenerateRoute:
         await _send_json(send, 200, content)
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
+async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
+    """The whole body, or BodyError: 413 past `limit` bytes (Content-Length first), 408 past `timeout` s."""
+    declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyError(413, f"request body too large: {int(declared)} bytes; the limit is {limit} bytes")
+    chunks, received = [], 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                received += len(chunk)
+                if received > limit:
+                    raise BodyError(413, f"request body too large: the limit is {limit} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise BodyError(408, f"the request body was not complete {timeout:g} s after its headers "
+                             f"({received} bytes arrived)") from None
     return b"".join(chunks)
 
 
@@ -215,8 +246,15 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     async def invalid_body(_request: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse(_error_body(exc), status_code=400)
 
+    async def read_body(scope: Scope, receive: Receive) -> bytes:
+        return await _read_body(scope, receive, settings.max_body_bytes, settings.body_timeout)
+
+    @app.exception_handler(BodyError)
+    async def body_error(_request: Request, exc: BodyError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status, headers={"connection": "close"})
+
     async def body_of(request: Request) -> dict[str, Any]:
-        return _parse_body(await request.body())
+        return _parse_body(await read_body(request.scope, request.receive))
 
     # ---------------------------------------------------------------- generation
 
@@ -355,7 +393,7 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     async def health():
         return JSONResponse(None)
 
-    served: ASGIApp = _GenerateRoute(app, generate)
+    served: ASGIApp = _GenerateRoute(app, generate, read_body)
     if settings.api_key:  # outermost: /generate is checked too
         served = _APIKeyMiddleware(served, settings.api_key)
     return served
@@ -413,6 +451,8 @@ def _plan_generate(body: GenerateRequest, engine: Any) -> list[_Item]:
         rids = _per_item(body.rid, n, "rid")
     params = _per_item(body.sampling_params or {}, n, "sampling_params")
     return_logprob = _per_item(body.return_logprob, n, "return_logprob")
+    if any(_per_item(body.top_logprobs_num, n, "top_logprobs_num")):
+        raise BadRequest("areal-nb engine-server returns the sampled tokens' log-probs only (top_logprobs_num=0)")
     for start in _per_item(body.logprob_start_len, n, "logprob_start_len"):
         if start != -1:
             raise BadRequest("areal-nb engine-server returns output log-probs only (logprob_start_len=-1)")
@@ -531,9 +571,12 @@ def _finish_reason(engine: Any, item: _Item, out: ModelResponse) -> tuple[dict[s
 
 def _int_version(version: str) -> int:
     try:
-        return int(version)
+        value = int(version)
     except (TypeError, ValueError):
         raise BadRequest(f"weight_version must be an integer string for areal-nb engine-server, got {version!r}") from None
+    if value < 0:  # -1 marks prompt tokens in the exported versions; a policy version is >= 0
+        raise BadRequest(f"weight_version must be >= 0, got {value}")
+    return value
 
 
 def _allowed_weights_path(model_path: str, root: Path | None) -> Path:

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
+from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -117,7 +118,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     context = context_tokens(engine, None)
     max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
     app.state.max_body_bytes = max_body
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body, body_timeout=settings.body_timeout)
 
     # ------------------------------------------------------------------ error dialects
     @app.exception_handler(ProxyError)
@@ -157,10 +158,13 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             )
         return session
 
-    async def generate(call: Awaitable[T]) -> T:
-        """Await a capture-layer call, turning its failures into clear HTTP errors."""
+    async def generate(call: Awaitable[T], request: Request | None = None) -> T:
+        """Await a capture-layer call, turning its failures into clear HTTP errors; with `request`,
+        the call is cancelled if the client goes away first (`unless_client_leaves`)."""
         try:
-            return await call
+            return await (call if request is None else unless_client_leaves(call, request.receive))
+        except ClientGone:  # nobody is left to read this answer
+            raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
         except ProxyError:
             raise
         except InvalidRequestError as exc:  # input errors only: validation raises these types
@@ -279,11 +283,11 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
 
     # ------------------------------------------------------------------ generation endpoints
     async def chat_completions(
-        body: ChatCompletionRequest, session: SessionData = Depends(open_session)
+        body: ChatCompletionRequest, request: Request, session: SessionData = Depends(open_session)
     ) -> Response:
-        return await chat_completion_response(body, session)
+        return await chat_completion_response(body, session, request)
 
-    async def chat_completion_response(body: ChatCompletionRequest, session: SessionData) -> Response:
+    async def chat_completion_response(body: ChatCompletionRequest, session: SessionData, request: Request | None = None) -> Response:
         check_chat_options(body)
         completion = await generate(
             create_chat_completion(
@@ -305,7 +309,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 logprobs=body.logprobs,
                 top_k=body.top_k,
                 extra_body=extra_body_of(body),
-            )
+            ),
+            request,
         )
         if body.stream:
             # Generation is complete before the first byte, so the whole stream is sent at once;
@@ -315,7 +320,7 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
         return Response(completion.model_dump_json(), media_type="application/json")
 
-    async def responses(body: ResponsesRequest, session: SessionData = Depends(open_session)) -> Response:
+    async def responses(body: ResponsesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
         check_responses_options(body)
         response = await generate(
             create_response(
@@ -332,7 +337,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
                 previous_response_id=body.previous_response_id,
                 conversation=body.conversation,
                 extra_body=extra_body_of(body),
-            )
+            ),
+            request,
         )
         if body.stream:  # generated already: the events replay the recorded response
             return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -371,12 +377,12 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.state.direct_routes = {f"{prefix}/chat/completions": direct_chat_completions for prefix in ("/v1", "")}
 
     @app.post("/v1/messages")
-    async def messages(body: MessagesRequest, session: SessionData = Depends(open_session)) -> Response:
+    async def messages(body: MessagesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
         try:
             chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
         except AnthropicRequestError as exc:
             raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs))
+        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs), request)
         session.tool_arguments.update(tool_arguments_of(completion))
         message = chat_completion_to_anthropic(completion, model=body.model)
         if body.stream:

@@ -9,6 +9,10 @@
 - text: 400 for bytes that are not UTF-8 (what JSON must be sent in), and for a lone UTF-16 surrogate (`"\\ud800"`) anywhere in the body, rendered or not: it
   is valid JSON but no valid text, and would only fail later (at export, after the episode).
 
+- time: 408 when the body is not complete `body_timeout` seconds after the headers (a client
+  that trickles a body, or stops sending one, would otherwise hold its connection and its
+  request for ever);
+
 Bodies larger than `THREAD_BYTES` are inspected in a worker thread so a large request never
 stalls the event loop.
 """
@@ -115,9 +119,10 @@ def body_problem(body: bytes) -> tuple[str, str] | None:
 class BodyLimitMiddleware:
     """Pure ASGI middleware: reads the body (bounded), checks it, then replays it to the app."""
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, body_timeout: float = 30.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -138,18 +143,27 @@ class BodyLimitMiddleware:
 
         chunks: list[bytes] = []
         received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # disconnected while sending the body
-                return
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > limit:
-                await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # disconnected while sending the body
+                        return
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > limit:
+                        await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            message = (f"the request body was not complete {self.body_timeout:g} s after its headers "
+                       f"({received} bytes arrived); send the whole body at once")
+            response = error_response(path, 408, message, "body_timeout")
+            response.headers["connection"] = "close"  # the rest of the body would be read as the next request
+            await response(scope, receive, send)
+            return
         body = b"".join(chunks)
         if body:
             problem = await asyncio.to_thread(body_problem, body) if len(body) > THREAD_BYTES else body_problem(body)

@@ -36,6 +36,12 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
         raise _unsupported(f"best_of={body.best_of} is not supported; send separate requests")
     if body.top_logprobs:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
+    extra = body.model_extra or {}
+    if extra.get("functions") is not None or extra.get("function_call") is not None:
+        raise _unsupported("the legacy functions / function_call parameters are not supported: send the same "
+                           "functions as tools=[{'type': 'function', 'function': ...}] and tool_choice")
+    if extra.get("web_search_options") is not None:
+        raise _unsupported("web_search_options is not supported: the proxy serves a local model without web search")
     other = sorted(set(body.modalities or ()) - {"text"})
     if other or body.audio is not None:
         raise _unsupported(f"modalities {other or ['audio']} are not supported: the model answers in text only")

@@ -36,7 +36,8 @@ class GrantCapacityRequest(_Body):
 
 
 class StartSessionRequest(_Body):
-    task_id: str = Field(min_length=1, max_length=256)
+    # no control characters: the id names the session in logs and errors, where a newline forges lines
+    task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
     # 8-512 visible ASCII characters (inner spaces allowed); other keys → 400 (state.py)
     api_key: str | None = Field(None, min_length=8, max_length=512)
 

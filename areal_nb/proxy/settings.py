@@ -24,13 +24,14 @@ class ProxySettings:
     sweep_interval: float = 60.0  # stale sessions are looked for at most this often
     export_wait_timeout: float = 300.0  # export waits this long for end_session → 504
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies → 413
+    body_timeout: float = 30.0  # a request body not complete this many seconds after its headers → 408
     model_name: str = "areal-nb"  # what GET /v1/models lists
     completion: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.admin_api_key, str) or not self.admin_api_key.strip():
             raise ValueError("admin_api_key must be a non-empty string")
-        for name in ("session_timeout", "export_wait_timeout"):
+        for name in ("session_timeout", "export_wait_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.sweep_interval < 0:

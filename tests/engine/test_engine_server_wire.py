@@ -94,11 +94,13 @@ def test_cancelling_callers_of_a_burst_frees_the_server_and_the_client_keeps_wor
     try:
         asyncio.run(asyncio.wait_for(burst_then_cancel(), timeout=20))
         for _ in range(200):  # the client's loop sends /abort_request for each cancelled request
-            if client.server_status()[0]["in_flight"] == 0 and len(engine.aborted) == 5:
+            if client.server_status()[0]["in_flight"] == 0 and len(set(engine.aborted)) == 5:
                 break
             time.sleep(0.05)
         assert client.server_status()[0]["in_flight"] == 0
-        assert sorted(engine.aborted) == sorted(engine.started)
+        # each row is aborted by the client's /abort_request and, when its connection drops, by the
+        # server itself (as sglang does); aborting a finished row again is a no-op
+        assert sorted(set(engine.aborted)) == sorted(engine.started)
         # a caller that gives up before its request even left the client: nothing reaches the server
         asyncio.run(_cancel_at_once(client))
         assert len(engine.started) == 5

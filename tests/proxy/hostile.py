@@ -111,6 +111,7 @@ HOSTILE: list[Hostile] = [
     Hostile("key with control chars", "/rl/start_session", {"task_id": "evil", "api_key": "ctrl\x01key-123"}, 400, "visible ASCII"),
     Hostile("non-ASCII key", "/rl/start_session", {"task_id": "evil", "api_key": "ключ-123456"}, 400, "visible ASCII"),
     Hostile("empty key", "/rl/start_session", {"task_id": "evil", "api_key": ""}, 422, "api_key"),
+    Hostile("newline in a task id", "/rl/start_session", {"task_id": "t\nINFO forged log line"}, 422, "task_id"),
     # wrong types are refused, never coerced (a bool is no number, a string no count or flag)
     Hostile("max_tokens true", "/v1/chat/completions", chat(max_tokens=True), 422, "max_tokens"),
     Hostile("max_tokens as a string", "/v1/chat/completions", chat(max_tokens="4"), 422, "max_tokens"),
@@ -128,6 +129,8 @@ HOSTILE: list[Hostile] = [
     Hostile("response_format json_schema", "/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), 400, "response_format"),
     Hostile("best_of 3", "/v1/chat/completions", chat(best_of=3), 400, "best_of"),
     Hostile("top_logprobs 5", "/v1/chat/completions", chat(logprobs=True, top_logprobs=5), 400, "top_logprobs"),
+    Hostile("legacy functions", "/v1/chat/completions", chat(functions=[{"name": "f", "parameters": {}}]), 400, "tools="),
+    Hostile("web search", "/v1/chat/completions", chat(web_search_options={}), 400, "web_search_options"),
     Hostile("audio output", "/v1/chat/completions", chat(modalities=["text", "audio"]), 400, "modalities"),
     Hostile("structured output (responses)", "/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, 400, "text.format"),
     Hostile("top_logprobs (responses)", "/v1/responses", {"input": "hi", "top_logprobs": 3}, 400, "top_logprobs"),
