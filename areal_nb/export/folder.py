@@ -222,8 +222,10 @@ def _write_readme(folder: Path, cfg: SessionConfig, from_cells: bool, saved: boo
     import torch
 
     cluster = cfg.cluster
+    from areal_nb.session.checkpoint import untrained_data_pos
+
     checkpoint = (f"step {session.step_count}, policy version {session.version}, data position "
-                  f"{session.data.pos}" if saved else "none (training starts from `model.path`)")
+                  f"{untrained_data_pos(session)}" if saved else "none (training starts from `model.path`)")
     (folder / "README.md").write_text(_render("README.md", {
         "EXPERIMENT": cfg.experiment_name, "COMMAND": command,
         "DATE": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",

@@ -430,7 +430,10 @@ async def create_chat_completion(
             usage=_usage(response.input_len, response.output_len),
         )
         interaction.output_message_list = [choice.message.model_dump(exclude_none=True)]
-        if record is not None:
+    if record is not None:
+        # choice 0 completes last: a reward sent without an id (the last call's) goes to the choice
+        # agents continue with, `choices[0]`
+        for interaction, _ in reversed(samples):
             record.mark_completed(interaction.interaction_id)
     if n_choices == 1:
         return samples[0][0].completion

@@ -4,6 +4,9 @@ A client that asks for structured output, a logit bias, alternatives per token o
 an ordinary completion back would act on an answer it did not ask for (and the recorded episode
 would not be the one its author meant to train on). Options that only change how a reply is
 delivered (`seed`, `user`, `parallel_tool_calls`) are accepted as OpenAI's own API accepts them.
+JSON mode (`json_object`) is accepted too: OpenAI requires its prompt to ask for JSON, so the
+request means what it says without constrained decoding (whose masked log-probs would not be the
+policy's); a `json_schema` is refused, since the model never sees the schema.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
         raise _unsupported("logit_bias is not supported: the engine samples from the model's own distribution "
                            "(whose log-probs training uses); send {} or omit it")
     kind = _format_type(body.response_format)
-    if kind not in (None, "text"):
+    if kind not in (None, "text", "json_object"):
         raise _unsupported(f"response_format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
     if body.best_of not in (None, 1):
         raise _unsupported(f"best_of={body.best_of} is not supported; send separate requests")
@@ -49,7 +52,7 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
 
 def check_responses_options(body: ResponsesRequest) -> None:
     kind = _format_type((body.text or {}).get("format"))
-    if kind not in (None, "text"):
+    if kind not in (None, "text", "json_object"):
         raise _unsupported(f"text.format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
     if body.top_logprobs:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")

@@ -213,11 +213,15 @@ class RolloutExecutor:
                 raise error
             self._pump()
             if len(self._groups) >= n and all(g.done for g in list(self._groups)[:n]):
+                if self._restart_stale(n):
+                    continue
                 out = [self._groups.popleft().episodes for _ in range(n)]
                 self.staleness.on_hand_out(sum(len(g) for g in out), self.engine.get_version())
                 return out
             head = list(self._groups)[:n]
-            if any(not g.started for g in head) and self.staleness.running == 0:
+            if self.staleness.running == 0 and len(head) < n and self._feeder is None:
+                raise ValueError(f"asked for {n} groups but the data ran out after {len(head)}")
+            if self.staleness.running == 0 and (any(not g.started for g in head) or len(head) < n):
                 raise StalenessLimitError(
                     "these rollouts would exceed rollout.max_head_offpolicyness="
                     f"{self.staleness.max_staleness} at policy version {self.engine.get_version()}: "
@@ -225,6 +229,25 @@ class RolloutExecutor:
                 )
             self._changed.clear()
             await self._changed.wait()
+
+    def _restart_stale(self, n: int) -> bool:
+        """Start again, at the current version, the prefetched groups among the `n` oldest that
+        the bound no longer allows to train (handed out later than the budget assumed: a notebook
+        training fewer than B episodes per step after `run()` prefetched): the guarantee holds
+        however the Session is driven. Explicit groups (`rollout(rows)`) are the caller's own."""
+        version = self.engine.get_version()
+        restarted = 0
+        for i, group in enumerate(list(self._groups)[:n]):
+            if group.explicit or not self.staleness.is_too_stale(group.episodes[0].version_submitted, version):
+                continue
+            self.staleness.on_cancel(0, len(group.episodes))
+            self._groups[i] = _Group(self._next_group_id, group.data, explicit=False)
+            self._next_group_id += 1
+            restarted += 1
+        if restarted:
+            logger.warning("%d prefetched group(s) sampled more than max_head_offpolicyness=%d versions before "
+                           "version %d were generated again", restarted, self.staleness.max_staleness, version)
+        return restarted > 0
 
     async def cancel_all(self) -> None:
         """Cancel running episodes and forget waiting groups (KeyboardInterrupt in a cell)."""

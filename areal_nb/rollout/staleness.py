@@ -33,11 +33,11 @@ class StalenessManager:
     max_staleness: int
     consumer_batch_size: int
     running: int = 0
-    accepted: int = 0  # finished episodes, for the stats (the budget counts `queued`)
+    accepted: int = 0  # accepted episodes, for the stats (the budget counts `queued`)
     rejected: int = 0
     queued: int = 0  # started and not yet handed out: running, or finished and waiting
-    # episodes of the batches handed out for training whose training step has not happened yet,
-    # oldest first (one is trained per version step), and the version they were counted against
+    # episodes of the batches handed out for training since the last version step (their step
+    # has not happened yet), and the version they were counted against
     in_training: deque[int] = field(default_factory=deque)
     version: int | None = None
 
@@ -78,8 +78,15 @@ class StalenessManager:
         self.queued -= running + finished
 
     def _advance(self, version: int) -> None:
-        """Each version step trained the oldest handed-out batch."""
+        """A version step ends the wait of every batch handed out before it: trained, or (a batch
+        a notebook only looked at) never to be. Counting one batch per step instead leaked the
+        budget of each untrained batch for good (with S = 0 no prefetched group could start: a
+        hang). A batch handed out earlier but trained later than this step is not counted any
+        more; the executor's hand-out check (`is_too_stale`) keeps the bound in that case."""
         if self.version is not None and version > self.version:
-            for _ in range(min(version - self.version, len(self.in_training))):
-                self.in_training.popleft()
+            self.in_training.clear()
         self.version = version
+
+    def is_too_stale(self, version_submitted: int, version: int) -> bool:
+        """Would an episode started at `version_submitted` break the bound if trained at `version`?"""
+        return version - version_submitted > self.max_staleness

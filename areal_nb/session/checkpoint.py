@@ -49,7 +49,7 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
         "actor": actor_state,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
-        "data_pos": _untrained_data_pos(session),
+        "data_pos": untrained_data_pos(session),
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
     }
@@ -58,7 +58,7 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
     return path
 
 
-def _untrained_data_pos(session: Session) -> int:
+def untrained_data_pos(session: Session) -> int:
     """The data position before the groups drawn and not handed out for training yet (fetched
     ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
     version, instead of skipping their rows. Read on the session's loop, where the executor draws

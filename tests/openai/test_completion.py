@@ -270,6 +270,7 @@ def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
     assert sorted(ch.message.content for ch in completion.choices) == ["Answer 0.", "Answer 1.", "Answer 2."]
     ids = [cid, f"{cid}-1", f"{cid}-2"]
     assert list(c.cache) == ids
+    assert c.cache.last_interaction_id == cid  # a reward without an id goes to choice 0, the one agents continue
     assert len(engine.requests) == 3 and all(r.input_ids == engine.requests[0].input_ids for r in engine.requests)
     for i, iid in enumerate(ids):
         it = c.get_interaction(iid)

@@ -61,7 +61,7 @@ def test_without_logprobs_the_reply_has_none(client):
 
 
 @pytest.mark.parametrize("options", [
-    {"seed": 7}, {"user": "alice"}, {"parallel_tool_calls": False}, {"response_format": {"type": "text"}},
+    {"seed": 7}, {"user": "alice"}, {"parallel_tool_calls": False}, {"response_format": {"type": "text"}}, {"response_format": {"type": "json_object"}},
     {"logit_bias": {}}, {"best_of": 1}, {"modalities": ["text"]}, {"logprobs": False, "top_logprobs": 0},
 ], ids=lambda o: ",".join(o))
 def test_options_that_only_change_delivery_are_served_and_recorded(local_server, client, options):

@@ -285,3 +285,54 @@ def test_a_feeder_failing_as_an_episode_ends_reaches_the_caller():
 
     asyncio.run(main())
 
+
+
+def test_a_batch_handed_out_and_never_trained_gives_its_budget_back_at_the_next_version_step():
+    """A notebook may look at a batch and drop it: once the version moves, it no longer counts
+    (counting one batch per step kept it forever: with S = 0 nothing could start again)."""
+    m = StalenessManager(max_concurrent=100, max_staleness=0, consumer_batch_size=4)
+    for _ in range(2):  # two batches handed out at version 0; only the second is trained
+        m.on_submit(4)
+        for _ in range(4):
+            m.on_finish(True)
+        m.on_hand_out(4, version=0)
+    assert m.capacity(0) == 4 - 8
+    assert m.capacity(1) == 4
+
+
+def test_prefetched_groups_past_the_bound_at_hand_out_are_generated_again():
+    """Groups prefetched at version 0 and handed out only at version 3 (a notebook trained other
+    batches meanwhile) would train tokens 3 versions old with S = 1: they are rolled out again
+    at the current version, same rows, same order."""
+
+    async def main():
+        eng = VersionEngine()
+        wf = EchoWorkflow()
+        ex = make(wf, eng, max_head_offpolicyness=1, batch_size=1)
+        ex.set_feeder(iter({"i": i} for i in range(100)))
+        await asyncio.sleep(0.05)
+        (g0,) = await ex.wait_groups(1)
+        assert g0[0].data["i"] == 0 and g0[0].version_submitted == 0
+        ex.set_feeder(None)  # run() ended; its prefetched group {"i": 1} waits, sampled at version 0
+        eng.version = 3
+        (g1,) = await ex.wait_groups(1)
+        assert g1[0].data["i"] == 1
+        assert {ep.version_submitted for ep in g1} == {3}
+        assert all(ep.accepted for ep in g1) and ex.staleness.running == 0
+
+    asyncio.run(main())
+
+
+def test_waiting_for_more_groups_than_the_bound_lets_start_raises_instead_of_hanging():
+    """S = 0 lets one batch (one group here) run ahead of training: asking the feeder for two
+    without a training step between used to wait forever once the first had finished."""
+
+    async def main():
+        wf = EchoWorkflow()
+        ex = make(wf, VersionEngine(), max_head_offpolicyness=0, batch_size=1)
+        ex.set_feeder(iter({"i": i} for i in range(100)))
+        with pytest.raises(StalenessLimitError, match="max_head_offpolicyness=0"):
+            await asyncio.wait_for(ex.wait_groups(2), timeout=5)
+        assert wf.started == 2  # one group of 2
+
+    asyncio.run(main())
