@@ -68,12 +68,23 @@ def local_import_paths(*values: Any) -> list[str]:
         elif isinstance(value, (list, tuple)):
             for item in value:
                 walk(item)
-        elif isinstance(value, str) and _IMPORT_PATH.fullmatch(value) and _local_path(re.split("[.:]", value)[0]):
+        elif (isinstance(value, str) and _IMPORT_PATH.fullmatch(value) and _local_path(re.split("[.:]", value)[0])
+              and _imports(value)):
             found.append(value)
 
     for value in values:
         walk(value)
     return found
+
+
+def _imports(path: str) -> bool:
+    """Does `path` name an object here? A file name such as `"config.yaml"` or `"rows.jsonl"`
+    looks like an import path when a `config.py` or `rows.py` sits beside the notebook."""
+    try:
+        import_object(path)
+    except Exception:  # noqa: BLE001 - any failure means: not code this run names
+        return False
+    return True
 
 
 def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> CapturedAgent:

@@ -58,6 +58,26 @@ def test_a_reward_and_a_row_factory_named_by_import_path_travel_with_their_modul
     assert exported.agent.workflow_kwargs == {"reward_fn": "my_rewards:exact"} and exported.data.source == "my_rows:make"
 
 
+def test_a_file_name_in_agent_kwargs_beside_a_same_named_module_is_not_an_import_path(tmp_path, monkeypatch):
+    """`workflow_kwargs={"notes": "notes.txt"}` beside a `notes.py` reads like the import path
+    `notes.txt`; it names no object, so it stays text (the export used to fail importing it)."""
+    home = tmp_path / "notebook"
+    home.mkdir()
+    (home / "notes.py").write_text("HELPER = 1\n")
+    (home / "my_agent.py").write_text(
+        "class Agent:\n    def __init__(self, notes='none'):\n        self.notes = notes\n"
+        "    async def run(self, data, **kw):\n        return 1.0\n")
+    monkeypatch.chdir(home)
+    monkeypatch.syspath_prepend(str(home))
+    for name in ("notes", "my_agent"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    config = load_config(ROOT / "configs" / "multi_turn_math.yaml",
+                         {"agent.workflow": "my_agent.Agent", "agent.workflow_kwargs": {"notes": "notes.txt"}})
+    run = export_run(tmp_path / "run", config)
+    assert (run / "my_agent.py").exists() and not (run / "notes.py").exists()
+    assert load_config(run / "config.yaml").agent.workflow_kwargs == {"notes": "notes.txt"}
+
+
 def test_an_exported_runs_agent_py_travels_when_that_run_is_exported_again(tmp_path, monkeypatch):
     """A job's Session (train.py puts its folder on sys.path; agent.workflow is "agent.Agent")
     exported again: the new folder carries agent.py too."""
