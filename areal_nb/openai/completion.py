@@ -483,11 +483,14 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
     from openai.types.chat import ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
 
-    text, matched_stop = cut_stop_string(decode_output(tokenizer, response), response, stop)
+    whole = decode_output(tokenizer, response)
+    text, matched_stop = cut_stop_string(whole, response, stop)
     finish_reason = response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
     tool_calls = None
     if tools_list and tool_choice != "none":
         calls, new_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
+        if not calls and matched_stop is not None:  # the stop string closed a call (stop=["</tool_call>"])
+            calls, new_text = parse_tool_calls(whole, settings.tool_call_parser, settings.reasoning_parser)
         if calls:
             tool_calls, text = tool_calls_to_openai(calls), new_text
             if finish_reason == "stop":

@@ -4,6 +4,7 @@ failures, Responses. Engine: ScriptedEngine with the real tiny-math tokenizer.""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import openai
 import pytest
@@ -250,6 +251,17 @@ def test_stop_string_is_left_out_of_the_text_but_kept_in_the_tokens(tiny_tokeniz
     assert done.message.content == "The answer is 5." and getattr(done, "stop_reason", None) is None
     r = run(c.responses.create(input="What is 2+3?", max_output_tokens=20, stop=["."]))
     assert r.output_text == "The answer is 5"
+
+
+def test_a_stop_string_that_closes_a_tool_call_still_gives_the_call(tiny_tokenizer):
+    """stop=["</tool_call>"] ends the reply on the call's closing tag: the text loses the tag,
+    the call is still parsed from what the model wrote."""
+    ids = tiny_tokenizer.encode('<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', add_special_tokens=False)
+    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, ids), tiny_tokenizer)  # no EOS: a stop-string stop
+    choice = create(c, tools=TOOLS, stop=["</tool_call>"]).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.stop_reason == "</tool_call>"
+    call = choice.message.tool_calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == ("calc", {"x": 1})
 
 
 # ----- n > 1 ------------------------------------------------------------------------------------
