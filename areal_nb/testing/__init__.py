@@ -11,10 +11,14 @@ also run the tiny built-in model (`LocalEngine("tiny-math")`).
 responses out as a GRPO training batch (the capture layer's tensors, built without the proxy),
 for tests of the trainer against a real engine.
 
+`ServedStub` is the rest of the surface the engine-server app serves (no tokenizer, EOS 2,
+version 0, aborts that do nothing), for engines whose `agenerate` a test or benchmark scripts.
+
 Nothing in the product package imports this module (an import-linter contract checks it).
 """
 
 from .engine_batches import responses_to_batch, sample_batch
 from .scripted_engine import Script, ScriptedEngine
+from .served_stub import ServedStub
 
-__all__ = ["Script", "ScriptedEngine", "responses_to_batch", "sample_batch"]
+__all__ = ["Script", "ScriptedEngine", "ServedStub", "responses_to_batch", "sample_batch"]

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from areal_nb.testing import ServedStub  # noqa: F401 - the engine tests import it from here
+
 
 def teacher_forced_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> torch.Tensor:
     """log_softmax(logits / T) of each output token, from one unpadded forward over prompt + output."""
@@ -29,21 +31,3 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> No
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.001)
-
-
-class ServedStub:
-    """The surface `create_engine_app` serves besides `agenerate` (which a subclass scripts): no
-    tokenizer, EOS 2, a 512-token context, version 0, aborts that do nothing."""
-
-    tokenizer = None
-    eos_token_ids = [2]
-    max_context = 512
-
-    def get_version(self) -> int:
-        return 0
-
-    def abort(self, rid: str) -> None:
-        pass
-
-    def abort_all(self) -> None:
-        pass
