@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
@@ -153,28 +154,19 @@ class _GenerateRoute:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
-    """The whole body, or BodyError: 413 past `limit` bytes (Content-Length first), 408 past `timeout` s."""
-    declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyError(413, f"request body too large: {int(declared)} bytes; the limit is {limit} bytes")
-    chunks, received = [], 0
+    """The whole body; BodyError 413 past `limit` bytes (Content-Length first), 408 past `timeout`
+    s; ClientGone if the client left before sending it all."""
     try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    break
-                chunk = message.get("body", b"")
-                received += len(chunk)
-                if received > limit:
-                    raise BodyError(413, f"request body too large: the limit is {limit} bytes")
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-    except TimeoutError:
+        body = await read_bounded_body(scope, receive, limit, timeout)
+    except BodyOverLimit as exc:
+        size = f"{exc.declared} bytes; the limit is" if exc.declared is not None else "the limit is"
+        raise BodyError(413, f"request body too large: {size} {limit} bytes") from None
+    except BodyTimedOut as exc:
         raise BodyError(408, f"the request body was not complete {timeout:g} s after its headers "
-                             f"({received} bytes arrived)") from None
-    return b"".join(chunks)
+                             f"({exc.received} bytes arrived)") from None
+    if body is None:
+        raise ClientGone
+    return body
 
 
 async def _send_json(send: Send, status: int, content: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -252,6 +244,12 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     @app.exception_handler(BodyError)
     async def body_error(_request: Request, exc: BodyError) -> JSONResponse:
         return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status, headers={"connection": "close"})
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
+        # an answer nobody reads (the client left mid-body), without an error log
+        return JSONResponse({"error": {"message": "the client disconnected before sending the whole body"}},
+                            status_code=400, headers={"connection": "close"})
 
     async def body_of(request: Request) -> dict[str, Any]:
         return _parse_body(await read_body(request.scope, request.receive))

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from starlette.exceptions import HTTPException
 
+from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
+
 from .errors import error_response
 
 MAX_JSON_DEPTH = 64
@@ -130,41 +132,20 @@ class BodyLimitMiddleware:
             return
         limit = self.max_body_bytes
         path = scope.get("path", "")
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    too_large = int(value) > limit
-                except ValueError:
-                    too_large = False  # the server rejects malformed lengths itself
-                if too_large:
-                    await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
-                    return
-                break
-
-        chunks: list[bytes] = []
-        received = 0
         try:
-            async with asyncio.timeout(self.body_timeout):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":  # disconnected while sending the body
-                        return
-                    chunk = message.get("body", b"")
-                    received += len(chunk)
-                    if received > limit:
-                        await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
-                        return
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
+            body = await read_bounded_body(scope, receive, limit, self.body_timeout)
+        except BodyOverLimit:
+            await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
+            return
+        except BodyTimedOut as exc:
             message = (f"the request body was not complete {self.body_timeout:g} s after its headers "
-                       f"({received} bytes arrived); send the whole body at once")
+                       f"({exc.received} bytes arrived); send the whole body at once")
             response = error_response(path, 408, message, "body_timeout")
             response.headers["connection"] = "close"  # the rest of the body would be read as the next request
             await response(scope, receive, send)
             return
-        body = b"".join(chunks)
+        if body is None:  # disconnected while sending the body
+            return
         if body:
             problem = await asyncio.to_thread(body_problem, body) if len(body) > THREAD_BYTES else body_problem(body)
             if problem is not None:
