@@ -20,7 +20,7 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/areal-nb demo
 
-# The tool-using task (issue 17): tiny-tools learns to call the calculator and copy its result.
+# The tool-using task: tiny-tools learns to call the calculator and copy its result.
 demo-tools: install
 	$(BIN)/areal-nb demo --config configs/tool_use.yaml --out runs/tool_use
 

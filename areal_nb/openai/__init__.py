@@ -33,7 +33,7 @@ from .tensors import concat_padded_tensors
 from .tool_calls import ParsedToolCall, parse_tool_calls
 from .wire import interactions_from_wire, interactions_to_wire
 
-# What users call (the seed's names first). The other names imported above serve the proxy layer
+# What users call (AReaL's names first). The other names imported above serve the proxy layer
 # and the tests; they stay importable from here but are not the package's interface.
 __all__ = [
     "ArealOpenAI",
