@@ -55,7 +55,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The seed's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
+    # AReaL's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
     # live in the proxy layer, which imports this one; resolve them lazily so the import arrow
     # still points down at import time.
     if name in ("OpenAIProxyClient", "OpenAIProxyWorkflow"):
