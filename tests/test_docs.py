@@ -36,6 +36,14 @@ def test_readme_keeps_the_two_commands_true():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)", readme)
+    assert targets, "the README links to the docs"
+    broken = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not broken, f"README links to files that do not exist: {broken}"
+
+
 def _nav_paths(node) -> list[str]:
     if isinstance(node, str):
         return [node]
