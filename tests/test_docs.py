@@ -32,7 +32,9 @@ def test_readme_keeps_the_two_commands_true():
     makefile = (ROOT / "Makefile").read_text()
     for target in ("demo", "test", "test-fast", "docs"):
         assert f"make {target}" in readme
-        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"the Makefile has no `{target}` target"
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.MULTILINE), (
+            f"the Makefile has no `{target}` target"
+        )
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
@@ -75,22 +77,49 @@ def test_every_page_is_in_the_navigation():
 
 def test_the_api_reference_lists_the_public_names():
     api = "\n".join(p.read_text() for p in (ROOT / "docs" / "reference" / "api").glob("*.md"))
-    for name in ("Session", "RolloutBatch", "ArealOpenAI", "InteractionWithTokenLogpReward", "show_tree",
-                 "show_tokens", "show_rewards", "show_loss", "Dashboard", "SessionConfig", "EngineConfig",
-                 "AgentConfig", "RolloutConfig", "GRPOConfig", "DataConfig", "ClusterConfig"):
-        assert re.search(rf"^::: \S*\.{name}$", api, re.M), f"the API reference has no `::: ...{name}`"
+    for name in (
+        "Session",
+        "RolloutBatch",
+        "ArealOpenAI",
+        "InteractionWithTokenLogpReward",
+        "show_tree",
+        "show_tokens",
+        "show_rewards",
+        "show_loss",
+        "Dashboard",
+        "SessionConfig",
+        "EngineConfig",
+        "AgentConfig",
+        "RolloutConfig",
+        "GRPOConfig",
+        "DataConfig",
+        "ClusterConfig",
+    ):
+        assert re.search(rf"^::: \S*\.{name}$", api, re.MULTILINE), (
+            f"the API reference has no `::: ...{name}`"
+        )
 
 
 @pytest.mark.slow
 def test_the_site_builds_in_strict_mode(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    for page in ("index.html", "reference/api/session/index.html", "tutorials/01_what_the_proxy_records/index.html"):
+    for page in (
+        "index.html",
+        "reference/api/session/index.html",
+        "tutorials/01_what_the_proxy_records/index.html",
+    ):
         assert (tmp_path / "site" / page).is_file(), page
     # The docstrings were rendered: the Session page lists its methods with their signatures.
-    session_page = re.sub(r"<[^>]+>", "", (tmp_path / "site" / "reference/api/session/index.html").read_text())
+    session_page = re.sub(
+        r"<[^>]+>", "", (tmp_path / "site" / "reference/api/session/index.html").read_text()
+    )
     for method in ("rollout(", "train_step(", "evaluate(", "export("):
         assert method in session_page, method

@@ -38,14 +38,22 @@ OTHER_PROJECT = re.compile(
 )
 
 HISTORY = [
-    ("numbered session or round of past work", re.compile(r"(?<![-\w])(?:session|round)s? \d+\b", re.I)),
-    ("session of past work", re.compile(r"\bend of (?:the )?session\b", re.I)),
-    ("issue or PR number", re.compile(r"\b(?:issues?|PRs?|pull requests?)[ -]#?\d+\b", re.I)),
+    (
+        "numbered session or round of past work",
+        re.compile(r"(?<![-\w])(?:session|round)s? \d+\b", re.IGNORECASE),
+    ),
+    ("session of past work", re.compile(r"\bend of (?:the )?session\b", re.IGNORECASE)),
+    ("issue or PR number", re.compile(r"\b(?:issues?|PRs?|pull requests?)[ -]#?\d+\b", re.IGNORECASE)),
     # not a CSS colour ("solid #222;", "color:#777")
     ("issue or PR number", re.compile(r"(?:(?<=^)|(?<=[\s(\[]))(?<!solid )(?<!dashed )#\d+\b(?!;)")),
-    ("citation of an outside document", re.compile(
-        r"semantics digest|sglang-contract|areal-agentic-semantics|shared/reference|/work/shared|"
-        r"scale-out\.md|machine-probe|\bseeds?/|\bseed \d{3}\b|\bthe seed's\b", re.I)),
+    (
+        "citation of an outside document",
+        re.compile(
+            r"semantics digest|sglang-contract|areal-agentic-semantics|shared/reference|/work/shared|"
+            r"scale-out\.md|machine-probe|\bseeds?/|\bseed \d{3}\b|\bthe seed's\b",
+            re.IGNORECASE,
+        ),
+    ),
 ]
 SECTION_MARK = re.compile(r"§")
 MD_PATH_BEFORE = re.compile(r"[\w./-]+\.md\s*,?\s*$")
@@ -62,7 +70,9 @@ def findings(text: str) -> list[tuple[int, str, str]]:
                 found.append((lineno, what, m.group(0)))
         for m in SECTION_MARK.finditer(line):
             if not MD_PATH_BEFORE.search(line[: m.start()]):
-                found.append((lineno, "section mark without an in-repo document", line[m.start() : m.start() + 8]))
+                found.append(
+                    (lineno, "section mark without an in-repo document", line[m.start() : m.start() + 8])
+                )
     return found
 
 
@@ -74,8 +84,12 @@ def scanned_files() -> list[Path]:
             files.append(path)
         elif path.is_dir():
             files += [
-                p for p in sorted(path.rglob("*"))
-                if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts
+                p
+                for p in sorted(path.rglob("*"))
+                if p.is_file()
+                and p.suffix in SUFFIXES
+                and "__pycache__" not in p.parts
+                and ".ipynb_checkpoints" not in p.parts
             ]
     return files
 
