@@ -13,21 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-
-class BodyOverLimit(Exception):
-    """The body is larger than the limit; `declared`: its Content-Length, when that said so."""
-
-    def __init__(self, declared: int | None = None) -> None:
-        super().__init__(declared)
-        self.declared = declared
-
-
-class BodyTimedOut(Exception):
-    """The body was not complete in time; `received`: the bytes that had arrived."""
-
-    def __init__(self, received: int) -> None:
-        super().__init__(received)
-        self.received = received
+from areal_nb.errors import BodyOverLimit, BodyTimedOut  # noqa: F401 (re-exported)
 
 
 async def read_bounded_body(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],

@@ -15,11 +15,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from areal_nb.errors import ClientGone  # noqa: F401 (re-exported)
+
 T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected before the reply was ready; its work was cancelled."""
 
 
 async def unless_client_leaves(call: Awaitable[T], receive: Callable[[], Awaitable[dict[str, Any]]]) -> T:

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_nb.errors import InvalidRequestError  # noqa: F401 (re-exported)
+
 STOP_REASONS = ("stop", "length", "tool_calls", "abort")
 
 # Sampling limits shared by the proxy (checked at the door) and the engines (checked again).
@@ -22,14 +24,6 @@ MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-
-
-class InvalidRequestError(ValueError):
-    """A request that can never succeed as sent (a client error, HTTP 400 in the proxy).
-
-    Raised for input problems only; anything else an engine or the capture code raises is
-    our own fault (HTTP 500 with a logged traceback).
-    """
 
 
 @dataclass

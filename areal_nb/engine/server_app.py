@@ -30,9 +30,9 @@ import dataclasses
 import hmac
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
+from areal_nb.errors import BadRequest, BodyError, ContractViolation, render_error  # noqa: F401 (re-exported)
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
@@ -78,22 +79,6 @@ class EngineServerSettings:
     admission_max_wait: float = DEFAULT_ADMISSION_MAX_WAIT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies → 413 (defaults.py says why)
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # a body not complete this long after its headers → 408
-
-
-class BadRequest(ValueError):
-    """Client error: answered with 400 and `{"error": {"message": ...}}` (sglang's ValueError shape)."""
-
-
-class BodyError(Exception):
-    """A body that is too large (413) or did not arrive in time (408); the connection is closed."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ContractViolation(BadRequest):
-    """A body the API schema rejects: 400 with `{"error": "..."}` (sglang 0.5.22+'s api_contract shape)."""
 
 
 class _APIKeyMiddleware:
@@ -180,12 +165,11 @@ async def _send_json(send: Send, status: int, content: Any, headers: list[tuple[
 
 
 def _error_body(exc: BadRequest | ValidationError) -> dict[str, Any]:
-    """sglang's 400 shapes: `{"error": "..."}` for a body the schema rejects, else `{"error": {"message"}}`."""
+    """sglang's 400 shapes (`render_error`'s "sglang" dialect): `{"error": "..."}` for a body the
+    schema rejects, else `{"error": {"message"}}`."""
     if isinstance(exc, ValidationError):
-        return {"error": _validation_message(exc)}
-    if isinstance(exc, ContractViolation):
-        return {"error": str(exc)}
-    return {"error": {"message": str(exc)}}
+        exc = ContractViolation(_validation_message(exc))
+    return render_error(exc, "sglang").body
 
 
 class _ServingState:

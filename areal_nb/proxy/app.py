@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
+from areal_nb.errors import HTTPError
 from areal_nb.openai.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -47,7 +48,7 @@ from areal_nb.openai.anthropic import (
     tool_arguments_of,
 )
 
-from .errors import ProxyError, describe_validation_errors, error_response
+from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
 from .options import check_chat_options, check_responses_options
@@ -121,9 +122,9 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body, body_timeout=settings.body_timeout)
 
     # ------------------------------------------------------------------ error dialects
-    @app.exception_handler(ProxyError)
-    async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
-        return error_response(request.url.path, exc.status, exc.message, exc.code)
+    @app.exception_handler(HTTPError)
+    async def _http_error_of_ours(request: Request, exc: HTTPError) -> JSONResponse:
+        return http_error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -165,10 +166,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             return await (call if request is None else unless_client_leaves(call, request.receive))
         except ClientGone:  # nobody is left to read this answer
             raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
-        except ProxyError:
+        except HTTPError:  # input errors (InvalidRequestError: 400 invalid_request) and our own answers
             raise
-        except InvalidRequestError as exc:  # input errors only: validation raises these types
-            raise ProxyError(400, str(exc) or type(exc).__name__, "invalid_request") from exc
         except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
             logger.exception("generation failed")
             raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
@@ -368,8 +367,8 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
             return None
         try:
             return await chat_completion_response(body, check_open(state.session_for_key(bearer_token_of(headers))))
-        except ProxyError as exc:
-            return error_response(path, exc.status, exc.message, exc.code)
+        except HTTPError as exc:
+            return http_error_response(path, exc)
         except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug
             logger.exception("chat completion failed")
             return PlainTextResponse("Internal Server Error", status_code=500)

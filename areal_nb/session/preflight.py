@@ -14,12 +14,9 @@ import traceback
 from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.errors import FirstEpisodeError  # noqa: F401 (re-exported)
 
 from .evaluation import GreedyEngine
-
-
-class FirstEpisodeError(RuntimeError):
-    """The agent failed on the first training row; the message holds the row and its traceback."""
 
 
 class _TracingAgent:
