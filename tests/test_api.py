@@ -106,3 +106,17 @@ def test_import_object_says_what_is_missing(path, error, message):
 
     with pytest.raises(error, match=message):
         import_object(path)
+
+
+def test_a_checked_generation_config_is_trusted_until_it_changes():
+    from areal_nb.api import GenerationConfig, InvalidRequestError
+
+    config = GenerationConfig(temperature=0.7, top_p=0.9)
+    assert not config.checked
+    assert config.check() is config and config.checked
+    config.top_p = 0.0  # assigned after the check: checked again by the next door
+    assert not config.checked
+    with pytest.raises(InvalidRequestError, match=r"top_p must be in \(0, 1\]"):
+        config.check()
+    assert not config.checked
+    assert not GenerationConfig().check().new(temperature=0.5).checked  # a copy is its own config

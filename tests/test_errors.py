@@ -201,3 +201,37 @@ async def _test_sglang_dialect_on_the_engine_server():
         assert r.status_code == 400
         assert r.json() == render_error(errors.BadRequest("areal-nb engine-server does not stream; send stream=false"),
                                         "sglang").body
+
+
+def test_the_engine_server_checks_sampling_at_the_door():
+    """A batch with one item out of range is a 400 before any item reaches the engine, with the
+    message of the one rule (`GenerationConfig.check`); the engine never sees it."""
+    asyncio.run(_the_engine_server_checks_sampling_at_the_door())
+
+
+async def _the_engine_server_checks_sampling_at_the_door():
+    from areal_nb.api import ModelResponse
+    from areal_nb.engine.server_app import create_engine_app
+    from areal_nb.testing.served_stub import ServedStub
+
+    class Counting(ServedStub):
+        calls = 0
+
+        async def agenerate(self, request):
+            Counting.calls += 1
+            return ModelResponse(input_tokens=list(request.input_ids), output_tokens=[2], output_logprobs=[0.0],
+                                 output_versions=[0], stop_reason="stop")
+
+    app = create_engine_app(Counting())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as client:
+        for bad, message in (({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+                             ({"temperature": -1.0}, "temperature must be 0 (greedy) or in [0.01, 100], got -1.0"),
+                             ({"temperature": 1e-4}, "temperature must be 0 (greedy) or in [0.01, 100], got 0.0001")):
+            r = await client.post("/generate", json={"input_ids": [[1, 2], [3, 4]],
+                                                     "sampling_params": [{"max_new_tokens": 4}, {"max_new_tokens": 4, **bad}]})
+            assert r.status_code == 400, r.text
+            assert r.json() == {"error": {"message": message}}
+        assert Counting.calls == 0
+        ok = await client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}})
+        assert ok.status_code == 200, ok.text
+        assert Counting.calls == 1

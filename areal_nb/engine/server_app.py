@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, ModelResponse
 from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 from areal_nb.errors import BadRequest, BodyError, ContractViolation, render_error  # noqa: F401 (re-exported)
@@ -470,19 +470,15 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
     if sp.min_p or sp.presence_penalty or sp.repetition_penalty != 1.0:
         raise BadRequest("min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server")
     max_new = 128 if sp.max_new_tokens is None else sp.max_new_tokens
-    if max_new < 1:
-        raise BadRequest(f"max_new_tokens must be at least 1, got {max_new}")
     context = getattr(engine, "max_context", None)
     if context is not None and prompt_len + max_new > context:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context} tokens: "
             f"{prompt_len} prompt tokens + max_new_tokens={max_new}"
         )
-    if sp.temperature < 0:
-        raise BadRequest(f"temperature must be >= 0, got {sp.temperature}")
-    greedy = sp.temperature < 1e-6  # sglang: below 1e-6 is greedy
+    greedy = 0 <= sp.temperature < 1e-6  # sglang: below 1e-6 is greedy
     stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop
-    return GenerationConfig(
+    config = GenerationConfig(
         max_new_tokens=max_new,
         min_new_tokens=sp.min_new_tokens,
         greedy=greedy,
@@ -495,6 +491,10 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
         skip_special_tokens=sp.skip_special_tokens,
         frequency_penalty=sp.frequency_penalty,
     )
+    try:  # the sampling ranges, checked once here at the door; the engine trusts a checked config
+        return config.check()
+    except InvalidRequestError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 async def _run_one(engine: Any, item: _Item, aborted: bool = False) -> ModelResponse:
