@@ -1,7 +1,9 @@
-"""Token-level capture of LLM calls: interactions, conversation trees, rewards, export.
+"""The capture layer: token-level records of LLM calls, conversation trees, rewards, export.
 
-Public names follow AReaL: `from areal_nb.openai import ArealOpenAI,
-InteractionWithTokenLogpReward, InteractionCache`.
+What the proxy's routes and `ArealOpenAI` (the direct client) share: a chat completion, a
+Responses or an Anthropic Messages call becomes the exact prompt and output tokens, log-probs and
+policy versions the engine produced (`InteractionWithTokenLogpReward`), linked into conversation
+trees (`InteractionCache`). AReaL's public names are importable from `areal_nb.openai` too.
 """
 
 from .cache import (
@@ -33,14 +35,12 @@ from .tensors import concat_padded_tensors
 from .tool_calls import ParsedToolCall, parse_tool_calls
 from .wire import interactions_from_wire, interactions_to_wire
 
-# What users call (the seed's names first). The other names imported above serve the proxy layer
+# What users call (AReaL's names first). The other names imported above serve the proxy layer
 # and the tests; they stay importable from here but are not the package's interface.
 __all__ = [
     "ArealOpenAI",
     "InteractionWithTokenLogpReward",
     "InteractionCache",
-    "OpenAIProxyClient",
-    "OpenAIProxyWorkflow",
     "CompletionSettings",
     "CompletionRequestError",
     "ConcatAlignmentError",
@@ -53,13 +53,3 @@ __all__ = [
     "concat_padded_tensors",
 ]
 
-
-def __getattr__(name: str):
-    # The seed's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
-    # live in the proxy layer, which imports this one; resolve them lazily so the import arrow
-    # still points down at import time.
-    if name in ("OpenAIProxyClient", "OpenAIProxyWorkflow"):
-        from areal_nb import proxy
-
-        return getattr(proxy, name)
-    raise AttributeError(f"module 'areal_nb.openai' has no attribute {name!r}")

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 from areal_nb.errors import HTTPError
-from areal_nb.openai.anthropic import (
+from areal_nb.capture.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
     anthropic_stream_events,
@@ -99,15 +99,15 @@ DirectRoute = Callable[[str, bytes, Mapping[str, str]], Awaitable["Response | No
 def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
     """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
     # Imported here so `import areal_nb.proxy` stays light.
-    from areal_nb.openai.cache import InteractionCache
-    from areal_nb.openai.completion import (
+    from areal_nb.capture.cache import InteractionCache
+    from areal_nb.capture.completion import (
         CompletionSettings,
         chat_completion_stream_chunks,
         create_chat_completion,
     )
-    from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
-    from areal_nb.openai.response_stream import format_response_sse, response_stream_events
-    from areal_nb.openai.responses import create_response
+    from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
+    from areal_nb.capture.response_stream import format_response_sse, response_stream_events
+    from areal_nb.capture.responses import create_response
 
     settings = settings or ProxySettings()
     completion_settings = settings.completion if settings.completion is not None else CompletionSettings()

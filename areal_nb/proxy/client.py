@@ -21,7 +21,7 @@ from areal_nb.api import DiscountMode, ExportStyle
 from areal_nb.errors import RETRYABLE_STATUS, ProxyRequestError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from areal_nb.openai import InteractionWithTokenLogpReward
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class OpenAIProxyClient:
         self, discount: float = 1.0, style: ExportStyle = "individual", discount_mode: DiscountMode = "tree"
     ) -> dict[str, InteractionWithTokenLogpReward]:
         """Fetch this session's interactions (one-shot on the proxy), parents linked again."""
-        from areal_nb.openai import InteractionWithTokenLogpReward
+        from areal_nb.capture import InteractionWithTokenLogpReward
 
         out = await self._post(
             "export_trajectories",

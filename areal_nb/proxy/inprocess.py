@@ -35,7 +35,7 @@ from .errors import ProxyError
 from .state import ProxyState, SessionData
 
 if TYPE_CHECKING:
-    from areal_nb.openai import InteractionWithTokenLogpReward
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
 
 def asgi_http_client(app: Any, base_url: str, timeout: float = 600.0) -> httpx.AsyncClient:

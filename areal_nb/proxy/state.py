@@ -33,7 +33,7 @@ class SessionData:
 
     session_id: str
     api_key: str
-    cache: Any  # areal_nb.openai.InteractionCache
+    cache: Any  # areal_nb.capture.InteractionCache
     started_at: float = field(default_factory=time.monotonic)
     last_access: float = field(default_factory=time.monotonic)
     ended_at: float | None = None

@@ -16,9 +16,9 @@ from typing import Any, Literal, get_args
 import torch
 
 from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES, CreditMode, DiscountMode, ExportStyle, check_export_style
-from areal_nb.openai import InteractionWithTokenLogpReward
-from areal_nb.openai.cache import discounted_rewards
-from areal_nb.openai.tensors import stack_token_rows
+from areal_nb.capture import InteractionWithTokenLogpReward
+from areal_nb.capture.cache import discounted_rewards
+from areal_nb.capture.tensors import stack_token_rows
 
 from .executor import Episode
 

@@ -45,10 +45,9 @@ import httpx
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
-
-from .client import OpenAIProxyClient, ProxyRequestError
-from .inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
-from .state import ProxyState
+from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
+from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
+from areal_nb.proxy.state import ProxyState
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ class _TracingAgent:
 async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine, row: dict[str, Any],
                               *, row_index: int = 0) -> None:
     """Run `workflow`'s agent greedily on `row`; raise `FirstEpisodeError` unless it is accepted."""
-    from areal_nb.proxy import OpenAIProxyWorkflow
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
     tracer = None
     probe = workflow
