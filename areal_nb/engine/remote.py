@@ -256,6 +256,13 @@ class SGLangEngine:
         """Set the version servers report for their current weights (`/update_weight_version`)."""
         self._call(self.aset_version(version))
 
+    def rng_state(self) -> None:
+        """None: the servers sample with their own generators, which a checkpoint here cannot hold."""
+        return None
+
+    def set_rng_state(self, state: object) -> None:
+        """Nothing to restore (see `rng_state`)."""
+
     def pause(self) -> None:
         self._call(self.apause())
 

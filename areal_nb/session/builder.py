@@ -133,7 +133,7 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     admin_key = cfg.agent.admin_api_key or secrets.token_urlsafe(24)
     completion = CompletionSettings(
         chat_template_type=cfg.agent.chat_template_type,
-        engine_max_tokens=getattr(engine, "max_context", None),
+        engine_max_tokens=engine.max_context,
         default_temperature=cfg.rollout.temperature,
         default_top_p=cfg.rollout.top_p,
         default_max_new_tokens=cfg.rollout.max_new_tokens,
