@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
-from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 from areal_nb.errors import HTTPError
+from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 from areal_nb.capture.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -76,19 +76,6 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel
 def bearer_token(request: Request) -> str | None:
     """The key from `Authorization: Bearer <t>` or, for the Anthropic SDK, `x-api-key`."""
     return bearer_token_of(request.headers)
-
-
-def bearer_token_of(headers: Mapping[str, str]) -> str | None:
-    """`bearer_token` on any case-insensitive header mapping (Starlette's or httpx's)."""
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, value = auth.strip().partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    key = headers.get("x-api-key")
-    if key and key.strip():
-        return key.strip()
-    return None
 
 
 # A route of `app.state.direct_routes`: `await route(path, body, headers)` answers a request the

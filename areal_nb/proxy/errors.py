@@ -1,7 +1,7 @@
 """The proxy's two error dialects: OpenAI on every route, Anthropic on /v1/messages.
 
-The bodies come from `areal_nb.errors.render_error`; this module only picks the dialect a path
-speaks and wraps the reply in a response.
+The bodies come from `areal_nb.errors.render_error` (through `areal_nb.serving.error_json`); this
+module only picks the dialect a path speaks.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from areal_nb.errors import Dialect, HTTPError, ProxyError, render_error  # noqa: F401 (ProxyError re-exported)
+from areal_nb.errors import Dialect, HTTPError, ProxyError  # noqa: F401 (ProxyError re-exported)
+from areal_nb.serving.errors import error_json
 
 ANTHROPIC_PATHS = ("/v1/messages",)
 
@@ -25,8 +26,7 @@ def dialect_of(path: str) -> Dialect:
 
 def http_error_response(path: str, error: HTTPError) -> JSONResponse:
     """`error` answered in the dialect of the route at `path`."""
-    reply = render_error(error, dialect_of(path))
-    return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers or None)
+    return error_json(error, dialect_of(path))
 
 
 def error_response(path: str, status: int, message: str, code: str | None = None) -> JSONResponse:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from starlette.exceptions import HTTPException
 
-from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
+from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.errors import BodyTooLarge
 
 from .errors import error_response, http_error_response
