@@ -59,7 +59,7 @@ This module imports nothing of areal_nb: every layer may raise these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 Dialect = Literal["openai", "anthropic", "sglang"]
 DIALECTS: tuple[Dialect, ...] = ("openai", "anthropic", "sglang")
@@ -137,7 +137,9 @@ class BodyTooLarge(HTTPError):
     code = "body_too_large"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')")
+        super().__init__(
+            f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')"
+        )
         self.limit = limit
 
     @property
@@ -303,7 +305,6 @@ class IncompleteInteractionWarning(ArealWarning):
     """An export skipped calls that have not returned."""
 
 
-
 # ---------------------------------------------------------------------------------- rendering
 
 _OPENAI_TYPES = {
@@ -341,13 +342,24 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
     """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
     status, message = error.status, error.message
     if dialect == "sglang":
-        body: Any = {"error": message} if isinstance(error, ContractViolation) else {"error": {"message": message}}
+        body: Any = (
+            {"error": message} if isinstance(error, ContractViolation) else {"error": {"message": message}}
+        )
         return ErrorReply(status, body)
     headers = {"x-should-retry": "false"} if status in _NO_RETRY else {}
     if dialect == "anthropic":
-        body = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message}}
+        body = {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message},
+        }
     elif dialect == "openai":
-        body = {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "invalid_request_error"), "code": error.code}}
+        body = {
+            "error": {
+                "message": message,
+                "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
+                "code": error.code,
+            }
+        }
     else:
         raise ValueError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
     return ErrorReply(status, body, headers)
@@ -367,8 +379,8 @@ __all__ = [
     "CompletionRequestError",
     "ConcatAlignmentError",
     "ConfigError",
-    "ConversationLinkWarning",
     "ContractViolation",
+    "ConversationLinkWarning",
     "DatasetError",
     "Dialect",
     "EngineClosedError",

@@ -24,8 +24,13 @@ def test_areal_names_from_areal_nb_openai():
     assert OpenAIProxyClient is ProxyClient and OpenAIProxyWorkflow is Workflow
     import areal_nb.openai
 
-    assert {"ArealOpenAI", "InteractionWithTokenLogpReward", "InteractionCache", "OpenAIProxyClient",
-            "OpenAIProxyWorkflow"} <= set(areal_nb.openai.__all__)
+    assert {
+        "ArealOpenAI",
+        "InteractionWithTokenLogpReward",
+        "InteractionCache",
+        "OpenAIProxyClient",
+        "OpenAIProxyWorkflow",
+    } <= set(areal_nb.openai.__all__)
     with pytest.raises(AttributeError):
         areal_nb.openai.NoSuchName  # noqa: B018
 

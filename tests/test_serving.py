@@ -25,7 +25,7 @@ def test_keys_equal():
 
 
 def test_old_import_paths():
-    import areal_nb.serving as serving
+    from areal_nb import serving
     from areal_nb.api.bounded_body import read_bounded_body
     from areal_nb.api.client_gone import ClientGone, unless_client_leaves
 

@@ -14,15 +14,30 @@ import pkgutil
 import sys
 
 from areal_nb import capture
-from areal_nb.capture import *  # noqa: F403 (the capture layer's public names)
-from areal_nb.capture import __all__ as _capture_all
+from areal_nb.capture import *
 
 for _info in pkgutil.iter_modules(capture.__path__):
     _module = importlib.import_module(f"{capture.__name__}.{_info.name}")
     sys.modules[f"{__name__}.{_info.name}"] = _module  # `import areal_nb.openai.cache` finds it here
     globals()[_info.name] = _module  # and `areal_nb.openai.cache` is an attribute, as for a package
 
-__all__ = [*_capture_all[:3], "OpenAIProxyClient", "OpenAIProxyWorkflow", *_capture_all[3:]]
+__all__ = [  # AReaL's names first, then the capture layer's other public names
+    "ArealOpenAI",
+    "CompletionRequestError",
+    "CompletionSettings",
+    "ConcatAlignmentError",
+    "ConversationLinkWarning",
+    "IncompleteInteractionWarning",
+    "InteractionCache",
+    "InteractionWithTokenLogpReward",
+    "MissingRewardWarning",
+    "OpenAIProxyClient",
+    "OpenAIProxyWorkflow",
+    "RetokenizationCheck",
+    "check_retokenization",
+    "check_retokenization_all",
+    "concat_padded_tensors",
+]
 
 
 def __getattr__(name: str):

@@ -30,7 +30,7 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,7 +49,11 @@ from areal_nb.capture.anthropic import (
     tool_arguments_of,
 )
 from areal_nb.capture.cache import InteractionCache
-from areal_nb.capture.completion import CompletionSettings, chat_completion_stream_chunks, create_chat_completion
+from areal_nb.capture.completion import (
+    CompletionSettings,
+    chat_completion_stream_chunks,
+    create_chat_completion,
+)
 from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
 from areal_nb.capture.response_stream import format_response_sse, response_stream_events
 from areal_nb.capture.responses import create_response
@@ -140,8 +144,14 @@ async def session_key(request: Request) -> SessionData:
     return request.app.state.proxy.session_for_key(bearer_token(request))
 
 
-async def open_session(session: SessionData = Depends(session_key)) -> SessionData:
+KeyedSession = Annotated[SessionData, Depends(session_key)]  # the session the caller's key names
+
+
+async def open_session(session: KeyedSession) -> SessionData:
     return check_open(session)
+
+
+OpenSession = Annotated[SessionData, Depends(open_session)]  # ... that has not ended (409 otherwise)
 
 
 def check_open(session: SessionData) -> SessionData:
@@ -272,13 +282,13 @@ def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, 
 
 # ---------------------------------------------------------------------- session endpoints
 @router.post("/rl/end_session")
-async def end_session(request: Request, session: SessionData = Depends(session_key)) -> dict[str, Any]:
+async def end_session(request: Request, session: KeyedSession) -> dict[str, Any]:
     count = request.app.state.proxy.end_session(session)
     return {"message": "success", "session_id": session.session_id, "interaction_count": count}
 
 
 @router.post("/rl/set_reward")
-async def set_reward(body: SetRewardRequest, session: SessionData = Depends(session_key)) -> dict[str, Any]:
+async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str, Any]:
     cache = session.cache
     if body.interaction_id is None:
         session.set_last_reward(body.reward)
@@ -296,7 +306,7 @@ async def set_reward(body: SetRewardRequest, session: SessionData = Depends(sess
 
 # ---------------------------------------------------------------------- generation endpoints
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           session: SessionData = Depends(open_session)) -> Response:
+                           session: OpenSession) -> Response:
     return await chat_completion_response(request.app.state, body, session, request)
 
 
@@ -335,7 +345,7 @@ async def chat_completion_response(state: State, body: ChatCompletionRequest, se
     return Response(completion.model_dump_json(), media_type="application/json")
 
 
-async def responses(body: ResponsesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
+async def responses(body: ResponsesRequest, request: Request, session: OpenSession) -> Response:
     check_responses_options(body)
     response = await generate(
         create_response(
@@ -366,7 +376,7 @@ for _prefix in ("/v1", ""):  # SDKs differ in where `/v1` goes
 
 
 @router.post("/v1/messages")
-async def messages(body: MessagesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
+async def messages(body: MessagesRequest, request: Request, session: OpenSession) -> Response:
     try:
         chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
     except AnthropicRequestError as exc:

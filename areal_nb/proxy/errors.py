@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from areal_nb.errors import Dialect, HTTPError, ProxyError  # noqa: F401 (ProxyError re-exported)
+from areal_nb.errors import Dialect, HTTPError, ProxyError
 from areal_nb.serving.errors import error_json
 
 ANTHROPIC_PATHS = ("/v1/messages",)

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from areal_nb.errors import BodyOverLimit, BodyTimedOut  # noqa: F401 (re-exported)
+from areal_nb.errors import BodyOverLimit, BodyTimedOut
 
 
 async def read_bounded_body(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],

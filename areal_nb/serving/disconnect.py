@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from areal_nb.errors import ClientGone  # noqa: F401 (re-exported)
+from areal_nb.errors import ClientGone
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from .conftest import episode
 
 
 def test_batch_views_are_the_widgets_views(captured, tiny_tokenizer):
-    import areal_nb.widgets as widgets
+    from areal_nb import widgets
     from areal_nb.rollout import RolloutBatch
 
     a, b = captured.concat_a, captured.concat_b
