@@ -1,7 +1,5 @@
-"""What goes wrong with an environment from the ecosystem."""
+"""What goes wrong with an environment from the ecosystem (the class lives in `areal_nb.errors`)."""
 
+from areal_nb.errors import EnvironmentServerError
 
-class EnvironmentServerError(RuntimeError):
-    """An environment's server cannot be started or reached, dropped the session or refused a message.
-
-    Raised inside an episode, it rejects that episode with this message; the run goes on."""
+__all__ = ["EnvironmentServerError"]

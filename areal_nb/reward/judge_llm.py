@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from areal_nb.api import GenerationConfig, InferenceEngine, ModelRequest
-
-from .async_wrapper import RewardError
+from areal_nb.errors import JudgeError
 
 JudgeMode = Literal["pointwise", "group"]
 CACHE_SIZE = 4096  # judged trajectories remembered per judge
@@ -52,10 +51,6 @@ GROUP_SYSTEM = (
 _SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*")
 _GROUP_LINE = re.compile(r"^\s*\[?(\d+)\]?\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.MULTILINE)
-
-
-class JudgeError(RewardError):
-    """The judge did not answer in time, or answered without a readable score (its reply is quoted)."""
 
 
 def task_text(row: Mapping[str, Any] | str) -> str:
