@@ -10,8 +10,10 @@ Two ways to score:
 - `mode="pointwise"`: one judge call per reply; the judge ends its answer with `SCORE: <x>`.
 - `mode="group"` (RULER-style): the replies of one GRPO group are scored in one call, relative to
   each other (`[i]: <x>` per reply). Used as a reward function, each episode's call waits until
-  `group_size` replies to the same row have arrived (or `group_wait` seconds have passed: a
-  rejected member must not hold the others), and one judge call scores them all.
+  `group_size` replies to the same row have arrived (or `group_wait` seconds after the first:
+  a rejected member must not hold the others), and one judge call scores them all. Episodes
+  that run alone (the Session's first-episode check, `evaluate()`) are scored alone after
+  `group_wait`.
 
 The judge is any OpenAI-compatible endpoint (`base_url`, `api_key`, `model`) or an inference
 engine with its tokenizer (`engine=`, `tokenizer=`); `engine="initial"` asks the Session to bind a
@@ -126,7 +128,7 @@ class Judge:
     def __init__(self, rubric: str, *, mode: JudgeMode = "pointwise", base_url: str | None = None,
                  api_key: str | None = None, model: str = "default", engine: InferenceEngine | str | None = None,
                  tokenizer: Any = None, timeout: float = 60.0, max_tokens: int = 256, group_size: int | None = None,
-                 group_wait: float = 120.0, parse: Callable[[str], float] | None = None) -> None:
+                 group_wait: float = 10.0, parse: Callable[[str], float] | None = None) -> None:
         if not isinstance(rubric, str) or not rubric.strip():
             raise ValueError("a judge needs a rubric: what a good response is, in words")
         if mode not in ("pointwise", "group"):
@@ -305,7 +307,7 @@ class Judge:
 def judge(rubric: str, *, mode: JudgeMode = "pointwise", base_url: str | None = None, api_key: str | None = None,
           model: str = "default", engine: InferenceEngine | str | None = None, tokenizer: Any = None,
           timeout: float = 60.0, max_tokens: int = 256, group_size: int | None = None,
-          group_wait: float = 120.0, parse: Callable[[str], float] | None = None) -> Judge:
+          group_wait: float = 10.0, parse: Callable[[str], float] | None = None) -> Judge:
     """A reward that asks an LLM to score replies against `rubric` (see the module's doc).
 
     `parse(answer) -> float in [0, 1]` reads a pointwise answer in a format of your own (default:

@@ -195,3 +195,31 @@ def test_a_judge_on_the_sessions_frozen_initial_policy_trains_two_steps_and_is_n
         judge_engine = grader.engine
     assert isinstance(grader, Judge)
     assert judge_engine.closed  # the Session's close closed the judge's engine too
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_group_judge_scores_each_grpo_group_in_one_call_and_trains():
+    from areal_nb import Session
+    from areal_nb.agents.chat_agent import ChatAgent
+    from areal_nb.data import generate_problems
+
+    rows = [{"prompt": p["question"]} for p in generate_problems(16, seed=6, split="train")]
+    canned = CannedJudge("[1]: 0.25\n[2]: 1.0")  # the first reply of each group worse than the second
+    with canned as url:
+        grader = judge(RUBRIC, base_url=url, mode="group", group_size=2, group_wait=2.0)
+        with Session(dataset=rows, agent__workflow=ChatAgent(reward_fn=grader), rollout__batch_size=2,
+                     rollout__group_size=2, rollout__max_concurrent_rollouts=8, rollout__prefetch=False,
+                     rollout__max_new_tokens=16, logging__progress=False, model__path="tiny-math",
+                     model__dtype="float32") as s:
+            history = s.run(2)
+            assert history["step"].tolist() == [1, 2] and s.version == 2
+            batch = s.last_batch
+            assert batch.accepted and not batch.rejected
+            for members in batch.groups.values():
+                rewards = sorted(batch.calls(batch.episodes.index(ep))[0].raw_reward for ep in members)
+                assert rewards == [0.25, 1.0]  # relative scores from one call, one per member
+    # one judge call per group (2 steps x 2 groups) plus the first-episode check scored alone
+    listings = [r["messages"][-1]["content"] for r in canned.requests]
+    assert len(listings) == 5
+    assert sum("[2]\n" in text for text in listings) == 4
