@@ -84,6 +84,12 @@ def test_an_openenv_text_environment_trains_two_steps_with_its_rewards():
         first = min(batch.calls(0), key=lambda c: c.created_at)
         row = batch.episodes[0].data
         assert first.messages[-1]["content"] == f"What is {row['a']} + {row['b']}? Answer with the number."
+        # the held-out rows are environment episodes too, played greedily
+        result = s.evaluate()
+        assert result.n == len(HELD_OUT) and result.rejected == 0
+        assert [ep.data for ep in result.batch.episodes] == HELD_OUT
+        assert result.reward_mean == sum(result.batch.episode_return(i)
+                                         for i in range(len(HELD_OUT))) / len(HELD_OUT)
         process = server.process
         assert process is not None and process.poll() is None
     assert server.process is None and process.poll() is not None  # the Session's close stopped the server
