@@ -163,7 +163,7 @@ def bind_session_judges(cfg: SessionConfig, agent: Any, policy: torch.nn.Module,
         return None
     if cfg.engine.type != "local":
         raise ValueError(f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
-                         f"with engine.type={cfg.engine.type!r} give the judge base_url= (a served copy) instead")
+                         f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead")
     frozen = copy.deepcopy(policy).eval().requires_grad_(False)
     engine = build_engine(cfg, frozen, tokenizer)
     for judge in judges:
