@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 # sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
 SAMPLING_PARAM_KEYS: tuple[str, ...] = (
@@ -81,13 +81,17 @@ class GenerateRequest(BaseModel):
     stream: StrictBool = False
 
 
+# The control routes' bodies. Types are strict, as SGLang's decoder is: a flag is a JSON boolean
+# (`abort_all: "yes"` is a 400, not "abort everything"), a version or path a JSON string.
+
+
 class AbortRequest(BaseModel):
-    rid: str = ""
-    abort_all: bool = False
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
 
 
 class PauseRequest(BaseModel):
-    mode: str = "abort"
+    mode: StrictStr = "abort"
 
     @field_validator("mode")
     @classmethod
@@ -98,17 +102,17 @@ class PauseRequest(BaseModel):
 
 
 class UpdateWeightsFromDiskRequest(BaseModel):
-    model_path: str
-    load_format: str | None = None
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    flush_cache: bool = True
-    keep_pause: bool = False
+    model_path: StrictStr
+    load_format: StrictStr | None = None
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    flush_cache: StrictBool = True
+    keep_pause: StrictBool = False
 
 
 class UpdateWeightVersionRequest(BaseModel):
-    new_version: str
-    abort_all_requests: bool = True
+    new_version: StrictStr
+    abort_all_requests: StrictBool = True
 
 
 def unknown_sampling_keys(params: dict[str, Any]) -> list[str]:
