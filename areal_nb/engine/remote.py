@@ -216,10 +216,13 @@ class SGLangEngine:
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the engine loop from whatever loop awaits this; cancellation propagates."""
         try:
-            if asyncio.get_running_loop() is self._loop:
-                return await coro
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            pass
+            running = None
+        if running is self._loop:
+            # outside the try above: a RuntimeError the coroutine raises (EngineServerError is one)
+            # must reach the caller, not send the spent coroutine to _submit
+            return await coro
         fut = self._submit(coro)
         try:
             return await asyncio.wrap_future(fut)
