@@ -250,6 +250,7 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     app.add_exception_handler(ValidationError, _bad_request)
     app.add_exception_handler(BodyError, _body_error)
     app.add_exception_handler(ClientGone, _client_gone)
+    app.add_exception_handler(Exception, _internal_error)
     app.add_api_route("/abort_request", abort_request, methods=["POST"])
     app.add_api_route("/pause_generation", pause_generation, methods=["POST"])
     app.add_api_route("/continue_generation", continue_generation, methods=["POST"])
@@ -282,6 +283,13 @@ async def _client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
     # an answer nobody reads (the client left mid-body), without an error log
     return JSONResponse(sglang_error(400, "the client disconnected before sending the whole body"),
                         status_code=400, headers={"connection": "close"})
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> JSONResponse:
+    # Starlette re-raises the exception after this answer, so the server (uvicorn) logs its
+    # traceback; the client gets no detail. Nothing else changes: the routes release their locks
+    # in `finally`, and the next request is served as before.
+    return JSONResponse(sglang_error(500, "Internal Server Error"), status_code=500)
 
 
 def _shared(request: Request) -> _EngineApp:
