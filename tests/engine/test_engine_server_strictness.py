@@ -29,6 +29,7 @@ from areal_nb.engine.native_api import (
     SamplingParams,
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
+    _NullIsDefault,
 )
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.engine.weight_sync import write_weights
@@ -74,6 +75,8 @@ def _wrong_values(model) -> list[tuple[str, object]]:
     cases = []
     for field, spec in schema["properties"].items():
         kinds, items = _allowed(spec, defs)
+        if issubclass(model, _NullIsDefault):
+            kinds.add("null")  # null is the field's default there (as in SGLang)
         cases += [(field, value) for kind, value in JSON_VALUES.items() if kind not in kinds]
         if items is not None and items != set(JSON_VALUES):
             cases += [(field, [value]) for kind, value in ITEM_VALUES.items()
@@ -229,3 +232,13 @@ def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(served, 
     # the update lock was released: a real update goes through
     ok = client.post("/update_weights_from_disk", json={"model_path": str(path), "weight_version": "0"})
     assert ok.status_code == 200 and ok.json()["success"] is True
+
+
+def test_null_is_a_fields_default_as_in_sglang(served):
+    client, engine, _, expected = served
+    body = {"input_ids": PROMPT, "stream": None, "return_logprob": None, "top_logprobs_num": None,
+            "sampling_params": {**GREEDY["sampling_params"], "top_p": None, "top_k": None, "n": None,
+                                "skip_special_tokens": None, "min_new_tokens": None}}
+    reply = client.post("/generate", json=body)
+    assert reply.status_code == 200 and reply.json()["output_ids"] == expected, reply.text
+    assert "output_token_logprobs" not in reply.json()["meta_info"]  # return_logprob null: its default, false
