@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from areal_nb.errors import ServerLaunchError  # noqa: F401 (re-exported)
+
 LogCallback = Callable[[str], None]
 
 _RUNNING: set[ServerProcess] = set()  # started and not yet stopped: the atexit hook stops these
@@ -69,10 +71,6 @@ def server_environment(environ: dict[str, str] | os._Environ, extra: dict[str, s
     return {**env, **(extra or {})}
 
 
-class ServerLaunchError(RuntimeError):
-    """The server process exited (or never became healthy) during start-up."""
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -94,7 +92,10 @@ def sglang_command(
     python: str = sys.executable,
 ) -> list[str]:
     """`python -m sglang.launch_server ...`; `max_running_requests`: the most requests the server
-    decodes at once (`engine.max_batch_size`; None: SGLang's own choice from its memory)."""
+    decodes at once (`engine.max_batch_size`; None: SGLang's own choice from its memory).
+
+    The flags: docs/reference/sglang-api.md, "Launching and stopping".
+    """
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
            "--port", str(port), "--tp-size", str(tp_size), "--dp-size", str(dp_size),
            "--weight-version", str(weight_version)]
