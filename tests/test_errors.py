@@ -298,7 +298,7 @@ async def _the_engine_server_checks_sampling_at_the_door():
                 },
             )
             assert r.status_code == 400, r.text
-            assert r.json() == {"error": {"message": message}}
+            assert r.json() == {"error": {"message": message, "code": 400}}
         assert Counting.calls == 0
         ok = await client.post(
             "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}
