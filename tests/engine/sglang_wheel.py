@@ -56,7 +56,7 @@ def unpacked_wheel(fetch: bool = True) -> Path:
     if not wheels:
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                                "-q", f"sglang=={version}", "-d", str(download)],
-                              capture_output=True, text=True, timeout=900)
+                              capture_output=True, text=True, timeout=900, check=False)
         wheels = [w for w in download.glob(f"sglang-{version}-*.whl") if _fits(w)]
         if done.returncode != 0 or not wheels:
             raise RuntimeError(f"pip download sglang=={version} failed (exit {done.returncode}): "

@@ -235,7 +235,7 @@ def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(served, 
 
 
 def test_null_is_a_fields_default_as_in_sglang(served):
-    client, engine, _, expected = served
+    client, _, _, expected = served
     body = {"input_ids": PROMPT, "stream": None, "return_logprob": None, "top_logprobs_num": None,
             "sampling_params": {**GREEDY["sampling_params"], "top_p": None, "top_k": None, "n": None,
                                 "skip_special_tokens": None, "min_new_tokens": None}}

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -77,11 +78,11 @@ def test_no_server_rid_is_a_prefix_of_another():
     ordered = sorted(set(ids))
     assert len(ordered) == len(ids)
     # in sorted order a prefix comes right before some string it starts: checking neighbours suffices
-    clashes = [(a, b) for a, b in zip(ordered, ordered[1:]) if b.startswith(a)]
+    clashes = [(a, b) for a, b in itertools.pairwise(ordered) if b.startswith(a)]
     assert clashes == []
     # the shape that was used before fails the same check (the test can fail)
     old = sorted(f"p-{n}" for n in range(100))
-    assert any(b.startswith(a) for a, b in zip(old, old[1:]))
+    assert any(b.startswith(a) for a, b in itertools.pairwise(old))
 
 
 def test_max_batch_size_and_threading_reach_the_servers_command_lines():

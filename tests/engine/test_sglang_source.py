@@ -139,7 +139,7 @@ def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
 def _sbatch_sglang_argv() -> list[str]:
     """job.sbatch's `python -m sglang.launch_server ...` array, expanded by bash with sample values."""
     text = (ROOT / "areal_nb/export/templates/job.sbatch").read_text()
-    match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n', text, re.S)
+    match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n', text, re.DOTALL)
     assert match, "job.sbatch has no sglang.launch_server command"
     script = ('PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1\n'
               f'server=({match.group(1)})\nprintf "%s\\0" "${{server[@]}}"')
@@ -239,7 +239,7 @@ def test_engine_servers_wrong_type_400s_are_refused_by_sglang_too(sglang):
     assert len(cases) > 100
     accepted = []
     for case in cases:
-        route, body, field = case.values
+        route, body, _field = case.values
         if route == "/generate":
             answer = sglang.ask("generate", body=body, vocab_size=QWEN_VOCAB)
         else:
