@@ -19,7 +19,7 @@ from areal_nb.widgets.dashboard_model import history_series
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
-SMALL = dict(rollout__batch_size=2, rollout__group_size=3, logging__progress=False, rollout__prefetch=False)
+SMALL = {"rollout__batch_size": 2, "rollout__group_size": 3, "logging__progress": False, "rollout__prefetch": False}
 
 
 def config(**kw):

@@ -38,8 +38,8 @@ from .distributed import DataParallel, full_state_dict, fully_shard_model, shard
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .mismatch import mismatch_report
-from .policy_loss import loss_normalizer, variant_loss_terms
 from .packing import pack_rows, packed_token_logprobs_and_entropy
+from .policy_loss import loss_normalizer, variant_loss_terms
 from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -179,11 +179,10 @@ class Actor:
         minibatches = torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches)
         for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            # Every micro-batch divides by the minibatch's token count: summed gradients are
-            # exactly those of the token-level mean over the minibatch. Data-parallel, the count
-            # is the whole minibatch's (every rank has the batch), and the sum runs over ranks.
-            minibatch_tokens = int(mask[rows].sum())
-            # algorithm hook: the aggregation's divisor (token_mean: max(minibatch_tokens, 1))
+            # Every micro-batch divides by the minibatch's divisor (token_mean: its token count),
+            # so summed gradients are exactly those of the whole minibatch's loss. Data-parallel,
+            # the divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks.
+            # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
             normalizer = loss_normalizer(mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
             minibatch_loss = 0.0
             for micro in own(rows):

@@ -115,8 +115,8 @@ def check_algorithm(cfg: Any) -> None:
         (cfg.mismatch_level in MISMATCH_LEVELS, f"mismatch_level must be one of {list(MISMATCH_LEVELS)}, got {cfg.mismatch_level!r}"),
         (cfg.mismatch_threshold > 1, f"mismatch_threshold must be > 1, got {cfg.mismatch_threshold}"),
         (cfg.mismatch_correction is None or not cfg.use_decoupled_loss,
-         "mismatch_correction with use_decoupled_loss: the decoupled loss already weights every token by "
-         "π_prox/π_behave (masked above behave_imp_weight_cap); use one or the other"),
+         ("mismatch_correction with use_decoupled_loss: the decoupled loss already weights every token by "
+          "π_prox/π_behave (masked above behave_imp_weight_cap); use one or the other")),
         (cfg.mismatch_correction is None or cfg.recompute_logprob,
          "mismatch_correction needs the trainer's log-probs: set recompute_logprob=true"),
     ]

@@ -114,7 +114,7 @@ def ppo_token_loss(logp, anchor, a, eps_low, eps_high):
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_sum_norm"])
 def test_aggregations_match_their_formulas(agg):
-    mask, logp, prox, old, adv = fixed_batch()
+    mask, logp, _, old, adv = fixed_batch()
     rows = rows_of(mask)
     per_token = [[ppo_token_loss(float(logp[i, t].detach()), float(old[i, t]), float(adv[i, t]), 0.2, 0.2) for t in row]
                  for i, row in enumerate(rows)]
