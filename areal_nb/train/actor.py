@@ -40,6 +40,7 @@ from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_loss_terms
 from .packing import pack_rows, packed_token_logprobs_and_entropy
+from .precision import autocast, floating_dtype, serving_weights, to_master_weights
 from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -98,6 +99,7 @@ class Actor:
         ref_model: torch.nn.Module | None = None,
         version: int = 0,
         parallel: DataParallel | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.parallel = parallel  # None: one process trains on the whole batch
@@ -106,16 +108,21 @@ class Actor:
         self.version = version
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
+        # Mixed precision (`precision.py`): the forward and backward compute in `compute_dtype`
+        # (default: the dtype the model came in), the trainable weights and AdamW's state stay
+        # float32, and the engine gets the weights in the compute dtype at each push.
+        self.compute_dtype = compute_dtype or floating_dtype(model)
+        to_master_weights(model)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
         self.sharded = parallel is not None and self.cfg.parallel == "fsdp"
-        if ref_model is not None:
-            ref_model.eval().requires_grad_(False)
-        if self.sharded:
-            fully_shard_model(model)
+        if ref_model is not None:  # no gradients, no optimizer: it may as well be in the compute dtype
+            ref_model.to(self.compute_dtype).eval().requires_grad_(False)
+        if self.sharded:  # (FSDP gathers the weights in the compute dtype: no autocast then)
+            fully_shard_model(model, compute_dtype=self.compute_dtype)
             if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
-                fully_shard_model(ref_model, frozen=True)
+                fully_shard_model(ref_model, frozen=True, compute_dtype=self.compute_dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -358,6 +365,14 @@ class Actor:
         self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
         needed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, int]:
+        """`_forward_logprobs` in the compute dtype (autocast; under FSDP its policy casts)."""
+        with autocast(self.device, None if self.sharded else self.compute_dtype):
+            return self._forward_logprobs(model, input_ids, attention, pack_ids, needed)
+
+    def _forward_logprobs(
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
+        needed: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, int]:
         """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
         id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
         `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0."""
@@ -409,7 +424,8 @@ class Actor:
     def _empty_pass(self, model: torch.nn.Module, input_ids: Tensor, backward: bool) -> None:
         """A forward (and backward) of one token with zero loss: under FSDP every rank must run
         the same number of passes (each gathers and reduce-scatters with the others)."""
-        logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
+        with autocast(self.device, None if self.sharded else self.compute_dtype):
+            logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -425,13 +441,14 @@ class Actor:
 
     # ---------------------------------------------------------------- weights
     def push_weights(self, engine: InferenceEngine, version: int | None = None) -> int:
-        """Send the current weights to the engine; tokens sampled afterwards carry `version`.
+        """Send the current weights, in the compute dtype the engine serves, to the engine;
+        tokens sampled afterwards carry `version`.
 
         The engine must copy the tensors (they are the live parameters, which the next step
         changes in place).
         """
         version = self.version if version is None else version
-        weights = self.weights()
+        weights = serving_weights(self.weights(), self.compute_dtype)
         if engine is not None:
             engine.update_weights(weights, version=version)
         return version

@@ -145,7 +145,7 @@ class DataParallel:
             offset += n
 
 
-def fully_shard_model(model: torch.nn.Module, frozen: bool = False) -> None:
+def fully_shard_model(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype | None = None) -> None:
     """FSDP2 on a Hugging Face decoder: each layer of `model.model.layers`, then the root
     (embeddings, final norm, head). Gradients are summed, not averaged, over the ranks: the loss
     is already divided by the global token count (as for DDP above).
@@ -153,15 +153,21 @@ def fully_shard_model(model: torch.nn.Module, frozen: bool = False) -> None:
     `frozen`: a model that only runs no-grad forwards (the KL reference). Every unit, the root
     included, then frees its gathered weights right after its forward: by default FSDP keeps the
     root's gathered for the backward that reshards it, which never comes, so each rank would hold
-    the embedding and head whole from the first forward on."""
-    from torch.distributed.fsdp import fully_shard
+    the embedding and head whole from the first forward on.
+
+    `compute_dtype` other than float32: mixed precision (`precision.py`): each unit gathers its
+    float32 weights cast to it, and gradients are reduce-scattered in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none")
     units = [*layers, model]  # inner units first: the root's unit holds what is left
+    mixed = compute_dtype is not None and compute_dtype != torch.float32 and not frozen
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if mixed \
+        else MixedPrecisionPolicy()
     for unit in units:
-        fully_shard(unit, reshard_after_forward=True if frozen else None)  # (None: FSDP's default)
+        fully_shard(unit, reshard_after_forward=True if frozen else None, mp_policy=policy)  # (None: FSDP's default)
     if frozen:  # no gradients to reduce
         return
     for unit in units:  # a plain SUM (gloo has no pre-multiplied sum)
