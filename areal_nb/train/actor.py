@@ -39,8 +39,10 @@ from .distributed import DataParallel, full_state_dict, fully_shard_model, shard
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .loss import ppo_loss_terms
+from .memory import check_train_memory
+from .microbatch import split_micro_batches
 from .packing import pack_rows, packed_token_logprobs_and_entropy
-from .precision import autocast, floating_dtype, serving_weights, to_master_weights
+from .precision import autocast, checkpoint_layers, floating_dtype, serving_weights, to_master_weights
 from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -123,6 +125,8 @@ class Actor:
             fully_shard_model(model, compute_dtype=self.compute_dtype)
             if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
                 fully_shard_model(ref_model, frozen=True, compute_dtype=self.compute_dtype)
+        if self.cfg.gradient_checkpointing:
+            checkpoint_layers(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -131,6 +135,10 @@ class Actor:
             eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
         )
+        if self.device.type == "cuda":  # refuse a config that cannot fit before the first step, not in it
+            free, _ = torch.cuda.mem_get_info(self.device)
+            check_train_memory(model, self.cfg, self.compute_dtype, free,
+                               shards=parallel.world_size if self.sharded and parallel is not None else 1)
 
     @property
     def device(self) -> torch.device:
@@ -345,10 +353,11 @@ class Actor:
         through the sharded model, as many as every other rank (some empty)."""
         cfg = self.cfg
         if self.parallel is None:
-            return list(rows.split(cfg.micro_batch_size or max(len(rows), 1))) if len(rows) else []
+            return split_micro_batches(rows, step.lengths, cfg.micro_batch_size, cfg.max_tokens_per_microbatch)
         same_count = self.sharded  # (the policy and the reference alike)
         return self.parallel.micro_batches(rows, step.lengths, cfg.micro_batch_size, same_count=same_count,
-                                           pack_ids=step.pack_ids if same_count and cfg.pack else None)
+                                           pack_ids=step.pack_ids if same_count and cfg.pack else None,
+                                           max_tokens=cfg.max_tokens_per_microbatch)
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
@@ -381,10 +390,11 @@ class Actor:
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
             logprobs, entropy = packed_token_logprobs_and_entropy(
                 model, packed, self.cfg.temperature, positions=needed,
-                last_layer_at_heads=self.cfg.last_layer_at_heads)
+                last_layer_at_heads=self.cfg.last_layer_at_heads, chunk=self.cfg.logprob_chunk_size)
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
-        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
+        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature,
+                                                               chunk=self.cfg.logprob_chunk_size)
         return logprobs, entropy, input_ids.numel()
 
     def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,

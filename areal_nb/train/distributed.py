@@ -39,6 +39,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .microbatch import split_micro_batches
+
 logger = logging.getLogger(__name__)
 
 # How long a rank waits in one collective. Ranks ≠ 0 wait while rank 0 rolls out and evaluates,
@@ -106,13 +108,14 @@ class DataParallel:
         return shard_rows(rows, lengths, self.rank, self.world_size)
 
     def micro_batches(self, rows: Tensor, lengths: Tensor, size: int | None, same_count: bool = False,
-                      pack_ids: Tensor | None = None) -> list[Tensor]:
-        """This rank's share of `rows` in micro-batches of `size` rows (None: one). `same_count`
+                      pack_ids: Tensor | None = None, max_tokens: int | None = None) -> list[Tensor]:
+        """This rank's share of `rows` in micro-batches of at most `size` rows (None: any) and
+        `max_tokens` tokens (None: any; `microbatch.py`). `same_count`
         (FSDP): padded with empty micro-batches to the most any rank has; every rank computes
         every share (`shard_rows` is deterministic), so no communication is needed. `pack_ids`:
         micro-batches split further to one pack id each (packed: one trie, one forward each)."""
         def split(share: Tensor) -> list[Tensor]:
-            micros = list(share.split(size or max(len(share), 1))) if len(share) else []
+            micros = split_micro_batches(share, lengths, size, max_tokens)
             if pack_ids is not None:
                 micros = [m[pack_ids[m] == g] for m in micros for g in pack_ids[m].unique()]
             return micros

@@ -17,11 +17,13 @@ The field's answer, kept here: the trainable parameters and the optimizer state 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 MASTER_DTYPE = torch.float32
 
@@ -50,3 +52,35 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
 def serving_weights(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """A state dict with its floating tensors cast to the engine's `dtype` (others as they are)."""
     return {k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in state.items()}
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Run each decoder layer of `model.model.layers` as a `torch.utils.checkpoint` segment: its
+    forward keeps only its inputs, the backward recomputes it. (Transformers' own switch,
+    `gradient_checkpointing_enable`, acts only in train mode, and the actor runs in eval mode so
+    that dropout cannot make π_θ differ from the policy that sampled.) The recomputation runs
+    the attention implementation the forward ran (the tree attention is switched on only for
+    the forward); under no_grad a layer runs its plain forward."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"actor.gradient_checkpointing needs a decoder's model.layers; {type(model).__name__} has none")
+    for layer in layers:
+        if not getattr(layer, "_areal_checkpointed", False):
+            layer.forward = functools.partial(_checkpointed, layer.forward, model.config)
+            layer._areal_checkpointed = True
+
+
+def _checkpointed(forward: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    implementation = config._attn_implementation
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        previous = config._attn_implementation
+        config._attn_implementation = implementation
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            config._attn_implementation = previous
+
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
