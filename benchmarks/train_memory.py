@@ -41,9 +41,16 @@ def run_variant(chunk: int, rows: int, tokens: int, generated: int) -> dict:
     from areal_nb.train import Actor, GRPOConfig
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=2,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).eval()
     prompt_len = tokens - generated
     ids = []
@@ -71,17 +78,28 @@ def run_variant(chunk: int, rows: int, tokens: int, generated: int) -> dict:
         reset = False
     start = time.perf_counter()
     stats = actor.train_step(batch, group_ids)
-    return {"peak_bytes": peak_rss_bytes(), "peak_before_step_bytes": before, "peak_reset": reset,
-            "loss": stats["loss"], "entropy": stats["entropy"], "grad_norm": stats["grad_norm"], "seconds": time.perf_counter() - start,
-            "train_positions": stats["train_positions"]}
+    return {
+        "peak_bytes": peak_rss_bytes(),
+        "peak_before_step_bytes": before,
+        "peak_reset": reset,
+        "loss": stats["loss"],
+        "entropy": stats["entropy"],
+        "grad_norm": stats["grad_norm"],
+        "seconds": time.perf_counter() - start,
+        "train_positions": stats["train_positions"],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--generated", type=int, default=32)
-    parser.add_argument("--variant", choices=list(VARIANTS), help="(internal) run one variant in this process")
+    parser.add_argument(
+        "--variant", choices=list(VARIANTS), help="(internal) run one variant in this process"
+    )
     args = parser.parse_args()
     if args.rows % GROUP or not 0 < args.generated < args.tokens:
         parser.error(f"--rows must be a multiple of {GROUP} and 0 < --generated < --tokens")
@@ -90,21 +108,42 @@ def main() -> None:
         return
     results = {}
     for name in VARIANTS:  # one process each: a peak belongs to one variant only
-        out = subprocess.run([sys.executable, __file__, "--variant", name, "--rows", str(args.rows), "--tokens",
-                              str(args.tokens), "--generated", str(args.generated)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--variant",
+                name,
+                "--rows",
+                str(args.rows),
+                "--tokens",
+                str(args.tokens),
+                "--generated",
+                str(args.generated),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
         r = results[name]
-        print(f"{name:>9}: peak RSS of the step {r['peak_bytes'] / 2**30:.2f} GiB (before it {r['peak_before_step_bytes'] / 2**30:.2f} GiB"
-              f"{'' if r['peak_reset'] else ', peak not reset: whole process'}), loss {r['loss']:.9f}, "
-              f"{r['seconds']:.1f} s, {r['train_positions']:.0f} positions", flush=True)
+        print(
+            f"{name:>9}: peak RSS of the step {r['peak_bytes'] / 2**30:.2f} GiB (before it {r['peak_before_step_bytes'] / 2**30:.2f} GiB"
+            f"{'' if r['peak_reset'] else ', peak not reset: whole process'}), loss {r['loss']:.9f}, "
+            f"{r['seconds']:.1f} s, {r['train_positions']:.0f} positions",
+            flush=True,
+        )
     whole, chunked = results["unchunked"], results["chunked"]
     diff = abs(whole["loss"] - chunked["loss"])
-    print(f"peak ratio unchunked / chunked: {whole['peak_bytes'] / chunked['peak_bytes']:.2f}x "
-          f"({args.rows} rows x {args.tokens} tokens, {args.generated} generated per row)")
-    print(f"loss difference: {diff:.2e} ({'equal' if diff <= 1e-6 else 'NOT equal'} within 1e-6); "
-          f"entropy difference {abs(whole['entropy'] - chunked['entropy']):.2e}; gradient norm relative difference "
-          f"{abs(whole['grad_norm'] - chunked['grad_norm']) / whole['grad_norm']:.2e}")
+    print(
+        f"peak ratio unchunked / chunked: {whole['peak_bytes'] / chunked['peak_bytes']:.2f}x "
+        f"({args.rows} rows x {args.tokens} tokens, {args.generated} generated per row)"
+    )
+    print(
+        f"loss difference: {diff:.2e} ({'equal' if diff <= 1e-6 else 'NOT equal'} within 1e-6); "
+        f"entropy difference {abs(whole['entropy'] - chunked['entropy']):.2e}; gradient norm relative difference "
+        f"{abs(whole['grad_norm'] - chunked['grad_norm']) / whole['grad_norm']:.2e}"
+    )
     if diff > 1e-6:
         sys.exit(1)
 

@@ -125,6 +125,11 @@ class Actor:
             fully_shard_model(model, compute_dtype=self.compute_dtype)
             if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
                 fully_shard_model(ref_model, frozen=True, compute_dtype=self.compute_dtype)
+        # float16's narrow range underflows small gradients: the loss is scaled up for the
+        # backward and the gradients down before clipping (steps with inf/NaN are skipped)
+        self.grad_scaler = None
+        if self.compute_dtype == torch.float16 and not self.sharded:
+            self.grad_scaler = torch.amp.GradScaler(self.device.type)
         if self.cfg.gradient_checkpointing:
             checkpoint_layers(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -307,7 +312,7 @@ class Actor:
             )
             if result.collector is not None:
                 result.collector.add(micro, cols.stop, minibatch, logprobs, terms)
-            terms.loss.backward()
+            (terms.loss if self.grad_scaler is None else self.grad_scaler.scale(terms.loss)).backward()
             minibatch_loss += float(terms.loss.detach())
             result.loss_stats.append(terms.stats)
         return minibatch_loss
@@ -316,9 +321,15 @@ class Actor:
         """Sum the ranks' gradients (DDP), clip them, take one optimizer step; the gradient norm."""
         if self.parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
             self.parallel.all_reduce_grads(self.params)
+        if self.grad_scaler is not None:
+            self.grad_scaler.unscale_(self.optimizer)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
-        self.optimizer.step()
+        if self.grad_scaler is None:
+            self.optimizer.step()
+        else:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
         return float(full_state_dict(norm))
 
     def _step_stats(self, step: _StepBatch, adv: dict[str, Tensor], update: _UpdateResult, policies: _Policies,

@@ -58,7 +58,11 @@ def split_head(model: torch.nn.Module) -> SplitHead | None:
 
 
 def chunked_token_logprobs(
-    x: Tensor, targets: Tensor, temperature: float, chunk: int, project: Callable[[Tensor], Tensor] | None = None,
+    x: Tensor,
+    targets: Tensor,
+    temperature: float,
+    chunk: int,
+    project: Callable[[Tensor], Tensor] | None = None,
     with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs `[n]` (float32) of `targets [n]` and the entropy `[n]` of each predictive
@@ -70,7 +74,9 @@ def chunked_token_logprobs(
     # (no token: one empty chunk, so that the result still hangs off the graph for a backward)
     for lo in range(0, len(x), chunk) or [0]:
         args = (x[lo : lo + chunk], targets[lo : lo + chunk], temperature, project, with_entropy)
-        if torch.is_grad_enabled() and len(x) > chunk:  # keep only the chunk's inputs; the backward recomputes it
+        if (
+            torch.is_grad_enabled() and len(x) > chunk
+        ):  # keep only the chunk's inputs; the backward recomputes it
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(*args)
@@ -79,8 +85,13 @@ def chunked_token_logprobs(
     return torch.cat(logprobs), torch.cat(entropy) if with_entropy else None
 
 
-def _chunk_logprobs(x: Tensor, targets: Tensor, temperature: float, project: Callable[[Tensor], Tensor] | None,
-                    with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def _chunk_logprobs(
+    x: Tensor,
+    targets: Tensor,
+    temperature: float,
+    project: Callable[[Tensor], Tensor] | None,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
     logits = project(x) if project is not None else x
     log_probs = F.log_softmax(logits.float() / temperature, dim=-1)
     picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)

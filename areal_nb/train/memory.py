@@ -48,7 +48,8 @@ class ModelShape:
         text = getattr(config, "text_config", None) or config
         return cls(
             params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-            layers=text.num_hidden_layers, hidden=text.hidden_size,
+            layers=text.num_hidden_layers,
+            hidden=text.hidden_size,
             intermediate=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
             vocab=text.vocab_size,
         )
@@ -68,8 +69,14 @@ class TrainMemoryEstimate:
         return self.optimizer + self.activations + self.logprobs
 
 
-def estimate_train_memory(shape: ModelShape, tokens: int | None, compute_bytes: int, shards: int = 1,
-                          gradient_checkpointing: bool = False, chunk: int = 0) -> TrainMemoryEstimate:
+def estimate_train_memory(
+    shape: ModelShape,
+    tokens: int | None,
+    compute_bytes: int,
+    shards: int = 1,
+    gradient_checkpointing: bool = False,
+    chunk: int = 0,
+) -> TrainMemoryEstimate:
     """The estimate above for micro-batches of `tokens` tokens (None: activations not counted)."""
     cast_copy = compute_bytes * shape.params if compute_bytes < 4 else 0
     optimizer = (12 * shape.params + cast_copy) // shards
@@ -92,13 +99,15 @@ def check_fits(estimate: TrainMemoryEstimate, free_bytes: int) -> None:
         raise TrainMemoryError(
             f"training needs ~{_gib(estimate.optimizer)} GiB for gradients and AdamW state, "
             f"{_gib(free_bytes)} GiB of device memory is free: shard them over several GPUs "
-            "(actor.parallel=fsdp under torchrun), or train a smaller model")
+            "(actor.parallel=fsdp under torchrun), or train a smaller model"
+        )
     if estimate.total > budget:
         raise TrainMemoryError(
             f"a micro-batch of {estimate.tokens} tokens needs ~{_gib(estimate.activations)} GiB of activations and "
             f"~{_gib(estimate.logprobs)} GiB for the log-softmax beside ~{_gib(estimate.optimizer)} GiB of "
             f"gradients and AdamW state; {_gib(free_bytes)} GiB is free: lower actor.max_tokens_per_microbatch, "
-            "or set actor.gradient_checkpointing=true, or lower actor.logprob_chunk_size")
+            "or set actor.gradient_checkpointing=true, or lower actor.logprob_chunk_size"
+        )
 
 
 def _gib(n: int) -> str:
@@ -110,7 +119,12 @@ def check_train_memory(model, cfg, compute_dtype, free_bytes: int, shards: int =
     import torch
 
     estimate = estimate_train_memory(
-        ModelShape.of(model), cfg.max_tokens_per_microbatch, torch.finfo(compute_dtype).bits // 8, shards=shards,
-        gradient_checkpointing=cfg.gradient_checkpointing, chunk=cfg.logprob_chunk_size)
+        ModelShape.of(model),
+        cfg.max_tokens_per_microbatch,
+        torch.finfo(compute_dtype).bits // 8,
+        shards=shards,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        chunk=cfg.logprob_chunk_size,
+    )
     check_fits(estimate, free_bytes)
     return estimate

@@ -12,7 +12,9 @@ from __future__ import annotations
 from torch import Tensor
 
 
-def split_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int | None, max_tokens: int | None) -> list[Tensor]:
+def split_micro_batches(
+    rows: Tensor, lengths: Tensor, max_rows: int | None, max_tokens: int | None
+) -> list[Tensor]:
     """`rows` (indices into the batch) in micro-batches; `lengths[r]` is row r's token count."""
     if not len(rows):
         return []
@@ -28,4 +30,3 @@ def split_micro_batches(rows: Tensor, lengths: Tensor, max_rows: int | None, max
         tokens += n
     micros.append(rows[start:])
     return micros
-

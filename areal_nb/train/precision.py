@@ -35,7 +35,9 @@ def floating_dtype(model: torch.nn.Module) -> torch.dtype:
 
 def to_master_weights(model: torch.nn.Module) -> None:
     """Keep `model`'s parameters and buffers in float32 (in place; a no-op for a float32 model)."""
-    if any(t.is_floating_point() and t.dtype != MASTER_DTYPE for t in [*model.parameters(), *model.buffers()]):
+    if any(
+        t.is_floating_point() and t.dtype != MASTER_DTYPE for t in [*model.parameters(), *model.buffers()]
+    ):
         model.to(MASTER_DTYPE)
 
 
@@ -51,7 +53,9 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
 
 def serving_weights(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """A state dict with its floating tensors cast to the engine's `dtype` (others as they are)."""
-    return {k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in state.items()}
+    return {
+        k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in state.items()
+    }
 
 
 def checkpoint_layers(model: torch.nn.Module) -> None:
@@ -63,7 +67,9 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
     the forward); under no_grad a layer runs its plain forward."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"actor.gradient_checkpointing needs a decoder's model.layers; {type(model).__name__} has none")
+        raise ValueError(
+            f"actor.gradient_checkpointing needs a decoder's model.layers; {type(model).__name__} has none"
+        )
     for layer in layers:
         if not getattr(layer, "_areal_checkpointed", False):
             layer.forward = functools.partial(_checkpointed, layer.forward, model.config)

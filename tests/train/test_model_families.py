@@ -35,8 +35,13 @@ def rows():
     width = max(map(len, data))
     ids = torch.tensor([r + [0] * (width - len(r)) for r in data])
     attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in data], dtype=torch.bool)
-    mask = torch.tensor([[0] * len(PROMPT) + [1] * len(c) + [0] * (width - len(r))
-                         for c, r in zip(COMPLETIONS, data, strict=True)], dtype=torch.bool)
+    mask = torch.tensor(
+        [
+            [0] * len(PROMPT) + [1] * len(c) + [0] * (width - len(r))
+            for c, r in zip(COMPLETIONS, data, strict=True)
+        ],
+        dtype=torch.bool,
+    )
     return ids, attention, mask
 
 
@@ -61,8 +66,9 @@ def test_packed_logprobs_equal_the_stock_forward_with_the_real_attention(family,
         for flat in {False, supports_tree_attention(model)}:
             for heads in (False, True):
                 packed = pack_rows(ids, attention, [0, 0, 1, 1], flat=flat)
-                logprobs, _ = packed_token_logprobs_and_entropy(model, packed, positions=mask,
-                                                                last_layer_at_heads=heads, chunk=chunk)
+                logprobs, _ = packed_token_logprobs_and_entropy(
+                    model, packed, positions=mask, last_layer_at_heads=heads, chunk=chunk
+                )
                 assert torch.allclose(logprobs[mask], reference[mask], atol=1e-5), (flat, heads)
 
 
@@ -72,8 +78,11 @@ def test_the_window_matters_in_that_check():
     wide = make_family_model("mistral", VOCAB, window=4096)
     ids, attention, mask = rows()
     with torch.no_grad():
-        assert not torch.allclose(compute_token_logprobs(narrow, ids, attention)[mask],
-                                  compute_token_logprobs(wide, ids, attention)[mask], atol=1e-3)
+        assert not torch.allclose(
+            compute_token_logprobs(narrow, ids, attention)[mask],
+            compute_token_logprobs(wide, ids, attention)[mask],
+            atol=1e-3,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -82,10 +91,17 @@ def test_actor_trains_each_family(family, dtype):
     model = make_family_model(family, VOCAB, window=WINDOW).to(dtype)
     ids, attention, mask = rows()
     with torch.no_grad():
-        engine = make_family_model(family, VOCAB, window=WINDOW).to(dtype)  # the engine serves the compute dtype
+        engine = make_family_model(family, VOCAB, window=WINDOW).to(
+            dtype
+        )  # the engine serves the compute dtype
         logprobs = compute_token_logprobs(engine, ids, attention) * mask
-    batch = dict(input_ids=ids, attention_mask=attention, loss_mask=mask.long(), logprobs=logprobs,
-                 rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": mask.long(),
+        "logprobs": logprobs,
+        "rewards": torch.tensor([1.0, 0.0, 1.0, 0.0]),
+    }
     actor = Actor(model, GRPOConfig(lr=1e-3, logprob_chunk_size=3, gradient_checkpointing=True))
     before = {k: v.clone() for k, v in actor.weights().items()}
     stats = [actor.train_step(batch, [0, 0, 1, 1]) for _ in range(2)]
@@ -108,7 +124,8 @@ def family_folder(family: str, folder) -> str:
     from areal_nb.models import resolve_model_path
 
     source = resolve_model_path("tiny-math")
-    tiny = json.load(open(f"{source}/config.json"))
+    with open(f"{source}/config.json") as f:
+        tiny = json.load(f)
     ids = {k: tiny[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     model = make_family_model(family, tiny["vocab_size"], **ids)
     model.save_pretrained(folder)
@@ -131,7 +148,9 @@ def test_a_session_trains_each_family_and_records_the_trainers_logprobs(family, 
     from ..test_session import config
 
     path = family_folder(family, tmp_path / family)
-    cfg = config(model__path=path, model__dtype=dtype, rollout__max_new_tokens=8, actor__logprob_chunk_size=16)
+    cfg = config(
+        model__path=path, model__dtype=dtype, rollout__max_new_tokens=8, actor__logprob_chunk_size=16
+    )
     with Session(cfg) as session:
         for _ in range(2):
             stats = session.train_step(session.rollout())

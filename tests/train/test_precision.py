@@ -86,3 +86,15 @@ def test_an_explicit_compute_dtype_and_the_kl_reference():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(p.dtype == torch.bfloat16 for p in ref.parameters())  # no grads: kept in the compute dtype
     assert stats["kl_ref"] == pytest.approx(0.0, abs=0.05)
+
+
+def test_float16_scales_the_loss_and_moves_the_weights_like_fp32():
+    fp32 = make_tiny_qwen2()
+    fp16 = copy.deepcopy(fp32).to(torch.float16)
+    batch = make_batch(fp32)
+    before = {k: v.float().clone() for k, v in fp16.state_dict().items()}
+    before_fp32 = {k: v.clone() for k, v in fp32.state_dict().items()}
+    fp32_update = relative_update(train(fp32, batch), before_fp32)
+    actor = train(fp16, batch)
+    assert actor.grad_scaler is not None and actor.grad_scaler.get_scale() > 1
+    assert relative_update(actor, before) >= 0.9 * fp32_update
