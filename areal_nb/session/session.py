@@ -27,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
-from areal_nb.widgets import EngineLog
+from areal_nb.widgets import EngineLog, view_batch
 
 from . import builder
 from .checkpoint import read_checkpoint, restore, save_checkpoint
@@ -593,7 +592,7 @@ class Session:
         agent = self.config.agent
         return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
                             discount_mode=agent.discount_mode, version=self.engine.get_version(),
-                            tokenizer=self.tokenizer, credit=self.config.actor.credit)
+                            tokenizer=self.tokenizer, credit=self.config.actor.credit, viewer=view_batch)
 
     def _after_step(self, row: dict[str, Any]) -> None:
         self._log_metrics(row["step"], row)
