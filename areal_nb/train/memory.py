@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_nb.errors import TrainMemoryError
+
 GIB = 1024**3
 HEADROOM = 0.9  # the fraction of free memory a step may plan to use
-
-
-class TrainMemoryError(ValueError):
-    """The training step's estimated memory exceeds the device's free memory."""
 
 
 @dataclass
