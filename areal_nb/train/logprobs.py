@@ -72,7 +72,7 @@ def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor |
     x = out.last_hidden_state if head else out.logits  # [B, L, D | V]
     rows, length = input_ids.shape
     logprobs, entropy = chunked_token_logprobs(
-        x[:, :-1].reshape(rows * (length - 1), -1), input_ids[:, 1:].reshape(-1), temperature, chunk,
+        x[:, :-1].reshape(rows * (length - 1), x.shape[-1]), input_ids[:, 1:].reshape(-1), temperature, chunk,
         project=head.project if head else None)
     assert entropy is not None
     zeros = logprobs.new_zeros(rows, 1)
