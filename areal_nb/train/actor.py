@@ -38,10 +38,11 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .loss import ppo_loss_terms
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
+from .mismatch import mismatch_report
 from .packing import pack_rows, packed_token_logprobs_and_entropy
+from .policy_loss import loss_normalizer, variant_loss_terms
 from .precision import autocast, checkpoint_layers, floating_dtype, serving_weights, to_master_weights
 from .tree_attention import supports_tree_attention
 
@@ -272,11 +273,12 @@ class Actor:
                               policies: _Policies, result: _UpdateResult) -> float:
         """Forward and backward of this process's micro-batches of `rows`; returns their loss.
 
-        Every micro-batch divides by the minibatch's token count: summed gradients are exactly
-        those of the token-level mean over the minibatch. Data-parallel, the count is the whole
-        minibatch's (every rank has the batch), and the sum runs over ranks."""
+        Every micro-batch divides by the minibatch's divisor (token_mean: its token count), so
+        summed gradients are exactly those of the whole minibatch's loss. Data-parallel, the
+        divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks."""
         cfg = self.cfg
-        minibatch_tokens = int(step.mask[rows].sum())
+        # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
+        normalizer = loss_normalizer(step.mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
         minibatch_loss = 0.0
         for micro in self._micro_batches(rows, step):
             if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
@@ -297,18 +299,12 @@ class Actor:
                 policies.prox[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
                 if not policies.engine_as_old:
                     old = policies.prox[micro, cols]
-            terms = ppo_loss_terms(
-                logprobs,
-                old,
-                advantages[micro, cols],
-                step.mask[micro, cols],
-                eps_clip=cfg.eps_clip,
-                eps_clip_higher=cfg.eps_clip_higher,
-                c_clip=cfg.c_clip,
-                prox_logprobs=policies.prox[micro, cols] if cfg.use_decoupled_loss else None,
-                behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
-                entropy=entropy,
-                normalizer=max(minibatch_tokens, 1),
+            # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
+            # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
+            terms, _ = variant_loss_terms(
+                cfg, logprobs, old, advantages[micro, cols], step.mask[micro, cols],
+                None if policies.prox is None else policies.prox[micro, cols], step.engine_logprobs[micro, cols],
+                entropy, normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
             )
             if result.collector is not None:
                 result.collector.add(micro, cols.stop, minibatch, logprobs, terms)
@@ -334,6 +330,7 @@ class Actor:
 
     def _step_stats(self, step: _StepBatch, adv: dict[str, Tensor], update: _UpdateResult, policies: _Policies,
                     kl_stats: dict[str, float], lr: float, elapsed: float) -> dict[str, float]:
+        cfg = self.cfg
         mask = step.mask
         out = {
             "loss": sum(update.minibatch_losses) / len(update.minibatch_losses),
@@ -354,6 +351,7 @@ class Actor:
             diff = (policies.prox - step.engine_logprobs).abs()[mask]
             out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
             out["logprob_abs_diff_max"] = float(diff.max())
+            out.update(mismatch_report(cfg, policies.prox, step.engine_logprobs, mask))  # algorithm hook
         out["version"] = float(self.version)
         out["lr"] = lr
         return out
