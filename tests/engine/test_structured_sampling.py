@@ -22,7 +22,7 @@ def _prompt(tokenizer, question: str = "What is 3 + 4?") -> list[int]:
 
 
 def _generate(engine, tokenizer, **gconfig):
-    req = ModelRequest(input_ids=_prompt(tokenizer), gconfig=GenerationConfig(**{"max_new_tokens": 40, **gconfig}).new_with_stop_and_pad_token_ids(tokenizer))
+    req = ModelRequest(input_ids=_prompt(tokenizer), gconfig=GenerationConfig(**{"max_new_tokens": 80, **gconfig}).new_with_stop_and_pad_token_ids(tokenizer))
     return engine.generate(req)
 
 
@@ -55,7 +55,7 @@ def test_json_object_and_regex_and_tool_call_constraints(local_engine, tiny_toke
     digits = _generate(local_engine, tiny_tokenizer, constraint=OutputConstraint("regex", pattern="[0-9]{1,3}"))
     assert tiny_tokenizer.decode(digits.output_tokens_without_stop).isdigit()
     call = _generate(local_engine, tiny_tokenizer, max_new_tokens=60,
-                     constraint=OutputConstraint("tool_call", name="add", schema={"type": "object", "properties": {"a": {"type": "integer"}},
+                     constraint=OutputConstraint("tool_call", name="add", schema={"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}},
                                                                                   "required": ["a"], "additionalProperties": False}))
     text = tiny_tokenizer.decode(call.output_tokens_without_stop)
     assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
