@@ -98,3 +98,12 @@ def test_replayed_masks_reproduce_the_recorded_logprobs(local_engine, tiny_token
 
 def test_unmasked_requests_record_no_masks(local_engine, tiny_tokenizer):
     assert _generate(local_engine, tiny_tokenizer, temperature=1.0).sampling_masks is None
+
+
+
+def test_the_remote_engine_refuses_structured_output_with_a_reason():
+    from areal_nb.engine.remote import refuse_constraint
+
+    refuse_constraint(GenerationConfig())  # plain requests pass
+    with pytest.raises(InvalidRequestError, match="engine.type: local"):
+        refuse_constraint(GenerationConfig(constraint=OutputConstraint("json_object")))
