@@ -13,8 +13,8 @@ The tree:
     │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
     │   │   │   └── MessageTypeError (TypeError)  messages of the wrong type
     │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
-    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message"}}`)
-    │   │       └── ContractViolation             a body the SGLang API schema rejects (`{"error": "..."}`)
+    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
+    │   │       └── ContractViolation             a body the SGLang API schema rejects (same body)
     │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
     │   ├── BodyTooLarge                413 body_too_large
     │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
@@ -50,8 +50,7 @@ The tree:
 `render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
 three dialects the servers speak: `"openai"` (`{"error": {"message", "type", "code"}}`),
 `"anthropic"` (`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the
-engine-server's native API: `{"error": {"message"}}`, or `{"error": "..."}` for a body its
-schema rejects).
+engine-server's native API: `{"error": {"message", "code"}}`, SGLang's `ErrorBody`).
 
 This module imports nothing of areal_nb: every layer may raise these.
 """
@@ -116,11 +115,11 @@ class AnthropicRequestError(InvalidRequestError):
 
 
 class BadRequest(InvalidRequestError):
-    """The engine-server's client error: 400 with `{"error": {"message": ...}}` (SGLang's ValueError shape)."""
+    """The engine-server's client error: 400 with `{"error": {"message", "code"}}` (SGLang's ErrorBody)."""
 
 
 class ContractViolation(BadRequest):
-    """A body the SGLang API schema rejects: 400 with `{"error": "..."}` (SGLang's api_contract shape)."""
+    """A body the SGLang API schema rejects (its api_contract check): a 400 like any BadRequest."""
 
 
 class ProxyError(HTTPError):
@@ -342,10 +341,9 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
     """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
     status, message = error.status, error.message
     if dialect == "sglang":
-        body: Any = (
-            {"error": message} if isinstance(error, ContractViolation) else {"error": {"message": message}}
-        )
-        return ErrorReply(status, body)
+        # SGLang's API types' ErrorBody, which its clients decode (SGLang's own /generate sends a
+        # schema violation as a bare {"error": "..."}; SGLangEngine reads both)
+        return ErrorReply(status, {"error": {"message": message, "code": status}})
     headers = {"x-should-retry": "false"} if status in _NO_RETRY else {}
     if dialect == "anthropic":
         body = {
