@@ -43,7 +43,7 @@ TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 def _tag(text: str, tokenizer: Any) -> str:
     """A tag in lark: the token itself where the tokenizer has it as one added token (llguidance
     matches added tokens by id, not by their text), else the literal text."""
-    added = getattr(tokenizer, "get_added_vocab", lambda: {})() if tokenizer is not None else {}
+    added = getattr(tokenizer, "get_added_vocab", dict)() if tokenizer is not None else {}
     return f"<[{added[text]}]>" if text in added else json.dumps(text)
 
 
@@ -119,7 +119,6 @@ class TokenGrammar:
 
     def __init__(self, constraint: OutputConstraint, tokenizer: Any, vocab_size: int) -> None:
         import llguidance
-
         import torch
 
         self.vocab_size = vocab_size

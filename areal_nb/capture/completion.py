@@ -41,15 +41,20 @@ from .request_limits import (
     context_tokens,
     text_chars,
 )
-from .structured import constraint_of_format, constraint_of_tool_choice, request_constraint, with_format_instruction
+from .structured import (
+    constraint_of_format,
+    constraint_of_tool_choice,
+    request_constraint,
+    with_format_instruction,
+)
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
-from .tool_specs import check_tools
 from .tool_calls import (
     SUPPORTED_REASONING_PARSERS,
     SUPPORTED_TOOL_CALL_PARSERS,
     parse_tool_calls,
     tool_calls_to_openai,
 )
+from .tool_specs import check_tools
 
 __all__ = [
     "CompletionRequestError",

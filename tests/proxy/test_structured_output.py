@@ -98,3 +98,21 @@ def test_json_schema_and_forced_tool_together_are_a_400(local_server, client):
         "tool_choice": {"type": "function", "function": {"name": "add"}},
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}})
     assert r.status_code == 400 and "cannot both" in r.json()["error"]["message"]
+
+
+def test_agents_sdk_output_type_gets_a_parsed_pydantic_object(local_server, client):
+    import asyncio
+
+    import openai
+    from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, set_tracing_disabled
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        answer: int = Field(ge=0, le=9999)
+
+    set_tracing_disabled(True)
+    _, key = new_session_key(client)
+    model = OpenAIChatCompletionsModel(model="tiny-math", openai_client=openai.AsyncOpenAI(base_url=local_server.url + "/v1", api_key=key))
+    agent = Agent(name="math", instructions="Answer the question.", model=model, output_type=Answer)
+    result = asyncio.run(Runner.run(agent, "What is 12 + 30?", run_config=RunConfig(tracing_disabled=True)))
+    assert isinstance(result.final_output, Answer)
