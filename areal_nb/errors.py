@@ -35,7 +35,9 @@ The tree:
     ├── RewardError (RuntimeError)          a reward could not be computed
     │   ├── RewardTimeoutError
     │   ├── RewardWorkerCrashedError
-    │   └── RewardFunctionError
+    │   ├── RewardFunctionError
+    │   └── JudgeError                      an LLM judge timed out, failed or gave no readable score
+    ├── EnvironmentServerError (RuntimeError) an environment's server is down or broke its protocol
     ├── RewardValueError (TypeError)        a reward function returned something that is not a finite number
     ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
     ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
@@ -264,6 +266,16 @@ class RewardFunctionError(RewardError):
     """The reward function raised."""
 
 
+class JudgeError(RewardError):
+    """An LLM judge did not answer in time, failed, or answered without a readable score (quoted)."""
+
+
+class EnvironmentServerError(ArealError, RuntimeError):
+    """An environment's server cannot be started or reached, dropped the session or refused a message.
+
+    Raised inside an episode, it rejects that episode with this message; the run goes on."""
+
+
 class RewardValueError(ArealError, TypeError):
     """A reward function returned something that is not a finite number."""
 
@@ -385,11 +397,13 @@ __all__ = [
     "EngineServerError",
     "EpisodeRejected",
     "ErrorReply",
+    "EnvironmentServerError",
     "ExportError",
     "FirstEpisodeError",
     "HTTPError",
     "IncompleteInteractionWarning",
     "InvalidRequestError",
+    "JudgeError",
     "LeaderFailed",
     "MessageTypeError",
     "MissingRewardWarning",

@@ -152,6 +152,25 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     return Proxy(app=app, server=server, admin_key=admin_key, eval_app=eval_app)
 
 
+def bind_session_judges(cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any) -> InferenceEngine | None:
+    """Judges the agent holds with `engine="initial"` (`areal_nb.reward.judge`) get one engine of
+    their own: a frozen copy of the initial policy, which no weight update reaches and whose calls
+    never pass the proxy (so they are never recorded for training). None when no judge asks."""
+    from areal_nb.reward.judge_llm import session_judges
+
+    judges = session_judges(agent)
+    if not judges:
+        return None
+    if cfg.engine.type != "local":
+        raise ValueError(f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
+                         f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead")
+    frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+    engine = build_engine(cfg, frozen, tokenizer)
+    for judge in judges:
+        judge.bind_engine(engine, tokenizer)
+    return engine
+
+
 def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
     """`agent.workflow` resolved with exactly `agent.workflow_kwargs` (nothing injected).
 
