@@ -21,7 +21,7 @@ Peak device memory (CUDA: `max_memory_allocated` of this process per stage; the 
 `nvidia-smi` used memory). The last line is one JSON object; exit code 0 only if every stage passed.
 
     python benchmarks/gpu_check.py --out DIR                       # on the GPU machine (cuda, bf16)
-    python benchmarks/gpu_check.py --device cpu --layers 2 --hidden 128 --vocab 8192 --out DIR  # rehearsal
+    python benchmarks/gpu_check.py --rehearse --out DIR   # = --device cpu --layers 2 --hidden 128 --vocab 8192
     python benchmarks/gpu_check.py --sglang --out DIR              # + SGLang contract tests (sglang installed)
 """
 
@@ -326,11 +326,15 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=QWEN25_05B["hidden_size"], help="smaller for a rehearsal")
     parser.add_argument("--only", nargs="+", choices=("engine", "grpo", "fsdp", "server"),
                         default=["engine", "grpo", "fsdp", "server"])
+    parser.add_argument("--rehearse", action="store_true",
+                        help="the rehearsal without a GPU: --device cpu --layers 2 --hidden 128 --vocab 8192")
     parser.add_argument("--sglang", action="store_true", help="also the SGLang contract tests (needs sglang)")
     parser.add_argument("--port", type=int, default=0, help="SGLang's port (0: a free one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for SGLang's /health")
     parser.add_argument("--mem-fraction-static", type=float, default=0.3)
     args = parser.parse_args()
+    if args.rehearse:
+        args.device, args.layers, args.hidden, args.vocab = "cpu", 2, 128, 8192
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)

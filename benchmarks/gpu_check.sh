@@ -10,7 +10,7 @@
 # beyond them (benchmarks/gpu_requirements.txt) is installed from benchmarks/gpu_wheels/ with
 # `pip --no-index`; areal_nb itself runs from this tree (PYTHONPATH), nothing is built.
 # With sglang installed, add --sglang to also run the contract tests against a real SGLang server.
-# Rehearsal without a GPU: bash benchmarks/gpu_check.sh OUT --device cpu --layers 2 --hidden 128 --vocab 8192
+# Rehearsal without a GPU: bash benchmarks/gpu_check.sh OUT --rehearse  (CPU, 2 small layers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-${OUT:-$PWD/artifacts/gpu_check}}"

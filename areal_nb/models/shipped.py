@@ -12,7 +12,8 @@ safetensors files are cheaper.
 
 `shipped/<name>/` holds what `save_pretrained` writes (config, `model.safetensors`, tokenizer,
 chat template) and `build_info.json`: the recipe, the measured held-out score, `recipe_key` (the
-hash of the recipe and the code that builds it, as the cache uses) and `weights_sha256`.
+hash of the recipe and of the code that builds it, as the cache uses: comments, docstrings and
+layout do not count, so rewording or reformatting those files keeps the shipped models) and `weights_sha256`.
 
 A shipped folder is used only while its `recipe_key` equals the current code's: after an edit
 of the recipe, the data generators or the builder, the model is built on first use into the cache
