@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "gp
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" \
     || { echo "gpu_check: torch and transformers must be installed"; exit 3; }
 
-WHEELS=benchmarks/gpu_wheels
+WHEELS="${GPU_WHEELS:-benchmarks/gpu_wheels}"
 if ! "$PY" -c "import fastapi, uvicorn, openai, math_verify, httpx_aiohttp, orjson, pandas" 2>/dev/null; then
     if [ ! -d "$WHEELS" ]; then
         echo "gpu_check: packages missing and no $WHEELS: run 'make gpu-wheels' where PyPI is reachable"
