@@ -1,6 +1,6 @@
 """Request/response types shared by every layer (engine, client, proxy, trainer).
 
-Semantics follow AReaL's `io_struct` (see shared/reference/areal-agentic-semantics.md §1),
+Semantics follow AReaL's `io_struct` (docs/reference/areal-semantics.md, "Requests and responses"),
 with one deliberate difference: a generation that stopped on a user stop *string* has no
 trailing EOS, and `output_tokens_without_stop` returns it unchanged instead of raising.
 """

@@ -68,7 +68,10 @@ def sglang_command(
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """`python -m sglang.launch_server ...` with the flags named in sglang-contract.md §4.1."""
+    """`python -m sglang.launch_server ...`.
+
+    The flags: docs/reference/sglang-api.md, "Launching and stopping".
+    """
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
            "--port", str(port), "--tp-size", str(tp_size), "--dp-size", str(dp_size),
            "--weight-version", str(weight_version)]

@@ -67,7 +67,7 @@ Delivery = Callable[[ModelResponse | BaseException], None]
 # rollouts measured the same with 0 and 64 on a quiet machine). An engine alone on a quiet machine
 # is the other way round: with OpenMP's default spin-waiting, every step on both threads
 # (single_thread_rows=0) gave 2,065 vs 1,498 tok/s at 8 rows, 3,606 vs 2,756 at 32 and 4,571-5,030
-# vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1, session 6).
+# vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1).
 
 
 @contextmanager

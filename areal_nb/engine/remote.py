@@ -1,6 +1,6 @@
 """`SGLangEngine`: an `InferenceEngine` that generates on SGLang servers (or `areal-nb engine-server`).
 
-Token in, token out through SGLang's native API (`sglang-contract.md` §7): `POST /generate` with
+Token in, token out through SGLang's native API (`docs/reference/sglang-api.md`): `POST /generate` with
 `input_ids`, the closed `sampling_params` key set and `return_logprob`; tokens and log-probs come from
 `meta_info.output_token_logprobs`, the stop reason from `finish_reason.type`, one version per token
 from `meta_info.weight_versions` spans (0.5.20+) or else the single `meta_info.weight_version`.
@@ -381,7 +381,7 @@ class SGLangEngine:
         if version is not None:
             body["weight_version"] = str(int(version))
         # update_weights_from_disk needs no begin/end_weight_update session (only the tensor and
-        # distributed updates do in sglang >= 0.5.21; sglang-contract.md, "Changes that break clients")
+        # distributed updates do in sglang >= 0.5.21; docs/reference/sglang-api.md, "Weight updates")
         async with self._update_lock:  # one update at a time: pause/continue must not interleave
             await self.apause()
             try:
@@ -622,7 +622,10 @@ def _normalize_url(address: str) -> str:
 
 
 def _generate_payload(input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str) -> dict[str, Any]:
-    """The /generate body: only keys of the closed sampling_params set (sglang-contract.md §1.2)."""
+    """The /generate body: only keys of the closed sampling_params set.
+
+    The set: docs/reference/sglang-api.md, "Generate".
+    """
     params: dict[str, Any] = {
         "max_new_tokens": int(max_new),
         "min_new_tokens": max(0, int(g.min_new_tokens) - produced),

@@ -1,7 +1,7 @@
 """`create_engine_app(engine, settings)`: an in-process engine behind SGLang's native HTTP API subset.
 
 What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU path), and what the
-`SGLangEngine` client is tested against. The semantics follow `sglang-contract.md`:
+`SGLangEngine` client is tested against. The semantics follow `docs/reference/sglang-api.md`:
 - `/generate`: `input_ids` (one prompt or a batch), the closed `sampling_params` key set (an unknown
   key is a 400), `return_logprob`; the reply has `text`, `output_ids` and `meta_info` with
   `finish_reason` objects, `output_token_logprobs` triples, `weight_version` and per-token

@@ -33,7 +33,7 @@ from .tensors import concat_padded_tensors
 from .tool_calls import ParsedToolCall, parse_tool_calls
 from .wire import interactions_from_wire, interactions_to_wire
 
-# What users call (the seed's names first). The other names imported above serve the proxy layer
+# What users call (AReaL's names first). The other names imported above serve the proxy layer
 # and the tests; they stay importable from here but are not the package's interface.
 __all__ = [
     "ArealOpenAI",
@@ -55,7 +55,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The seed's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
+    # AReaL's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
     # live in the proxy layer, which imports this one; resolve them lazily so the import arrow
     # still points down at import time.
     if name in ("OpenAIProxyClient", "OpenAIProxyWorkflow"):

@@ -1,8 +1,8 @@
 """Anthropic Messages ⇄ OpenAI chat conversion, so `/v1/messages` runs the chat-completion path.
 
 Anthropic traffic is recorded as chat-completion interactions. The conversion is exact both
-ways for what a tiny agent loop needs (unlike the reference, §12.7, nothing but thinking
-blocks is dropped):
+ways for what a tiny agent loop needs (unlike AReaL's, which flattens content to text, nothing but
+thinking blocks is dropped):
 
 - request → chat: `system` becomes a leading system message; text blocks join into one
   string; `tool_use` blocks become the assistant's `tool_calls`; `tool_result` blocks become

@@ -1,6 +1,7 @@
 """`InteractionCache`: the calls of one session, linked into conversation trees.
 
-Differences from AReaL (semantics digest §2, §12): `set_last_reward` targets the most recently
+Differences from AReaL (docs/reference/areal-semantics.md, "Rewards and the discount"):
+`set_last_reward` targets the most recently
 *completed* call; rewards are validated (int ok, bool not); the default reward discount works per
 tree branch (`mode="tree"`), while `mode="linear"` reproduces AReaL's reverse-insertion-order
 discount for porting runs.

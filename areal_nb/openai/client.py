@@ -1,6 +1,6 @@
 """`ArealOpenAI`: an `openai.AsyncOpenAI` whose calls go straight to an engine (direct mode).
 
-Legacy mode, kept for the seed's multi-turn math example: the recommended way is the proxy,
+Legacy mode, kept for AReaL's multi-turn math example: the recommended way is the proxy,
 which runs the same completion logic (`completion.create_chat_completion`) behind HTTP.
 """
 

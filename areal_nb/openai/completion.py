@@ -128,7 +128,7 @@ def resolve_token_budget(
     engine_max_tokens: int | None = None,
     default_max_new_tokens: int | None = None,
 ) -> TokenBudget:
-    """The token budget rules of the semantics digest §3.1."""
+    """The token budget rules (docs/reference/areal-semantics.md, "Chat completions")."""
     if max_tokens is not None and max_completion_tokens is not None:
         raise CompletionRequestError(
             "max_tokens and max_completion_tokens cannot be set at the same time. "

@@ -1,7 +1,7 @@
 """Normalising chat messages so that equal conversations compare equal as plain dicts.
 
-Parent links are found by comparing message lists (not tokens, see the semantics digest
-§2.1), so an SDK object and its `model_dump()` must normalise to the same dict: pydantic
+Parent links are found by comparing message lists (not tokens: docs/reference/areal-semantics.md,
+"Parent links"), so an SDK object and its `model_dump()` must normalise to the same dict: pydantic
 models are dumped with `exclude_none=True` and `None`-valued keys are dropped everywhere.
 """
 

@@ -1,4 +1,5 @@
-"""OpenAI Responses API on top of the chat-completion logic (semantics digest §3.2).
+"""OpenAI Responses API on top of the chat-completion logic
+(docs/reference/areal-semantics.md, "Responses API").
 
 Input items are converted to chat messages for the chat template. The interaction's
 `output_message_list` holds the output items converted the same way, so a next call that echoes

@@ -2,7 +2,8 @@
 
 `concat` builds a child's prompt as its parent's exact tokens plus only the newly templated
 suffix, so one row root→leaf holds the tokens the engine actually produced even when a chat
-template would re-render history differently (semantics digest §3.3). The suffix is found by
+template would re-render history differently (docs/reference/areal-semantics.md, "Concat prompts").
+The suffix is found by
 EOS counting: the parent's tokens hold N EOS tokens; the suffix is the full-conversation
 template after its N-th EOS.
 """

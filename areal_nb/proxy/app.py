@@ -1,23 +1,23 @@
-"""`create_app(engine, tokenizer, settings)`: the proxy as a FastAPI app (seed 000, "代理端点").
+"""`create_app(engine, tokenizer, settings)`: the proxy as a FastAPI app.
 
 All state lives in `app.state.proxy` (a `ProxyState`); build as many apps per process as
-you like. Endpoints, keys and status codes follow the semantics digest §4.2, with these
+you like. Endpoints, keys and status codes follow AReaL's (docs/reference/areal-semantics.md, "The proxy"),
+with these
 deliberate differences:
 
 - every OpenAI route also exists without `/v1` (SDKs differ in where `/v1` goes);
 - `/export_trajectories` waits for `end_session` at most `export_wait_timeout` seconds
-  (504 after that; the session stays exportable), never forever (§12.9);
+  (504 after that; the session stays exportable), never forever;
 - chat calls after `/rl/end_session` answer 409 "session ended": the episode is closed, so
   nothing more is recorded into it (rewards may still be set until export);
 - keys of exported or expired sessions answer 410 (not 401), so a late agent call says why;
 - unknown body fields are ignored, except that `chat_template_kwargs` at the top level (where
-  the OpenAI SDK merges `extra_body`) is forwarded, not dropped (§12.7);
+  the OpenAI SDK merges `extra_body`) is forwarded, not dropped;
 - errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style);
 - only `InvalidRequestError` (input validation in the capture layer and the engine) becomes a
   400; any other exception is our fault: 500 with a logged traceback. The body is checked
   before any route parses it (`limits.py`: size, JSON depth, lone surrogates), and the limits
-  that follow from the model's context before the template is rendered (README, "Limits and
-  errors");
+  that follow from the model's context before the template is rendered (docs/guides/limits.md);
 - an export removes its session only once the response was sent: a failed, cancelled or
   abandoned export leaves the session exportable with the same result.
 """

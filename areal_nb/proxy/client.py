@@ -1,11 +1,12 @@
-"""`OpenAIProxyClient`: the trainer side of one proxy session (seed 000, "会话生命周期").
+"""`OpenAIProxyClient`: the trainer side of one proxy session.
 
 `async with OpenAIProxyClient(...) as client:` starts a session (admin key), hands out the
 session key for the agent, and always ends the session on exit. After the block,
 `export_interactions()` fetches the session's interactions with the admin key and the
 explicit session id, so a re-mapped session key can never redirect the export.
 
-Unlike the reference client (§4.3) start_session retries are bounded, and a 400 from
+Unlike AReaL's client (docs/reference/areal-semantics.md, "The trainer-side client and workflow")
+start_session retries are bounded, and a 400 from
 set_reward is an error, not a log line: a reward that does not land must not pass silently.
 """
 

@@ -1,4 +1,4 @@
-"""The proxy without sockets, for agents that run in the proxy's own process (issue 14).
+"""The proxy without sockets, for agents that run in the proxy's own process.
 
 Two pieces, both over the same FastAPI app and `ProxyState` that uvicorn serves to external
 agents:

@@ -1,6 +1,6 @@
 """`OpenAIProxyWorkflow`: runs an unmodified agent against the proxy as one RL episode.
 
-The six steps of seed 000: grant capacity → start session → `agent.run` → rewards →
+The six steps of an episode: grant capacity → start session → `agent.run` → rewards →
 end session → export. The agent's return value says where rewards go:
 
 - a number (int or float, not bool, finite) → the session's last completed call;
@@ -376,7 +376,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             await client.grant_capacity()
             async with client:
                 try:
-                    # Agents mutate their input (messages.append ...); never share it (AReaL #432).
+                    # Agents mutate their input (messages.append ...); never share it.
                     result = await self._run_agent(client.session_api_key, copy.deepcopy(data))
                     await self._assign_rewards(client, parse_agent_rewards(result))
                 except EpisodeRejected as exc:

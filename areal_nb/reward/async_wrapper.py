@@ -1,6 +1,7 @@
 """`AsyncRewardWrapper`: run a synchronous reward function in worker processes from asyncio.
 
-Semantics follow AReaL's wrapper (reference §6.1) with these deliberate differences:
+Semantics follow AReaL's wrapper (docs/reference/areal-semantics.md, "Reward functions in worker
+processes") with these deliberate differences:
 
 - Workers are started with the `spawn` context: the notebook kernel runs threads, and `fork`
   copies their locks in whatever state they are in. (`forkserver` would leave its server

@@ -1,4 +1,5 @@
-"""`resolve_workflow`: whatever the user passed as a workflow → a `RolloutWorkflow` (§5.2).
+"""`resolve_workflow`: whatever the user passed as a workflow → a `RolloutWorkflow`
+(docs/reference/areal-semantics.md, "Resolving a workflow").
 
 1. a `RolloutWorkflow` instance → used as is (`workflow_kwargs` ignored, with a warning);
 2. a `RolloutWorkflow` subclass → instantiated with `workflow_kwargs` (required);

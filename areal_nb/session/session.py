@@ -66,7 +66,7 @@ def _flatten_overrides(overrides: dict[str, Any], prefix: str = "") -> dict[str,
 
 
 class Session:
-    """`Session(config | yaml_path | None, **overrides)`; see the README for a tour.
+    """`Session(config | yaml_path | None, **overrides)`; see docs/getting-started.md for a tour.
 
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
     (`rollout={"batch_size": 4}`). `dataset` / `eval_dataset` set `data.source` / `data.eval_source`:
