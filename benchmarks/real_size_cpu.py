@@ -115,6 +115,18 @@ def grpo_step_child(folder: Path, dtype: str, new_tokens: int) -> None:
     from areal_nb.session.builder import build_actor, build_policy
     from areal_nb.testing import sample_batch
 
+    # fp32 weights, gradients and two Adam moments: 16 bytes a parameter, plus logits and activations.
+    # On a shared machine, refuse rather than push other people's processes into the OOM killer.
+    config = json.loads((folder / "config.json").read_text())
+    params = config["vocab_size"] * config["hidden_size"] + config["num_hidden_layers"] * (
+        4 * config["hidden_size"] ** 2 + 3 * config["hidden_size"] * config["intermediate_size"])
+    need_gib = params * 16 / 2**30 + 2
+    available_gib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable")) / 2**20
+    if available_gib < need_gib:
+        print("@grpo " + json.dumps({"dtype": dtype, "skipped": f"needs ~{need_gib:.1f} GiB, "
+                                     f"{available_gib:.1f} GiB available", "load": load()}), flush=True)
+        return
     cfg = load_config(ROOT / "configs" / "multi_turn_math.yaml",
                       [f"model.path={folder}", f"model.dtype={dtype}", "model.device=cpu", "actor.lr=1e-6"])
     tokenizer, policy = build_policy(cfg)
