@@ -21,8 +21,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = [{}, {}, {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-            {"MKL_CBWR": "COMPATIBLE"}]
+SETTINGS = [
+    {},
+    {},
+    {"ATEN_CPU_CAPABILITY": "default"},
+    {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    {"MKL_CBWR": "COMPATIBLE"},
+]
 
 
 def child(steps: int) -> None:
@@ -33,7 +38,9 @@ def child(steps: int) -> None:
     from areal_nb.models.warm_start import SFT_RECIPE, new_model, sft_batches, train_sft
 
     def digest(model) -> str:
-        return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:12]
+        return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[
+            :12
+        ]
 
     torch.set_num_threads(1)
     recipe = dict(SFT_RECIPE, steps=steps)
@@ -42,8 +49,16 @@ def child(steps: int) -> None:
     model = new_model(tokenizer, recipe)
     init = digest(model)
     losses = train_sft(model, tokenizer, sft_batches(tokenizer, recipe), recipe, desc="warm start")
-    print(json.dumps({"init": init, "after": digest(model), "last_loss": losses[-1],
-                      "aten": torch.backends.cpu.get_cpu_capability()}))
+    print(
+        json.dumps(
+            {
+                "init": init,
+                "after": digest(model),
+                "last_loss": losses[-1],
+                "aten": torch.backends.cpu.get_cpu_capability(),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -56,13 +71,29 @@ def main() -> None:
     rows = []
     for extra in SETTINGS:
         env = {**os.environ, **extra, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
-        out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps)], env=env,
-                             capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        out = (
+            subprocess.run(
+                [sys.executable, __file__, "--child", "--steps", str(args.steps)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         rows.append({"env": extra or "default", **json.loads(out)})
         print(json.dumps(rows[-1]), flush=True)
     base = rows[0]["after"]
-    print(json.dumps({"steps": args.steps, "run_to_run_same": rows[1]["after"] == base,
-                      "differs_from_default": [str(r["env"]) for r in rows[2:] if r["after"] != base]}))
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "run_to_run_same": rows[1]["after"] == base,
+                "differs_from_default": [str(r["env"]) for r in rows[2:] if r["after"] != base],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

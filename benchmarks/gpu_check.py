@@ -44,9 +44,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Qwen/Qwen2.5-0.5B-Instruct's config.json (the shape; the weights are random)
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
+QWEN25_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
 
 
 # --------------------------------------------------------------------------- the model
@@ -66,9 +76,14 @@ def standin_tokenizer(vocab_size: int):
     for i in range(vocab_size):
         if i not in taken:
             vocab[f"<x{i}>"] = i  # printable ASCII: the byte-level decoder maps it to itself
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token=tiny.eos_token,
-                                  pad_token=tiny.pad_token, padding_side="right", clean_up_tokenization_spaces=False,
-                                  model_max_length=QWEN25_05B["max_position_embeddings"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=tiny.eos_token,
+        pad_token=tiny.pad_token,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+        model_max_length=QWEN25_05B["max_position_embeddings"],
+    )
     tok.chat_template = tiny.chat_template
     assert len(tok) == vocab_size, (len(tok), vocab_size)
     return tok
@@ -83,21 +98,36 @@ def build_model(folder: Path, device: str, layers: int, vocab: int, hidden: int 
     shape = {**QWEN25_05B, "num_hidden_layers": layers, "vocab_size": vocab}
     if hidden is not None and hidden != QWEN25_05B["hidden_size"]:
         heads = max(1, hidden // 64)
-        shape |= {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 7),
-                  "intermediate_size": hidden * 16 // 3 // 64 * 64}
-    config = Qwen2Config(**shape,
-                         bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+        shape |= {
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 7),
+            "intermediate_size": hidden * 16 // 3 // 64 * 64,
+        }
+    config = Qwen2Config(
+        **shape,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     with torch.device(device):  # random init where it is fast
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = config.eos_token_id, config.pad_token_id
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = (
+        config.eos_token_id,
+        config.pad_token_id,
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     params = sum(p.numel() for p in model.parameters())
     del model
-    return {"parameters": params, "layers": layers, "hidden": config.hidden_size, "vocab": vocab,
-            "tokenizer": "stand-in (tiny-math BPE + <xN>)"}
+    return {
+        "parameters": params,
+        "layers": layers,
+        "hidden": config.hidden_size,
+        "vocab": vocab,
+        "tokenizer": "stand-in (tiny-math BPE + <xN>)",
+    }
 
 
 def prompts(n: int) -> list[dict]:
@@ -122,56 +152,100 @@ def stage_engine(model_dir: Path, device: str, dtype: str) -> dict:
     tokenizer = load_saved_tokenizer(model_dir)
     engine = LocalEngine(str(model_dir), tokenizer, device=device, dtype=getattr(torch, dtype), seed=0)
     try:
-        ids = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                             tokenize=False) for r in prompts(16)]
+        ids = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
+            )
+            for r in prompts(16)
+        ]
         ids = [tokenizer.encode(t, add_special_tokens=False) for t in ids]
         gconfig = GenerationConfig(max_new_tokens=64, temperature=1.0, ignore_eos=True)
 
         async def run():
-            return await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=i, gconfig=gconfig)) for i in ids))
+            return await asyncio.gather(
+                *(engine.agenerate(ModelRequest(input_ids=i, gconfig=gconfig)) for i in ids)
+            )
 
         asyncio.run(run())  # warm-up (allocator, kernels)
         start = time.perf_counter()
         responses = asyncio.run(run())
         seconds = time.perf_counter() - start
         tokens = sum(r.output_len for r in responses)
-        return {"requests": len(ids), "output_tokens": tokens, "tok_per_s": round(tokens / seconds, 1),
-                "sample": tokenizer.decode(responses[0].output_tokens[:12]),
-                "ok": tokens == 64 * len(ids) and all(len(r.output_logprobs) == r.output_len for r in responses)}
+        return {
+            "requests": len(ids),
+            "output_tokens": tokens,
+            "tok_per_s": round(tokens / seconds, 1),
+            "sample": tokenizer.decode(responses[0].output_tokens[:12]),
+            "ok": tokens == 64 * len(ids) and all(len(r.output_logprobs) == r.output_len for r in responses),
+        }
     finally:
         engine.close()
 
 
 def session_config(model_dir: Path, device: str, dtype: str, run_dir: Path, extra: list[str]) -> list[str]:
-    return [f"model.path={model_dir}", f"model.dtype={dtype}", f"model.device={device}", "total_steps=10",
-            "rollout.batch_size=4", "rollout.group_size=4", "rollout.max_new_tokens=32", "rollout.prefetch=false",
-            "actor.lr=1e-6", "actor.micro_batch_size=4", "logging.progress=false", "data.eval_size=4",
-            "agent.workflow_kwargs={}", f"logging.run_dir={run_dir}", *extra]
+    return [
+        f"model.path={model_dir}",
+        f"model.dtype={dtype}",
+        f"model.device={device}",
+        "total_steps=10",
+        "rollout.batch_size=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=32",
+        "rollout.prefetch=false",
+        "actor.lr=1e-6",
+        "actor.micro_batch_size=4",
+        "logging.progress=false",
+        "data.eval_size=4",
+        "agent.workflow_kwargs={}",
+        f"logging.run_dir={run_dir}",
+        *extra,
+    ]
 
 
 def stage_grpo(model_dir: Path, device: str, dtype: str, run_dir: Path, steps: int = 3) -> dict:
-    import torch
 
     from areal_nb.agents.chat_agent import ChatAgent
     from areal_nb.config import load_config
     from areal_nb.session import Session
 
-    cfg = load_config(ROOT / "configs" / "multi_turn_math.yaml", session_config(model_dir, device, dtype, run_dir, []))
+    cfg = load_config(
+        ROOT / "configs" / "multi_turn_math.yaml", session_config(model_dir, device, dtype, run_dir, [])
+    )
     with Session(cfg, dataset=prompts(32), agent__workflow=ChatAgent(reward_fn=reply_reward)) as session:
         params = [p for p in session.actor.model.parameters() if p.requires_grad]
         before = [p.detach().clone() for p in params]
         per_step = []
         for _ in range(steps):
             stats = session.train_step(session.rollout())
-            per_step.append({k: stats.get(k) for k in ("logprob_abs_diff_max", "logprob_abs_diff_mean", "reward_std",
-                                                       "grad_norm", "n_tokens", "train_seconds")})
+            per_step.append(
+                {
+                    k: stats.get(k)
+                    for k in (
+                        "logprob_abs_diff_max",
+                        "logprob_abs_diff_mean",
+                        "reward_std",
+                        "grad_norm",
+                        "n_tokens",
+                        "train_seconds",
+                    )
+                }
+            )
         changed = sum(int((p.detach() != b).sum()) for p, b in zip(params, before, strict=True))
         total = sum(p.numel() for p in params)
-        rel = (sum(float((p.detach().float() - b.float()).norm() ** 2) for p, b in zip(params, before, strict=True))
-               / sum(float(b.float().norm() ** 2) for b in before)) ** 0.5
-        result = {"steps": per_step, "trainable_dtype": str(params[0].dtype).removeprefix("torch."),
-                  "compute_dtype": dtype, "weights_changed_share": round(changed / total, 4),
-                  "relative_update": rel}
+        rel = (
+            sum(
+                float((p.detach().float() - b.float()).norm() ** 2)
+                for p, b in zip(params, before, strict=True)
+            )
+            / sum(float(b.float().norm() ** 2) for b in before)
+        ) ** 0.5
+        result = {
+            "steps": per_step,
+            "trainable_dtype": str(params[0].dtype).removeprefix("torch."),
+            "compute_dtype": dtype,
+            "weights_changed_share": round(changed / total, 4),
+            "relative_update": rel,
+        }
     diffs = [s["logprob_abs_diff_max"] for s in per_step if s["logprob_abs_diff_max"] is not None]
     # bf16 engine vs trainer kernels: ~1e-2 is the usual gap; far above it the two disagree
     result["ok"] = result["weights_changed_share"] > 0.5 and bool(diffs) and max(diffs) < 0.5
@@ -182,38 +256,52 @@ def stage_fsdp(model_dir: Path, device: str, dtype: str, run_dir: Path) -> dict:
     import torch
     import torch.distributed as dist
 
-    from areal_nb.config import load_config
-    from areal_nb.session.builder import build_actor, build_policy
-    from areal_nb.train.distributed import DataParallel
-    from areal_nb.testing import sample_batch
-
-    from areal_nb.engine import LocalEngine
     from areal_nb.api import GenerationConfig
+    from areal_nb.config import load_config
+    from areal_nb.engine import LocalEngine
+    from areal_nb.session.builder import build_actor, build_policy
+    from areal_nb.testing import sample_batch
+    from areal_nb.train.distributed import DataParallel
 
     cuda = device.startswith("cuda")
+    rank_device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(rank_device)  # NCCL's device for this rank
     if not dist.is_initialized():
         port = _free_port()
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+        )
     try:
-        cfg = load_config(ROOT / "configs" / "multi_turn_math.yaml",
-                          session_config(model_dir, device, dtype, run_dir, ["actor.parallel=fsdp"]))
+        cfg = load_config(
+            ROOT / "configs" / "multi_turn_math.yaml",
+            session_config(model_dir, device, dtype, run_dir, ["actor.parallel=fsdp"]),
+        )
         tokenizer, policy = build_policy(cfg)
-        actor = build_actor(cfg, policy, parallel=DataParallel(rank=0, world_size=1, device=torch.device(device)))
+        actor = build_actor(cfg, policy, parallel=DataParallel(rank=0, world_size=1, device=rank_device))
         engine = LocalEngine(str(model_dir), tokenizer, device=device, dtype=getattr(torch, dtype), seed=0)
         try:
             ids = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in prompts(2)]
-            batch, groups = sample_batch(engine, ids, GenerationConfig(max_new_tokens=16, temperature=1.0,
-                                                                       ignore_eos=True),
-                                         lambda r: (sum(r.output_tokens) % 5) / 4, n_samples=4)
+            batch, groups = sample_batch(
+                engine,
+                ids,
+                GenerationConfig(max_new_tokens=16, temperature=1.0, ignore_eos=True),
+                lambda r: (sum(r.output_tokens) % 5) / 4,
+                n_samples=4,
+            )
         finally:
             engine.close()
         sharded = [type(p).__name__ for p in actor.model.parameters()]
         stats = actor.train_step(batch, groups)
-        return {"backend": dist.get_backend(), "world_size": dist.get_world_size(),
-                "dtensor_params": sharded.count("DTensor"), "params": len(sharded),
-                "loss": stats["loss"], "logprob_abs_diff_max": stats.get("logprob_abs_diff_max"),
-                "ok": sharded.count("DTensor") == len(sharded) and stats["loss"] == stats["loss"]}
+        return {
+            "backend": dist.get_backend(),
+            "world_size": dist.get_world_size(),
+            "dtensor_params": sharded.count("DTensor"),
+            "params": len(sharded),
+            "loss": stats["loss"],
+            "logprob_abs_diff_max": stats.get("logprob_abs_diff_max"),
+            "ok": sharded.count("DTensor") == len(sharded) and stats["loss"] == stats["loss"],
+        }
     finally:
         dist.destroy_process_group()
 
@@ -230,8 +318,9 @@ def stage_server(model_dir: Path, device: str, work: Path) -> dict:
     weights_dir = work / "server-weights"
     weights_dir.mkdir(parents=True, exist_ok=True)
     api_key, port = secrets.token_urlsafe(16), free_port()
-    cmd = engine_server_command(str(model_dir), port=port, api_key=api_key, weights_dir=weights_dir,
-                                extra_args=["--device", device])
+    cmd = engine_server_command(
+        str(model_dir), port=port, api_key=api_key, weights_dir=weights_dir, extra_args=["--device", device]
+    )
     server = ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=work / "engine_server.log").start()
     result: dict = {"command": cmd}
     try:
@@ -239,8 +328,9 @@ def stage_server(model_dir: Path, device: str, work: Path) -> dict:
         tokenizer = load_saved_tokenizer(model_dir)
         ids = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in prompts(4)]
         gconfig = GenerationConfig(max_new_tokens=16, temperature=1.0, ignore_eos=True)
-        with SGLangEngine([server.url], api_key=api_key, weights_dir=weights_dir,
-                          config_source=str(model_dir)) as engine:
+        with SGLangEngine(
+            [server.url], api_key=api_key, weights_dir=weights_dir, config_source=str(model_dir)
+        ) as engine:
             start = time.perf_counter()
             batch, _ = sample_batch(engine, ids, gconfig, lambda r: 0.0, n_samples=2)
             result["generate_s"] = round(time.perf_counter() - start, 2)
@@ -271,15 +361,22 @@ def _free_port() -> int:
 
 def _gpu_used_mib() -> list[int] | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
         return [int(x) for x in out.split()]
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
 
 
 # --------------------------------------------------------------------------- SGLang (when installed)
-def sglang_contract(out: Path, model_dir: Path, port: int, timeout: float, mem_fraction_static: float) -> dict:
+def sglang_contract(
+    out: Path, model_dir: Path, port: int, timeout: float, mem_fraction_static: float
+) -> dict:
     """The contract tests and the remote GRPO test against a real SGLang server on `model_dir`."""
     import sglang
 
@@ -289,19 +386,48 @@ def sglang_contract(out: Path, model_dir: Path, port: int, timeout: float, mem_f
     weights_dir.mkdir(parents=True, exist_ok=True)
     api_key = secrets.token_urlsafe(16)
     port = port or free_port()
-    cmd = sglang_command(str(model_dir), port=port, api_key=api_key, mem_fraction_static=mem_fraction_static,
-                         extra_args=["--dtype", "bfloat16", "--random-seed", "0", "--log-level", "info"])
+    cmd = sglang_command(
+        str(model_dir),
+        port=port,
+        api_key=api_key,
+        mem_fraction_static=mem_fraction_static,
+        extra_args=["--dtype", "bfloat16", "--random-seed", "0", "--log-level", "info"],
+    )
     url = f"http://127.0.0.1:{port}"
     server = ServerProcess(cmd, url, log_path=out / "sglang.log").start()
     result: dict = {"server": f"sglang {sglang.__version__}", "command": cmd}
     try:
         server.wait_ready(timeout=timeout)
-        env = {**os.environ, "AREAL_NB_SGLANG_URL": url, "AREAL_NB_SGLANG_MODEL": str(model_dir),
-               "AREAL_NB_SGLANG_WEIGHTS_DIR": str(weights_dir), "AREAL_NB_SGLANG_API_KEY": api_key,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        tests = [str(ROOT / "tests/engine/test_server_contract.py"), str(ROOT / "tests/engine/test_remote_training.py")]
-        pytest = subprocess.run([sys.executable, "-m", "pytest", "-v", "-k", "sglang", "-p", "no:cacheprovider",
-                                 f"--junitxml={out / 'junit.xml'}", *tests], cwd=ROOT, env=env, timeout=1800)
+        env = {
+            **os.environ,
+            "AREAL_NB_SGLANG_URL": url,
+            "AREAL_NB_SGLANG_MODEL": str(model_dir),
+            "AREAL_NB_SGLANG_WEIGHTS_DIR": str(weights_dir),
+            "AREAL_NB_SGLANG_API_KEY": api_key,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        tests = [
+            str(ROOT / "tests/engine/test_server_contract.py"),
+            str(ROOT / "tests/engine/test_remote_training.py"),
+        ]
+        pytest = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-v",
+                "-k",
+                "sglang",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={out / 'junit.xml'}",
+                *tests,
+            ],
+            cwd=ROOT,
+            env=env,
+            timeout=1800,
+            check=False,
+        )
         result["pytest_exit_code"] = pytest.returncode
     finally:
         pid = server.pid
@@ -323,11 +449,20 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="model.dtype")
     parser.add_argument("--layers", type=int, default=QWEN25_05B["num_hidden_layers"])
     parser.add_argument("--vocab", type=int, default=QWEN25_05B["vocab_size"])
-    parser.add_argument("--hidden", type=int, default=QWEN25_05B["hidden_size"], help="smaller for a rehearsal")
-    parser.add_argument("--only", nargs="+", choices=("engine", "grpo", "fsdp", "server"),
-                        default=["engine", "grpo", "fsdp", "server"])
-    parser.add_argument("--rehearse", action="store_true",
-                        help="the rehearsal without a GPU: --device cpu --layers 2 --hidden 128 --vocab 8192")
+    parser.add_argument(
+        "--hidden", type=int, default=QWEN25_05B["hidden_size"], help="smaller for a rehearsal"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=("engine", "grpo", "fsdp", "server"),
+        default=["engine", "grpo", "fsdp", "server"],
+    )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="the rehearsal without a GPU: --device cpu --layers 2 --hidden 128 --vocab 8192",
+    )
     parser.add_argument("--sglang", action="store_true", help="also the SGLang contract tests (needs sglang)")
     parser.add_argument("--port", type=int, default=0, help="SGLang's port (0: a free one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for SGLang's /health")
@@ -345,8 +480,13 @@ def main() -> int:
     if cuda and not torch.cuda.is_available():
         print("gpu_check: --device cuda but torch sees no GPU", file=sys.stderr)
         return 2
-    summary: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
-                     "cuda": torch.version.cuda, "dtype": args.dtype, "stages": {}}
+    summary: dict = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": args.dtype,
+        "stages": {},
+    }
     started = time.perf_counter()
 
     def run(name: str, fn, *a) -> dict:
@@ -355,8 +495,12 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             result = fn(*a)
-        except Exception as exc:  # a failed stage is reported; the next ones still run
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        except Exception as exc:  # noqa: BLE001 (a failed stage is reported; the next ones still run)
+            result = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         result["seconds"] = round(time.perf_counter() - t0, 1)
         if cuda:
             result["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20)
@@ -366,7 +510,10 @@ def main() -> int:
         return result
 
     model_dir = work / "model"
-    run("model", lambda: build_model(model_dir, args.device, args.layers, args.vocab, args.hidden) | {"ok": True})
+    run(
+        "model",
+        lambda: build_model(model_dir, args.device, args.layers, args.vocab, args.hidden) | {"ok": True},
+    )
     if "engine" in args.only:
         run("engine", stage_engine, model_dir, args.device, args.dtype)
     if "grpo" in args.only:
@@ -378,7 +525,9 @@ def main() -> int:
     if args.sglang:
         run("sglang", sglang_contract, out, model_dir, args.port, args.timeout, args.mem_fraction_static)
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    summary["peak_gpu_mib"] = max((s.get("peak_gpu_mib", 0) for s in summary["stages"].values()), default=None)
+    summary["peak_gpu_mib"] = max(
+        (s.get("peak_gpu_mib", 0) for s in summary["stages"].values()), default=None
+    )
     summary["ok"] = all(s.get("ok") for s in summary["stages"].values())
     for s in summary["stages"].values():
         s.pop("traceback", None)

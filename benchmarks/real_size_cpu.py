@@ -20,7 +20,6 @@ with it. The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import os
@@ -62,16 +61,24 @@ def throughput(folder: Path, dtype: str, args) -> list[dict]:
     from areal_nb.engine import LocalEngine
 
     tokenizer = load_saved_tokenizer(folder)
-    engine = LocalEngine(str(folder), tokenizer, device="cpu", dtype=getattr(torch, dtype), seed=0,
-                         max_batch_size=max(args.requests), single_thread_rows=0)
+    engine = LocalEngine(
+        str(folder),
+        tokenizer,
+        device="cpu",
+        dtype=getattr(torch, dtype),
+        seed=0,
+        max_batch_size=max(args.requests),
+        single_thread_rows=0,
+    )
     vllm = None
     if args.vllm_python:
         start = time.perf_counter()
         try:
-            vllm = VllmWorker(args.vllm_python, str(folder), max(args.requests), logprobs=True, eager=False,
-                              dtype=dtype)
+            vllm = VllmWorker(
+                args.vllm_python, str(folder), max(args.requests), logprobs=True, eager=False, dtype=dtype
+            )
             print(f"  vLLM {vllm.version} ({dtype}) ready in {time.perf_counter() - start:.0f} s", flush=True)
-        except Exception as exc:  # e.g. a dtype this CPU build does not serve
+        except Exception as exc:  # noqa: BLE001 (e.g. a dtype this CPU build does not serve: say so, go on)
             print(f"  vLLM ({dtype}) failed to start: {exc}", flush=True)
     ways = {"engine": lambda reqs: run_engine(engine, reqs)}
     if vllm is not None:
@@ -92,9 +99,16 @@ def throughput(folder: Path, dtype: str, args) -> list[dict]:
                     seconds, tokens = ways[name](reqs)
                     best[name] = max(best.get(name, 0.0), tokens / seconds)
                     loads.append(load())
-                    print(f"  {dtype} n={n} {name}: {tokens / seconds:.1f} tok/s (load {loads[-1]})", flush=True)
-            row = {"dtype": dtype, "requests": n, "new_tokens": args.new_tokens,
-                   **{f"{k}_tok_s": round(v, 1) for k, v in best.items()}, "load": loads}
+                    print(
+                        f"  {dtype} n={n} {name}: {tokens / seconds:.1f} tok/s (load {loads[-1]})", flush=True
+                    )
+            row = {
+                "dtype": dtype,
+                "requests": n,
+                "new_tokens": args.new_tokens,
+                **{f"{k}_tok_s": round(v, 1) for k, v in best.items()},
+                "load": loads,
+            }
             if "vllm" in best:
                 row["engine_vs_vllm"] = round(best["engine"] / best["vllm"], 2)
             rows.append(row)
@@ -119,26 +133,51 @@ def grpo_step_child(folder: Path, dtype: str, new_tokens: int) -> None:
     # On a shared machine, refuse rather than push other people's processes into the OOM killer.
     config = json.loads((folder / "config.json").read_text())
     params = config["vocab_size"] * config["hidden_size"] + config["num_hidden_layers"] * (
-        4 * config["hidden_size"] ** 2 + 3 * config["hidden_size"] * config["intermediate_size"])
+        4 * config["hidden_size"] ** 2 + 3 * config["hidden_size"] * config["intermediate_size"]
+    )
     need_gib = params * 16 / 2**30 + 2
-    available_gib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                         if line.startswith("MemAvailable")) / 2**20
+    available_gib = (
+        next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemAvailable")
+        )
+        / 2**20
+    )
     if available_gib < need_gib:
-        print("@grpo " + json.dumps({"dtype": dtype, "skipped": f"needs ~{need_gib:.1f} GiB, "
-                                     f"{available_gib:.1f} GiB available", "load": load()}), flush=True)
+        print(
+            "@grpo "
+            + json.dumps(
+                {
+                    "dtype": dtype,
+                    "skipped": f"needs ~{need_gib:.1f} GiB, {available_gib:.1f} GiB available",
+                    "load": load(),
+                }
+            ),
+            flush=True,
+        )
         return
-    cfg = load_config(ROOT / "configs" / "multi_turn_math.yaml",
-                      [f"model.path={folder}", f"model.dtype={dtype}", "model.device=cpu", "actor.lr=1e-6"])
+    cfg = load_config(
+        ROOT / "configs" / "multi_turn_math.yaml",
+        [f"model.path={folder}", f"model.dtype={dtype}", "model.device=cpu", "actor.lr=1e-6"],
+    )
     tokenizer, policy = build_policy(cfg)
     actor = build_actor(cfg, policy)
-    engine = LocalEngine(str(folder), tokenizer, device="cpu", dtype=getattr(torch, dtype), seed=0,
-                         single_thread_rows=0)
+    engine = LocalEngine(
+        str(folder), tokenizer, device="cpu", dtype=getattr(torch, dtype), seed=0, single_thread_rows=0
+    )
     try:
-        prompts = [tokenizer.encode("A jar holds 8 toy cars. Nora takes 3 out. How many are left?"),
-                   tokenizer.encode("Sam has 4 apples and buys 5 more. How many apples does Sam have?")]
-        batch, groups = sample_batch(engine, prompts, GenerationConfig(max_new_tokens=new_tokens, temperature=1.0,
-                                                                       ignore_eos=True),
-                                     lambda r: (sum(r.output_tokens) % 5) / 4, n_samples=4)
+        prompts = [
+            tokenizer.encode("A jar holds 8 toy cars. Nora takes 3 out. How many are left?"),
+            tokenizer.encode("Sam has 4 apples and buys 5 more. How many apples does Sam have?"),
+        ]
+        batch, groups = sample_batch(
+            engine,
+            prompts,
+            GenerationConfig(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True),
+            lambda r: (sum(r.output_tokens) % 5) / 4,
+            n_samples=4,
+        )
     finally:
         engine.close()
     del engine
@@ -147,20 +186,46 @@ def grpo_step_child(folder: Path, dtype: str, new_tokens: int) -> None:
     start = time.perf_counter()
     stats = actor.train_step(batch, groups)
     seconds = time.perf_counter() - start
-    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-               if line.startswith("VmHWM"))
-    print("@grpo " + json.dumps({"dtype": dtype, "rows": int(batch["input_ids"].shape[0]),
-                                 "tokens": int(batch["attention_mask"].sum()), "seconds": round(seconds, 1),
-                                 "peak_rss_gib": round(hwm / 2**20, 2),
-                                 "trainable_dtype": str(actor.params[0].dtype).removeprefix("torch."),
-                                 "logprob_abs_diff_max": stats.get("logprob_abs_diff_max"), "load": load()}),
-          flush=True)
+    hwm = next(
+        int(line.split()[1])
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM")
+    )
+    print(
+        "@grpo "
+        + json.dumps(
+            {
+                "dtype": dtype,
+                "rows": int(batch["input_ids"].shape[0]),
+                "tokens": int(batch["attention_mask"].sum()),
+                "seconds": round(seconds, 1),
+                "peak_rss_gib": round(hwm / 2**20, 2),
+                "trainable_dtype": str(actor.params[0].dtype).removeprefix("torch."),
+                "logprob_abs_diff_max": stats.get("logprob_abs_diff_max"),
+                "load": load(),
+            }
+        ),
+        flush=True,
+    )
 
 
 def grpo_step(folder: Path, dtype: str, new_tokens: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--grpo-child", dtype, "--model", str(folder),
-                          "--new-tokens", str(new_tokens)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--grpo-child",
+            dtype,
+            "--model",
+            str(folder),
+            "--new-tokens",
+            str(new_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("@grpo "):
             return json.loads(line.removeprefix("@grpo "))
@@ -188,8 +253,14 @@ def main() -> None:
     start = time.perf_counter()
     folder = model_folder(cache_root() / "bench", args.layers, args.vocab)
     print(f"model {folder} (load {load()})", flush=True)
-    result: dict = {"model": "Qwen2.5-0.5B shape, random init", "layers": args.layers, "vocab": args.vocab,
-                    "cpus": os.cpu_count(), "throughput": [], "grpo": []}
+    result: dict = {
+        "model": "Qwen2.5-0.5B shape, random init",
+        "layers": args.layers,
+        "vocab": args.vocab,
+        "cpus": os.cpu_count(),
+        "throughput": [],
+        "grpo": [],
+    }
     for dtype in args.dtypes:
         if "throughput" not in args.skip:
             result["throughput"] += throughput(folder, dtype, args)

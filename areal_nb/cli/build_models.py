@@ -21,9 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.models.shipped import build, recorded_info, shipped_root
 
     parser = argparse.ArgumentParser(prog="areal-nb build-models", description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"default: all of {', '.join(BUILT_IN_NAMES)}")
-    parser.add_argument("--check", action="store_true",
-                        help="build into a scratch folder and compare with the shipped weights (exit 1 if they differ)")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"default: all of {', '.join(BUILT_IN_NAMES)}"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="build into a scratch folder and compare with the shipped weights (exit 1 if they differ)",
+    )
     parser.add_argument("--out", type=Path, default=None, help=f"where to write (default {shipped_root()})")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     unknown = [n for n in args.names if n not in BUILT_IN_NAMES]
@@ -42,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, info in build(names, args.out or Path(scratch)).items():
             shipped = recorded_info(name) or {}
             same = shipped.get("weights_sha256") == info["weights_sha256"]
-            print(f"{name}: rebuilt {info['weights_sha256']} ({_score(info)}), shipped "
-                  f"{shipped.get('weights_sha256')} ({_score(shipped) if shipped else 'none'}): "
-                  f"{'same' if same else 'DIFFERENT'}")
+            print(
+                f"{name}: rebuilt {info['weights_sha256']} ({_score(info)}), shipped "
+                f"{shipped.get('weights_sha256')} ({_score(shipped) if shipped else 'none'}): "
+                f"{'same' if same else 'DIFFERENT'}"
+            )
             differ += [] if same else [name]
     return 1 if differ else 0
 

@@ -56,9 +56,13 @@ def shipped_folder(name: str, current_key: str) -> Path | None:
     if (name, current_key) in _said_stale:
         return None
     _said_stale.add((name, current_key))
-    print(f"the shipped {name} was built from another recipe (recorded key {info.get('recipe_key')}, "
-          f"this code's {current_key}): building it here instead; `areal-nb build-models` rebuilds "
-          "the shipped files", file=sys.stderr, flush=True)
+    print(
+        f"the shipped {name} was built from another recipe (recorded key {info.get('recipe_key')}, "
+        f"this code's {current_key}): building it here instead; `areal-nb build-models` rebuilds "
+        "the shipped files",
+        file=sys.stderr,
+        flush=True,
+    )
     return None
 
 
@@ -88,9 +92,14 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-            "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def build(names: list[str], out_root: Path) -> dict[str, dict]:
@@ -123,10 +132,15 @@ def build(names: list[str], out_root: Path) -> dict[str, dict]:
                     build_tools_tokenizer(tools_tokenizer, math_tokenizer)
                     info = build_tools_model(work, tools_tokenizer)
                 else:
-                    raise ValueError(f"unknown built-in model {name!r}; expected one of {registry.BUILT_IN_NAMES}")
+                    raise ValueError(
+                        f"unknown built-in model {name!r}; expected one of {registry.BUILT_IN_NAMES}"
+                    )
                 model = AutoModelForCausalLM.from_pretrained(str(work), dtype=torch.float32)
-                info |= {"recipe_key": registry.recipe_key(name), "weights_sha256": weights_sha256(model),
-                         "built_with": machine()}
+                info |= {
+                    "recipe_key": registry.recipe_key(name),
+                    "weights_sha256": weights_sha256(model),
+                    "built_with": machine(),
+                }
                 (work / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
                 final = out_root / name
                 if final.exists():

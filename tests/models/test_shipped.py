@@ -15,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from areal_nb.models import TINY_MATH, TINY_TOOLS, load_model, load_tokenizer, resolve_model_path
-from areal_nb.models import registry, shipped
+from areal_nb.models import (
+    TINY_MATH,
+    TINY_TOOLS,
+    load_model,
+    load_tokenizer,
+    registry,
+    resolve_model_path,
+    shipped,
+)
 from areal_nb.models.shipped import recorded_info, shipped_root, weights_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,4 +88,6 @@ def test_a_stale_shipped_folder_is_not_used(monkeypatch, tmp_path, capsys):
     assert "the shipped tiny-math was built from another recipe" in said and "areal-nb build-models" in said
     # the same tokenizer the shipped folder carries
     monkeypatch.setattr(shipped, "SHIPPED_ROOT", ROOT / "areal_nb" / "models" / "shipped")
-    assert (tokenizer_dir / "tokenizer.json").read_text() == (shipped_root() / TINY_MATH / "tokenizer.json").read_text()
+    assert (tokenizer_dir / "tokenizer.json").read_text() == (
+        shipped_root() / TINY_MATH / "tokenizer.json"
+    ).read_text()
