@@ -91,3 +91,42 @@ def test_a_stale_shipped_folder_is_not_used(monkeypatch, tmp_path, capsys):
     assert (tokenizer_dir / "tokenizer.json").read_text() == (
         shipped_root() / TINY_MATH / "tokenizer.json"
     ).read_text()
+
+
+@pytest.mark.slow  # trains (2 steps per model)
+def test_build_models_writes_complete_folders_and_check_compares_them(monkeypatch, tmp_path, capsys):
+    """`areal-nb build-models --out` then `--check`, with the recipes cut to 2 steps (the real
+    ones take minutes): the folders load, record the current recipe key and their weights' hash."""
+    from areal_nb.cli.build_models import main
+    from areal_nb.models import tiny_tools, warm_start
+
+    short_math, short_tools = warm_start.build_model, tiny_tools.build_tools_model
+    monkeypatch.setattr(
+        warm_start,
+        "build_model",
+        lambda out, tok: short_math(out, tok, dict(warm_start.SFT_RECIPE, steps=2, eval_problems=2)),
+    )
+    monkeypatch.setattr(
+        tiny_tools,
+        "build_tools_model",
+        lambda out, tok: short_tools(out, tok, dict(tiny_tools.TOOLS_SFT_RECIPE, steps=2, eval_problems=2)),
+    )
+
+    assert main(["--out", str(tmp_path)]) == 0
+    for name in (TINY_MATH, TINY_TOOLS):
+        info = json.loads((tmp_path / name / "build_info.json").read_text())
+        assert info["recipe_key"] == registry.recipe_key(name)
+        assert info["weights_sha256"] == weights_sha256(load_model(str(tmp_path / name)))
+        assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= {
+            p.name for p in (tmp_path / name).iterdir()
+        }
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    capsys.readouterr()
+
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", tmp_path)  # the 2-step builds as the shipped ones
+    assert main(["--check", TINY_MATH]) == 0  # rebuilt on the same machine: the same weights
+    assert ": same" in capsys.readouterr().out
+    info_path = tmp_path / TINY_MATH / "build_info.json"
+    info_path.write_text(json.dumps(json.loads(info_path.read_text()) | {"weights_sha256": "0" * 64}))
+    assert main(["--check", TINY_MATH]) == 1
+    assert ": DIFFERENT" in capsys.readouterr().out
