@@ -14,8 +14,5 @@ def __getattr__(name: str):
     if name == "Session":
         from areal_nb.session import Session
 
-        # The widgets register the views behind RolloutBatch.show_tree/show_tokens/show_rewards.
-        import areal_nb.widgets  # noqa: F401
-
         return Session
     raise AttributeError(f"module 'areal_nb' has no attribute {name!r}")

@@ -49,7 +49,7 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
         self.reward_fn = AsyncRewardWrapper(math_reward, timeout_seconds=reward_timeout)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]):
-        from areal_nb.openai import ArealOpenAI
+        from areal_nb.capture import ArealOpenAI
 
         client = ArealOpenAI(engine=engine, tokenizer=self.tokenizer, chat_template_type=self.chat_template_type)
         messages = list(data["messages"])  # never mutate the shared prompt: agents append to their input

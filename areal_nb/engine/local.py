@@ -46,6 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from areal_nb.api import ModelRequest, ModelResponse
+from areal_nb.errors import EngineClosedError  # noqa: F401 (re-exported)
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from .kv_batch import PaddedKVBatch, compact_order
@@ -89,10 +90,6 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed before (or while) serving the request."""
 
 
 class _RateLimitedLog:

@@ -57,19 +57,12 @@ from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.errors import EngineServerError, ServerDownError  # noqa: F401 (re-exported)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
 from .weight_sync import write_weights
 
 T = TypeVar("T")
-
-
-class EngineServerError(RuntimeError):
-    """An engine server answered with an error, broke the protocol, or the engine was closed."""
-
-
-class ServerDownError(EngineServerError):
-    """The server that held the request is down (process died, connection lost)."""
 
 
 @dataclass(eq=False)
@@ -262,6 +255,13 @@ class SGLangEngine:
     def set_version(self, version: int) -> None:
         """Set the version servers report for their current weights (`/update_weight_version`)."""
         self._call(self.aset_version(version))
+
+    def rng_state(self) -> None:
+        """None: the servers sample with their own generators, which a checkpoint here cannot hold."""
+        return None
+
+    def set_rng_state(self, state: object) -> None:
+        """Nothing to restore (see `rng_state`)."""
 
     def pause(self) -> None:
         self._call(self.apause())

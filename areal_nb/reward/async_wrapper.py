@@ -31,9 +31,9 @@ import asyncio
 import atexit
 import functools
 import importlib
+import inspect
 import logging
 import multiprocessing
-import inspect
 import os
 import re
 import threading
@@ -44,24 +44,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
+from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-class RewardError(RuntimeError):
-    """A reward could not be computed; the episode that needed it should be rejected."""
-
-
-class RewardTimeoutError(RewardError):
-    pass
-
-
-class RewardWorkerCrashedError(RewardError):
-    pass
-
-
-class RewardFunctionError(RewardError):
-    pass
 
 
 def default_max_workers() -> int:

@@ -35,7 +35,7 @@ def import_from_string(path: str) -> Any:
 
 
 def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, **proxy_workflow_kwargs: Any):
-    from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+    from .workflow import OpenAIProxyWorkflow
 
     name = type(agent).__name__
     if not proxy_addr:

@@ -48,7 +48,7 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
         "version": session.version,
         "actor": actor_state,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-        "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
+        "engine_rng": engine.rng_state(),
         "data_pos": untrained_data_pos(session),
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
@@ -115,7 +115,7 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
-    if state.get("engine_rng") is not None and hasattr(engine, "set_rng_state"):
+    if state.get("engine_rng") is not None:
         engine.set_rng_state(state["engine_rng"])
     session.data = session.data.at(state["data_pos"])
     session._history = list(state.get("history", []))

@@ -27,16 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
-from areal_nb.widgets import EngineLog
+from areal_nb.widgets import EngineLog, view_batch
 
 from . import builder
 from .checkpoint import read_checkpoint, restore, save_checkpoint
 from .data import DataStream, load_task_data
+from .dynamic_sampling import refill_informative
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
 from .parallel import RankChannel
@@ -334,11 +334,29 @@ class Session:
     async def atrain_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
         return await asyncio.to_thread(self.train_step, batch, inspect)
 
+    def compare(self, batch: RolloutBatch, variants: dict[str, dict[str, Any]], *, trial_step: bool = False):
+        """`batch` under several algorithms, side by side, without training (`lab.py`).
+
+        `variants`: name → actor knobs, e.g. `{"grpo": {}, "dr_grpo": {}, "gspo": {"eps_clip": 1e-3}}`
+        (a preset's name selects it). Returns a `Comparison`: `.table` (a DataFrame, one row per
+        variant: loss, clipped/masked fractions, gradient norm, cosine of its gradient with each
+        other's), `.view()` (token lanes); `trial_step=True` adds the KL each update would cause.
+        Weights, optimizer state and RNG states are left exactly as they were."""
+        from .lab import compare
+
+        self._check_open()
+        return compare(self, batch, variants, trial_step=trial_step)
+
     def step(self) -> dict[str, float]:
         """Rollout + train. A batch whose every episode was rejected is not trained on: another is
         rolled out (`rejections.py`); `MAX_EMPTY_BATCHES` such batches in a row raise
-        `RolloutRejectedError` listing the reasons and the rows they hit."""
-        return self.train_step(self._rollout_with_accepted_episodes())
+        `RolloutRejectedError` listing the reasons and the rows they hit. With
+        `actor.dynamic_sampling` (DAPO) groups whose rewards are all equal are dropped and the
+        batch refilled (`dynamic_sampling.py`)."""
+        batch = self._rollout_with_accepted_episodes()
+        if batch is not None and self.config.actor.dynamic_sampling:
+            batch = refill_informative(batch, self.rollout, self.config.actor.dynamic_sampling_max_rounds)
+        return self.train_step(batch)
 
     def _rollout_with_accepted_episodes(self) -> RolloutBatch | None:
         empty: list[RolloutBatch] = []
@@ -593,7 +611,7 @@ class Session:
         agent = self.config.agent
         return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
                             discount_mode=agent.discount_mode, version=self.engine.get_version(),
-                            tokenizer=self.tokenizer, credit=self.config.actor.credit)
+                            tokenizer=self.tokenizer, credit=self.config.actor.credit, viewer=view_batch)
 
     def _after_step(self, row: dict[str, Any]) -> None:
         self._log_metrics(row["step"], row)

@@ -37,8 +37,9 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .loss import ppo_loss_terms
+from .mismatch import mismatch_report
 from .packing import pack_rows, packed_token_logprobs_and_entropy
+from .policy_loss import loss_normalizer, variant_loss_terms
 from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -178,10 +179,11 @@ class Actor:
         minibatches = torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches)
         for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            # Every micro-batch divides by the minibatch's token count: summed gradients are
-            # exactly those of the token-level mean over the minibatch. Data-parallel, the count
-            # is the whole minibatch's (every rank has the batch), and the sum runs over ranks.
-            minibatch_tokens = int(mask[rows].sum())
+            # Every micro-batch divides by the minibatch's divisor (token_mean: its token count),
+            # so summed gradients are exactly those of the whole minibatch's loss. Data-parallel,
+            # the divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks.
+            # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
+            normalizer = loss_normalizer(mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
             minibatch_loss = 0.0
             for micro in own(rows):
                 if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
@@ -203,18 +205,12 @@ class Actor:
                     prox_logprobs[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
                     if not use_engine_as_old:
                         micro_old = prox_logprobs[micro, cols]
-                terms = ppo_loss_terms(
-                    logprobs,
-                    micro_old,
-                    advantages[micro, cols],
-                    mask[micro, cols],
-                    eps_clip=cfg.eps_clip,
-                    eps_clip_higher=cfg.eps_clip_higher,
-                    c_clip=cfg.c_clip,
-                    prox_logprobs=prox_logprobs[micro, cols] if cfg.use_decoupled_loss else None,
-                    behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
-                    entropy=entropy,
-                    normalizer=max(minibatch_tokens, 1),
+                # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
+                # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
+                terms, _ = variant_loss_terms(
+                    cfg, logprobs, micro_old, advantages[micro, cols], mask[micro, cols],
+                    None if prox_logprobs is None else prox_logprobs[micro, cols], engine_logprobs[micro, cols],
+                    entropy, normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
                 )
                 loss, stats = terms.loss, terms.stats
                 if collector is not None:
@@ -257,6 +253,7 @@ class Actor:
             diff = (prox_logprobs - engine_logprobs).abs()[mask]
             out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
             out["logprob_abs_diff_max"] = float(diff.max())
+            out.update(mismatch_report(cfg, prox_logprobs, engine_logprobs, mask))  # algorithm hook
         out["version"] = float(self.version)
         out["lr"] = lr
         if collector is not None:

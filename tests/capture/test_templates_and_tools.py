@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from areal_nb.testing import ScriptedEngine
-from areal_nb.openai import (
+from areal_nb.capture import (
     ArealOpenAI,
     ConcatAlignmentError,
     InteractionWithTokenLogpReward,
@@ -92,7 +92,7 @@ def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(tiny_tok
     into the prompt (tools added) or dropped the new user message (tools dropped). Such a call
     is rendered whole, as a new root, with a warning; each generated token is still in exactly
     one concat leaf."""
-    from areal_nb.openai import ConversationLinkWarning
+    from areal_nb.capture import ConversationLinkWarning
 
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, FINAL), tiny_tokenizer, chat_template_type="concat")
     msgs = [{"role": "user", "content": "What is 2+3?"}]

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from areal_nb.testing import ScriptedEngine
-from areal_nb.openai import (
+from areal_nb.capture import (
     ArealOpenAI,
     ChunkStream,
     CompletionRequestError,
@@ -418,7 +418,7 @@ def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
     """`responses.create(stream=True)`: the OpenAI event sequence (created, in_progress, per
     output item added/deltas/done, completed) with increasing sequence numbers; the text deltas
     and argument deltas rebuild the output, `response.completed` carries the recorded response."""
-    from areal_nb.openai.response_stream import response_stream_events
+    from areal_nb.capture.response_stream import response_stream_events
 
     text = 'Let me add.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from areal_nb.openai import InteractionCache, InteractionWithTokenLogpReward, concat_padded_tensors
-from areal_nb.openai.wire import interactions_from_wire, interactions_to_wire
+from areal_nb.capture import InteractionCache, InteractionWithTokenLogpReward, concat_padded_tensors
+from areal_nb.capture.wire import interactions_from_wire, interactions_to_wire
 
 from .helpers import EOS, PAD, call, user
 

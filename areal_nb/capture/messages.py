@@ -15,16 +15,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from areal_nb.api import InvalidRequestError
+from areal_nb.errors import CompletionRequestError, MessageTypeError  # noqa: F401 (re-exported)
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-class CompletionRequestError(InvalidRequestError):
-    """An invalid request: the proxy answers it with HTTP 400 and `str(error)`."""
-
-
-class MessageTypeError(CompletionRequestError, TypeError):
-    """Messages of the wrong type (a `TypeError` that is also a `CompletionRequestError`)."""
 
 
 # What `copy.deepcopy` returns unchanged (immutable): skipping its dispatch for every string of

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from areal_nb.openai import InteractionCache, InteractionWithTokenLogpReward
-from areal_nb.openai.wire import interactions_from_wire, interactions_to_wire
+from areal_nb.capture import InteractionCache, InteractionWithTokenLogpReward
+from areal_nb.capture.wire import interactions_from_wire, interactions_to_wire
 
 from .helpers import EOS, assistant, call, user
 from .test_interaction import lists, three_turns_and_truncated

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from areal_nb.openai import ArealOpenAI, CompletionRequestError, render_prompt_ids
-from areal_nb.openai.prompt_memo import MAX_KEY_BYTES, PromptMemo, prompt_memo
+from areal_nb.capture import ArealOpenAI, CompletionRequestError, render_prompt_ids
+from areal_nb.capture.prompt_memo import MAX_KEY_BYTES, PromptMemo, prompt_memo
 from areal_nb.testing import ScriptedEngine
 
 USER = [{"role": "user", "content": "A bag holds 6 oranges. Liam takes 2 out. How many are left?"}]

@@ -6,14 +6,14 @@ import warnings
 
 import pytest
 
-from areal_nb.openai import (
+from areal_nb.capture import (
     ConversationLinkWarning,
     IncompleteInteractionWarning,
     InteractionCache,
     InteractionWithTokenLogpReward,
     MissingRewardWarning,
 )
-from areal_nb.openai.cache import discounted_rewards
+from areal_nb.capture.cache import discounted_rewards
 
 from .helpers import assistant, call, user
 
@@ -70,7 +70,7 @@ def test_edited_assistant_message_breaks_the_link_with_a_warning():
 def test_sdk_message_objects_and_their_dumps_link_alike():
     from openai.types.chat import ChatCompletionMessage
 
-    from areal_nb.openai import normalize_messages
+    from areal_nb.capture import normalize_messages
 
     msgs = normalize_messages([{"role": "user", "content": "q"}, ChatCompletionMessage(role="assistant", content="x")])
     cache = InteractionCache()

@@ -38,6 +38,8 @@ _template_variables: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.We
 
 def context_tokens(engine: Any, engine_max_tokens: int | None) -> int | None:
     """The most prompt + output tokens one call can use: the engine's context or the setting."""
+    # `InferenceEngine.max_context`; read with a default because `ArealOpenAI` also takes any object
+    # that only generates (AReaL's client takes such engines too)
     limits = [x for x in (getattr(engine, "max_context", None), engine_max_tokens) if isinstance(x, int) and x > 0]
     return min(limits) if limits else None
 

@@ -44,23 +44,15 @@ import httpx
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
-
-from .client import OpenAIProxyClient, ProxyRequestError
-from .inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
-from .state import ProxyState
+from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
+from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
+from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
+from areal_nb.proxy.state import ProxyState
 
 logger = logging.getLogger(__name__)
 
 MODES = ("inline", "subproc")
 SUBPROC_ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
-
-
-class EpisodeRejected(Exception):
-    """Internal: the episode ran but its trajectory must not be trained on."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind
-        super().__init__(message)
 
 
 def _run_agent_in_subprocess(agent_payload: bytes, data: dict[str, Any], env: dict[str, str]) -> Any:

@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.errors import ConcatAlignmentError  # noqa: F401 (re-exported)
+
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
 from .prompt_memo import prompt_memo
-
-
-class ConcatAlignmentError(RuntimeError):
-    """The full-conversation template could not be aligned with the parent's tokens."""
 
 
 def render_prompt_ids(

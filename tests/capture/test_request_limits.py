@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_nb.openai.completion import CompletionRequestError
-from areal_nb.openai.request_limits import (
+from areal_nb.capture.completion import CompletionRequestError
+from areal_nb.capture.request_limits import (
     check_chat_template_kwargs,
     check_prompt_size,
     max_chars_per_token,
     template_variables,
     text_chars,
 )
-from areal_nb.openai.templates import render_prompt_ids
+from areal_nb.capture.templates import render_prompt_ids
 
 
 def test_no_token_stands_for_more_text_than_the_bound(tiny_tokenizer):

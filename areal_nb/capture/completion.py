@@ -94,10 +94,11 @@ class CompletionSettings:
             _check_positive_int("engine_max_tokens", self.engine_max_tokens, ValueError)
         if self.default_max_new_tokens is not None:
             _check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
-        if not self.default_temperature >= 0:
-            raise ValueError(f"default_temperature must be >= 0, got {self.default_temperature}")
-        if not 0 < self.default_top_p <= 1:
-            raise ValueError(f"default_top_p must be in (0, 1], got {self.default_top_p}")
+        try:  # the same ranges as a request's (one rule: GenerationConfig.check)
+            GenerationConfig(greedy=self.default_temperature == 0, temperature=self.default_temperature,
+                             top_p=self.default_top_p).check()
+        except InvalidRequestError as exc:
+            raise ValueError(f"default_temperature / default_top_p: {exc}") from None
 
     def fill_sampling(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
         """The request's temperature and top_p, or these settings' defaults where it has none."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from areal_nb.api import ModelResponse
-from areal_nb.openai import InteractionWithTokenLogpReward
+from areal_nb.capture import InteractionWithTokenLogpReward
 
 EOS, PAD = 2, 0
 

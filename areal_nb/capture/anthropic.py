@@ -25,11 +25,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion
 
 from areal_nb.api import InvalidRequestError
-
-
-class AnthropicRequestError(InvalidRequestError):
-    """A Messages request that cannot be converted: the proxy answers HTTP 400."""
-
+from areal_nb.errors import AnthropicRequestError  # noqa: F401 (re-exported)
 
 # OpenAI finish_reason → Anthropic stop_reason
 _STOP_REASONS = {

@@ -16,22 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, check_export_style
+from areal_nb.errors import ConversationLinkWarning, IncompleteInteractionWarning, MissingRewardWarning  # noqa: F401 (re-exported)
 
 from .interaction import InteractionWithTokenLogpReward, checked_reward
 from .messages import is_prefix
-
-
-class ConversationLinkWarning(UserWarning):
-    """A call looks like a continuation but is not linked as one: an edited assistant message, or
-    (concat mode) tools or template variables that differ from the parent's."""
-
-
-class MissingRewardWarning(UserWarning):
-    """A reward discount found calls whose reward was never set (they count as 0.0)."""
-
-
-class IncompleteInteractionWarning(UserWarning):
-    """An export skipped calls that have not returned."""
 
 
 class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
