@@ -129,6 +129,8 @@ class Session:
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
             self.workflow = builder.build_workflow(cfg, self._proxy)
             self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
+            self._judge_engine = builder.bind_session_judges(cfg, getattr(self.workflow, "agent", None), policy,
+                                                             self.tokenizer)
             self.executor = self._runtime.call(self._make_executor())
             self.eval_problems = task_data.held_out
             self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
@@ -593,7 +595,8 @@ class Session:
                     workflow.close()
             except Exception as e:
                 logger.warning("closing the workflow failed: %s", e)
-        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_runtime", "close")):
+        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_judge_engine", "close"),
+                           ("_runtime", "close")):
             part = getattr(self, name, None)
             if part is not None:
                 try:
