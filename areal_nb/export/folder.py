@@ -154,14 +154,7 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
     if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
         logger.info("%d prefetched rollout group(s) were not trained on: the exported run generates them "
                     "again from their rows, at its own policy version", waiting)
-    original = session.config
-    session.config = cfg
-    try:
-        save_checkpoint(session, path, *(gathered or ()))
-    finally:
-        session.config = original
-    saved = load_config(path / "config.yaml", {"model.path": str(final / "model")})
-    dump_config(saved, path / "config.yaml")
+    save_checkpoint(session, path, *(gathered or ()), config=cfg, model_path=final / "model")
 
 
 # ----------------------------------------------------------------------------- scripts
