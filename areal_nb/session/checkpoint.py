@@ -87,7 +87,10 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
     if not isinstance(cfg.agent.workflow, str):
         raise ConfigError("save() needs agent.workflow as an import string so the run can be restored")
     _check_target(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # (a user's path: permissions, a read-only filesystem, ...)
+        raise CheckpointError(f"cannot save a checkpoint at {final}: {e.strerror or e} ({final.parent})") from e
     actor_state = session.actor.state_dict() if actor_state is None else actor_state
     ref_weights = session.actor.ref_weights() if ref_weights is None else ref_weights
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.saving-", dir=final.parent))
@@ -111,6 +114,11 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
 
 def _check_target(final: Path) -> None:
     """Save over nothing, an empty folder or an earlier checkpoint; refuse anything else."""
+    for parent in final.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot save a checkpoint at {final}: {parent} is not a folder")
+            break
     if not final.exists() and not final.is_symlink():
         return
     if not final.is_dir():
