@@ -468,7 +468,7 @@ class Session:
         if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
             raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
         limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
-                      episode_timeout=self.config.agent.agent_timeout,
+                      episode_timeout=builder.episode_timeout(self.config, self._eval_workflow),
                       switch_interval=self.config.rollout.gil_switch_interval)
         result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems,
                                                                  rows_name=rows_name, **limits)))
