@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import importlib
 import inspect
 import logging
 import math
@@ -60,8 +61,14 @@ WORKER_START_TIMEOUT_S = 300.0
 
 
 def _worker_started(barrier: Any) -> None:
-    """Pool initializer: no worker takes an episode before every worker of the pool is up, so the
-    warm-up below waits for all of them and no episode's clock runs during a start-up."""
+    """Pool initializer: no worker takes a job before every worker of the pool is up, so the
+    warm-up (`_started_pool`) ends when all of them are and no episode's clock runs during a start-up.
+    The SDKs subproc agents call (their env vars are set per episode) are imported here, off the clock."""
+    for sdk in ("openai", "anthropic"):
+        try:
+            importlib.import_module(sdk)
+        except ImportError:
+            pass
     barrier.wait(WORKER_START_TIMEOUT_S)
 
 
@@ -243,8 +250,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         EpisodeRejected with the workers' own traceback when they cannot start."""
         pool = self._process_pool()
         if self._pool_ready is None:
-            with spawn_safely():  # (the first submit starts the processes)
-                self._pool_ready = asyncio.wrap_future(pool.submit(_worker_ready))
+            # one job per worker: a spawn pool starts a process per job it has no idle worker for,
+            # and the initializer's barrier holds every job until all the workers are up
+            with spawn_safely():
+                jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
+            self._pool_ready = asyncio.gather(*jobs)
         try:
             await asyncio.wait_for(asyncio.shield(self._pool_ready), WORKER_START_TIMEOUT_S)
         except (BrokenProcessPool, TimeoutError) as exc:
