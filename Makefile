@@ -1,12 +1,13 @@
 # Two commands on a fresh machine:  make demo   (the main job)   and   make test
 # While working:  make test-fast  (unit tests only: no servers, no training, no browser, no notebooks)
+#                 make docs       (the documentation site, into site/)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages demo demo-tools test test-fast bench clean
+.PHONY: install slurm-packages demo demo-tools test test-fast docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,12 +21,13 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/areal-nb demo
 
-# The tool-using task (issue 17): tiny-tools learns to call the calculator and copy its result.
+# The tool-using task: tiny-tools learns to call the calculator and copy its result.
 demo-tools: install
 	$(BIN)/areal-nb demo --config configs/tool_use.yaml --out runs/tool_use
 
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
-# and the import-linter layer contracts (tests/test_layers.py). -rs prints why a test skipped.
+# the import-linter layer contracts (tests/test_layers.py) and the docs build in strict mode
+# (tests/test_docs.py). -rs prints why a test skipped.
 test: install slurm-packages
 	$(BIN)/python -m pytest -x -q -rs tests
 
@@ -49,8 +51,14 @@ slurm-packages:
 test-fast: install
 	$(BIN)/python -m pytest -x -q -rs -m "not slow and not server and not browser" tests
 
+# The documentation site (mkdocs.yml, pages under docs/) into site/; strict: a broken link, a page
+# missing from the navigation or an API reference that does not resolve fails the build.
+# `make test` builds it too (tests/test_docs.py).
+docs: install
+	$(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

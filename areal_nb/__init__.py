@@ -1,7 +1,7 @@
 """areal_nb: Jupyter-first agentic reinforcement learning of language models.
 
-`from areal_nb import Session` is the entry point; the packages below it are listed in the README
-and docs/design.md.
+`from areal_nb import Session` is the entry point; the packages below it are listed in docs/design.md;
+docs/getting-started.md has a tour.
 """
 
 __version__ = "0.1.0"
@@ -13,9 +13,6 @@ def __getattr__(name: str):
     # `Session` pulls in torch, transformers and the proxy; import it only when asked for.
     if name == "Session":
         from areal_nb.session import Session
-
-        # The widgets register the views behind RolloutBatch.show_tree/show_tokens/show_rewards.
-        import areal_nb.widgets  # noqa: F401
 
         return Session
     raise AttributeError(f"module 'areal_nb' has no attribute {name!r}")

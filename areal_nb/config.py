@@ -27,11 +27,8 @@ from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
 from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
+from areal_nb.errors import ConfigError  # noqa: F401 (re-exported)
 from areal_nb.train import GRPOConfig
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key."""
 
 
 class _Section(BaseModel):

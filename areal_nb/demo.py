@@ -1,6 +1,6 @@
 """`areal-nb demo` / `make demo`: the main job.
 
-Trains the seed's multi-turn math agent (a plain OpenAI-SDK agent behind the proxy) with GRPO
+Trains AReaL's multi-turn math agent (a plain OpenAI-SDK agent behind the proxy) with GRPO
 on the built-in `tiny-math` model and the embedded engine, then writes
 `runs/demo/reward_curve.png` and `runs/demo/summary.json`.
 """

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config, args.overrides)
     run_dir = cfg.run_dir  # logging.run_dir, or runs/<experiment_name>
     # Under torchrun every rank runs this: rank 0 rolls out, evaluates and writes; the others
-    # train their share of each batch (README "Data-parallel training").
+    # train their share of each batch (docs/guides/data-parallel.md).
     with Session(cfg) as session:
         if session.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)

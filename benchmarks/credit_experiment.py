@@ -1,8 +1,8 @@
-"""Leaf vs turn credit on the demo configuration (issue 16): does training each turn's tokens on
+"""Leaf vs turn credit on the demo configuration: does training each turn's tokens on
 that turn's own return help a multi-turn agent?
 
 For every condition (credit × discount γ) and seed, a fresh Session trains the demo configuration
-(configs/multi_turn_math.yaml: the seed's two-turn math agent, concat export, tree discount) and
+(configs/multi_turn_math.yaml: AReaL's two-turn math agent, concat export, tree discount) and
 reports held-out greedy accuracy of the first reply and success within 2 turns, before and after
 training, and the reward curve (mean episode return per step).
 

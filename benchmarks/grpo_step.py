@@ -128,7 +128,7 @@ def instrument_modules() -> None:
     app imports `create_chat_completion` when it is built, so this runs before the Session."""
     import torch
 
-    import areal_nb.openai.completion as completion
+    import areal_nb.capture.completion as completion
     import areal_nb.train.actor as actor_module
     from areal_nb.rollout.batch import RolloutBatch
 

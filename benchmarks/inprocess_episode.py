@@ -41,7 +41,7 @@ ADMIN_KEY = "bench-admin-key"
 def build() -> tuple:
     from areal_nb.config import load_config
     from areal_nb.models import load_tokenizer
-    from areal_nb.openai import CompletionSettings
+    from areal_nb.capture import CompletionSettings
     from areal_nb.proxy import ProxySettings, create_app
     from areal_nb.session.data import DataStream, load_task_data
     from areal_nb.testing import ScriptedEngine
@@ -60,7 +60,7 @@ def episodes(app, engine, tokenizer, settings) -> dict:
     """{layer: async episode(messages)}."""
     from openai import AsyncOpenAI
 
-    from areal_nb.openai.completion import create_chat_completion
+    from areal_nb.capture.completion import create_chat_completion
     from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, direct_routes
 
     state = app.state.proxy
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from areal_nb.openai.prompt_memo import prompt_memo
+    from areal_nb.capture.prompt_memo import prompt_memo
 
     app, engine, tokenizer, settings, problems = build()
     layers = episodes(app, engine, tokenizer, settings)

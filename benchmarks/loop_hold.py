@@ -62,9 +62,9 @@ async def hop_cpu(n: int = 200) -> float:
 
 async def main(sizes: list[int], repeats: int) -> dict:
     from areal_nb.models import load_tokenizer
-    from areal_nb.openai.templates import render_prompt_ids
+    from areal_nb.capture.templates import render_prompt_ids
 
-    from areal_nb.openai.prompt_memo import prompt_memo
+    from areal_nb.capture.prompt_memo import prompt_memo
 
     tokenizer = load_tokenizer("tiny-math")
     prompt_memo(tokenizer).max_entries = 0  # every render is a fresh one (a GRPO group's repeats would be hits)

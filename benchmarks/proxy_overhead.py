@@ -65,8 +65,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def direct_latencies(n: int) -> list[float]:
-    from areal_nb.openai.cache import InteractionCache
-    from areal_nb.openai.completion import CompletionSettings, create_chat_completion
+    from areal_nb.capture.cache import InteractionCache
+    from areal_nb.capture.completion import CompletionSettings, create_chat_completion
 
     app, tokenizer, _ = build_app()
     engine, settings = app.state.engine, CompletionSettings()

@@ -1,6 +1,6 @@
 """The demo config through `engine.type: remote` against two `areal-nb engine-server` processes.
 
-Issue 11's acceptance run: starts two engine servers (tiny-math, loopback, shared weights dir),
+The demo through engine servers: starts two engine servers (tiny-math, loopback, shared weights dir),
 runs `areal-nb demo` with `engine.type=remote engine.addresses=[...]`, and prints held-out
 accuracy before/after next to the embedded engine's figures from a `make demo` summary.json.
 

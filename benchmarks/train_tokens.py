@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 VARIANTS = {  # name: actor overrides
-    "padded+recompute": {"pack": False, "skip_redundant_recompute": False},  # before issue 14
+    "padded+recompute": {"pack": False, "skip_redundant_recompute": False},  # padded, recomputed
     "padded": {"pack": False},
     "packed+recompute": {"pack": True, "skip_redundant_recompute": False},
     "packed-dense": {"pack": True, "tree_attention": False},  # one sequence per group, dense tree mask

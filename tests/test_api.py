@@ -106,3 +106,51 @@ def test_import_object_says_what_is_missing(path, error, message):
 
     with pytest.raises(error, match=message):
         import_object(path)
+
+
+def test_a_checked_generation_config_is_trusted_until_it_changes():
+    from areal_nb.api import GenerationConfig, InvalidRequestError
+
+    config = GenerationConfig(temperature=0.7, top_p=0.9)
+    assert not config.checked
+    assert config.check() is config and config.checked
+    config.top_p = 0.0  # assigned after the check: checked again by the next door
+    assert not config.checked
+    with pytest.raises(InvalidRequestError, match=r"top_p must be in \(0, 1\]"):
+        config.check()
+    assert not config.checked
+    assert not GenerationConfig().check().new(temperature=0.5).checked  # a copy is its own config
+
+
+def test_the_engine_protocol_declares_what_the_layers_above_call():
+    """Every method or attribute the session, rollout, proxy, capture and widgets layers use on an
+    engine is part of `InferenceEngine`: no caller reaches past the protocol."""
+    import re
+
+    from areal_nb.api import InferenceEngine
+    from pathlib import Path
+
+    import areal_nb
+
+    root = Path(areal_nb.__file__).parent
+    use = re.compile(r"(?:^|[^.\w`]|self\.|session\.|self\._)engine\.(\w+)|(?:has|get)attr\(\w*engine, \"(\w+)\"")
+    used: set[str] = set()
+    for layer in ("session", "rollout", "proxy", "capture", "widgets", "cli", "agents"):
+        for path in (root / layer).rglob("*.py"):
+            for match in use.finditer(path.read_text()):
+                used.add(match.group(1) or match.group(2))
+    declared = {name for name in dir(InferenceEngine) if not name.startswith("_")} | set(
+        InferenceEngine.__annotations__)
+    assert {"agenerate", "max_context", "rng_state", "set_rng_state"} <= used  # the scan sees the callers
+    assert used <= declared, f"used on engines but not declared by InferenceEngine: {sorted(used - declared)}"
+
+
+def test_the_test_and_evaluation_engines_follow_the_protocol(tiny_tokenizer):
+    from areal_nb.api import InferenceEngine
+    from areal_nb.session.evaluation import GreedyEngine
+    from areal_nb.testing import ScriptedEngine
+
+    scripted = ScriptedEngine(tiny_tokenizer, "4")
+    for engine in (scripted, GreedyEngine(scripted)):
+        assert isinstance(engine, InferenceEngine)
+        assert engine.max_context is None and engine.rng_state() is None

@@ -60,6 +60,9 @@ def test_rollout_train_and_versions(session):
     batch = session.rollout()
     assert len(batch.episodes) == 4 and len(batch.groups) == 2
     assert batch.version == session.engine.get_version() == session.version
+    from areal_nb.widgets import TreeView
+
+    assert isinstance(batch.show_tree(0), TreeView)  # a Session's batches carry the widgets' viewer
     tensors = batch.to_tensors()
     # every generated token was sampled by the current policy version; prompt tokens are -1
     gen = tensors["loss_mask"].bool()

@@ -13,7 +13,7 @@ import pytest
 
 from areal_nb.agents.tool_agent import ToolAgent
 from areal_nb.data.tool_task import answer_reward, calculator, generate_tool_problems
-from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

@@ -3,7 +3,7 @@
 Real Session: the embedded engine, the real proxy, the ToolAgent's OpenAI SDK calls, the model's
 own `<tool_call>` text parsed into `tool_calls`. Two training steps, then a greedy evaluation; the
 conversation trees must show the tool turns. (The learning run itself, `make demo-tools`, is
-measured in the README, not here.)
+measured in benchmarks/RESULTS.md, not here.)
 """
 
 from __future__ import annotations

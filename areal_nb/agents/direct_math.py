@@ -1,6 +1,6 @@
-"""The seed's multi-turn math workflow on the direct `ArealOpenAI` client (legacy path).
+"""AReaL's multi-turn math workflow on the direct `ArealOpenAI` client (legacy path).
 
-Seed 003's `MultiturnRLVRWorkflow`: one `ArealOpenAI` client per episode bound to the engine,
+As AReaL's `MultiturnRLVRWorkflow`: one `ArealOpenAI` client per episode bound to the engine,
 answer → math-verify reward → on a wrong answer the fixed correction prompt and one more try,
 per-turn rewards, `apply_reward_discount(0.9)` and export. New code should prefer the proxy
 agent in `math_agent.py`, which needs no areal_nb imports at all.
@@ -49,10 +49,10 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
         self.reward_fn = AsyncRewardWrapper(math_reward, timeout_seconds=reward_timeout)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]):
-        from areal_nb.openai import ArealOpenAI
+        from areal_nb.capture import ArealOpenAI
 
         client = ArealOpenAI(engine=engine, tokenizer=self.tokenizer, chat_template_type=self.chat_template_type)
-        messages = list(data["messages"])  # never mutate the shared prompt (AReaL #432)
+        messages = list(data["messages"])  # never mutate the shared prompt: agents append to their input
         for _ in range(self.max_turns):
             completion = await client.chat.completions.create(
                 messages=messages, temperature=self.temperature, max_completion_tokens=self.max_new_tokens

@@ -1,4 +1,4 @@
-"""The seed's multi-turn math agent as a proxy agent: answer, check, and retry once corrected.
+"""AReaL's multi-turn math agent as a proxy agent: answer, check, and retry once corrected.
 
 Plain OpenAI SDK code: nothing here knows about tokens, log-probs or the trainer. Each turn's
 completion gets its own reward (1.0 correct, 0.0 wrong); the episode stops at the first

@@ -16,11 +16,9 @@ from typing import Any
 
 import cloudpickle
 
+from areal_nb.errors import NotSerializableError  # noqa: F401 (re-exported)
+
 __all__ = ["NotSerializableError", "dumps_by_value", "loads_by_value"]
-
-
-class NotSerializableError(TypeError):
-    """User code cannot be sent to a worker process."""
 
 
 def dumps_by_value(obj: Any, what: str) -> bytes:

@@ -1,6 +1,6 @@
 """Request/response types shared by every layer (engine, client, proxy, trainer).
 
-Semantics follow AReaL's `io_struct` (see shared/reference/areal-agentic-semantics.md §1),
+Semantics follow AReaL's `io_struct` (docs/reference/areal-semantics.md, "Requests and responses"),
 with one deliberate difference: a generation that stopped on a user stop *string* has no
 trailing EOS, and `output_tokens_without_stop` returns it unchanged instead of raising.
 """
@@ -13,23 +13,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_nb.errors import InvalidRequestError  # noqa: F401 (re-exported)
+
 STOP_REASONS = ("stop", "length", "tool_calls", "abort")
 
-# Sampling limits shared by the proxy (checked at the door) and the engines (checked again).
-# A temperature is 0 (greedy) or at least MIN_TEMPERATURE: smaller ones turn logits / T into
-# inf in float32 and sampling fails. Stop strings are bounded so stop checks stay cheap.
+# Sampling limits, checked in one place: `GenerationConfig.check`, which every door calls (the
+# capture layer for the proxy and `ArealOpenAI`, the engine-server, `LocalEngine` for a config
+# built by hand); a checked config is trusted below the door. A temperature is 0 (greedy) or at
+# least MIN_TEMPERATURE: smaller ones turn logits / T into inf in float32 and sampling fails.
+# Stop strings are bounded so stop checks stay cheap.
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-
-
-class InvalidRequestError(ValueError):
-    """A request that can never succeed as sent (a client error, HTTP 400 in the proxy).
-
-    Raised for input problems only; anything else an engine or the capture code raises is
-    our own fault (HTTP 500 with a logged traceback).
-    """
 
 
 @dataclass
@@ -54,8 +50,21 @@ class GenerationConfig:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
 
-    def check(self) -> None:
-        """Raise `InvalidRequestError` unless every sampling parameter is in its range."""
+    def __setattr__(self, name: str, value: Any) -> None:
+        # any change after `check` makes the config unchecked again, so nobody trusts stale values
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_checked", False)
+
+    @property
+    def checked(self) -> bool:
+        """Whether `check` passed and no field was assigned since: an engine trusts such a config."""
+        return self.__dict__.get("_checked", False)
+
+    def check(self) -> GenerationConfig:
+        """Raise `InvalidRequestError` unless every sampling parameter is in its range; return self.
+
+        The one place the sampling ranges are written down; the doors call it, the layers below trust
+        a config that passed (`checked`)."""
         t = self.temperature
         if not self.greedy:
             if not isinstance(t, int | float) or not math.isfinite(t) or (t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
@@ -80,6 +89,8 @@ class GenerationConfig:
                 raise InvalidRequestError(
                     f"stop strings must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters, got {s!r:.80}"
                 )
+        object.__setattr__(self, "_checked", True)
+        return self
 
     def new(self, **kwargs: Any) -> GenerationConfig:
         """A copy with some fields replaced."""

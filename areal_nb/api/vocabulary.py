@@ -12,7 +12,7 @@ from .io_struct import InvalidRequestError
 # How an episode's interactions become training rows: one row per LLM call, or one row per
 # conversation leaf whose prompt reuses its parent's exact tokens.
 ExportStyle = Literal["individual", "concat"]
-# How rewards flow back through a conversation: along each tree's parent links (the seed), or in
+# How rewards flow back through a conversation: along each tree's parent links, or in
 # reverse insertion order (the public AReaL implementation).
 DiscountMode = Literal["tree", "linear"]
 # How messages become prompt tokens: the tokenizer's own chat template, or the concat template

@@ -25,12 +25,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from areal_nb.errors import DatasetError  # noqa: F401 (re-exported)
+
 ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be trained or evaluated on; the message names the row and why."""
 
 
 def is_row_file(source: Any) -> bool:

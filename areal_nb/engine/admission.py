@@ -16,7 +16,7 @@ engine-server's default gap is 8 ms: a client that sends a burst from another th
 (`SGLangEngine`'s loop thread) could stall up to its own GIL switch interval (5 ms) after the first
 request; with a 2 ms gap the first request still started alone in most rounds, with 8 ms the burst
 took one prefill (1 thread, load 5-9). Since `SGLangEngine` starts a submitted burst in one wake-up
-of its loop (session 6) the burst reaches the server in ~5 ms instead of ~15 (median, instant
+of its loop, the burst reaches the server in ~5 ms instead of ~15 (median, instant
 engine, load 7), but the largest gap inside a burst is still 5-7 ms in a quarter of the rounds at
 that load: with a 4 ms gap 10-30% of the bursts split (2 ms: 33%), with 8 ms 6-10%, so 8 ms stays.
 A window whose timer fires in the same loop turn that read the rest of the burst (the loop thread

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import httpx
 
+from areal_nb.errors import ServerLaunchError  # noqa: F401 (re-exported)
+
 LogCallback = Callable[[str], None]
 
 _RUNNING: set[ServerProcess] = set()  # started and not yet stopped: the atexit hook stops these
@@ -43,10 +45,6 @@ _DEATH_SIGNAL_SHIM = (
     "os.getppid() == 1 and sys.exit(1); "  # the parent already died before prctl took effect
     "os.execvp(sys.argv[1], sys.argv[1:])"
 )
-
-
-class ServerLaunchError(RuntimeError):
-    """The server process exited (or never became healthy) during start-up."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,7 +66,10 @@ def sglang_command(
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """`python -m sglang.launch_server ...` with the flags named in sglang-contract.md §4.1."""
+    """`python -m sglang.launch_server ...`.
+
+    The flags: docs/reference/sglang-api.md, "Launching and stopping".
+    """
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
            "--port", str(port), "--tp-size", str(tp_size), "--dp-size", str(dp_size),
            "--weight-version", str(weight_version)]

@@ -46,6 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from areal_nb.api import ModelRequest, ModelResponse
+from areal_nb.errors import EngineClosedError  # noqa: F401 (re-exported)
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from .kv_batch import PaddedKVBatch, compact_order
@@ -67,7 +68,7 @@ Delivery = Callable[[ModelResponse | BaseException], None]
 # rollouts measured the same with 0 and 64 on a quiet machine). An engine alone on a quiet machine
 # is the other way round: with OpenMP's default spin-waiting, every step on both threads
 # (single_thread_rows=0) gave 2,065 vs 1,498 tok/s at 8 rows, 3,606 vs 2,756 at 32 and 4,571-5,030
-# vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1, session 6).
+# vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1).
 
 
 @contextmanager
@@ -89,10 +90,6 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed before (or while) serving the request."""
 
 
 class _RateLimitedLog:

@@ -1,6 +1,6 @@
 """SGLang's native HTTP API (the subset an RL client uses), as types both sides share.
 
-`sglang-contract.md` §1–§3 is the source: the closed `sampling_params` key set of sglang 0.5.23
+`docs/reference/sglang-api.md` states the contract: the closed `sampling_params` key set of sglang 0.5.23
 (`sglang/api/v1/api_types.py::_FIELDS_SamplingParams`), the `finish_reason` objects, and the
 per-token version spans of `meta_info.weight_versions` (0.5.20+). `SGLangEngine` builds requests
 and parses responses with these; `areal-nb engine-server` validates requests with the same models,

@@ -1,6 +1,6 @@
 """`SGLangEngine`: an `InferenceEngine` that generates on SGLang servers (or `areal-nb engine-server`).
 
-Token in, token out through SGLang's native API (`sglang-contract.md` §7): `POST /generate` with
+Token in, token out through SGLang's native API (`docs/reference/sglang-api.md`): `POST /generate` with
 `input_ids`, the closed `sampling_params` key set and `return_logprob`; tokens and log-probs come from
 `meta_info.output_token_logprobs`, the stop reason from `finish_reason.type`, one version per token
 from `meta_info.weight_versions` spans (0.5.20+) or else the single `meta_info.weight_version`.
@@ -57,19 +57,12 @@ from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.errors import EngineServerError, ServerDownError  # noqa: F401 (re-exported)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
 from .weight_sync import write_weights
 
 T = TypeVar("T")
-
-
-class EngineServerError(RuntimeError):
-    """An engine server answered with an error, broke the protocol, or the engine was closed."""
-
-
-class ServerDownError(EngineServerError):
-    """The server that held the request is down (process died, connection lost)."""
 
 
 @dataclass(eq=False)
@@ -263,6 +256,13 @@ class SGLangEngine:
         """Set the version servers report for their current weights (`/update_weight_version`)."""
         self._call(self.aset_version(version))
 
+    def rng_state(self) -> None:
+        """None: the servers sample with their own generators, which a checkpoint here cannot hold."""
+        return None
+
+    def set_rng_state(self, state: object) -> None:
+        """Nothing to restore (see `rng_state`)."""
+
     def pause(self) -> None:
         self._call(self.apause())
 
@@ -381,7 +381,7 @@ class SGLangEngine:
         if version is not None:
             body["weight_version"] = str(int(version))
         # update_weights_from_disk needs no begin/end_weight_update session (only the tensor and
-        # distributed updates do in sglang >= 0.5.21; sglang-contract.md, "Changes that break clients")
+        # distributed updates do in sglang >= 0.5.21; docs/reference/sglang-api.md, "Weight updates")
         async with self._update_lock:  # one update at a time: pause/continue must not interleave
             await self.apause()
             try:
@@ -622,7 +622,10 @@ def _normalize_url(address: str) -> str:
 
 
 def _generate_payload(input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str) -> dict[str, Any]:
-    """The /generate body: only keys of the closed sampling_params set (sglang-contract.md §1.2)."""
+    """The /generate body: only keys of the closed sampling_params set.
+
+    The set: docs/reference/sglang-api.md, "Generate".
+    """
     params: dict[str, Any] = {
         "max_new_tokens": int(max_new),
         "min_new_tokens": max(0, int(g.min_new_tokens) - produced),

@@ -59,7 +59,8 @@ def plan_request(
         raise InvalidRequestError(
             f"max_tokens={g.max_tokens} leaves no room to generate after a prompt of {len(prompt)} tokens"
         )
-    g.check()  # sampling ranges, stop strings, unsupported penalties
+    if not g.checked:  # a config from a door (capture layer, engine-server) was checked there
+        g.check()  # sampling ranges, stop strings, unsupported penalties
     unknown_stops = [t for t in g.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if unknown_stops:
         raise InvalidRequestError(f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})")

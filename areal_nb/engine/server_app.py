@@ -1,7 +1,7 @@
 """`create_engine_app(engine, settings)`: an in-process engine behind SGLang's native HTTP API subset.
 
 What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU path), and what the
-`SGLangEngine` client is tested against. The semantics follow `sglang-contract.md`:
+`SGLangEngine` client is tested against. The semantics follow `docs/reference/sglang-api.md`:
 - `/generate`: `input_ids` (one prompt or a batch), the closed `sampling_params` key set (an unknown
   key is a 400), `return_logprob`; the reply has `text`, `output_ids` and `meta_info` with
   `finish_reason` objects, `output_token_logprobs` triples, `weight_version` and per-token
@@ -30,9 +30,9 @@ import dataclasses
 import hmac
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -41,9 +41,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, ModelResponse
 from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
+from areal_nb.errors import BadRequest, BodyError, ContractViolation, render_error  # noqa: F401 (re-exported)
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
@@ -78,22 +79,6 @@ class EngineServerSettings:
     admission_max_wait: float = DEFAULT_ADMISSION_MAX_WAIT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies → 413 (defaults.py says why)
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # a body not complete this long after its headers → 408
-
-
-class BadRequest(ValueError):
-    """Client error: answered with 400 and `{"error": {"message": ...}}` (sglang's ValueError shape)."""
-
-
-class BodyError(Exception):
-    """A body that is too large (413) or did not arrive in time (408); the connection is closed."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ContractViolation(BadRequest):
-    """A body the API schema rejects: 400 with `{"error": "..."}` (sglang 0.5.22+'s api_contract shape)."""
 
 
 class _APIKeyMiddleware:
@@ -180,12 +165,11 @@ async def _send_json(send: Send, status: int, content: Any, headers: list[tuple[
 
 
 def _error_body(exc: BadRequest | ValidationError) -> dict[str, Any]:
-    """sglang's 400 shapes: `{"error": "..."}` for a body the schema rejects, else `{"error": {"message"}}`."""
+    """sglang's 400 shapes (`render_error`'s "sglang" dialect): `{"error": "..."}` for a body the
+    schema rejects, else `{"error": {"message"}}`."""
     if isinstance(exc, ValidationError):
-        return {"error": _validation_message(exc)}
-    if isinstance(exc, ContractViolation):
-        return {"error": str(exc)}
-    return {"error": {"message": str(exc)}}
+        exc = ContractViolation(_validation_message(exc))
+    return render_error(exc, "sglang").body
 
 
 class _ServingState:
@@ -486,19 +470,15 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
     if sp.min_p or sp.presence_penalty or sp.repetition_penalty != 1.0:
         raise BadRequest("min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server")
     max_new = 128 if sp.max_new_tokens is None else sp.max_new_tokens
-    if max_new < 1:
-        raise BadRequest(f"max_new_tokens must be at least 1, got {max_new}")
     context = getattr(engine, "max_context", None)
     if context is not None and prompt_len + max_new > context:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context} tokens: "
             f"{prompt_len} prompt tokens + max_new_tokens={max_new}"
         )
-    if sp.temperature < 0:
-        raise BadRequest(f"temperature must be >= 0, got {sp.temperature}")
-    greedy = sp.temperature < 1e-6  # sglang: below 1e-6 is greedy
+    greedy = 0 <= sp.temperature < 1e-6  # sglang: below 1e-6 is greedy
     stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop
-    return GenerationConfig(
+    config = GenerationConfig(
         max_new_tokens=max_new,
         min_new_tokens=sp.min_new_tokens,
         greedy=greedy,
@@ -511,6 +491,10 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
         skip_special_tokens=sp.skip_special_tokens,
         frequency_penalty=sp.frequency_penalty,
     )
+    try:  # the sampling ranges, checked once here at the door; the engine trusts a checked config
+        return config.check()
+    except InvalidRequestError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 async def _run_one(engine: Any, item: _Item, aborted: bool = False) -> ModelResponse:

@@ -8,9 +8,7 @@ import ast
 import inspect
 from typing import Any
 
-
-class ExportError(ValueError):
-    """The run cannot be exported; the message names what and why."""
+from areal_nb.errors import ExportError  # noqa: F401 (re-exported)
 
 
 def is_plain_data(value: Any) -> bool:

@@ -1,52 +1,38 @@
-"""Token-level capture of LLM calls: interactions, conversation trees, rewards, export.
+"""AReaL's import path for the capture layer (`areal_nb.capture`) and the proxy workflow.
 
-Public names follow AReaL: `from areal_nb.openai import ArealOpenAI,
-InteractionWithTokenLogpReward, InteractionCache`.
+`from areal_nb.openai import ArealOpenAI, InteractionWithTokenLogpReward, InteractionCache,
+OpenAIProxyClient, OpenAIProxyWorkflow` works as it does in AReaL. The modules of the capture
+layer keep their old paths too: `areal_nb.openai.cache` *is* `areal_nb.capture.cache` (the same
+module object, so classes compare equal and `isinstance` holds across both names). New code
+imports `areal_nb.capture`.
 """
 
-from .cache import (
-    ConversationLinkWarning,
-    IncompleteInteractionWarning,
-    InteractionCache,
-    MissingRewardWarning,
-)
-from .client import ArealOpenAI, ChunkStream
-from .completion import (
-    CompletionSettings,
-    TokenBudget,
-    chat_completion_stream_chunks,
-    create_chat_completion,
-    resolve_token_budget,
-)
-from .interaction import InteractionWithTokenLogpReward, TokenRow
-from .messages import CompletionRequestError, MessageTypeError, normalize_messages
-from .responses import create_response, response_items_to_messages
-from .templates import (
-    ConcatAlignmentError,
-    RetokenizationCheck,
-    check_retokenization,
-    check_retokenization_all,
-    concat_prompt_token_ids_with_parent,
-    render_prompt_ids,
-)
-from .tensors import concat_padded_tensors
-from .tool_calls import ParsedToolCall, parse_tool_calls
-from .wire import interactions_from_wire, interactions_to_wire
+from __future__ import annotations
 
-# What users call (the seed's names first). The other names imported above serve the proxy layer
-# and the tests; they stay importable from here but are not the package's interface.
-__all__ = [
+import importlib
+import pkgutil
+import sys
+
+from areal_nb import capture
+from areal_nb.capture import *
+
+for _info in pkgutil.iter_modules(capture.__path__):
+    _module = importlib.import_module(f"{capture.__name__}.{_info.name}")
+    sys.modules[f"{__name__}.{_info.name}"] = _module  # `import areal_nb.openai.cache` finds it here
+    globals()[_info.name] = _module  # and `areal_nb.openai.cache` is an attribute, as for a package
+
+__all__ = [  # AReaL's names first, then the capture layer's other public names
     "ArealOpenAI",
-    "InteractionWithTokenLogpReward",
-    "InteractionCache",
-    "OpenAIProxyClient",
-    "OpenAIProxyWorkflow",
-    "CompletionSettings",
     "CompletionRequestError",
+    "CompletionSettings",
     "ConcatAlignmentError",
     "ConversationLinkWarning",
     "IncompleteInteractionWarning",
+    "InteractionCache",
+    "InteractionWithTokenLogpReward",
     "MissingRewardWarning",
+    "OpenAIProxyClient",
+    "OpenAIProxyWorkflow",
     "RetokenizationCheck",
     "check_retokenization",
     "check_retokenization_all",
@@ -55,11 +41,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # The seed's public names (`from areal_nb.openai import OpenAIProxyClient, OpenAIProxyWorkflow`)
-    # live in the proxy layer, which imports this one; resolve them lazily so the import arrow
-    # still points down at import time.
-    if name in ("OpenAIProxyClient", "OpenAIProxyWorkflow"):
-        from areal_nb import proxy
+    # Imported when asked for: the proxy client and the rollout workflow pull in httpx and the
+    # process pool, which a user of ArealOpenAI alone does not need.
+    if name == "OpenAIProxyClient":
+        from areal_nb.proxy.client import OpenAIProxyClient
 
-        return getattr(proxy, name)
-    raise AttributeError(f"module 'areal_nb.openai' has no attribute {name!r}")
+        return OpenAIProxyClient
+    if name == "OpenAIProxyWorkflow":
+        from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+
+        return OpenAIProxyWorkflow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

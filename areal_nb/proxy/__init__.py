@@ -4,12 +4,10 @@ from .app import create_app
 from .client import OpenAIProxyClient, ProxyRequestError
 from .server import ProxyServer
 from .settings import DEFAULT_ADMIN_API_KEY, ProxySettings
-from .workflow import OpenAIProxyWorkflow
 
 __all__ = [
     "DEFAULT_ADMIN_API_KEY",
     "OpenAIProxyClient",
-    "OpenAIProxyWorkflow",
     "ProxyRequestError",
     "ProxyServer",
     "ProxySettings",

@@ -1,23 +1,24 @@
-"""`create_app(engine, tokenizer, settings)`: the proxy as a FastAPI app (seed 000, "代理端点").
+"""`create_app(engine, tokenizer, settings)`: the proxy as a FastAPI app.
 
-All state lives in `app.state.proxy` (a `ProxyState`); build as many apps per process as
-you like. Endpoints, keys and status codes follow the semantics digest §4.2, with these
+The routes are module-level handlers; everything an app serves lives on its `app.state`: the
+sessions (`proxy`, a `ProxyState`), `engine`, `tokenizer`, the capture layer's `completion`
+settings and the body limit. Build as many apps per process as you like. Endpoints, keys and
+status codes follow AReaL's (docs/reference/areal-semantics.md, "The proxy"), with these
 deliberate differences:
 
 - every OpenAI route also exists without `/v1` (SDKs differ in where `/v1` goes);
 - `/export_trajectories` waits for `end_session` at most `export_wait_timeout` seconds
-  (504 after that; the session stays exportable), never forever (§12.9);
+  (504 after that; the session stays exportable), never forever;
 - chat calls after `/rl/end_session` answer 409 "session ended": the episode is closed, so
   nothing more is recorded into it (rewards may still be set until export);
 - keys of exported or expired sessions answer 410 (not 401), so a late agent call says why;
 - unknown body fields are ignored, except that `chat_template_kwargs` at the top level (where
-  the OpenAI SDK merges `extra_body`) is forwarded, not dropped (§12.7);
+  the OpenAI SDK merges `extra_body`) is forwarded, not dropped;
 - errors are OpenAI-style JSON everywhere except `/v1/messages` (Anthropic style);
 - only `InvalidRequestError` (input validation in the capture layer and the engine) becomes a
   400; any other exception is our fault: 500 with a logged traceback. The body is checked
   before any route parses it (`limits.py`: size, JSON depth, lone surrogates), and the limits
-  that follow from the model's context before the template is rendered (README, "Limits and
-  errors");
+  that follow from the model's context before the template is rendered (docs/guides/limits.md);
 - an export removes its session only once the response was sent: a failed, cancelled or
   abandoned export leaves the session exportable with the same result.
 """
@@ -25,20 +26,21 @@ deliberate differences:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
-from areal_nb.api.client_gone import ClientGone, unless_client_leaves
-from areal_nb.openai.anthropic import (
+from areal_nb.capture.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
     anthropic_stream_events,
@@ -46,8 +48,19 @@ from areal_nb.openai.anthropic import (
     format_sse,
     tool_arguments_of,
 )
+from areal_nb.capture.cache import InteractionCache
+from areal_nb.capture.completion import (
+    CompletionSettings,
+    chat_completion_stream_chunks,
+    create_chat_completion,
+)
+from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
+from areal_nb.capture.response_stream import format_response_sse, response_stream_events
+from areal_nb.capture.responses import create_response
+from areal_nb.errors import HTTPError
+from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 
-from .errors import ProxyError, describe_validation_errors, error_response
+from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
 from .options import check_chat_options, check_responses_options
@@ -71,325 +84,337 @@ T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
-
-def bearer_token(request: Request) -> str | None:
-    """The key from `Authorization: Bearer <t>` or, for the Anthropic SDK, `x-api-key`."""
-    return bearer_token_of(request.headers)
-
-
-def bearer_token_of(headers: Mapping[str, str]) -> str | None:
-    """`bearer_token` on any case-insensitive header mapping (Starlette's or httpx's)."""
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, value = auth.strip().partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    key = headers.get("x-api-key")
-    if key and key.strip():
-        return key.strip()
-    return None
-
-
 # A route of `app.state.direct_routes`: `await route(path, body, headers)` answers a request the
-# way the app would, or returns None when only the full ASGI stack can (see `create_app`).
+# way the app would, or returns None when only the full ASGI stack can (see `direct_chat_completions`).
 DirectRoute = Callable[[str, bytes, Mapping[str, str]], Awaitable["Response | None"]]
 
 
 def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
     """A proxy app serving `engine` (any `InferenceEngine`) through `tokenizer`'s chat template."""
-    # Imported here so `import areal_nb.proxy` stays light.
-    from areal_nb.openai.cache import InteractionCache
-    from areal_nb.openai.completion import (
-        CompletionSettings,
-        chat_completion_stream_chunks,
-        create_chat_completion,
-    )
-    from areal_nb.openai.request_limits import context_tokens, max_chars_per_token
-    from areal_nb.openai.response_stream import format_response_sse, response_stream_events
-    from areal_nb.openai.responses import create_response
-
     settings = settings or ProxySettings()
-    completion_settings = settings.completion if settings.completion is not None else CompletionSettings()
-    state = ProxyState(settings, InteractionCache)
     app = FastAPI(title="areal_nb proxy", version="0.1.0", docs_url=None, redoc_url=None)
-    app.state.proxy = state
+    app.state.proxy = ProxyState(settings, InteractionCache)
+    app.state.settings = settings
     app.state.engine = engine
     app.state.tokenizer = tokenizer
+    app.state.completion = settings.completion if settings.completion is not None else CompletionSettings()
     context = context_tokens(engine, None)
     max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
     app.state.max_body_bytes = max_body
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body, body_timeout=settings.body_timeout)
 
-    # ------------------------------------------------------------------ error dialects
-    @app.exception_handler(ProxyError)
-    async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
-        return error_response(request.url.path, exc.status, exc.message, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request.url.path, 422, describe_validation_errors(exc.errors()), "validation_error")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = error_response(request.url.path, exc.status_code, str(exc.detail), None)
-        for key, value in (exc.headers or {}).items():
-            response.headers[key] = value
-        return response
-
-    # ------------------------------------------------------------------ auth dependencies
-    # async on purpose: FastAPI runs plain-def dependencies in a thread pool (two thread hops
-    # per call), and these never block.
-    async def admin(request: Request) -> None:
-        state.check_admin(bearer_token(request))
-
-    async def session_key(request: Request) -> SessionData:
-        return state.session_for_key(bearer_token(request))
-
-    async def open_session(session: SessionData = Depends(session_key)) -> SessionData:
-        return check_open(session)
-
-    def check_open(session: SessionData) -> SessionData:
-        if session.ended:
-            raise ProxyError(
-                409,
-                f"session {session.session_id!r} has ended (/rl/end_session was called); "
-                "no more calls are recorded into it",
-                "session_ended",
-            )
-        return session
-
-    async def generate(call: Awaitable[T], request: Request | None = None) -> T:
-        """Await a capture-layer call, turning its failures into clear HTTP errors; with `request`,
-        the call is cancelled if the client goes away first (`unless_client_leaves`)."""
-        try:
-            return await (call if request is None else unless_client_leaves(call, request.receive))
-        except ClientGone:  # nobody is left to read this answer
-            raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
-        except ProxyError:
-            raise
-        except InvalidRequestError as exc:  # input errors only: validation raises these types
-            raise ProxyError(400, str(exc) or type(exc).__name__, "invalid_request") from exc
-        except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
-            logger.exception("generation failed")
-            raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
-
-    def capture_kwargs(session: SessionData) -> dict[str, Any]:
-        return {"engine": engine, "tokenizer": tokenizer, "settings": completion_settings, "cache": session.cache}
-
-    def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
-        extra = dict(body.extra_body or {})
-        if body.chat_template_kwargs is not None:
-            extra.setdefault("chat_template_kwargs", body.chat_template_kwargs)
-        return extra or None
-
-    # ------------------------------------------------------------------ public info
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "initialized": True, "active_sessions": len(state.sessions), "capacity": state.capacity}
-
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
-    async def models() -> dict[str, Any]:
-        model = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "areal_nb"}
-        return {"object": "list", "data": [model]}
-
-    # ------------------------------------------------------------------ admin endpoints
-    @app.post("/grant_capacity", dependencies=[Depends(admin)])
-    async def grant_capacity(body: GrantCapacityRequest | None = None) -> dict[str, int]:
-        return {"capacity": state.grant_capacity(body.count if body is not None else 1)}
-
-    @app.post("/rl/start_session", dependencies=[Depends(admin)], response_model=StartSessionResponse)
-    async def start_session(body: StartSessionRequest) -> StartSessionResponse:
-        session = state.start_session(body.task_id, body.api_key)
-        return StartSessionResponse(session_id=session.session_id, api_key=session.api_key)
-
-    @app.post("/export_trajectories", dependencies=[Depends(admin)])
-    async def export_trajectories(body: ExportTrajectoriesRequest, request: Request) -> Response:
-        """One-shot export. The session is removed only once its data was handed to the client:
-        a failed, cancelled or abandoned export leaves it exportable, with the same result."""
-        session = state.get_session(body.session_id)
-        timeout = body.wait_timeout if body.wait_timeout is not None else settings.export_wait_timeout
-        if not await session.wait_ended(timeout, gave_up=request.is_disconnected):
-            if await request.is_disconnected():
-                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
-            raise ProxyError(
-                504,
-                f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
-                "/rl/end_session before its trajectories can be exported (the session is kept; retry)",
-                "export_timeout",
-            )
-        while not state.claim_export(session):  # another export holds it: wait for its outcome
-            if await request.is_disconnected():
-                raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
-            await asyncio.sleep(0.02)
-
-        def give_back() -> None:  # the export did not reach anyone: keep the session exportable
-            session.cache.undo_reward_discount()
-            state.release_export(session)
-
-        work = asyncio.ensure_future(asyncio.to_thread(_export_json, session, body))
-        try:
-            payload = await asyncio.shield(work)
-        except asyncio.CancelledError:  # the thread runs on: give the session back once it is done
-            work.add_done_callback(lambda _: give_back())
-            raise
-        except InvalidRequestError as exc:
-            give_back()
-            raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
-        except Exception as exc:
-            give_back()
-            logger.exception("export of session %r failed", body.session_id)
-            raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
-        if await request.is_disconnected():
-            give_back()
-            raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
-        return _HandOver(payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back)
-
-    def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
-        interactions = _export(session, body)
-        wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
-        return json.dumps({"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False).encode()
-
-    def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
-        cache = session.cache
-        if len(cache) == 0:
-            return {}
-        # Checked before the one-shot discount so a wrong style loses nothing.
-        check_export_style(body.style, {iid: it.chat_template_type for iid, it in cache.items()})
-        cache.apply_reward_discount(body.discount, mode=body.discount_mode)
-        return cache.export_interactions(body.style)
-
-    # ------------------------------------------------------------------ session endpoints
-    @app.post("/rl/end_session")
-    async def end_session(session: SessionData = Depends(session_key)) -> dict[str, Any]:
-        count = state.end_session(session)
-        return {"message": "success", "session_id": session.session_id, "interaction_count": count}
-
-    @app.post("/rl/set_reward")
-    async def set_reward(body: SetRewardRequest, session: SessionData = Depends(session_key)) -> dict[str, Any]:
-        cache = session.cache
-        if body.interaction_id is None:
-            session.set_last_reward(body.reward)
-        else:
-            try:
-                cache.set_reward(body.interaction_id, body.reward)
-            except KeyError:
-                raise ProxyError(
-                    400,
-                    f"interaction {body.interaction_id!r} not found in session {session.session_id!r}",
-                    "unknown_interaction",
-                ) from None
-        return {"message": "success"}
-
-    # ------------------------------------------------------------------ generation endpoints
-    async def chat_completions(
-        body: ChatCompletionRequest, request: Request, session: SessionData = Depends(open_session)
-    ) -> Response:
-        return await chat_completion_response(body, session, request)
-
-    async def chat_completion_response(body: ChatCompletionRequest, session: SessionData, request: Request | None = None) -> Response:
-        check_chat_options(body)
-        completion = await generate(
-            create_chat_completion(
-                **capture_kwargs(session),
-                messages=body.messages,
-                tools=body.tools,
-                tool_choice=body.tool_choice,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                max_tokens=body.max_tokens,
-                max_completion_tokens=body.max_completion_tokens,
-                max_total_tokens=body.max_total_tokens,
-                stop=body.stop,
-                store=body.store,
-                n=body.n,
-                metadata=body.metadata,
-                frequency_penalty=body.frequency_penalty,
-                presence_penalty=body.presence_penalty,
-                logprobs=body.logprobs,
-                top_k=body.top_k,
-                extra_body=extra_body_of(body),
-            ),
-            request,
-        )
-        if body.stream:
-            # Generation is complete before the first byte, so the whole stream is sent at once;
-            # an error is then a proper status code instead of a broken stream.
-            chunks = chat_completion_stream_chunks(completion)
-            text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-            return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
-        return Response(completion.model_dump_json(), media_type="application/json")
-
-    async def responses(body: ResponsesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
-        check_responses_options(body)
-        response = await generate(
-            create_response(
-                **capture_kwargs(session),
-                input=body.input,
-                instructions=body.instructions,
-                tools=body.tools,
-                tool_choice=body.tool_choice,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                max_output_tokens=body.max_output_tokens,
-                metadata=body.metadata,
-                include=body.include,
-                previous_response_id=body.previous_response_id,
-                conversation=body.conversation,
-                extra_body=extra_body_of(body),
-            ),
-            request,
-        )
-        if body.stream:  # generated already: the events replay the recorded response
-            return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
-        return Response(response.model_dump_json(), media_type="application/json")
-
-    for prefix in ("/v1", ""):
-        app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(prefix))
-        app.add_api_route(f"{prefix}/responses", responses, methods=["POST"], include_in_schema=bool(prefix))
-
-    # ------------------------------------------------------------------ the direct lane
-    async def direct_chat_completions(path: str, raw: bytes, headers: Mapping[str, str]) -> Response | None:
-        """`/v1/chat/completions` for callers in this process (`proxy.inprocess`), without the
-        ASGI stack: the same body checks, model, key check and handler as the route, so the
-        same answer, at a fifth of the cost per call (middleware, routing and dependency
-        solving were most of what an in-process call cost). Whatever is unusual — a body the
-        middleware or the model would refuse, a non-JSON content type, a large body — returns
-        None before anything happened, and the caller sends the request through the full stack,
-        which answers it: the lane never has to reproduce an error it did not raise itself."""
-        content_type = headers.get("content-type")
-        if content_type is not None and content_type.split(";", 1)[0].strip().lower() != "application/json":
-            return None
-        if not raw or len(raw) > min(max_body, THREAD_BYTES) or body_problem(raw) is not None:
-            return None
-        try:
-            body = ChatCompletionRequest.model_validate(json.loads(raw))
-        except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
-            return None
-        try:
-            return await chat_completion_response(body, check_open(state.session_for_key(bearer_token_of(headers))))
-        except ProxyError as exc:
-            return error_response(path, exc.status, exc.message, exc.code)
-        except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug
-            logger.exception("chat completion failed")
-            return PlainTextResponse("Internal Server Error", status_code=500)
-
-    app.state.direct_routes = {f"{prefix}/chat/completions": direct_chat_completions for prefix in ("/v1", "")}
-
-    @app.post("/v1/messages")
-    async def messages(body: MessagesRequest, request: Request, session: SessionData = Depends(open_session)) -> Response:
-        try:
-            chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
-        except AnthropicRequestError as exc:
-            raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-        completion = await generate(create_chat_completion(**capture_kwargs(session), **chat_kwargs), request)
-        session.tool_arguments.update(tool_arguments_of(completion))
-        message = chat_completion_to_anthropic(completion, model=body.model)
-        if body.stream:
-            return Response(format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse(message)
-
+    app.add_exception_handler(HTTPError, _http_error_of_ours)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.include_router(router)
+    app.state.direct_routes = {f"{prefix}/chat/completions": functools.partial(direct_chat_completions, app.state)
+                               for prefix in ("/v1", "")}
     return app
+
+
+# ---------------------------------------------------------------------- error dialects
+async def _http_error_of_ours(request: Request, exc: HTTPError) -> JSONResponse:
+    return http_error_response(request.url.path, exc)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(request.url.path, 422, describe_validation_errors(exc.errors()), "validation_error")
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    response = error_response(request.url.path, exc.status_code, str(exc.detail), None)
+    for key, value in (exc.headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+# ---------------------------------------------------------------------- auth dependencies
+# async on purpose: FastAPI runs plain-def dependencies in a thread pool (two thread hops per
+# call), and these never block.
+def bearer_token(request: Request) -> str | None:
+    """The key from `Authorization: Bearer <t>` or, for the Anthropic SDK, `x-api-key`."""
+    return bearer_token_of(request.headers)
+
+
+async def admin(request: Request) -> None:
+    request.app.state.proxy.check_admin(bearer_token(request))
+
+
+async def session_key(request: Request) -> SessionData:
+    return request.app.state.proxy.session_for_key(bearer_token(request))
+
+
+KeyedSession = Annotated[SessionData, Depends(session_key)]  # the session the caller's key names
+
+
+async def open_session(session: KeyedSession) -> SessionData:
+    return check_open(session)
+
+
+OpenSession = Annotated[SessionData, Depends(open_session)]  # ... that has not ended (409 otherwise)
+
+
+def check_open(session: SessionData) -> SessionData:
+    if session.ended:
+        raise ProxyError(
+            409,
+            f"session {session.session_id!r} has ended (/rl/end_session was called); "
+            "no more calls are recorded into it",
+            "session_ended",
+        )
+    return session
+
+
+# ---------------------------------------------------------------------- calling the capture layer
+async def generate(call: Awaitable[T], request: Request | None = None) -> T:
+    """Await a capture-layer call, turning its failures into clear HTTP errors; with `request`,
+    the call is cancelled if the client goes away first (`unless_client_leaves`)."""
+    try:
+        return await (call if request is None else unless_client_leaves(call, request.receive))
+    except ClientGone:  # nobody is left to read this answer
+        raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
+    except HTTPError:  # input errors (InvalidRequestError: 400 invalid_request) and our own answers
+        raise
+    except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
+        logger.exception("generation failed")
+        raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
+
+
+def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
+    return {"engine": state.engine, "tokenizer": state.tokenizer, "settings": state.completion, "cache": session.cache}
+
+
+def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
+    extra = dict(body.extra_body or {})
+    if body.chat_template_kwargs is not None:
+        extra.setdefault("chat_template_kwargs", body.chat_template_kwargs)
+    return extra or None
+
+
+router = APIRouter()
+
+
+# ---------------------------------------------------------------------- public info
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    state: ProxyState = request.app.state.proxy
+    return {"status": "ok", "initialized": True, "active_sessions": len(state.sessions), "capacity": state.capacity}
+
+
+@router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
+async def models(request: Request) -> dict[str, Any]:
+    model = {"id": request.app.state.settings.model_name, "object": "model", "created": 0, "owned_by": "areal_nb"}
+    return {"object": "list", "data": [model]}
+
+
+# ---------------------------------------------------------------------- admin endpoints
+@router.post("/grant_capacity", dependencies=[Depends(admin)])
+async def grant_capacity(request: Request, body: GrantCapacityRequest | None = None) -> dict[str, int]:
+    return {"capacity": request.app.state.proxy.grant_capacity(body.count if body is not None else 1)}
+
+
+@router.post("/rl/start_session", dependencies=[Depends(admin)], response_model=StartSessionResponse)
+async def start_session(body: StartSessionRequest, request: Request) -> StartSessionResponse:
+    session = request.app.state.proxy.start_session(body.task_id, body.api_key)
+    return StartSessionResponse(session_id=session.session_id, api_key=session.api_key)
+
+
+@router.post("/export_trajectories", dependencies=[Depends(admin)])
+async def export_trajectories(body: ExportTrajectoriesRequest, request: Request) -> Response:
+    """One-shot export. The session is removed only once its data was handed to the client:
+    a failed, cancelled or abandoned export leaves it exportable, with the same result."""
+    state: ProxyState = request.app.state.proxy
+    session = state.get_session(body.session_id)
+    timeout = body.wait_timeout if body.wait_timeout is not None else request.app.state.settings.export_wait_timeout
+    if not await session.wait_ended(timeout, gave_up=request.is_disconnected):
+        if await request.is_disconnected():
+            raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+        raise ProxyError(
+            504,
+            f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
+            "/rl/end_session before its trajectories can be exported (the session is kept; retry)",
+            "export_timeout",
+        )
+    while not state.claim_export(session):  # another export holds it: wait for its outcome
+        if await request.is_disconnected():
+            raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+        await asyncio.sleep(0.02)
+
+    def give_back() -> None:  # the export did not reach anyone: keep the session exportable
+        session.cache.undo_reward_discount()
+        state.release_export(session)
+
+    work = asyncio.ensure_future(asyncio.to_thread(_export_json, session, body))
+    try:
+        payload = await asyncio.shield(work)
+    except asyncio.CancelledError:  # the thread runs on: give the session back once it is done
+        work.add_done_callback(lambda _: give_back())
+        raise
+    except InvalidRequestError as exc:
+        give_back()
+        raise ProxyError(400, f"cannot export session {body.session_id!r}: {exc}", "export_failed") from exc
+    except Exception as exc:
+        give_back()
+        logger.exception("export of session %r failed", body.session_id)
+        raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
+    if await request.is_disconnected():
+        give_back()
+        raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
+    return _HandOver(payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back)
+
+
+def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
+    interactions = _export(session, body)
+    wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
+    return json.dumps({"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
+    cache = session.cache
+    if len(cache) == 0:
+        return {}
+    # Checked before the one-shot discount so a wrong style loses nothing.
+    check_export_style(body.style, {iid: it.chat_template_type for iid, it in cache.items()})
+    cache.apply_reward_discount(body.discount, mode=body.discount_mode)
+    return cache.export_interactions(body.style)
+
+
+# ---------------------------------------------------------------------- session endpoints
+@router.post("/rl/end_session")
+async def end_session(request: Request, session: KeyedSession) -> dict[str, Any]:
+    count = request.app.state.proxy.end_session(session)
+    return {"message": "success", "session_id": session.session_id, "interaction_count": count}
+
+
+@router.post("/rl/set_reward")
+async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str, Any]:
+    cache = session.cache
+    if body.interaction_id is None:
+        session.set_last_reward(body.reward)
+    else:
+        try:
+            cache.set_reward(body.interaction_id, body.reward)
+        except KeyError:
+            raise ProxyError(
+                400,
+                f"interaction {body.interaction_id!r} not found in session {session.session_id!r}",
+                "unknown_interaction",
+            ) from None
+    return {"message": "success"}
+
+
+# ---------------------------------------------------------------------- generation endpoints
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           session: OpenSession) -> Response:
+    return await chat_completion_response(request.app.state, body, session, request)
+
+
+async def chat_completion_response(state: State, body: ChatCompletionRequest, session: SessionData,
+                                   request: Request | None = None) -> Response:
+    check_chat_options(body)
+    completion = await generate(
+        create_chat_completion(
+            **capture_kwargs(state, session),
+            messages=body.messages,
+            tools=body.tools,
+            tool_choice=body.tool_choice,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_tokens=body.max_tokens,
+            max_completion_tokens=body.max_completion_tokens,
+            max_total_tokens=body.max_total_tokens,
+            stop=body.stop,
+            store=body.store,
+            n=body.n,
+            metadata=body.metadata,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            logprobs=body.logprobs,
+            top_k=body.top_k,
+            extra_body=extra_body_of(body),
+        ),
+        request,
+    )
+    if body.stream:
+        # Generation is complete before the first byte, so the whole stream is sent at once;
+        # an error is then a proper status code instead of a broken stream.
+        chunks = chat_completion_stream_chunks(completion)
+        text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
+    return Response(completion.model_dump_json(), media_type="application/json")
+
+
+async def responses(body: ResponsesRequest, request: Request, session: OpenSession) -> Response:
+    check_responses_options(body)
+    response = await generate(
+        create_response(
+            **capture_kwargs(request.app.state, session),
+            input=body.input,
+            instructions=body.instructions,
+            tools=body.tools,
+            tool_choice=body.tool_choice,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_output_tokens=body.max_output_tokens,
+            metadata=body.metadata,
+            include=body.include,
+            previous_response_id=body.previous_response_id,
+            conversation=body.conversation,
+            extra_body=extra_body_of(body),
+        ),
+        request,
+    )
+    if body.stream:  # generated already: the events replay the recorded response
+        return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
+    return Response(response.model_dump_json(), media_type="application/json")
+
+
+for _prefix in ("/v1", ""):  # SDKs differ in where `/v1` goes
+    router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(_prefix))
+    router.add_api_route(f"{_prefix}/responses", responses, methods=["POST"], include_in_schema=bool(_prefix))
+
+
+@router.post("/v1/messages")
+async def messages(body: MessagesRequest, request: Request, session: OpenSession) -> Response:
+    try:
+        chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
+    except AnthropicRequestError as exc:
+        raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
+    completion = await generate(create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs), request)
+    session.tool_arguments.update(tool_arguments_of(completion))
+    message = chat_completion_to_anthropic(completion, model=body.model)
+    if body.stream:
+        return Response(format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS)
+    return JSONResponse(message)
+
+
+# ---------------------------------------------------------------------- the direct lane
+async def direct_chat_completions(state: State, path: str, raw: bytes, headers: Mapping[str, str]) -> Response | None:
+    """`/v1/chat/completions` for callers in this process (`proxy.inprocess`), without the
+    ASGI stack: the same body checks, model, key check and handler as the route, so the
+    same answer, at a fifth of the cost per call (middleware, routing and dependency
+    solving were most of what an in-process call cost). Whatever is unusual — a body the
+    middleware or the model would refuse, a non-JSON content type, a large body — returns
+    None before anything happened, and the caller sends the request through the full stack,
+    which answers it: the lane never has to reproduce an error it did not raise itself.
+    `create_app` binds `state` (the app's), giving a `DirectRoute`."""
+    content_type = headers.get("content-type")
+    if content_type is not None and content_type.split(";", 1)[0].strip().lower() != "application/json":
+        return None
+    if not raw or len(raw) > min(state.max_body_bytes, THREAD_BYTES) or body_problem(raw) is not None:
+        return None
+    try:
+        body = ChatCompletionRequest.model_validate(json.loads(raw))
+    except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
+        return None
+    try:
+        return await chat_completion_response(state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers))))
+    except HTTPError as exc:
+        return http_error_response(path, exc)
+    except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug
+        logger.exception("chat completion failed")
+        return PlainTextResponse("Internal Server Error", status_code=500)
 
 
 class _HandOver(Response):

@@ -1,11 +1,12 @@
-"""`OpenAIProxyClient`: the trainer side of one proxy session (seed 000, "会话生命周期").
+"""`OpenAIProxyClient`: the trainer side of one proxy session.
 
 `async with OpenAIProxyClient(...) as client:` starts a session (admin key), hands out the
 session key for the agent, and always ends the session on exit. After the block,
 `export_interactions()` fetches the session's interactions with the admin key and the
 explicit session id, so a re-mapped session key can never redirect the export.
 
-Unlike the reference client (§4.3) start_session retries are bounded, and a 400 from
+Unlike AReaL's client (docs/reference/areal-semantics.md, "The trainer-side client and workflow")
+start_session retries are bounded, and a 400 from
 set_reward is an error, not a log line: a reward that does not land must not pass silently.
 """
 
@@ -18,30 +19,12 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 
 from areal_nb.api import DiscountMode, ExportStyle
+from areal_nb.errors import RETRYABLE_STATUS, ProxyRequestError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from areal_nb.openai import InteractionWithTokenLogpReward
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
 logger = logging.getLogger(__name__)
-
-# Status codes that mean "try again later" rather than "your request is wrong".
-RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
-
-
-class ProxyRequestError(RuntimeError):
-    """A proxy endpoint answered with an error status (or could not be reached)."""
-
-    def __init__(self, endpoint: str, status: int | None, detail: str) -> None:
-        self.endpoint = endpoint
-        self.status = status
-        self.detail = detail
-        where = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"proxy {endpoint} failed ({where}): {detail}")
-
-    @property
-    def retryable(self) -> bool:
-        return self.status is None or self.status in RETRYABLE_STATUS
-
 
 def _error_detail(response: httpx.Response) -> str:
     """The human-readable message of an OpenAI-style / FastAPI-style error body."""
@@ -217,7 +200,7 @@ class OpenAIProxyClient:
         self, discount: float = 1.0, style: ExportStyle = "individual", discount_mode: DiscountMode = "tree"
     ) -> dict[str, InteractionWithTokenLogpReward]:
         """Fetch this session's interactions (one-shot on the proxy), parents linked again."""
-        from areal_nb.openai import InteractionWithTokenLogpReward
+        from areal_nb.capture import InteractionWithTokenLogpReward
 
         out = await self._post(
             "export_trajectories",

@@ -1,4 +1,8 @@
-"""`ProxyError` and the two error-body dialects: OpenAI on every route, Anthropic on /v1/messages."""
+"""The proxy's two error dialects: OpenAI on every route, Anthropic on /v1/messages.
+
+The bodies come from `areal_nb.errors.render_error` (through `areal_nb.serving.error_json`); this
+module only picks the dialect a path speaks.
+"""
 
 from __future__ import annotations
 
@@ -6,59 +10,27 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from areal_nb.errors import Dialect, HTTPError, ProxyError
+from areal_nb.serving.errors import error_json
+
 ANTHROPIC_PATHS = ("/v1/messages",)
-
-_OPENAI_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    504: "timeout_error",
-}
-_ANTHROPIC_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    504: "timeout_error",
-}
-# The SDKs retry 408/409/429/5xx unless told otherwise; these answers will not change on retry.
-_NO_RETRY = frozenset({400, 401, 403, 404, 409, 410, 413, 422})
-
-
-class ProxyError(Exception):
-    """An HTTP error with a clear message; `code` is a short machine-readable tag."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def is_anthropic_path(path: str) -> bool:
     return path.startswith(ANTHROPIC_PATHS)
 
 
+def dialect_of(path: str) -> Dialect:
+    return "anthropic" if is_anthropic_path(path) else "openai"
+
+
+def http_error_response(path: str, error: HTTPError) -> JSONResponse:
+    """`error` answered in the dialect of the route at `path`."""
+    return error_json(error, dialect_of(path))
+
+
 def error_response(path: str, status: int, message: str, code: str | None = None) -> JSONResponse:
-    headers = {"x-should-retry": "false"} if status in _NO_RETRY else None
-    if is_anthropic_path(path):
-        body: dict[str, Any] = {
-            "type": "error",
-            "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message},
-        }
-    else:
-        body = {
-            "error": {
-                "message": message,
-                "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
-                "code": code,
-            }
-        }
-    return JSONResponse(body, status_code=status, headers=headers)
+    return http_error_response(path, ProxyError(status, message, code))
 
 
 def describe_validation_errors(errors: Any) -> str:

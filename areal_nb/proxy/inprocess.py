@@ -1,4 +1,4 @@
-"""The proxy without sockets, for agents that run in the proxy's own process (issue 14).
+"""The proxy without sockets, for agents that run in the proxy's own process.
 
 Two pieces, both over the same FastAPI app and `ProxyState` that uvicorn serves to external
 agents:
@@ -31,11 +31,11 @@ import httpx
 from areal_nb.api import DiscountMode, ExportStyle, check_export_style
 
 from .client import ProxyRequestError
-from .errors import ProxyError
+from .errors import HTTPError, ProxyError
 from .state import ProxyState, SessionData
 
 if TYPE_CHECKING:
-    from areal_nb.openai import InteractionWithTokenLogpReward
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
 
 def asgi_http_client(app: Any, base_url: str, timeout: float = 600.0) -> httpx.AsyncClient:
@@ -243,7 +243,8 @@ class InProcessProxyClient:
 
 
 class _as_request_error:
-    """`with _as_request_error(endpoint):` turns a ProxyError into the client's ProxyRequestError."""
+    """`with _as_request_error(endpoint):` turns an HTTP error (a ProxyError from the state, or any
+    other `HTTPError`) into the client's ProxyRequestError, as the HTTP client would see it."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -252,6 +253,6 @@ class _as_request_error:
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if isinstance(exc, ProxyError):
+        if isinstance(exc, HTTPError):
             raise ProxyRequestError(self.endpoint, exc.status, exc.message) from exc
         return False

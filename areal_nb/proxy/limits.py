@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 from starlette.exceptions import HTTPException
 
-from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
+from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
+from areal_nb.errors import BodyTooLarge
 
-from .errors import error_response
+from .errors import error_response, http_error_response
 
 MAX_JSON_DEPTH = 64
 THREAD_BYTES = 256 * 1024
@@ -50,13 +51,6 @@ _STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class BodyTooLarge(HTTPException):
-    """Raised from `receive` mid-body; an HTTPException so FastAPI passes it through as is."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')")
 
 
 def json_depth(body: bytes, at_least: int = 0) -> int:
@@ -135,7 +129,7 @@ class BodyLimitMiddleware:
         try:
             body = await read_bounded_body(scope, receive, limit, self.body_timeout)
         except BodyOverLimit:
-            await error_response(path, 413, BodyTooLarge(limit).detail, "body_too_large")(scope, receive, send)
+            await http_error_response(path, BodyTooLarge(limit))(scope, receive, send)
             return
         except BodyTimedOut as exc:
             message = (f"the request body was not complete {self.body_timeout:g} s after its headers "

@@ -1,5 +1,10 @@
 """Request bodies. Unknown fields are allowed everywhere (ignored, never fatal), and the
-declared ones give the OpenAPI schema that schemathesis explores."""
+declared ones give the OpenAPI schema that schemathesis explores.
+
+The schemas check types (a wrong type is a 422); the sampling ranges (temperature, top_p,
+top_k, stop strings) are checked once, by `GenerationConfig.check` when the capture layer builds
+the engine's config (a 400 `invalid_request`, the same rule `ArealOpenAI` and the engines apply).
+"""
 
 from __future__ import annotations
 
@@ -68,8 +73,8 @@ class ChatCompletionRequest(_Body):
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
-    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
+    top_p: Number | None = Field(None, allow_inf_nan=False)
     max_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_total_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -105,8 +110,8 @@ class ResponsesRequest(_Body):
     conversation: str | dict[str, Any] | None = None  # declared to be refused clearly (400)
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoiceMode | dict[str, Any] | None = None
-    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
+    top_p: Number | None = Field(None, allow_inf_nan=False)
     max_output_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
@@ -128,7 +133,7 @@ class MessagesRequest(_Body):
     stream: Flag | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    temperature: Number | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: Number | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
+    top_p: Number | None = Field(None, allow_inf_nan=False)
     stop_sequences: list[str] | None = None
     top_k: Count | None = None  # ≥ 1; honoured by the engine

@@ -16,7 +16,7 @@ DEFAULT_SESSION_TIMEOUT = 3600.0  # seconds without a call before a session is s
 class ProxySettings:
     """Everything one proxy app needs besides its engine and tokenizer.
 
-    `completion` is an `areal_nb.openai.CompletionSettings` (None → its defaults).
+    `completion` is an `areal_nb.capture.CompletionSettings` (None → its defaults).
     """
 
     admin_api_key: str = DEFAULT_ADMIN_API_KEY

@@ -7,7 +7,6 @@ state is safe both from the app's event loop and from a notebook thread.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 import secrets
 import threading
@@ -16,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from areal_nb.serving.auth import keys_equal
 
 from .errors import ProxyError
 from .settings import ProxySettings
@@ -33,7 +34,7 @@ class SessionData:
 
     session_id: str
     api_key: str
-    cache: Any  # areal_nb.openai.InteractionCache
+    cache: Any  # areal_nb.capture.InteractionCache
     started_at: float = field(default_factory=time.monotonic)
     last_access: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
@@ -105,7 +106,7 @@ class ProxyState:
     def check_admin(self, token: str | None) -> None:
         if token is None:
             raise ProxyError(401, "missing API key: send 'Authorization: Bearer <admin key>'", "missing_api_key")
-        if not hmac.compare_digest(token.encode(), self.settings.admin_api_key.encode()):
+        if not keys_equal(token, self.settings.admin_api_key):
             raise ProxyError(403, "invalid admin API key", "invalid_admin_key")
 
     def session_for_key(self, token: str | None) -> SessionData:
@@ -116,7 +117,7 @@ class ProxyState:
                 "missing API key: send the session key as 'Authorization: Bearer <key>' or 'x-api-key'",
                 "missing_api_key",
             )
-        if hmac.compare_digest(token.encode(), self.settings.admin_api_key.encode()):
+        if keys_equal(token, self.settings.admin_api_key):
             raise ProxyError(401, "the admin key is not a session key: use the key from /rl/start_session", "invalid_api_key")
         with self._lock:
             session_id = self._key_to_session.get(token)
@@ -163,7 +164,7 @@ class ProxyState:
             return session
 
     def _check_requested_key_locked(self, api_key: str) -> None:
-        if hmac.compare_digest(api_key.encode(), self.settings.admin_api_key.encode()):
+        if keys_equal(api_key, self.settings.admin_api_key):
             raise ProxyError(400, "api_key must not equal the admin key", "invalid_api_key")
         bound = self._key_to_session.get(api_key)
         if bound is None:

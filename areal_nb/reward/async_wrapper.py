@@ -1,6 +1,7 @@
 """`AsyncRewardWrapper`: run a synchronous reward function in worker processes from asyncio.
 
-Semantics follow AReaL's wrapper (reference §6.1) with these deliberate differences:
+Semantics follow AReaL's wrapper (docs/reference/areal-semantics.md, "Reward functions in worker
+processes") with these deliberate differences:
 
 - Workers are started with the `spawn` context: the notebook kernel runs threads, and `fork`
   copies their locks in whatever state they are in. (`forkserver` would leave its server
@@ -30,9 +31,9 @@ import asyncio
 import atexit
 import functools
 import importlib
+import inspect
 import logging
 import multiprocessing
-import inspect
 import os
 import re
 import threading
@@ -44,24 +45,9 @@ from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.spawn import spawn_safely, why_spawn_fails
+from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-class RewardError(RuntimeError):
-    """A reward could not be computed; the episode that needed it should be rejected."""
-
-
-class RewardTimeoutError(RewardError):
-    pass
-
-
-class RewardWorkerCrashedError(RewardError):
-    pass
-
-
-class RewardFunctionError(RewardError):
-    pass
 
 
 def default_max_workers() -> int:

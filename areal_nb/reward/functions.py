@@ -22,12 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from areal_nb.api import import_object
+from areal_nb.errors import RewardValueError  # noqa: F401 (re-exported)
 
 RewardFn = Callable[[Mapping[str, Any], Any], "float | Awaitable[float]"]
-
-
-class RewardValueError(TypeError):
-    """A reward function returned something that is not a finite number."""
 
 
 def resolve_reward(fn: RewardFn | str) -> RewardFn:

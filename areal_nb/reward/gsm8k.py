@@ -1,4 +1,4 @@
-"""GSM8K / math answer checking with `math_verify` (seed 003's `gsm8k_reward_fn`).
+"""GSM8K / math answer checking with `math_verify` (AReaL's `gsm8k_reward_fn`).
 
 Both functions are module-level so `AsyncRewardWrapper` can pickle them into its worker
 processes. They never raise: anything unparsable or any error scores 0.0.

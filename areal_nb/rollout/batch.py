@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 
 from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES, CreditMode, DiscountMode, ExportStyle, check_export_style
-from areal_nb.openai import InteractionWithTokenLogpReward
-from areal_nb.openai.cache import discounted_rewards
-from areal_nb.openai.tensors import stack_token_rows
+from areal_nb.capture import InteractionWithTokenLogpReward
+from areal_nb.capture.cache import discounted_rewards
+from areal_nb.capture.tensors import stack_token_rows
 
 from .executor import Episode
 
@@ -68,6 +68,10 @@ class RolloutBatch:
     # Which return each generated token trains on: the row's reward ("leaf") or its own turn's
     # discounted return ("turn"); the trainer takes it as `Actor.train_step(..., credit=)`.
     credit: CreditMode = "leaf"
+    # Draws `show_tree` / `show_tokens` / `show_rewards`: `viewer(batch, name, i)`. The views live in
+    # `areal_nb.widgets`, a layer above this one, so the batch is handed its viewer by whoever
+    # builds it: the Session gives every batch `areal_nb.widgets.view_batch`.
+    viewer: BatchViewer | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_export_style(self.style)
@@ -243,25 +247,14 @@ class RolloutBatch:
         return self._view("rewards", i)
 
     def _view(self, name: BatchViewName, i: int):
-        view = _BATCH_VIEWS.get(name)
-        if view is None:
+        if self.viewer is None:
             raise RuntimeError(
-                f"batch.show_{name}() is drawn by areal_nb.widgets, which is not imported yet: run "
-                "`import areal_nb.widgets` (a Session imports it for you)"
+                f"batch.show_{name}() needs the widgets, and this batch was built without them (a Session's "
+                "batches have them): `batch.viewer = areal_nb.widgets.view_batch`, or call "
+                f"`areal_nb.widgets.show_{name}(...)` directly"
             )
-        return view(self, i)
+        return self.viewer(self, name, i)
 
 
-# The views live in `areal_nb.widgets`, a layer above rollout (docs/design.md §2): rollout never
-# imports it. Importing `areal_nb.widgets` registers them here, and the Session imports widgets,
-# so `batch.show_tree(i)` works on every batch a Session returns.
 BatchViewName = Literal["tree", "tokens", "rewards"]
-BatchView = Callable[[RolloutBatch, int], Any]
-_BATCH_VIEWS: dict[str, BatchView] = {}
-
-
-def register_batch_view(name: BatchViewName, view: BatchView) -> None:
-    """Make `RolloutBatch.show_<name>(i)` call `view(batch, i)` (the widgets package does this)."""
-    if name not in get_args(BatchViewName):
-        raise ValueError(f"unknown batch view {name!r}; expected one of {get_args(BatchViewName)}")
-    _BATCH_VIEWS[name] = view
+BatchViewer = Callable[["RolloutBatch", BatchViewName, int], Any]

@@ -19,6 +19,7 @@ from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.api.deadline import CANCEL_GRACE_S, TaskAbandoned, run_within
+from areal_nb.errors import StalenessLimitError  # noqa: F401 (re-exported)
 
 from .staleness import StalenessManager
 from .switch_interval import SwitchIntervalLease
@@ -33,10 +34,6 @@ def rejection_with_row(ep: Episode, describe_row: Callable[[dict], str | None]) 
     except Exception:  # naming the row is a courtesy; it must never lose the reason
         row = None
     return f"{row}: {ep.rejection_reason}" if row else str(ep.rejection_reason)
-
-
-class StalenessLimitError(RuntimeError):
-    """More rollouts were asked for than the staleness bound allows before the next training step."""
 
 
 @dataclass

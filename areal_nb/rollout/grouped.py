@@ -1,6 +1,7 @@
 """`GroupedRolloutWorkflow`: `group_size` episodes of the same prompt, run concurrently.
 
-Differences from the reference (§5.3): a member that raises counts as a rejected member
+Differences from AReaL (docs/reference/areal-semantics.md, "Resolving a workflow"): a member that
+raises counts as a rejected member
 (None) instead of failing the whole group, and an empty member (`{}`) is rejected too.
 
 Result format (what the trainer reads for GRPO group normalisation):
@@ -103,7 +104,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
             logger.warning("group member rejected: %s", message)
             self.last_member_errors.append(message)
             return None
-        return result or None  # an empty trajectory is a rejected one (§12.2)
+        return result or None  # an episode with no LLM call is a rejected one, not an empty row set
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> dict[str, Any] | None:
         self.last_member_errors = []

@@ -1,4 +1,5 @@
-"""`resolve_workflow`: whatever the user passed as a workflow → a `RolloutWorkflow` (§5.2).
+"""`resolve_workflow`: whatever the user passed as a workflow → a `RolloutWorkflow`
+(docs/reference/areal-semantics.md, "Resolving a workflow").
 
 1. a `RolloutWorkflow` instance → used as is (`workflow_kwargs` ignored, with a warning);
 2. a `RolloutWorkflow` subclass → instantiated with `workflow_kwargs` (required);
@@ -34,7 +35,7 @@ def import_from_string(path: str) -> Any:
 
 
 def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, **proxy_workflow_kwargs: Any):
-    from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+    from .workflow import OpenAIProxyWorkflow
 
     name = type(agent).__name__
     if not proxy_addr:

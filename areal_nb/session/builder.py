@@ -127,13 +127,13 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     Agents that leave sampling out of their requests get `rollout.temperature`, `top_p` and
     `max_new_tokens`. The app mounted at `/eval` serves the same engine greedily (evaluation).
     """
-    from areal_nb.openai import CompletionSettings
+    from areal_nb.capture import CompletionSettings
     from areal_nb.proxy import ProxyServer, ProxySettings, create_app
 
     admin_key = cfg.agent.admin_api_key or secrets.token_urlsafe(24)
     completion = CompletionSettings(
         chat_template_type=cfg.agent.chat_template_type,
-        engine_max_tokens=getattr(engine, "max_context", None),
+        engine_max_tokens=engine.max_context,
         default_temperature=cfg.rollout.temperature,
         default_top_p=cfg.rollout.top_p,
         default_max_new_tokens=cfg.rollout.max_new_tokens,
@@ -168,7 +168,7 @@ def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
 def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkflow) -> RolloutWorkflow:
     """The same agent, talking to the greedy `/eval` proxy; a direct RolloutWorkflow is reused
     as it is (it gets the greedy engine view from the evaluation executor)."""
-    from areal_nb.proxy import OpenAIProxyWorkflow
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
     if not isinstance(workflow, OpenAIProxyWorkflow):
         return workflow
@@ -190,7 +190,7 @@ def episode_timeout(cfg: SessionConfig, workflow: RolloutWorkflow) -> float | No
     own (`RolloutWorkflow`); none for an agent behind the proxy, whose workflow bounds the agent
     itself (`agent_timeout`, then abandoning one that ignores its cancellation) and whose other
     steps (the worker pool's start, the session's calls on the proxy) are bounded each."""
-    from areal_nb.proxy import OpenAIProxyWorkflow
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
     return None if isinstance(workflow, OpenAIProxyWorkflow) else cfg.agent.agent_timeout
 

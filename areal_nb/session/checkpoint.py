@@ -47,6 +47,7 @@ import yaml
 
 from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
+from areal_nb.errors import ArealError
 
 if TYPE_CHECKING:
     from .session import Session
@@ -65,7 +66,7 @@ SAVE_STEPS = ("_write_data", "_write_model", "_write_tokenizer", "_write_config"
               "_write_history", "_write_manifest", "_sync_tree", "_replace")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ArealError, ValueError):
     """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
     file and what is wrong with it."""
 
@@ -158,7 +159,7 @@ def _write_state(session: Session, actor_state: dict[str, Any], ref_weights: dic
         "version": session.version,
         "actor": actor_state,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-        "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
+        "engine_rng": engine.rng_state(),
         "data_pos": untrained_data_pos(session),
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
@@ -528,7 +529,7 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
-    if state.get("engine_rng") is not None and hasattr(engine, "set_rng_state"):
+    if state.get("engine_rng") is not None:
         engine.set_rng_state(state["engine_rng"])
     session.data = session.data.at(state["data_pos"])
     session._history = list(state.get("history", []))

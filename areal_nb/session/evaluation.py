@@ -41,7 +41,13 @@ class GreedyEngine:
 
     @property
     def max_context(self) -> int | None:
-        return getattr(self.engine, "max_context", None)
+        return self.engine.max_context
+
+    def rng_state(self) -> Any:
+        return self.engine.rng_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        self.engine.set_rng_state(state)
 
     def set_version(self, version: int) -> None:
         raise RuntimeError("GreedyEngine is an evaluation view; set the version on the engine itself")

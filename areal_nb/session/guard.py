@@ -17,16 +17,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from areal_nb.errors import ArealError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 CLOSED_MESSAGE = "this Session is closed; create a new one (or Session.load a checkpoint)"
 
 
-class SessionClosedError(RuntimeError):
+class SessionClosedError(ArealError, RuntimeError):
     """Every method of a closed Session raises this (`close()` itself excepted)."""
 
 
-class SessionBusyError(RuntimeError):
+class SessionBusyError(ArealError, RuntimeError):
     """A Session method was called from one thread while another thread's call was running."""
 
 

@@ -22,11 +22,8 @@ from typing import Any
 
 import torch
 
+from areal_nb.errors import LeaderFailed  # noqa: F401 (re-exported)
 from areal_nb.train.distributed import DataParallel
-
-
-class LeaderFailed(RuntimeError):
-    """Rank 0 failed; raised on the other ranks with rank 0's error message."""
 
 
 class RankChannel:

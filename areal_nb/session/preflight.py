@@ -14,12 +14,9 @@ import traceback
 from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.errors import FirstEpisodeError  # noqa: F401 (re-exported)
 
 from .evaluation import GreedyEngine
-
-
-class FirstEpisodeError(RuntimeError):
-    """The agent failed on the first training row; the message holds the row and its traceback."""
 
 
 class _TracingAgent:
@@ -40,7 +37,7 @@ class _TracingAgent:
 async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine, row: dict[str, Any],
                               *, row_index: int = 0) -> None:
     """Run `workflow`'s agent greedily on `row`; raise `FirstEpisodeError` unless it is accepted."""
-    from areal_nb.proxy import OpenAIProxyWorkflow
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
     tracer = None
     probe = workflow

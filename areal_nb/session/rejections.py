@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from areal_nb.errors import RolloutRejectedError  # noqa: F401 (re-exported)
+
 MAX_EMPTY_BATCHES = 5
-
-
-class RolloutRejectedError(RuntimeError):
-    """Every episode of `MAX_EMPTY_BATCHES` batches in a row was rejected; the message lists why and where."""
 
 
 def rejection_summary(batches: list[Any], source_index: Callable[[dict], int | None]) -> str:

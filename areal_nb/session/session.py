@@ -27,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import areal_nb.widgets  # noqa: F401  (registers RolloutBatch.show_tree/show_tokens/show_rewards)
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
-from areal_nb.widgets import EngineLog
+from areal_nb.widgets import EngineLog, view_batch
 
 from . import builder
 from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
@@ -67,7 +66,7 @@ def _flatten_overrides(overrides: dict[str, Any], prefix: str = "") -> dict[str,
 
 
 class Session:
-    """`Session(config | yaml_path | None, **overrides)`; see the README for a tour.
+    """`Session(config | yaml_path | None, **overrides)`; see docs/getting-started.md for a tour.
 
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
     (`rollout={"batch_size": 4}`). `dataset` / `eval_dataset` set `data.source` / `data.eval_source`:
@@ -623,7 +622,7 @@ class Session:
         agent = self.config.agent
         return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
                             discount_mode=agent.discount_mode, version=self.engine.get_version(),
-                            tokenizer=self.tokenizer, credit=self.config.actor.credit)
+                            tokenizer=self.tokenizer, credit=self.config.actor.credit, viewer=view_batch)
 
     def _after_step(self, row: dict[str, Any]) -> None:
         self._log_metrics(row["step"], row)

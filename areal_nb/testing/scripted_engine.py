@@ -23,6 +23,8 @@ class ScriptedEngine:
     `max_new_tokens` truncates the reply (stop_reason "length").
     """
 
+    max_context: int | None = None  # no context limit unless a test sets one
+
     def __init__(self, tokenizer, script: Script, logprob: float = -0.5) -> None:
         self.tokenizer = tokenizer
         self.script = script
@@ -71,4 +73,10 @@ class ScriptedEngine:
             self._version = version
 
     def close(self) -> None:
+        pass
+
+    def rng_state(self) -> None:  # the script draws nothing at random
+        return None
+
+    def set_rng_state(self, state: object) -> None:
         pass

@@ -7,7 +7,7 @@ return of the turn that generated it (`turn_returns`), normalised per turn (`tur
 Layout: every `[B, L]` tensor is indexed by *token position*: position t of `loss_mask`,
 `logprobs`, `advantages` refers to token t itself (not to the logit at t that predicts t+1).
 
-Grouping (AReaL bug §12.6 not copied): a group is the set of rows with the same group id,
+Grouping (unlike AReaL's fixed contiguous slices): a group is the set of rows with the same group id,
 wherever they sit in the batch and however many there are. A multi-turn `individual` export
 gives an episode several rows, and episodes of one prompt different row counts; the group
 statistics are still exact.

@@ -6,7 +6,8 @@ Three policies meet here (names as in AReaL's decoupled PPO):
 - π_behave `old_logprobs`: the engine weights that sampled the tokens (recorded at rollout).
 
 Plain PPO clips r = π_θ / π_old. Decoupled PPO clips r = π_θ / π_prox and multiplies each token
-by the behaviour weight w = π_prox / π_behave. Unlike AReaL (§12.11) the weight is always
+by the behaviour weight w = π_prox / π_behave. Unlike AReaL (which applies it only with rejection
+sampling configured) the weight is always
 applied when `prox_logprobs` is given. Tokens with w > `behave_imp_weight_cap` are masked out
 (AReaL's rejection-sampling "mask" action): their weight is unreliable and clamping it would
 still push on a token the behaviour policy considered unlikely.

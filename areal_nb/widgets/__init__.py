@@ -68,17 +68,15 @@ def show_loss(source: Any, tokenizer: Any | None = None, rows: list[int] | range
     return LossView(source, tokenizer=tokenizer, rows=rows, loss_filter=loss_filter, live=live)
 
 
-def _register_batch_views() -> None:
-    # RolloutBatch (rollout layer, below us) offers batch.show_tree(i) etc. through these.
-    from areal_nb.rollout.batch import register_batch_view
-
-    register_batch_view("tree", lambda batch, i: show_tree(batch.episodes[i], tokenizer=batch.tokenizer))
-    register_batch_view("tokens", lambda batch, i: show_tokens(batch.episodes[i], tokenizer=batch.tokenizer))
-    # the whole batch, so the view has the episode's group (advantages) and export settings
-    register_batch_view("rewards", lambda batch, i: show_rewards(batch, index=i))
-
-
-_register_batch_views()
+def view_batch(batch: Any, name: str, i: int):
+    """`RolloutBatch.show_<name>(i)`: a batch's `viewer` (the Session gives its batches this one)."""
+    if name == "tree":
+        return show_tree(batch.episodes[i], tokenizer=batch.tokenizer)
+    if name == "tokens":
+        return show_tokens(batch.episodes[i], tokenizer=batch.tokenizer)
+    if name == "rewards":  # the whole batch, so the view has the episode's group (advantages) and settings
+        return show_rewards(batch, index=i)
+    raise ValueError(f"unknown batch view {name!r}; expected 'tree', 'tokens' or 'rewards'")
 
 
 def __getattr__(name: str):
@@ -92,5 +90,5 @@ def __getattr__(name: str):
 __all__ = [
     "LOSS_FILTERS", "Dashboard", "EngineLog", "LossView", "RewardSource", "RewardView", "Series", "TokenView",
     "TreeView", "build_loss_view", "build_token_view", "build_tree", "discounted_rewards", "group_normalised",
-    "history_series", "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree",
+    "history_series", "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree", "view_batch",
 ]

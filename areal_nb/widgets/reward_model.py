@@ -31,8 +31,8 @@ def discounted_rewards(
     interactions: list[Any], raw: Mapping[int, float | None], gamma: float, mode: str = "tree"
 ) -> dict[int, float]:
     """Rewards after discount keyed by `id(interaction)`, computed by the capture layer's rule
-    (`areal_nb.openai.cache.discounted_rewards`) from the rewards as set; nothing is changed."""
-    from areal_nb.openai.cache import discounted_rewards as capture_discount
+    (`areal_nb.capture.cache.discounted_rewards`) from the rewards as set; nothing is changed."""
+    from areal_nb.capture.cache import discounted_rewards as capture_discount
 
     if mode not in DISCOUNT_MODES:
         raise ValueError(f"discount mode must be one of {DISCOUNT_MODES}, got {mode!r}")

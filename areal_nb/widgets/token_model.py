@@ -215,7 +215,7 @@ def leaf_of(interaction: Any, pool: list[Any]) -> Any:
 def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
     """The capture layer's retokenization check for this call, windowed for display."""
     try:
-        from areal_nb.openai.templates import check_retokenization
+        from areal_nb.capture.templates import check_retokenization
     except ImportError:  # capture layer without the drift check: nothing to show
         return None
     if interaction.model_response is None:

@@ -96,7 +96,11 @@ HOSTILE: list[Hostile] = [
     Hostile("temperature 1e-300 (anthropic)", "/v1/messages", anthropic(temperature=1e-300), 400, "temperature must be 0"),
     Hostile("temperature 1e-300 (responses)", "/v1/responses", {"input": "hi", "temperature": 1e-300}, 400, "temperature must be 0"),
     Hostile("temperature NaN", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 422, "temperature"),
-    Hostile("top_p 0", "/v1/chat/completions", chat(top_p=0), 422, "top_p"),
+    # ranges are one rule (GenerationConfig.check) on every route: 400, not a schema's 422
+    Hostile("top_p 0", "/v1/chat/completions", chat(top_p=0), 400, "top_p must be in (0, 1]"),
+    Hostile("top_p 2 (responses)", "/v1/responses", {"input": "hi", "top_p": 2}, 400, "top_p must be in (0, 1]"),
+    Hostile("temperature 101 (anthropic)", "/v1/messages", anthropic(temperature=101), 400, "temperature must be 0"),
+    Hostile("temperature -1", "/v1/chat/completions", chat(temperature=-1), 400, "temperature must be 0"),
     # 6. chat_template_kwargs: template variables only
     Hostile("replace the template", "/v1/chat/completions", chat(chat_template_kwargs={"chat_template": "{{ 'owned' }}"}), 400, "not variables of this model's chat template"),
     Hostile("truncate the prompt", "/v1/chat/completions", chat(extra_body={"chat_template_kwargs": {"truncation": True, "max_length": 2}}), 400, "allowed keys"),

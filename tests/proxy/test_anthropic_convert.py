@@ -9,7 +9,7 @@ import pytest
 from pydantic import TypeAdapter
 from openai.types.chat import ChatCompletion
 
-from areal_nb.openai.anthropic import (
+from areal_nb.capture.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
     anthropic_stream_events,

@@ -82,7 +82,7 @@ def test_admin_key_as_session_key_says_why(app_client):
 def test_last_reward_while_the_only_call_is_generating_is_a_400_not_a_500(app_client):
     """A reward without an id goes to the most recently *completed* call; while the session's only
     call is still generating there is none (this was an unhandled RuntimeError: 500)."""
-    from areal_nb.openai import InteractionWithTokenLogpReward
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
     sid, key = start_session(app_client, "r")
     cache = app_client.app.state.proxy.sessions[sid].cache

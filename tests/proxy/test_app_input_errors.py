@@ -13,7 +13,7 @@ import pytest
 
 from areal_nb.api import InvalidRequestError
 from areal_nb.testing import ScriptedEngine
-from areal_nb.openai.interaction import InteractionWithTokenLogpReward
+from areal_nb.capture.interaction import InteractionWithTokenLogpReward
 from areal_nb.proxy import ProxyServer
 from tests.proxy.conftest import PROXY_ADMIN_KEY, SCRIPTED_REPLY, admin_headers, session_headers, start_session
 
@@ -44,7 +44,7 @@ class SpyTokenizer:
 
 @pytest.mark.server
 def test_rendering_a_long_conversation_runs_off_the_event_loop(tiny_tokenizer):
-    from areal_nb.openai.completion import INLINE_RENDER_CHARS
+    from areal_nb.capture.completion import INLINE_RENDER_CHARS
     from areal_nb.proxy import ProxySettings, create_app
 
     spy = SpyTokenizer(tiny_tokenizer)

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from areal_nb.openai.interaction import InteractionWithTokenLogpReward
+from areal_nb.capture.interaction import InteractionWithTokenLogpReward
 from tests.proxy.conftest import admin_headers, session_headers, start_session
 
 CHAT = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 8}

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
-from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

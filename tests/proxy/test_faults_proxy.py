@@ -10,7 +10,7 @@ import math
 import pytest
 
 from areal_nb.testing import ScriptedEngine
-from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
@@ -42,7 +42,7 @@ def _reject_then_recover(proxy, wf, bad_data, kind, reason_part, caplog, good_da
         good = await wf.arun_episode(None, good_data)
         return bad, reason, good
 
-    with caplog.at_level(logging.WARNING, logger="areal_nb.proxy.workflow"):
+    with caplog.at_level(logging.WARNING, logger="areal_nb.rollout.workflow"):
         bad, reason, good = asyncio.run(both())
     assert bad is None
     assert reason.startswith(f"{kind}: ") and reason_part in reason, reason
@@ -81,7 +81,7 @@ def test_agent_hangs_past_timeout_subproc(proxy, caplog):
         async def hang():
             return await wf.arun_episode(None, OK)
 
-        with caplog.at_level(logging.WARNING, logger="areal_nb.proxy.workflow"):
+        with caplog.at_level(logging.WARNING, logger="areal_nb.rollout.workflow"):
             # First, a hang in synchronous code: the stuck worker is killed and the pool dropped.
             assert asyncio.run(hang()) is None
         assert wf.rejections == {"agent_timeout": 1} and wf._pool is None

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from areal_nb.api import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE
-from areal_nb.openai.templates import render_prompt_ids
+from areal_nb.capture.templates import render_prompt_ids
 from areal_nb.proxy.limits import MAX_JSON_DEPTH
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers
 from tests.proxy.hostile import CONTEXT, HOSTILE, Hostile, chat, check_answer, encode, new_session_key, send

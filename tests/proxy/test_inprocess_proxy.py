@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from areal_nb.proxy import OpenAIProxyWorkflow, ProxyRequestError
+from areal_nb.proxy import ProxyRequestError
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.proxy.inprocess import InProcessProxyClient
 from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
@@ -131,7 +132,7 @@ def test_client_errors_carry_the_http_status(app):
             with pytest.raises(ProxyRequestError) as err:
                 await client.set_last_reward(1.0)
             assert err.value.status == 400 and "no interactions" in err.value.detail
-            from areal_nb.openai import InteractionWithTokenLogpReward
+            from areal_nb.capture import InteractionWithTokenLogpReward
 
             pending = InteractionWithTokenLogpReward(messages=[{"role": "user", "content": "q"}], _interaction_id="p")
             state.sessions[client.session_id].cache["p"] = pending  # a call still generating

@@ -17,7 +17,7 @@ import pytest
 from areal_nb.api import NotSerializableError
 from areal_nb.api.by_value import dumps_by_value
 from areal_nb.testing import ScriptedEngine
-from areal_nb.proxy.workflow import (
+from areal_nb.rollout.workflow import (
     EpisodeRejected,
     OpenAIProxyWorkflow,
     _run_agent_in_subprocess,
@@ -108,7 +108,7 @@ def test_subproc_agent_that_cannot_travel_is_refused_naming_the_attribute():
 MAIN_SCRIPT = """
 import asyncio, sys
 from openai import OpenAI
-from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
 BONUS = 0.75
 

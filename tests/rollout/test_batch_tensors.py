@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal_nb.api import ModelResponse
-from areal_nb.openai import InteractionWithTokenLogpReward, concat_padded_tensors
+from areal_nb.capture import InteractionWithTokenLogpReward, concat_padded_tensors
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import Episode
 

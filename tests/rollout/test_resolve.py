@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_nb.api import RolloutWorkflow
-from areal_nb.proxy.workflow import OpenAIProxyWorkflow
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.rollout import (
     GroupedRolloutWorkflow,
     GroupedTensors,

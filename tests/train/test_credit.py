@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal_nb.api import ModelResponse
-from areal_nb.openai import InteractionWithTokenLogpReward
+from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import Episode
 from areal_nb.train import Actor, GRPOConfig, compute_advantages

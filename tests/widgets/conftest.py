@@ -14,7 +14,7 @@ CORRECTION = "Check your answer and give the final number after ####."
 async def _two_turn_episode(engine, tokenizer, template: str, first_reward: float, last_reward: float,
                             max_tokens: int = 8):
     """Question → reply → correction → reply; rewards set per turn, nothing discounted yet."""
-    from areal_nb.openai import ArealOpenAI
+    from areal_nb.capture import ArealOpenAI
 
     client = ArealOpenAI(engine, tokenizer, chat_template_type=template)
     messages = [{"role": "user", "content": QUESTION}]
@@ -29,7 +29,7 @@ async def _two_turn_episode(engine, tokenizer, template: str, first_reward: floa
 
 async def _branching_episode(engine, tokenizer, max_tokens: int = 6):
     """Two independent roots; the first root has two children (a branch): 4 calls, hf template."""
-    from areal_nb.openai import ArealOpenAI
+    from areal_nb.capture import ArealOpenAI
 
     client = ArealOpenAI(engine, tokenizer, chat_template_type="hf")
     root_a = await client.chat.completions.create(messages=[{"role": "user", "content": QUESTION}],

@@ -1,6 +1,10 @@
-"""RolloutBatch.show_tree/show_tokens/show_rewards: drawn by widgets, a layer above rollout."""
+"""RolloutBatch.show_tree/show_tokens/show_rewards: drawn by widgets, a layer above rollout, through
+the viewer the batch is built with (no registration on import)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -8,22 +12,30 @@ from .conftest import episode
 
 
 def test_batch_views_are_the_widgets_views(captured, tiny_tokenizer):
-    import areal_nb.widgets as widgets
+    from areal_nb import widgets
     from areal_nb.rollout import RolloutBatch
 
     a, b = captured.concat_a, captured.concat_b
-    batch = RolloutBatch([episode(a, 0, 0), episode(b, 0, 1)], style="concat", tokenizer=tiny_tokenizer)
+    batch = RolloutBatch([episode(a, 0, 0), episode(b, 0, 1)], style="concat", tokenizer=tiny_tokenizer,
+                         viewer=widgets.view_batch)
     assert isinstance(batch.show_tree(1), widgets.TreeView)
     assert isinstance(batch.show_tokens(0), widgets.TokenView)
     assert isinstance(batch.show_rewards(0), widgets.RewardView)
-
-
-def test_without_the_widgets_a_view_says_what_to_import(captured, monkeypatch):
-    from areal_nb.rollout import RolloutBatch, batch as batch_module
-
-    monkeypatch.setattr(batch_module, "_BATCH_VIEWS", {})  # as if areal_nb.widgets was never imported
-    batch = RolloutBatch([episode(captured.concat_a)])
-    with pytest.raises(RuntimeError, match=r"batch.show_tree\(\) is drawn by areal_nb.widgets.*import areal_nb.widgets"):
-        batch.show_tree(0)
+    assert batch.filter(lambda ep: True).viewer is widgets.view_batch  # derived batches keep it
     with pytest.raises(ValueError, match="unknown batch view 'table'"):
-        batch_module.register_batch_view("table", lambda b, i: None)
+        widgets.view_batch(batch, "table", 0)
+
+
+def test_a_batch_without_a_viewer_says_how_to_get_one(captured):
+    import areal_nb.widgets  # noqa: F401  importing the widgets changes nothing for a batch
+    from areal_nb.rollout import RolloutBatch
+
+    batch = RolloutBatch([episode(captured.concat_a)])
+    with pytest.raises(RuntimeError, match=r"batch.show_tree\(\) needs the widgets.*areal_nb.widgets.view_batch"):
+        batch.show_tree(0)
+
+
+def test_importing_areal_nb_imports_no_widgets():
+    code = "import areal_nb, areal_nb.rollout.batch, sys; print('areal_nb.widgets' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

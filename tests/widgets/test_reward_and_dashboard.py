@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from areal_nb.openai import InteractionCache
+from areal_nb.capture import InteractionCache
 from areal_nb.widgets import RewardSource, history_series, reward_state, show_rewards
 from areal_nb.widgets.render import dashboard_html
 

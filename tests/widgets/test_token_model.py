@@ -7,7 +7,7 @@ import math
 import pytest
 
 from areal_nb.api import ModelResponse
-from areal_nb.openai import InteractionWithTokenLogpReward, check_retokenization, render_prompt_ids
+from areal_nb.capture import InteractionWithTokenLogpReward, check_retokenization, render_prompt_ids
 from areal_nb.widgets import build_token_view
 from areal_nb.widgets.render import token_view_html
 from areal_nb.widgets.token_model import build_chips, heat_colour, visible_text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from areal_nb.api import ModelResponse
-from areal_nb.openai import InteractionCache, InteractionWithTokenLogpReward
+from areal_nb.capture import InteractionCache, InteractionWithTokenLogpReward
 from areal_nb.widgets import build_tree
 from areal_nb.widgets.render import tree_svg
 

@@ -1,0 +1,411 @@
+"""Every exception areal_nb raises on purpose, under one base; its warnings; how an HTTP error is answered.
+
+Catch `ArealError` for anything areal_nb raised on purpose; anything else is a bug (the servers
+answer it with a 500 and a logged traceback). Each class is also importable from the module that
+raises it (`areal_nb.config.ConfigError`, `areal_nb.api.InvalidRequestError`, ...), and each keeps
+the built-in base it always had, so `except ValueError` still catches a `ConfigError`.
+
+The tree:
+
+    ArealError
+    ├── HTTPError                       an HTTP answer: `status`, `code`, `message`
+    │   ├── InvalidRequestError (ValueError)      400 invalid_request: the request can never succeed as sent
+    │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
+    │   │   │   └── MessageTypeError (TypeError)  messages of the wrong type
+    │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
+    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message"}}`)
+    │   │       └── ContractViolation             a body the SGLang API schema rejects (`{"error": "..."}`)
+    │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
+    │   ├── BodyTooLarge                413 body_too_large
+    │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
+    ├── ClientGone                      the client disconnected before its reply was ready
+    ├── BodyOverLimit                   a request body past its size limit (`declared`: its Content-Length)
+    ├── BodyTimedOut                    a request body not complete in time (`received`: bytes that came)
+    ├── ConfigError (ValueError)        a config file or override is invalid
+    ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
+    ├── ExportError (ValueError)        a run that cannot be exported
+    ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
+    ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
+    ├── EngineClosedError (RuntimeError)    the engine was closed before or while serving a request
+    ├── EngineServerError (RuntimeError)    an engine server answered an error or broke the protocol
+    │   └── ServerDownError                 the server that held a request is down
+    ├── ServerLaunchError (RuntimeError)    an engine server exited or never became healthy at start-up
+    ├── ProxyRequestError (RuntimeError)    a proxy endpoint answered an error (client side; `status`)
+    ├── EpisodeRejected                     an episode ran but must not be trained on
+    ├── RewardError (RuntimeError)          a reward could not be computed
+    │   ├── RewardTimeoutError
+    │   ├── RewardWorkerCrashedError
+    │   └── RewardFunctionError
+    ├── RewardValueError (TypeError)        a reward function returned something that is not a finite number
+    ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
+    ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
+    ├── RolloutRejectedError (RuntimeError) every episode of several batches in a row was rejected
+    └── LeaderFailed (RuntimeError)         rank 0 failed (raised on the other ranks)
+
+    ArealWarning (UserWarning)              what areal_nb warns about (`warnings.warn`), never raises
+    ├── ConversationLinkWarning             a call that looks like a continuation is not linked as one
+    ├── MissingRewardWarning                a reward discount found calls without a reward (they count 0.0)
+    └── IncompleteInteractionWarning        an export skipped calls that have not returned
+
+`render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
+three dialects the servers speak: `"openai"` (`{"error": {"message", "type", "code"}}`),
+`"anthropic"` (`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the
+engine-server's native API: `{"error": {"message"}}`, or `{"error": "..."}` for a body its
+schema rejects).
+
+This module imports nothing of areal_nb: every layer may raise these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Dialect = Literal["openai", "anthropic", "sglang"]
+DIALECTS: tuple[Dialect, ...] = ("openai", "anthropic", "sglang")
+
+
+class ArealError(Exception):
+    """The base of every exception areal_nb raises on purpose."""
+
+
+# ---------------------------------------------------------------------------------- HTTP answers
+
+
+class HTTPError(ArealError):
+    """An error a server answers with `status`; `code` is a short machine-readable tag.
+
+    Subclasses set the class defaults; an instance may override them (`ProxyError(409, ...)`)."""
+
+    status: int = 500
+    code: str | None = None
+
+    def __init__(self, message: str = "", *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self) or type(self).__name__
+
+
+class InvalidRequestError(HTTPError, ValueError):
+    """A request that can never succeed as sent (a client error: HTTP 400).
+
+    Raised for input problems only; anything else an engine or the capture code raises is
+    our own fault (HTTP 500 with a logged traceback).
+    """
+
+    status = 400
+    code = "invalid_request"
+
+
+class CompletionRequestError(InvalidRequestError):
+    """An invalid chat completion or Responses request: the proxy answers 400 and `str(error)`."""
+
+
+class MessageTypeError(CompletionRequestError, TypeError):
+    """Messages of the wrong type (a `TypeError` that is also a `CompletionRequestError`)."""
+
+
+class AnthropicRequestError(InvalidRequestError):
+    """A Messages request that cannot be converted: the proxy answers 400."""
+
+
+class BadRequest(InvalidRequestError):
+    """The engine-server's client error: 400 with `{"error": {"message": ...}}` (SGLang's ValueError shape)."""
+
+
+class ContractViolation(BadRequest):
+    """A body the SGLang API schema rejects: 400 with `{"error": "..."}` (SGLang's api_contract shape)."""
+
+
+class ProxyError(HTTPError):
+    """An HTTP error a proxy route answers, with a clear message and its status and code."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message, status=status, code=code)
+
+
+class BodyTooLarge(HTTPError):
+    """A request body past the proxy's limit: 413."""
+
+    status = 413
+    code = "body_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request body too large: the limit is {limit} bytes (see the proxy's 'Limits and errors')"
+        )
+        self.limit = limit
+
+    @property
+    def detail(self) -> str:  # what the starlette HTTPException it once was called its message
+        return self.message
+
+
+class BodyError(HTTPError):
+    """A body that is too large (413) or did not arrive in time (408); the connection is closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, status=status)
+
+
+# ---------------------------------------------------------------------------------- the transport
+
+
+class ClientGone(ArealError):
+    """The client disconnected before the reply was ready; its work was cancelled."""
+
+
+class BodyOverLimit(ArealError):
+    """The body is larger than the limit; `declared`: its Content-Length, when that said so."""
+
+    def __init__(self, declared: int | None = None) -> None:
+        super().__init__(declared)
+        self.declared = declared
+
+
+class BodyTimedOut(ArealError):
+    """The body was not complete in time; `received`: the bytes that had arrived."""
+
+    def __init__(self, received: int) -> None:
+        super().__init__(received)
+        self.received = received
+
+
+# ---------------------------------------------------------------------------------- user input
+
+
+class ConfigError(ArealError, ValueError):
+    """A config file or override is invalid; the message names the key."""
+
+
+class DatasetError(ArealError, ValueError):
+    """A dataset that cannot be trained or evaluated on; the message names the row and why."""
+
+
+class ExportError(ArealError, ValueError):
+    """The run cannot be exported; the message names what and why."""
+
+
+class NotSerializableError(ArealError, TypeError):
+    """User code cannot be sent to a worker process."""
+
+
+# ---------------------------------------------------------------------------------- capture, engines, proxy client
+
+
+class ConcatAlignmentError(ArealError, RuntimeError):
+    """The full-conversation template could not be aligned with the parent's tokens."""
+
+
+class EngineClosedError(ArealError, RuntimeError):
+    """The engine was closed before (or while) serving the request."""
+
+
+class EngineServerError(ArealError, RuntimeError):
+    """An engine server answered with an error, broke the protocol, or the engine was closed."""
+
+
+class ServerDownError(EngineServerError):
+    """The server that held the request is down (process died, connection lost)."""
+
+
+class ServerLaunchError(ArealError, RuntimeError):
+    """The server process exited (or never became healthy) during start-up."""
+
+
+# Status codes that mean "try again later" rather than "your request is wrong".
+RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
+
+
+class ProxyRequestError(ArealError, RuntimeError):
+    """A proxy endpoint answered with an error status (or could not be reached)."""
+
+    def __init__(self, endpoint: str, status: int | None, detail: str) -> None:
+        self.endpoint = endpoint
+        self.status = status
+        self.detail = detail
+        where = f"HTTP {status}" if status is not None else "no response"
+        super().__init__(f"proxy {endpoint} failed ({where}): {detail}")
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status in RETRYABLE_STATUS
+
+
+# ---------------------------------------------------------------------------------- rollout, rewards, the session
+
+
+class EpisodeRejected(ArealError):
+    """The episode ran but its trajectory must not be trained on; `kind` names the reason's kind."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class RewardError(ArealError, RuntimeError):
+    """A reward could not be computed; the episode that needed it should be rejected."""
+
+
+class RewardTimeoutError(RewardError):
+    """The reward function ran past its timeout."""
+
+
+class RewardWorkerCrashedError(RewardError):
+    """The worker process computing the reward died."""
+
+
+class RewardFunctionError(RewardError):
+    """The reward function raised."""
+
+
+class RewardValueError(ArealError, TypeError):
+    """A reward function returned something that is not a finite number."""
+
+
+class StalenessLimitError(ArealError, RuntimeError):
+    """More rollouts were asked for than the staleness bound allows before the next training step."""
+
+
+class FirstEpisodeError(ArealError, RuntimeError):
+    """The agent failed on the first training row; the message holds the row and its traceback."""
+
+
+class RolloutRejectedError(ArealError, RuntimeError):
+    """Every episode of `MAX_EMPTY_BATCHES` batches in a row was rejected; the message lists why and where."""
+
+
+class LeaderFailed(ArealError, RuntimeError):
+    """Rank 0 failed; raised on the other ranks with rank 0's error message."""
+
+
+# ---------------------------------------------------------------------------------- warnings
+
+
+class ArealWarning(UserWarning):
+    """The base of every warning areal_nb issues."""
+
+
+class ConversationLinkWarning(ArealWarning):
+    """A call looks like a continuation but is not linked as one: an edited assistant message, or
+    (concat mode) tools or template variables that differ from the parent's."""
+
+
+class MissingRewardWarning(ArealWarning):
+    """A reward discount found calls whose reward was never set (they count as 0.0)."""
+
+
+class IncompleteInteractionWarning(ArealWarning):
+    """An export skipped calls that have not returned."""
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    504: "timeout_error",
+}
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+}
+# The OpenAI and Anthropic SDKs retry 408/409/429/5xx unless told otherwise; these answers will
+# not change on retry.
+_NO_RETRY = frozenset({400, 401, 403, 404, 409, 410, 413, 422})
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """What a server sends for an error: status, JSON body and extra headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
+    """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
+    status, message = error.status, error.message
+    if dialect == "sglang":
+        body: Any = (
+            {"error": message} if isinstance(error, ContractViolation) else {"error": {"message": message}}
+        )
+        return ErrorReply(status, body)
+    headers = {"x-should-retry": "false"} if status in _NO_RETRY else {}
+    if dialect == "anthropic":
+        body = {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message},
+        }
+    elif dialect == "openai":
+        body = {
+            "error": {
+                "message": message,
+                "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
+                "code": error.code,
+            }
+        }
+    else:
+        raise ValueError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
+    return ErrorReply(status, body, headers)
+
+
+__all__ = [
+    "DIALECTS",
+    "AnthropicRequestError",
+    "ArealError",
+    "ArealWarning",
+    "BadRequest",
+    "BodyError",
+    "BodyOverLimit",
+    "BodyTimedOut",
+    "BodyTooLarge",
+    "ClientGone",
+    "CompletionRequestError",
+    "ConcatAlignmentError",
+    "ConfigError",
+    "ContractViolation",
+    "ConversationLinkWarning",
+    "DatasetError",
+    "Dialect",
+    "EngineClosedError",
+    "EngineServerError",
+    "EpisodeRejected",
+    "ErrorReply",
+    "ExportError",
+    "FirstEpisodeError",
+    "HTTPError",
+    "IncompleteInteractionWarning",
+    "InvalidRequestError",
+    "LeaderFailed",
+    "MessageTypeError",
+    "MissingRewardWarning",
+    "NotSerializableError",
+    "ProxyError",
+    "ProxyRequestError",
+    "RewardError",
+    "RewardFunctionError",
+    "RewardTimeoutError",
+    "RewardValueError",
+    "RewardWorkerCrashedError",
+    "RolloutRejectedError",
+    "ServerDownError",
+    "ServerLaunchError",
+    "StalenessLimitError",
+    "render_error",
+]

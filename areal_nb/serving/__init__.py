@@ -1,0 +1,23 @@
+"""What the proxy and the engine-server share to serve HTTP: a request body read whole within a
+size and a time limit (`body`), work cancelled when its client disconnects (`disconnect`), the
+caller's key (`auth`), and errors answered in a client's dialect (`errors`).
+
+Each app keeps what is its own: the proxy's checks on a body's JSON (`proxy/limits.py`) and its
+routes, the engine-server's SGLang routes.
+"""
+
+from .auth import bearer_token_of, keys_equal
+from .body import BodyOverLimit, BodyTimedOut, read_bounded_body
+from .disconnect import ClientGone, unless_client_leaves
+from .errors import error_json
+
+__all__ = [
+    "BodyOverLimit",
+    "BodyTimedOut",
+    "ClientGone",
+    "bearer_token_of",
+    "error_json",
+    "keys_equal",
+    "read_bounded_body",
+    "unless_client_leaves",
+]
