@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CANCEL_GRACE_S = 5.0  # how long cancelled code may take to stop before it is abandoned
+# Abandoned tasks, held until they end: a pending task that is garbage-collected has its coroutine
+# closed, and code that swallows every exception would then spin in whatever thread collects it
+_ABANDONED: set[asyncio.Future[Any]] = set()
 
 
 class TaskAbandoned(Exception):
@@ -52,14 +55,20 @@ async def stop(task: asyncio.Future[Any], grace: float = CANCEL_GRACE_S, what: s
         await asyncio.wait({task}, timeout=grace)
     except asyncio.CancelledError:
         if not task.done():
-            task.add_done_callback(_log_outcome)
+            _abandon(task)
         raise
     if task.done():
         _retrieve(task)
         return True
     logger.warning("%s ignored its cancellation for %s s: abandoned (it goes on running)", what, grace)
-    task.add_done_callback(_log_outcome)
+    _abandon(task)
     return False
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    _ABANDONED.add(task)
+    task.add_done_callback(_ABANDONED.discard)
+    task.add_done_callback(_log_outcome)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> BaseException | None:
