@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages demo demo-tools test test-fast docs bench clean
+.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,10 +26,18 @@ demo-tools: install
 	$(BIN)/areal-nb demo --config configs/tool_use.yaml --out runs/tool_use
 
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
-# the import-linter layer contracts (tests/test_layers.py) and the docs build in strict mode
-# (tests/test_docs.py). -rs prints why a test skipped.
-test: install slurm-packages
+# the import-linter layer contracts (tests/test_layers.py), the docs build in strict mode
+# (tests/test_docs.py) and the checks against SGLang's own code (sglang-wheel below). -rs prints
+# why a test skipped.
+test: install slurm-packages sglang-wheel
 	$(BIN)/python -m pytest -x -q -rs tests
+
+# tests/engine/test_sglang_source.py checks our launch commands and /generate payloads with SGLang's
+# own code: `pip download --no-deps` of the version the `sglang` extra pins, unpacked into
+# ~/.cache/areal_nb/sglang-wheel (never installed: it pins CUDA packages). Offline, those tests
+# skip and say why; under CI=true they fail.
+sglang-wheel: install
+	@$(BIN)/python tests/engine/sglang_wheel.py >/dev/null || echo "could not fetch the sglang wheel: the sglang_source tests will skip"
 
 # tests/slurm/ submits job.sbatch to a real single-node Slurm built from Debian's slurm-wlm and
 # munge. As root with apt-get they are installed here, quietly; otherwise (or if apt fails) that

@@ -38,6 +38,9 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     path: str = "tiny-math"  # "tiny-math", a local directory, or a Hugging Face id
+    # The compute dtype: the actor's forward and backward (autocast; FSDP2's param_dtype) and the
+    # weights the engine serves. The trained weights and AdamW's state stay float32 (master
+    # weights, `areal_nb.train.precision`): updates at small learning rates do not round away.
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str | None = None  # None: cuda if available, else cpu
 

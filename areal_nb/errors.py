@@ -13,8 +13,8 @@ The tree:
     │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
     │   │   │   └── MessageTypeError (TypeError)  messages of the wrong type
     │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
-    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message"}}`)
-    │   │       └── ContractViolation             a body the SGLang API schema rejects (`{"error": "..."}`)
+    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
+    │   │       └── ContractViolation             a body the SGLang API schema rejects (same body)
     │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
     │   ├── BodyTooLarge                413 body_too_large
     │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
@@ -24,6 +24,7 @@ The tree:
     ├── ConfigError (ValueError)        a config file or override is invalid
     ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
     ├── ExportError (ValueError)        a run that cannot be exported
+    ├── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
     ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
     ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
     ├── EngineClosedError (RuntimeError)    the engine was closed before or while serving a request
@@ -35,7 +36,9 @@ The tree:
     ├── RewardError (RuntimeError)          a reward could not be computed
     │   ├── RewardTimeoutError
     │   ├── RewardWorkerCrashedError
-    │   └── RewardFunctionError
+    │   ├── RewardFunctionError
+    │   └── JudgeError                      an LLM judge timed out, failed or gave no readable score
+    ├── EnvironmentServerError (RuntimeError) an environment's server is down or broke its protocol
     ├── RewardValueError (TypeError)        a reward function returned something that is not a finite number
     ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
     ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
@@ -50,8 +53,7 @@ The tree:
 `render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
 three dialects the servers speak: `"openai"` (`{"error": {"message", "type", "code"}}`),
 `"anthropic"` (`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the
-engine-server's native API: `{"error": {"message"}}`, or `{"error": "..."}` for a body its
-schema rejects).
+engine-server's native API: `{"error": {"message", "code"}}`, SGLang's `ErrorBody`).
 
 This module imports nothing of areal_nb: every layer may raise these.
 """
@@ -116,11 +118,11 @@ class AnthropicRequestError(InvalidRequestError):
 
 
 class BadRequest(InvalidRequestError):
-    """The engine-server's client error: 400 with `{"error": {"message": ...}}` (SGLang's ValueError shape)."""
+    """The engine-server's client error: 400 with `{"error": {"message", "code"}}` (SGLang's ErrorBody)."""
 
 
 class ContractViolation(BadRequest):
-    """A body the SGLang API schema rejects: 400 with `{"error": "..."}` (SGLang's api_contract shape)."""
+    """A body the SGLang API schema rejects (its api_contract check): a 400 like any BadRequest."""
 
 
 class ProxyError(HTTPError):
@@ -186,6 +188,10 @@ class ConfigError(ArealError, ValueError):
 
 class DatasetError(ArealError, ValueError):
     """A dataset that cannot be trained or evaluated on; the message names the row and why."""
+
+
+class TrainMemoryError(ArealError, ValueError):
+    """A training step estimated not to fit the device's free memory; the message names the setting to change."""
 
 
 class ExportError(ArealError, ValueError):
@@ -265,6 +271,16 @@ class RewardFunctionError(RewardError):
     """The reward function raised."""
 
 
+class JudgeError(RewardError):
+    """An LLM judge did not answer in time, failed, or answered without a readable score (quoted)."""
+
+
+class EnvironmentServerError(ArealError, RuntimeError):
+    """An environment's server cannot be started or reached, dropped the session or refused a message.
+
+    Raised inside an episode, it rejects that episode with this message; the run goes on."""
+
+
 class RewardValueError(ArealError, TypeError):
     """A reward function returned something that is not a finite number."""
 
@@ -342,10 +358,9 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
     """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
     status, message = error.status, error.message
     if dialect == "sglang":
-        body: Any = (
-            {"error": message} if isinstance(error, ContractViolation) else {"error": {"message": message}}
-        )
-        return ErrorReply(status, body)
+        # SGLang's API types' ErrorBody, which its clients decode (SGLang's own /generate sends a
+        # schema violation as a bare {"error": "..."}; SGLangEngine reads both)
+        return ErrorReply(status, {"error": {"message": message, "code": status}})
     headers = {"x-should-retry": "false"} if status in _NO_RETRY else {}
     if dialect == "anthropic":
         body = {
@@ -387,11 +402,13 @@ __all__ = [
     "EngineServerError",
     "EpisodeRejected",
     "ErrorReply",
+    "EnvironmentServerError",
     "ExportError",
     "FirstEpisodeError",
     "HTTPError",
     "IncompleteInteractionWarning",
     "InvalidRequestError",
+    "JudgeError",
     "LeaderFailed",
     "MessageTypeError",
     "MissingRewardWarning",
@@ -407,5 +424,6 @@ __all__ = [
     "ServerDownError",
     "ServerLaunchError",
     "StalenessLimitError",
+    "TrainMemoryError",
     "render_error",
 ]

@@ -120,8 +120,14 @@ def test_engine_defaults_are_the_same_through_config_command_line_and_constructo
     args = build_parser().parse_args([])
     constructor = inspect.signature(LocalEngine.__init__).parameters
     config = EngineConfig()
-    for name in ("max_batch_size", "prefix_cache_tokens", "single_thread_rows"):
+    for name in ("max_batch_size", "prefix_cache_tokens"):
         assert getattr(args, name) == getattr(config, name) == constructor[name].default, name
+    # the threading differs on purpose: a hand-started server is alone on its machine, a Session's
+    # engine shares it with agents and the proxy (both from engine/defaults.py)
+    from areal_nb.engine.defaults import DEFAULT_SERVER_SINGLE_THREAD_ROWS, DEFAULT_SINGLE_THREAD_ROWS
+
+    assert args.single_thread_rows == DEFAULT_SERVER_SINGLE_THREAD_ROWS
+    assert config.single_thread_rows == constructor["single_thread_rows"].default == DEFAULT_SINGLE_THREAD_ROWS
     assert args.admission_max_wait == EngineServerSettings().admission_max_wait
 
 

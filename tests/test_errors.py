@@ -131,9 +131,9 @@ def test_render_error_shapes():
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "temperature must be in range"},
     }
-    assert render_error(bad, "sglang").body == {"error": {"message": "temperature must be in range"}}
+    assert render_error(bad, "sglang").body == {"error": {"message": "temperature must be in range", "code": 400}}
     assert render_error(errors.ContractViolation("unknown field `x`"), "sglang").body == {
-        "error": "unknown field `x`"
+        "error": {"message": "unknown field `x`", "code": 400}
     }
     busy = errors.ProxyError(429, "no capacity", "no_capacity")
     assert render_error(busy, "openai").status == 429
@@ -243,12 +243,12 @@ async def _test_sglang_dialect_on_the_engine_server():
 
     app = create_engine_app(ServedStub())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as client:
-        # a key outside SGLang's closed sampling_params set: the schema's flat shape
+        # a key outside SGLang's closed sampling_params set
         r = await client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 8}})
         assert r.status_code == 400
-        assert isinstance(r.json()["error"], str) and "max_tokens" in r.json()["error"]
-        assert r.json() == render_error(errors.ContractViolation(r.json()["error"]), "sglang").body
-        # a valid body the server cannot serve: the nested ValueError shape
+        assert "max_tokens" in r.json()["error"]["message"]
+        assert r.json() == render_error(errors.ContractViolation(r.json()["error"]["message"]), "sglang").body
+        # a valid body the server cannot serve: the same shape
         r = await client.post("/generate", json={"input_ids": [1, 2], "stream": True})
         assert r.status_code == 400
         assert (
@@ -298,7 +298,7 @@ async def _the_engine_server_checks_sampling_at_the_door():
                 },
             )
             assert r.status_code == 400, r.text
-            assert r.json() == {"error": {"message": message}}
+            assert r.json() == {"error": {"message": message, "code": 400}}
         assert Counting.calls == 0
         ok = await client.post(
             "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}

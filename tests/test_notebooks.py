@@ -35,7 +35,8 @@ def test_notebook_executes(path, monkeypatch):
     expected = {"code_from_cells.ipynb": "agent ran in mode subproc",
                 "03_grpo_by_hand.ipynb": "max |hand − train_step| over all parameters",
                 "04_bring_your_own_agent.ipynb": "AnthropicAgent: ",
-                "05_notebook_to_cluster.ipynb": "continued in the job: steps 3..4"}
+                "05_notebook_to_cluster.ipynb": "continued in the job: steps 3..4",
+                "06_algorithms_side_by_side.ipynb": "reward curves of 3 presets"}
     if path.name in expected:
         assert expected[path.name] in texts
 

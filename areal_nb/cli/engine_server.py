@@ -26,7 +26,7 @@ from areal_nb.engine.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_PREFIX_CACHE_TOKENS,
-    DEFAULT_SINGLE_THREAD_ROWS,
+    DEFAULT_SERVER_SINGLE_THREAD_ROWS,
 )
 from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 
@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
                         help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
-    parser.add_argument("--single-thread-rows", type=int, default=DEFAULT_SINGLE_THREAD_ROWS,
+    parser.add_argument("--single-thread-rows", type=int, default=DEFAULT_SERVER_SINGLE_THREAD_ROWS,
                         help="CPU: decoding steps of at most this many rows run on one torch thread "
-                             "(0: every step on torch's threads; default: %(default)s)")
+                             "(0: every step on torch's threads, right for a server alone on its "
+                             "machine; default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads (default: torch's, one per core); give each of "
                              "several servers sharing a machine its share of the cores")

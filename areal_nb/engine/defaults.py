@@ -20,6 +20,12 @@ DEFAULT_PREFIX_CACHE_TOKENS = 32768
 # agents and proxy, a server's HTTP loop); engine/local.py says what was measured.
 DEFAULT_SINGLE_THREAD_ROWS = 64
 
+# `areal-nb engine-server` started by hand runs alone on its machine: no agents or proxy beside
+# it, so every decoding step uses torch's threads (1.2-1.4x the output tok/s of the setting above
+# at 8-128 rows, README performance table). Servers a Session starts beside its trainer get the
+# Session's `engine.single_thread_rows` instead (remote_launch.py).
+DEFAULT_SERVER_SINGLE_THREAD_ROWS = 0
+
 # engine-server request bodies: larger ones are a 413 before they are parsed (a prompt batch is
 # ids, ~3-7 bytes a token, so 32 MiB is millions of tokens); one not complete this many seconds
 # after its headers is a 408, so a client that trickles a body cannot hold a request for ever

@@ -65,6 +65,7 @@ def create_engine(
                            prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
                            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS))
     if spec.type == "sglang":
+        from .defaults import DEFAULT_SINGLE_THREAD_ROWS
         from .remote_launch import launch_remote_engine
 
         launch = spec.launch  # type: ignore[attr-defined]
@@ -73,7 +74,9 @@ def create_engine(
             host=launch.host, ports=launch.ports, tp_size=launch.tp_size, dp_size=launch.dp_size,
             mem_fraction_static=launch.mem_fraction_static, api_key=getattr(spec, "api_key", None),
             weights_dir=weights_dir, extra_args=launch.extra_args, log_dir=log_dir, on_log=on_log,
-            ready_timeout=launch.ready_timeout, tokenizer=tokenizer, max_context=max_context)
+            ready_timeout=launch.ready_timeout, tokenizer=tokenizer, max_context=max_context,
+            max_batch_size=spec.max_batch_size,
+            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS))
     if spec.type == "remote":
         from .remote import SGLangEngine
 

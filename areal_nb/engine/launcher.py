@@ -7,6 +7,8 @@ and `stop()` can signal the server together with the scheduler/detokenizer child
 `wait_ready()` polls `GET /health` until 200 while checking the process is still alive; if it dies
 the error carries its exit code and the tail of its log. Every line of output goes to `log_path`
 and to the `on_log` callbacks (a notebook widget can attach with `add_log_callback`).
+The server's environment is ours without torchrun's variables (`server_environment`): a server
+started from a torchrun rank starts its own process group, not the trainer's.
 `stop()` sends SIGTERM to the group, then SIGKILL after `grace` seconds; servers still running
 when the interpreter exits are stopped by an `atexit` hook. On Linux the server also gets SIGTERM
 when its parent dies without running `atexit` (a kernel killed by a signal): the command runs behind
@@ -47,6 +49,28 @@ _DEATH_SIGNAL_SHIM = (
 )
 
 
+# What torchrun (torch.distributed.run and its elastic agent) puts into each worker's environment:
+# the rendezvous (MASTER_ADDR/PORT), the worker's place in the group (RANK, LOCAL_RANK, WORLD_SIZE,
+# GROUP_*, ROLE_*), the agent's own settings (TORCHELASTIC_*: run id, restart count, error file, and
+# TORCHELASTIC_USE_AGENT_STORE, which makes torch.distributed open a client-only store and wait for
+# an agent that only exists for the trainer) and TORCH_NCCL_ASYNC_ERROR_HANDLING. A server started
+# from a torchrun rank is not a member of the trainer's group: SGLang initialises its own
+# process group from these variables and would hang or join the wrong one. OMP_NUM_THREADS stays:
+# torchrun only sets it when the user did not, and a user's value is a user's choice.
+TORCHRUN_VARIABLES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})
+TORCHRUN_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
+
+
+def server_environment(environ: dict[str, str] | os._Environ, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """`environ` without torchrun's and torch.distributed's variables, then `extra` (kept as given)."""
+    env = {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES and not k.startswith(TORCHRUN_PREFIXES)}
+    return {**env, **(extra or {})}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -63,10 +87,12 @@ def sglang_command(
     mem_fraction_static: float | None = None,
     api_key: str | None = None,
     weight_version: int = 0,
+    max_running_requests: int | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """`python -m sglang.launch_server ...`.
+    """`python -m sglang.launch_server ...`; `max_running_requests`: the most requests the server
+    decodes at once (`engine.max_batch_size`; None: SGLang's own choice from its memory).
 
     The flags: docs/reference/sglang-api.md, "Launching and stopping".
     """
@@ -75,6 +101,8 @@ def sglang_command(
            "--weight-version", str(weight_version)]
     if mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    if max_running_requests is not None:
+        cmd += ["--max-running-requests", str(int(max_running_requests))]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd + list(extra_args)
@@ -154,7 +182,7 @@ class ServerProcess:
             raise RuntimeError(f"{self!r} was already started")
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **(self.env or {})}
+        env = server_environment(os.environ, self.env)
         argv = [sys.executable, "-c", _DEATH_SIGNAL_SHIM, *self.command] if self.die_with_parent else self.command
         self._proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 # sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
 SAMPLING_PARAM_KEYS: tuple[str, ...] = (
@@ -29,7 +38,21 @@ FINISH_TYPE_TO_STOP_REASON: dict[str, str] = {"stop": "stop", "length": "length"
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-class SamplingParams(BaseModel):
+class _NullIsDefault(BaseModel):
+    """`null` for a field means its default, as in SGLang (its schema declares these fields
+    optional and `SamplingParams.__post_init__` puts the default back); any other wrong type is
+    refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
+        return data
+
+
+class SamplingParams(_NullIsDefault):
     """The closed key set; types as strict as sglang's generated schema (an int field takes no 1.0,
     a number field no `true` or `"1"`)."""
 
@@ -65,7 +88,7 @@ class SamplingParams(BaseModel):
     choice: Any = None
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(_NullIsDefault):
     """`POST /generate`. Unknown top-level keys are ignored, as in sglang."""
 
     model_config = ConfigDict(extra="ignore")
@@ -81,13 +104,17 @@ class GenerateRequest(BaseModel):
     stream: StrictBool = False
 
 
+# The control routes' bodies. Types are strict, as SGLang's decoder is: a flag is a JSON boolean
+# (`abort_all: "yes"` is a 400, not "abort everything"), a version or path a JSON string.
+
+
 class AbortRequest(BaseModel):
-    rid: str = ""
-    abort_all: bool = False
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
 
 
 class PauseRequest(BaseModel):
-    mode: str = "abort"
+    mode: StrictStr = "abort"
 
     @field_validator("mode")
     @classmethod
@@ -98,17 +125,17 @@ class PauseRequest(BaseModel):
 
 
 class UpdateWeightsFromDiskRequest(BaseModel):
-    model_path: str
-    load_format: str | None = None
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    flush_cache: bool = True
-    keep_pause: bool = False
+    model_path: StrictStr
+    load_format: StrictStr | None = None
+    abort_all_requests: StrictBool = False
+    weight_version: StrictStr | None = None
+    flush_cache: StrictBool = True
+    keep_pause: StrictBool = False
 
 
 class UpdateWeightVersionRequest(BaseModel):
-    new_version: str
-    abort_all_requests: bool = True
+    new_version: StrictStr
+    abort_all_requests: StrictBool = True
 
 
 def unknown_sampling_keys(params: dict[str, Any]) -> list[str]:

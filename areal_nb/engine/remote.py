@@ -30,7 +30,9 @@ back with partial output and are re-sent, after `resume()`, with the partial out
 prompt and the remaining token budget (AReaL's interruption loop), so a caller sees one response whose
 per-token versions show both weight versions. `update_weights(weights, version)` writes the weights
 under `weights_dir` (atomic rename, `weight_sync.write_weights`) unless given a directory, then
-pause → `/update_weights_from_disk` with `weight_version` → continue on every live server.
+pause → `/update_weights_from_disk` with `weight_version` → continue on every live server; a server
+that refuses the folder is asked again with backoff for `weights_wait` s (a folder written on another
+node may not be visible yet), then the update fails naming the path.
 An explicit `abort(rid)` returns the partial output with stop reason "abort".
 """
 
@@ -123,11 +125,15 @@ class SGLangEngine:
         owned_processes: Sequence[Any] = (),
         max_context: int | None = None,
         check: bool = True,
+        weights_wait: float = 120.0,
     ) -> None:
         """`addresses`: base URLs (`http://host:port`). `owned_processes`: launcher `ServerProcess`es
         this engine stops on `close()`. `max_context`: the model's context length, which the proxy
         uses to cap requests (servers do not report it in `/model_info`). `check`: read every server's `/model_info` now (a server that
-        does not answer is marked down; none answering is an error) and adopt their weight version."""
+        does not answer is marked down; none answering is an error) and adopt their weight version.
+        `weights_wait`: how long a server's refusal of a weights folder is retried (with backoff)
+        before `update_weights` fails: a folder written on one node may reach another node's view
+        of a shared file system (NFS attribute caches) seconds later."""
         urls = [addresses] if isinstance(addresses, str) else list(addresses)
         if not urls:
             raise ValueError("SGLangEngine needs at least one server address")
@@ -153,6 +159,7 @@ class SGLangEngine:
         self._rid_prefix = uuid.uuid4().hex
         self._rid_counter = itertools.count()
         self._version = 0
+        self.weights_wait = weights_wait
         self._pause_epoch = 0
         self._user_aborted: set[str] = set()
         self._attempts: dict[str, tuple[_Server, str]] = {}  # caller rid → (server, server rid)
@@ -202,10 +209,13 @@ class SGLangEngine:
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the engine loop from whatever loop awaits this; cancellation propagates."""
         try:
-            if asyncio.get_running_loop() is self._loop:
-                return await coro
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            pass
+            running = None
+        if running is self._loop:
+            # outside the try above: a RuntimeError the coroutine raises (EngineServerError is one)
+            # must reach the caller, not send the spent coroutine to _submit
+            return await coro
         fut = self._submit(coro)
         try:
             return await asyncio.wrap_future(fut)
@@ -385,11 +395,34 @@ class SGLangEngine:
         async with self._update_lock:  # one update at a time: pause/continue must not interleave
             await self.apause()
             try:
-                await self._gather_live(lambda s: self._post(s, "/update_weights_from_disk", body))
+                await self._gather_live(lambda s: self._update_from_disk_on(s, body))
                 if version is not None:
                     self._version = int(version)
             finally:
                 await self.aresume()
+
+    async def _update_from_disk_on(self, server: _Server, body: dict[str, Any]) -> None:
+        """`/update_weights_from_disk` on one server; a refusal (the folder not visible there yet,
+        or not complete) is retried with backoff for `weights_wait` s, then raised with the path.
+        A refused update changes nothing on the server (SGLang and engine-server keep the old
+        weights and version), so trying again is safe."""
+        deadline = time.monotonic() + self.weights_wait
+        delay, attempts = 0.25, 0
+        while True:
+            attempts += 1
+            try:
+                await self._post(server, "/update_weights_from_disk", body)
+                return
+            except ServerDownError:
+                raise
+            except (ValueError, EngineServerError) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineServerError(
+                        f"engine server {server.url} refused the weights at {body['model_path']} "
+                        f"{attempts} time(s) over {self.weights_wait:g} s; last answer: {exc}") from exc
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 8.0)
 
     async def aabort(self, rid: str) -> None:
         async def run() -> None:
@@ -424,7 +457,7 @@ class SGLangEngine:
                     server = self._route(prompt + tokens)
                 epoch = self._pause_epoch
                 payload = _generate_payload(prompt + tokens, budget - len(tokens), g, len(tokens),
-                                            f"{self._rid_prefix}-{next(self._rid_counter)}")
+                                            server_rid(self._rid_prefix, next(self._rid_counter)))
                 self._attempts[req.rid] = (server, payload["rid"])
                 out = await self._generate_on(server, payload)
                 meta = out.get("meta_info") or {}
@@ -614,6 +647,13 @@ def _cancel_task_from_any_thread(loop: asyncio.AbstractEventLoop, task: asyncio.
 
 
 # ---------------------------------------------------------------------- wire helpers
+
+
+def server_rid(prefix: str, n: int) -> str:
+    """The n-th server-side request id: `prefix` and n in 16 hex digits, so every id has one length
+    and none is a prefix of another (SGLang aborts every request whose rid starts with the one
+    named: with `p-1`, aborting `p-1` would also abort `p-10` ... `p-19`, `p-100` ...)."""
+    return f"{prefix}-{n:016x}"
 
 
 def _normalize_url(address: str) -> str:

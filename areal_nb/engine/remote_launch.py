@@ -38,11 +38,16 @@ def launch_remote_engine(
     ready_timeout: float = 600.0,
     tokenizer: Any = None,
     max_context: int | None = None,
+    max_batch_size: int | None = None,
+    single_thread_rows: int | None = None,
 ) -> SGLangEngine:
     """Start the servers, wait until every one is healthy, return the engine that owns them.
 
     `on_log(server_index, line)` receives every log line (a notebook widget attaches here);
-    logs also go to `log_dir/server-<i>.log` when `log_dir` is given."""
+    logs also go to `log_dir/server-<i>.log` when `log_dir` is given. `max_batch_size`: the most
+    requests each server decodes at once (sglang `--max-running-requests`, engine-server
+    `--max-batch-size`); `single_thread_rows`: engine-server's `--single-thread-rows` (these servers
+    share the machine with the trainer, so the Session passes its own setting, not a lone server's)."""
     if n_servers < 1:
         raise ValueError(f"n_servers must be >= 1, got {n_servers}")
     if ports is not None and len(ports) != n_servers:
@@ -52,7 +57,7 @@ def launch_remote_engine(
         for i in range(n_servers):
             port = ports[i] if ports is not None else free_port(host)
             cmd = _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key,
-                           weights_dir, extra_args, n_servers)
+                           weights_dir, extra_args, n_servers, max_batch_size, single_thread_rows)
             connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
             log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
             callback = (lambda line, i=i: on_log(i, line)) if on_log is not None else None
@@ -75,11 +80,18 @@ def _bracket(host: str) -> str:
 
 
 def _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key, weights_dir,
-             extra_args, n_servers) -> list[str]:
+             extra_args, n_servers, max_batch_size=None, single_thread_rows=None) -> list[str]:
     if server == "sglang":
+        if "--max-running-requests" in extra_args:
+            max_batch_size = None  # the user's own flag wins
         return sglang_command(model_path, host=host, port=port, tp_size=tp_size, dp_size=dp_size,
-                              mem_fraction_static=mem_fraction_static, api_key=api_key, extra_args=extra_args)
+                              mem_fraction_static=mem_fraction_static, api_key=api_key,
+                              max_running_requests=max_batch_size, extra_args=extra_args)
     if server == "engine-server":
+        if max_batch_size is not None and "--max-batch-size" not in extra_args:
+            extra_args = [*extra_args, "--max-batch-size", str(int(max_batch_size))]
+        if single_thread_rows is not None and "--single-thread-rows" not in extra_args:
+            extra_args = [*extra_args, "--single-thread-rows", str(int(single_thread_rows))]
         if "--torch-threads" not in extra_args:
             # the servers run on this machine, beside each other and the trainer: each gets its share
             # of the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import uuid
@@ -44,7 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, ModelResponse
 from areal_nb.api.bounded_body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.api.client_gone import ClientGone, unless_client_leaves
-from areal_nb.errors import BadRequest, BodyError, ContractViolation, render_error  # noqa: F401 (re-exported)
+from areal_nb.errors import BadRequest, BodyError, ContractViolation, HTTPError, render_error  # noqa: F401 (re-exported)
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
@@ -126,14 +127,14 @@ class _GenerateRoute:
         except ClientGone:
             return  # nobody to answer; the generation was aborted (as sglang aborts a disconnected request)
         except BodyError as exc:
-            await _send_json(send, exc.status, {"error": {"message": str(exc)}}, [(b"connection", b"close")])
+            await _send_json(send, exc.status, sglang_error(exc.status, str(exc)), [(b"connection", b"close")])
             return
         except (BadRequest, ValidationError) as exc:
             await _send_json(send, 400, _error_body(exc))
             return
         except Exception:
             logger.exception("engine-server: /generate failed")
-            await _send_json(send, 500, {"error": {"message": "Internal Server Error"}})
+            await _send_json(send, 500, sglang_error(500, "Internal Server Error"))
             return
         await _send_json(send, 200, content)
 
@@ -164,9 +165,13 @@ async def _send_json(send: Send, status: int, content: Any, headers: list[tuple[
     await send({"type": "http.response.body", "body": body})
 
 
-def _error_body(exc: BadRequest | ValidationError) -> dict[str, Any]:
-    """sglang's 400 shapes (`render_error`'s "sglang" dialect): `{"error": "..."}` for a body the
-    schema rejects, else `{"error": {"message"}}`."""
+def sglang_error(status: int, message: str) -> dict[str, Any]:
+    """An error body in SGLang's shape, `{"error": {"message", "code"}}` (`render_error`'s "sglang"
+    dialect: the `ErrorBody` of SGLang's API types, which its own clients decode)."""
+    return render_error(HTTPError(message, status=status), "sglang").body
+
+
+def _error_body(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, ValidationError):
         exc = ContractViolation(_validation_message(exc))
     return render_error(exc, "sglang").body
@@ -203,182 +208,236 @@ class _ServingState:
             await self.cond.wait_for(lambda: not self.in_flight)
 
 
+@dataclass
+class _EngineApp:
+    """Everything the routes share, kept on the FastAPI app as `app.state.engine_app`."""
+
+    engine: Any
+    settings: EngineServerSettings
+    serving: _ServingState
+    window: AdmissionWindow
+    weights_root: Path | None
+
+
 def create_engine_app(engine: Any, settings: EngineServerSettings | None = None) -> ASGIApp:
     settings = settings or EngineServerSettings()
-    state = _ServingState(engine)
-    window = AdmissionWindow(settings.admission_gap, settings.admission_max_wait, lambda: bool(state.in_flight))
+    serving = _ServingState(engine)
+    window = AdmissionWindow(settings.admission_gap, settings.admission_max_wait, lambda: bool(serving.in_flight))
     weights_root = Path(settings.weights_dir).resolve() if settings.weights_dir else None
     # FastAPI's native OpenTelemetry hook asks the global tracer/meter/logger providers on every
     # request whether one is configured (a few environment lookups each): no use to us, and it
     # ran on the thread that shares the GIL with the engine.
     app = FastAPI(title="areal-nb engine-server", docs_url=None, redoc_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
+    shared = _EngineApp(engine, settings, serving, window, weights_root)
+    app.state.engine_app = shared
+    app.add_exception_handler(BadRequest, _bad_request)
+    app.add_exception_handler(ValidationError, _bad_request)
+    app.add_exception_handler(BodyError, _body_error)
+    app.add_exception_handler(ClientGone, _client_gone)
+    app.add_exception_handler(Exception, _internal_error)
+    app.add_api_route("/abort_request", abort_request, methods=["POST"])
+    app.add_api_route("/pause_generation", pause_generation, methods=["POST"])
+    app.add_api_route("/continue_generation", continue_generation, methods=["POST"])
+    app.add_api_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
+    app.add_api_route("/update_weight_version", update_weight_version, methods=["POST"])
+    app.add_api_route("/model_info", model_info, methods=["GET"])
+    app.add_api_route("/get_model_info", model_info, methods=["GET"])
+    app.add_api_route("/server_info", server_info, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health_generate", health, methods=["GET"])
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_request: Request, exc: BadRequest) -> JSONResponse:
-        return JSONResponse(_error_body(exc), status_code=400)
-
-    @app.exception_handler(ValidationError)
-    async def invalid_body(_request: Request, exc: ValidationError) -> JSONResponse:
-        return JSONResponse(_error_body(exc), status_code=400)
-
-    async def read_body(scope: Scope, receive: Receive) -> bytes:
-        return await _read_body(scope, receive, settings.max_body_bytes, settings.body_timeout)
-
-    @app.exception_handler(BodyError)
-    async def body_error(_request: Request, exc: BodyError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status, headers={"connection": "close"})
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
-        # an answer nobody reads (the client left mid-body), without an error log
-        return JSONResponse({"error": {"message": "the client disconnected before sending the whole body"}},
-                            status_code=400, headers={"connection": "close"})
-
-    async def body_of(request: Request) -> dict[str, Any]:
-        return _parse_body(await read_body(request.scope, request.receive))
-
-    # ---------------------------------------------------------------- generation
-
-    async def generate(raw: bytes) -> Any:
-        """`POST|PUT /generate` (served by `_GenerateRoute`): the reply, or a single prompt's reply."""
-        body = GenerateRequest.model_validate(_parse_body(raw))
-        items = _plan_generate(body, engine)
-        rids = [item.rid for item in items]
-        for rid in rids:
-            state.held[rid] = 1
-        try:
-            await window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
-        finally:
-            for rid in rids:
-                state.held.pop(rid, None)
-            aborted = {rid for rid in rids if rid in state.aborted_while_held}
-            state.aborted_while_held -= aborted
-        await state.admit(rids)
-        try:
-            outputs = await asyncio.gather(*(_run_one(engine, item, item.rid in aborted) for item in items),
-                                           return_exceptions=True)
-        finally:
-            for rid in rids:
-                await state.release(rid)
-        for out in outputs:
-            if isinstance(out, ValueError):
-                raise BadRequest(str(out))
-            if isinstance(out, BaseException):
-                raise out
-        replies = [_reply(engine, item, out, state) for item, out in zip(items, outputs, strict=True)]
-        return replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0]
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request):
-        body = AbortRequest.model_validate(await body_of(request))
-        if body.abort_all:
-            state.aborted_while_held.update(state.held)
-            engine.abort_all()
-        else:
-            if body.rid in state.held:  # sglang's scheduler matches by prefix: "req-1" also aborts "req-10"
-                state.aborted_while_held.update(r for r in state.held if r.startswith(body.rid))
-            if body.rid in state.in_flight:
-                for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
-                    engine.abort(rid)
-        return JSONResponse(None)
-
-    # ---------------------------------------------------------------- pause, weights
-
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request):
-        body = PauseRequest.model_validate(await body_of(request))
-        async with state.cond:
-            state.paused = True
-        await asyncio.to_thread(engine.pause)  # retract / in_place: rows freeze with their state
-        if body.mode == "abort":
-            engine.abort_all()
-            await state.wait_idle()  # sglang returns once nothing holds the model lock
-        return {"message": "Generation paused successfully.", "status": "ok"}
-
-    @app.post("/continue_generation")
-    async def continue_generation(request: Request):
-        await body_of(request)
-        async with state.cond:
-            state.paused = False
-            state.cond.notify_all()
-        engine.resume()
-        return {"message": "Generation continued successfully.", "status": "ok"}
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request):
-        body = UpdateWeightsFromDiskRequest.model_validate(await body_of(request))
-        try:
-            version = _int_version(body.weight_version) if body.weight_version is not None else None
-            path = _allowed_weights_path(body.model_path, weights_root)
-        except BadRequest as exc:
-            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
-        if body.abort_all_requests:
-            engine.abort_all()
-        async with state.cond:
-            locked = not state.paused  # paused: no lock, apply at once (sglang)
-            if locked:
-                await state.cond.wait_for(lambda: not state.updating)
-                state.updating = True
-        try:
-            if locked:
-                await state.wait_idle()
-            await asyncio.to_thread(engine.update_weights, str(path), version)
-        except ValueError as exc:
-            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
-        finally:
-            if locked:
-                async with state.cond:
-                    state.updating = False
-                    state.cond.notify_all()
-        message = "Succeeded to update model weights."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return {"success": True, "message": message, "num_paused_requests": 0}
-
-    @app.post("/update_weight_version")
-    async def update_weight_version(request: Request):
-        body = UpdateWeightVersionRequest.model_validate(await body_of(request))
-        version = _int_version(body.new_version)
-        if body.abort_all_requests:
-            engine.abort_all()
-        engine.set_version(version)
-        return {"success": True, "message": f"Weight version updated to {version}.", "new_version": str(version)}
-
-    # ---------------------------------------------------------------- info
-
-    def model_info() -> dict[str, Any]:
-        return {
-            "model_path": settings.model_path,
-            "served_model_name": settings.served_model_name or settings.model_path,
-            "tokenizer_path": settings.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": str(engine.get_version()),
-            "load_format": "auto",
-        }
-
-    app.get("/model_info")(model_info)
-    app.get("/get_model_info")(model_info)
-
-    @app.get("/server_info")
-    async def server_info():
-        # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
-        stats = getattr(engine, "stats", None)
-        internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
-        return {"model_path": settings.model_path, "version": "areal-nb", "internal_states": [internal],
-                "admission": {"windows": window.windows, "held": window.held},
-                "paused": state.paused}
-
-    @app.get("/health")
-    @app.get("/health_generate")
-    async def health():
-        return JSONResponse(None)
-
-    served: ASGIApp = _GenerateRoute(app, generate, read_body)
+    served: ASGIApp = _GenerateRoute(app, functools.partial(generate, shared), functools.partial(_read_request_body, shared))
     if settings.api_key:  # outermost: /generate is checked too
         served = _APIKeyMiddleware(served, settings.api_key)
     return served
+
+
+# -------------------------------------------------------------------- error handlers
+
+
+async def _bad_request(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(_error_body(exc), status_code=400)
+
+
+async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
+    return JSONResponse(sglang_error(exc.status, str(exc)), status_code=exc.status, headers={"connection": "close"})
+
+
+async def _client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
+    # an answer nobody reads (the client left mid-body), without an error log
+    return JSONResponse(sglang_error(400, "the client disconnected before sending the whole body"),
+                        status_code=400, headers={"connection": "close"})
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> JSONResponse:
+    # Starlette re-raises the exception after this answer, so the server (uvicorn) logs its
+    # traceback; the client gets no detail. Nothing else changes: the routes release their locks
+    # in `finally`, and the next request is served as before.
+    return JSONResponse(sglang_error(500, "Internal Server Error"), status_code=500)
+
+
+def _shared(request: Request) -> _EngineApp:
+    return request.app.state.engine_app
+
+
+async def _read_request_body(shared: _EngineApp, scope: Scope, receive: Receive) -> bytes:
+    return await _read_body(scope, receive, shared.settings.max_body_bytes, shared.settings.body_timeout)
+
+
+async def _body_of(request: Request) -> dict[str, Any]:
+    return _parse_body(await _read_request_body(_shared(request), request.scope, request.receive))
+
+
+# -------------------------------------------------------------------- generation
+
+
+async def generate(shared: _EngineApp, raw: bytes) -> Any:
+    """`POST|PUT /generate` (served by `_GenerateRoute`): the reply, or a single prompt's reply."""
+    engine, state = shared.engine, shared.serving
+    body = GenerateRequest.model_validate(_parse_body(raw))
+    items = _plan_generate(body, engine)
+    rids = [item.rid for item in items]
+    for rid in rids:
+        state.held[rid] = 1
+    try:
+        await shared.window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
+    finally:
+        for rid in rids:
+            state.held.pop(rid, None)
+        aborted = {rid for rid in rids if rid in state.aborted_while_held}
+        state.aborted_while_held -= aborted
+    await state.admit(rids)
+    try:
+        outputs = await asyncio.gather(*(_run_one(engine, item, item.rid in aborted) for item in items),
+                                       return_exceptions=True)
+    finally:
+        for rid in rids:
+            await state.release(rid)
+    for out in outputs:
+        if isinstance(out, ValueError):
+            raise BadRequest(str(out))
+        if isinstance(out, BaseException):
+            raise out
+    replies = [_reply(engine, item, out, state) for item, out in zip(items, outputs, strict=True)]
+    return replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0]
+
+
+async def abort_request(request: Request):
+    shared = _shared(request)
+    engine, state = shared.engine, shared.serving
+    body = AbortRequest.model_validate(await _body_of(request))
+    if body.abort_all:
+        state.aborted_while_held.update(state.held)
+        engine.abort_all()
+    else:
+        if body.rid in state.held:  # sglang's scheduler matches by prefix: "req-1" also aborts "req-10"
+            state.aborted_while_held.update(r for r in state.held if r.startswith(body.rid))
+        if body.rid in state.in_flight:
+            for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
+                engine.abort(rid)
+    return JSONResponse(None)
+
+
+# -------------------------------------------------------------------- pause, weights
+
+
+async def pause_generation(request: Request):
+    shared = _shared(request)
+    state = shared.serving
+    body = PauseRequest.model_validate(await _body_of(request))
+    async with state.cond:
+        state.paused = True
+    await asyncio.to_thread(shared.engine.pause)  # retract / in_place: rows freeze with their state
+    if body.mode == "abort":
+        shared.engine.abort_all()
+        await state.wait_idle()  # sglang returns once nothing holds the model lock
+    return {"message": "Generation paused successfully.", "status": "ok"}
+
+
+async def continue_generation(request: Request):
+    shared = _shared(request)
+    state = shared.serving
+    await _body_of(request)
+    async with state.cond:
+        state.paused = False
+        state.cond.notify_all()
+    shared.engine.resume()
+    return {"message": "Generation continued successfully.", "status": "ok"}
+
+
+async def update_weights_from_disk(request: Request):
+    shared = _shared(request)
+    engine, state = shared.engine, shared.serving
+    body = UpdateWeightsFromDiskRequest.model_validate(await _body_of(request))
+    try:
+        version = _int_version(body.weight_version) if body.weight_version is not None else None
+        path = _allowed_weights_path(body.model_path, shared.weights_root)
+    except BadRequest as exc:
+        return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+    if body.abort_all_requests:
+        engine.abort_all()
+    async with state.cond:
+        locked = not state.paused  # paused: no lock, apply at once (sglang)
+        if locked:
+            await state.cond.wait_for(lambda: not state.updating)
+            state.updating = True
+    try:
+        if locked:
+            await state.wait_idle()
+        await asyncio.to_thread(engine.update_weights, str(path), version)
+    except ValueError as exc:
+        return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+    finally:
+        if locked:
+            async with state.cond:
+                state.updating = False
+                state.cond.notify_all()
+    message = "Succeeded to update model weights."
+    if version is not None:
+        message += f" Weight version updated to {version}."
+    return {"success": True, "message": message, "num_paused_requests": 0}
+
+
+async def update_weight_version(request: Request):
+    engine = _shared(request).engine
+    body = UpdateWeightVersionRequest.model_validate(await _body_of(request))
+    version = _int_version(body.new_version)
+    if body.abort_all_requests:
+        engine.abort_all()
+    engine.set_version(version)
+    return {"success": True, "message": f"Weight version updated to {version}.", "new_version": str(version)}
+
+
+# -------------------------------------------------------------------- info
+
+
+def model_info(request: Request) -> dict[str, Any]:
+    shared = _shared(request)
+    settings = shared.settings
+    return {
+        "model_path": settings.model_path,
+        "served_model_name": settings.served_model_name or settings.model_path,
+        "tokenizer_path": settings.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": str(shared.engine.get_version()),
+        "load_format": "auto",
+    }
+
+
+async def server_info(request: Request):
+    shared = _shared(request)
+    # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
+    stats = getattr(shared.engine, "stats", None)
+    internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
+    return {"model_path": shared.settings.model_path, "version": "areal-nb", "internal_states": [internal],
+            "admission": {"windows": shared.window.windows, "held": shared.window.held},
+            "paused": shared.serving.paused}
+
+
+async def health():
+    return JSONResponse(None)
 
 
 # -------------------------------------------------------------------- helpers
@@ -404,8 +463,46 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+_TYPE_ERRORS = {"int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
+                "string_type": "a string", "float_type": "a number", "list_type": "an array",
+                "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+                "none_required": "null"}
+# the names pydantic puts in an error's location for the branch of a union it tried
+_UNION_BRANCHES = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 def _validation_message(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+    """Each wrong field once, named, in serde's words where it is a wrong JSON type (as SGLang's
+    decoder says it): `sampling_params.max_new_tokens: invalid type: floating point `4.0`, expected an integer`."""
+    seen: dict[str, str] = {}
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or ("[" not in p and "-" not in p
+                                                                               and p not in _UNION_BRANCHES))
+        field = field or "body"
+        if field in seen:
+            continue
+        if e["type"] in _TYPE_ERRORS:
+            seen[field] = f"{field}: invalid type: {_unexpected(e.get('input'))}, expected {_TYPE_ERRORS[e['type']]}"
+        elif e["type"] == "extra_forbidden":
+            seen[field] = f"unknown field `{field.rsplit('.', 1)[-1]}`"
+        else:
+            seen[field] = f"{field}: {e['msg']}"
+    return "; ".join(seen.values())
+
+
+def _unexpected(value: Any) -> str:
+    """A JSON value as serde's `Unexpected` shows it (shortened)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean `{'true' if value else 'false'}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, str):
+        return f'string "{value[:40]}"' + ("..." if len(value) > 40 else "")
+    return "sequence" if isinstance(value, list) else "map" if isinstance(value, dict) else type(value).__name__
 
 
 def _per_item(value: Any, n: int, name: str) -> list[Any]:
@@ -562,18 +659,31 @@ def _int_version(version: str) -> int:
 
 
 def _allowed_weights_path(model_path: str, root: Path | None) -> Path:
-    """The resolved directory, if it and every weight file in it lie under `root`."""
+    """The resolved directory, if it and every weight file in it lie under `root`. A path the file
+    system cannot take (a NUL byte, a name too long, a symlink loop, no permission) is the
+    client's error, named."""
     if root is None:
         raise BadRequest("this server was started without --weights-dir: it loads no weights from disk")
-    path = Path(model_path)
-    if not path.is_absolute():
-        path = root / path
-    resolved = path.resolve()
-    if not resolved.is_relative_to(root):
-        raise BadRequest(f"model_path {model_path!r} is outside the allowed weights directory {str(root)!r}")
-    if not resolved.is_dir():
-        raise BadRequest(f"model_path {model_path!r} is not a directory under {str(root)!r}")
-    for entry in resolved.iterdir():
-        if not entry.resolve().is_relative_to(root):  # a symlinked weight file pointing elsewhere
-            raise BadRequest(f"{entry.name!r} in {model_path!r} links outside the allowed weights directory")
+    shown = model_path if len(model_path) <= 200 else f"{model_path[:200]}... ({len(model_path)} characters)"
+    try:
+        path = Path(model_path)
+        if not path.is_absolute():
+            path = root / path
+        resolved = path.resolve()
+        if not resolved.is_relative_to(root):
+            raise BadRequest(f"model_path {shown!r} is outside the allowed weights directory {str(root)!r}")
+        if not resolved.is_dir():
+            raise BadRequest(f"model_path {shown!r} is not a directory under {str(root)!r}")
+        for entry in resolved.iterdir():
+            if not entry.resolve().is_relative_to(root):  # a symlinked weight file pointing elsewhere
+                raise BadRequest(f"{entry.name!r} in {shown!r} links outside the allowed weights directory")
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Path.resolve)
+        if isinstance(exc, BadRequest):
+            raise
+        raise BadRequest(f"model_path {shown!r} cannot be used: {type(exc).__name__}: {_short(exc)}") from None
     return resolved
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -57,7 +57,11 @@ def load_engine_model(
 
 
 def read_weights_dir(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The state dict stored in a `save_pretrained` directory (safetensors or pytorch .bin)."""
+    """The state dict stored in a `save_pretrained` directory (safetensors or pytorch .bin).
+
+    A file that cannot be read as weights (empty, truncated, random bytes, a pickle that is not
+    plain tensors) is a ValueError naming it; .bin files are read with `weights_only=True`, so a
+    pickle never runs code."""
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"update_weights: {str(path)!r} is not a directory saved with save_pretrained")
@@ -65,23 +69,34 @@ def read_weights_dir(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if files:
         from safetensors.torch import load_file
 
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
+        return _read_each(files, lambda f: load_file(str(f)))
     files = sorted(folder.glob("pytorch_model*.bin"))
     if files:
-        state = {}
-        for f in files:
-            state.update(torch.load(f, map_location="cpu", weights_only=True))
-        return state
+        return _read_each(files, lambda f: torch.load(f, map_location="cpu", weights_only=True))
     raise ValueError(f"update_weights: no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
+
+
+def _read_each(files: list[Path], read: Any) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            part = read(f)
+        except Exception as exc:  # noqa: BLE001 - any failure to parse a user's file is the file's fault
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise ValueError(f"update_weights: cannot read {str(f)!r} as weights: {type(exc).__name__}: {text}") from None
+        if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in part.items()):
+            raise ValueError(f"update_weights: {str(f)!r} does not hold a mapping of parameter names to tensors")
+        state.update(part)
+    return state
 
 
 def check_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> None:
     """Raise ValueError naming every unknown key or shape mismatch (nothing is applied then)."""
     if not isinstance(weights, dict) or not weights:
         raise ValueError("update_weights needs a non-empty state dict or a save_pretrained directory")
+    not_tensors = sorted(str(k) for k, v in weights.items() if not isinstance(v, torch.Tensor))
+    if not_tensors:
+        raise ValueError(f"update_weights: {len(not_tensors)} value(s) are not tensors, e.g. {not_tensors[:5]}")
     own = model.state_dict()
     unknown = sorted(k for k in weights if k not in own)
     if unknown:

@@ -1,4 +1,5 @@
-"""Rewards: plain reward functions (`functions.py`), running them in worker processes, math checking."""
+"""Rewards: plain reward functions (`functions.py`), running them in worker processes, math checking,
+an LLM judge (`judge_llm.py`: `judge(rubric, ...)`)."""
 
 from .async_wrapper import (
     AsyncRewardWrapper,
@@ -10,9 +11,12 @@ from .async_wrapper import (
 )
 from .functions import RewardFn, RewardValueError, compute_reward, resolve_reward
 from .gsm8k import gsm8k_reward_fn, math_reward
+from .judge_llm import Judge, JudgeError, judge
 
 __all__ = [
     "AsyncRewardWrapper",
+    "Judge",
+    "JudgeError",
     "RewardError",
     "RewardFn",
     "RewardFunctionError",
@@ -22,6 +26,7 @@ __all__ = [
     "compute_reward",
     "default_max_workers",
     "gsm8k_reward_fn",
+    "judge",
     "math_reward",
     "resolve_reward",
 ]

@@ -35,11 +35,13 @@ def seed_everything(seed: int) -> None:
 
 
 def build_policy(cfg: SessionConfig) -> tuple[Any, torch.nn.Module]:
-    """The tokenizer and the trainable policy, on the configured device and dtype."""
+    """The tokenizer and the trainable policy on the configured device, in float32: its weights
+    are the master weights; `model.dtype` is the dtype the actor computes in and the engine serves
+    (`areal_nb.train.precision`)."""
     from areal_nb.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
-    policy = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg))
+    policy = load_model(cfg.model.path, dtype=torch.float32, device=policy_device(cfg))
     return tokenizer, policy
 
 
@@ -75,7 +77,10 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
     push the trainer's once, at the servers' version, so recorded log-probs match the trainer.
     (Before the Actor is built: a sharded actor's weights are gathered by every rank.)"""
     if cfg.engine.type == "remote":
-        engine.update_weights(policy.state_dict(), version=engine.get_version())
+        from areal_nb.train.precision import serving_weights
+
+        weights = serving_weights(policy.state_dict(), getattr(torch, cfg.model.dtype))
+        engine.update_weights(weights, version=engine.get_version())
 
 
 def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):
@@ -91,7 +96,8 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, p
     ref_model = None
     if actor_cfg.kl_ctl > 0:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel)
+    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel,
+                 compute_dtype=getattr(torch, cfg.model.dtype))
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends
@@ -150,6 +156,25 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     server = ProxyServer(app, host=cfg.agent.host, port=cfg.agent.port)
     server.start()
     return Proxy(app=app, server=server, admin_key=admin_key, eval_app=eval_app)
+
+
+def bind_session_judges(cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any) -> InferenceEngine | None:
+    """Judges the agent holds with `engine="initial"` (`areal_nb.reward.judge`) get one engine of
+    their own: a frozen copy of the initial policy, which no weight update reaches and whose calls
+    never pass the proxy (so they are never recorded for training). None when no judge asks."""
+    from areal_nb.reward.judge_llm import session_judges
+
+    judges = session_judges(agent)
+    if not judges:
+        return None
+    if cfg.engine.type != "local":
+        raise ValueError(f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
+                         f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead")
+    frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+    engine = build_engine(cfg, frozen, tokenizer)
+    for judge in judges:
+        judge.bind_engine(engine, tokenizer)
+    return engine
 
 
 def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:

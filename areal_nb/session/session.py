@@ -36,6 +36,7 @@ from areal_nb.widgets import EngineLog, view_batch
 from . import builder
 from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
 from .data import DataStream, load_task_data
+from .dynamic_sampling import refill_informative
 from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
@@ -138,6 +139,8 @@ class Session:
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
             self.workflow = builder.build_workflow(cfg, self._proxy)
             self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
+            self._judge_engine = builder.bind_session_judges(cfg, getattr(self.workflow, "agent", None), policy,
+                                                             self.tokenizer)
             self.executor = self._runtime.call(self._make_executor())
             self.eval_problems = task_data.held_out
             self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
@@ -357,11 +360,30 @@ class Session:
         return await asyncio.to_thread(self.train_step, batch, inspect)
 
     @one_call
+    def compare(self, batch: RolloutBatch, variants: dict[str, dict[str, Any]], *, trial_step: bool = False):
+        """`batch` under several algorithms, side by side, without training (`lab.py`).
+
+        `variants`: name → actor knobs, e.g. `{"grpo": {}, "dr_grpo": {}, "gspo": {"eps_clip": 1e-3}}`
+        (a preset's name selects it). Returns a `Comparison`: `.table` (a DataFrame, one row per
+        variant: loss, clipped/masked fractions, gradient norm, cosine of its gradient with each
+        other's), `.view()` (token lanes); `trial_step=True` adds the KL each update would cause.
+        Weights, optimizer state and RNG states are left exactly as they were."""
+        from .lab import compare
+
+        self._check_open()
+        return compare(self, batch, variants, trial_step=trial_step)
+
+    @one_call
     def step(self) -> dict[str, float]:
         """Rollout + train. A batch whose every episode was rejected is not trained on: another is
         rolled out (`rejections.py`); `MAX_EMPTY_BATCHES` such batches in a row raise
-        `RolloutRejectedError` listing the reasons and the rows they hit."""
-        return self.train_step(self._rollout_with_accepted_episodes())
+        `RolloutRejectedError` listing the reasons and the rows they hit. With
+        `actor.dynamic_sampling` (DAPO) groups whose rewards are all equal are dropped and the
+        batch refilled (`dynamic_sampling.py`)."""
+        batch = self._rollout_with_accepted_episodes()
+        if batch is not None and self.config.actor.dynamic_sampling:
+            batch = refill_informative(batch, self.rollout, self.config.actor.dynamic_sampling_max_rounds)
+        return self.train_step(batch)
 
     def _rollout_with_accepted_episodes(self) -> RolloutBatch | None:
         empty: list[RolloutBatch] = []
@@ -604,7 +626,8 @@ class Session:
                     workflow.close()
             except Exception as e:
                 logger.warning("closing the workflow failed: %s", e)
-        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_runtime", "close")):
+        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_judge_engine", "close"),
+                           ("_runtime", "close")):
             part = getattr(self, name, None)
             if part is not None:
                 try:

@@ -135,16 +135,14 @@ def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def shape_and_normalize(values: Tensor, pools: Callable[[], Any], cfg: Any) -> Tensor:
-    """`RewardShaping` of `values`, then `cfg.reward_norm`: "group" over the pools `pools()` gives
-    (asked only then), "batch" over all of them, None: as shaped. One rule for both credits."""
+    """`RewardShaping` of `values`, then the baseline of `cfg.adv_estimator` (`adv_estimators.py`)
+    at `cfg.reward_norm`'s level: "group" over the pools `pools()` gives (asked only then), "batch"
+    over all of them, None: as shaped. One rule for both credits."""
+    from .adv_estimators import estimate  # (it builds on this module's group_normalize)
+
     score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(values)
-    if cfg.reward_norm == "group":
-        return group_normalize(score, pools(), "group", "group", eps=cfg.norm_eps)
-    if cfg.reward_norm == "batch":
-        return group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
-    if cfg.reward_norm is not None:
-        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
-    return score
+    # cfg.adv_estimator: grpo (mean/std, the default), dr_grpo, rloo or reinforce_pp
+    return estimate(score, pools, cfg)
 
 
 def compute_advantages(
@@ -187,6 +185,8 @@ def compute_advantages(
         group_ids = batch.get("group_ids")
 
     if credit == "turn":
+        if getattr(cfg, "overlong_max_len", None) is not None:
+            raise ValueError("overlong_max_len (DAPO's overlong penalty) is defined on a row's reward: use credit='leaf'")
         missing = [k for k in ("turn_returns", "turn_ids") if k not in batch]
         if missing:
             raise ValueError(
@@ -195,6 +195,11 @@ def compute_advantages(
             )
         token_score, score = turn_scores(batch["turn_returns"], batch["turn_ids"], mask, group_ids, cfg)
     else:
+        if getattr(cfg, "overlong_max_len", None) is not None:  # DAPO's soft overlong penalty
+            from .algorithms import overlong_penalty
+
+            rewards = rewards + overlong_penalty(mask.sum(1), cfg.overlong_max_len, cfg.overlong_buffer,
+                                                 cfg.overlong_penalty).to(rewards.device)
         score = shape_and_normalize(rewards, lambda: group_ids, cfg).to(mask.device)
 
     kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
@@ -220,11 +225,11 @@ def compute_advantages(
         # tool-output positions hold zero reward, so earlier turns see later turns' rewards.
         advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
 
-    if cfg.adv_norm == "batch":
+    if cfg.adv_norm not in (None, "batch"):
+        raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
+    if cfg.adv_norm == "batch" or getattr(cfg, "adv_estimator", None) == "reinforce_pp":  # REINFORCE++: always
         mean, std = _masked_mean_std(advantages, mask)
         advantages = (advantages - mean) / (std + cfg.norm_eps) * mask
-    elif cfg.adv_norm is not None:
-        raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
 
     return {
         "advantages": advantages,

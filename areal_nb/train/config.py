@@ -24,12 +24,39 @@ class GRPOConfig:
     lr_warmup_steps: int = 0  # linear warm-up from lr/(warmup+1)
     lr_decay_steps: int | None = None  # steps to reach min_lr_ratio*lr; None: the Session's total_steps
     min_lr_ratio: float = 0.0
+    # The algorithm (`algorithms.py`): a preset of the knobs below marked "preset", each of which
+    # an explicit value overrides (None: the preset's value, filled in when the config is made).
+    algorithm: str = "grpo"  # grpo | dr_grpo | dapo | gspo | cispo | rloo | reinforce_pp
+    adv_estimator: str | None = None  # preset: grpo | dr_grpo | rloo | reinforce_pp (adv_estimators.py)
+    loss_agg: str | None = None  # preset: token_mean | seq_mean_token_mean | seq_sum_norm (policy_loss.py)
+    loss_agg_constant: int | None = None  # seq_sum_norm's divisor; None: the batch's longest generated row
+    importance_level: str | None = None  # preset: token (PPO) | sequence (GSPO's geometric mean)
+    policy_loss: str | None = None  # preset: ppo | cispo
+    dynamic_sampling: bool | None = None  # preset: drop groups whose rewards are all equal, refill
+    dynamic_sampling_max_rounds: int = 3  # extra rollouts at most per step to refill the batch
+    overlong_max_len: int | None = None  # DAPO's soft overlong penalty: L_max in generated tokens (None: off)
+    overlong_buffer: int | None = None  # ... and L_cache; None: a fifth of L_max
+    overlong_penalty: float = 1.0  # ... the penalty at and beyond L_max
+    # Train-inference mismatch (`mismatch.py`): engine log-probs vs the trainer's recomputation
+    mismatch_correction: str | None = None  # None | "tis" (truncate the weight) | "mis" (mask)
+    mismatch_level: str = "token"  # "token" | "sequence"
+    mismatch_threshold: float = 2.0  # weight above it: truncated to it (tis) or masked (mis)
     # PPO objective
-    eps_clip: float = 0.2
-    eps_clip_higher: float | None = None  # None: symmetric clipping
+    eps_clip: float | None = None  # preset (grpo: 0.2)
+    eps_clip_higher: float | None = None  # preset (grpo: None, symmetric clipping)
     c_clip: float | None = None  # dual clip for negative advantages; must be > 1
     ppo_n_minibatches: int = 1  # optimizer steps per train_step
     micro_batch_size: int | None = None  # rows per forward/backward; None: whole minibatch
+    # Tokens per forward/backward (the rows' tokens, prompt included): consecutive rows of a
+    # minibatch join a micro-batch while their tokens stay within it (a longer row runs alone).
+    # Bounds activation memory whatever the rows' lengths. None: no token limit.
+    max_tokens_per_microbatch: int | None = None
+    # Recompute each decoder layer's activations in the backward instead of keeping them
+    # (torch.utils.checkpoint per layer): activation memory ~1/layers for ~1/3 more compute.
+    gradient_checkpointing: bool = False
+    # The LM head and log-softmax run this many tokens at a time, forward and backward
+    # (`lm_head.py`): no float32 [tokens, vocab] tensor larger than one chunk. 0: all at once.
+    logprob_chunk_size: int = 1024
     # rewards and advantages
     reward_scaling: float = 1.0
     reward_bias: float = 0.0
@@ -78,6 +105,10 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists
+        from .algorithms import check_algorithm, resolve_preset
+
+        resolve_preset(self)  # the preset's values where a knob is None
+        check_algorithm(self)
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.eps_clip > 0, f"eps_clip must be > 0, got {self.eps_clip}"),
@@ -91,6 +122,11 @@ class GRPOConfig:
                 self.micro_batch_size is None or self.micro_batch_size >= 1,
                 f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
             ),
+            (
+                self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch >= 1,
+                f"max_tokens_per_microbatch must be >= 1 or None, got {self.max_tokens_per_microbatch}",
+            ),
+            (self.logprob_chunk_size >= 0, f"logprob_chunk_size must be >= 0, got {self.logprob_chunk_size}"),
             (self.reward_clip > 0, f"reward_clip must be > 0, got {self.reward_clip}"),
             (
                 self.reward_norm in (None, "group", "batch"),

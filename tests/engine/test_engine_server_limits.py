@@ -77,7 +77,7 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_others_are_served_mean
 ], ids=["temperature-true", "top_p-string", "return_logprob-string", "stream-int", "logprob_start_len-string"])
 def test_wrong_types_are_400s_not_coerced(client, body, needle):
     reply = client.post("/generate", json=body)
-    assert reply.status_code == 400 and needle in reply.json()["error"], reply.text
+    assert reply.status_code == 400 and needle in reply.json()["error"]["message"], reply.text
     _still_serving(client)
 
 

@@ -127,7 +127,7 @@ def test_generate_answers_405_to_other_methods_and_other_routes_still_work():
             "max_new_tokens": 1}})
         assert reply.status_code == 200 and reply.json()["output_ids"] == [10]
         bad = httpx.post(f"{server.url}/generate", headers=headers, content=b"[1, 2]")
-        assert bad.status_code == 400 and bad.json() == {"error": {"message": "request body must be a JSON object"}}
+        assert bad.status_code == 400 and bad.json() == {"error": {"message": "request body must be a JSON object", "code": 400}}
         assert httpx.get(f"{server.url}/model_info", headers=headers).json()["weight_version"] == "0"
     finally:
         server.stop()

@@ -248,7 +248,9 @@ def test_a_generation_spanning_an_update_shows_both_versions_and_exact_logprobs(
     ("body", "fragment"),
     [
         ({"input_ids": PROMPT, "sampling_params": {"max_tokens": 4}}, "max_tokens"),
-        ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4.0}}, "max_new_tokens"),
+        # SGLang's decoder names the wrong value, not the field (serde's text): "invalid type:
+        # floating point `4.0`, expected i64"; engine-server says the same after the field's name
+        ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4.0}}, "invalid type: floating point `4.0`"),
         ({"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "empty"),
     ],
     ids=["unknown-sampling-key", "float-max-new-tokens", "empty-input-ids"],

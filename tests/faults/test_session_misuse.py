@@ -50,6 +50,7 @@ CALLS = {
     "admin_key": lambda s, tmp: s.admin_key,
     "app": lambda s, tmp: s.app,
     "__enter__": lambda s, tmp: s.__enter__(),
+    "compare": lambda s, tmp: s.compare(None, {"grpo": {}}),
 }
 # what stays usable: reading what the run produced, and closing again
 READABLE = {"close", "load", "history", "rank", "world_size", "last_batch", "last_inspection", "config"}

@@ -54,6 +54,16 @@ print("clipped tokens", int(probe.last_inspection.clipped.sum()))
 loss_view = show_loss(probe.last_inspection, tokenizer=session.tokenizer)
 loss_view'''
 
+# The lab: the same off-policy copy under three variants (no step); PPO's clip acts where the
+# engine's record is 0.5 nats off, CISPO's weight does not clip there, so the lanes disagree.
+COMPARE_CELL = '''\
+cmp = session.compare(t, {"grpo": {"use_decoupled_loss": False, "recompute_logprob": False, "eps_clip": 0.2},
+                          "cispo": {"use_decoupled_loss": False, "recompute_logprob": False},
+                          "dr_grpo": {}})
+compare_view = cmp.view(row=1)  # the negative-advantage row, where PPO clips
+print("lab lanes", len(cmp.variants), "disagree", compare_view.model.n_disagree)
+compare_view'''
+
 CELLS = [
     SETUP,
     "tree = batch.show_tree(0)\ntree",
@@ -61,6 +71,7 @@ CELLS = [
     "from areal_nb.widgets import show_tokens\ntokens = show_tokens(batch.episodes[0], tokenizer=session.tokenizer)\ntokens",
     "rewards = batch.show_rewards(0)\nrewards",
     LOSS_CELL,
+    COMPARE_CELL,
     "dash = session.dashboard()\ndash",
     "stats = session.train_step(batch)\nprint('trained step', stats['step'])",
 ]

@@ -3,7 +3,8 @@
 Starts `jupyter lab` on a free loopback port with a token, opens a generated notebook, runs all
 cells, and checks the DOM: the tree's node count, trained and untrained chips of a two-turn concat
 row, reward numbers that follow the discount slider, clipped tokens marked in the loss view (and
-kept by its "clipped" filter), and a dashboard that grows by one point
+kept by its "clipped" filter), the lab's lanes (one per variant, disagreements highlighted, a
+variant picker), and a dashboard that grows by one point
 after a training step (without re-running its cell). Screenshots go to artifacts/screenshots/.
 """
 
@@ -167,7 +168,21 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             assert loss.locator(".anb-chip.anb-clipped.anb-dim").count() == 0
             loss.screenshot(path=str(SHOTS / "loss_clipped.png"))
 
-            # 5. dashboard: one point per step; a new step adds one without re-running its cell
+            # 5. the lab: one lane per variant under each token, the disagreeing tokens highlighted
+            #    (as many as the cell printed); the variant picker hides a lane
+            lab = page.locator(".anb-compare-view").first
+            lab.scroll_into_view_if_needed()
+            printed = page.locator("text=/lab lanes 3 disagree \\d+/").first.inner_text().split()
+            n_tokens = lab.locator(".anb-compare-token").count()
+            assert n_tokens > 0 and lab.locator(".anb-lane").count() == 3 * n_tokens
+            assert lab.locator(".anb-compare-token.anb-disagree").count() == int(printed[-1]) > 0
+            lab.screenshot(path=str(SHOTS / "compare.png"))
+            lab.locator("select").last.select_option(["grpo", "cispo"])
+            page.wait_for_function("document.querySelectorAll('.anb-compare-view .anb-lane[data-variant=\"dr_grpo\"]')"
+                                   ".length === 0", timeout=20_000)
+            assert lab.locator(".anb-lane").count() == 2 * n_tokens
+
+            # 6. dashboard: one point per step; a new step adds one without re-running its cell
             dash = page.locator(".anb-dashboard-view").first
             dash.scroll_into_view_if_needed()
             assert dash.locator(".anb-dashboard").get_attribute("data-steps") == "1"

@@ -10,6 +10,7 @@ import pytest
 
 from areal_nb.capture import InteractionCache
 from areal_nb.widgets import RewardSource, history_series, reward_state, show_rewards
+from areal_nb.widgets.dashboard_model import METRICS
 from areal_nb.widgets.render import dashboard_html
 
 from .conftest import episode
@@ -100,4 +101,4 @@ def test_dashboard_series_skip_unmeasured_points():
     html = dashboard_html(list(series.values()), 2)
     assert 'data-metric="reward_mean" data-points="2"' in html
     assert 'data-metric="eval_accuracy" data-points="1"' in html and html.count('class="anb-pt"') == 5
-    assert len(history_series(pd.DataFrame())) == 11  # empty history: every metric, no points
+    assert len(history_series(pd.DataFrame())) == len(METRICS)  # empty history: every metric, no points

@@ -1,0 +1,11 @@
+"""Environments from the ecosystem as agents: OpenEnv servers played over their WebSocket session.
+
+An environment here is an agent like any other (`run(data, base_url, api_key, http_client)`):
+its model calls go through the proxy, so the tokens trained on are the ones the engine sampled,
+and its reward is the environment's.
+"""
+
+from .errors import EnvironmentServerError
+from .openenv import OpenEnvAgent, OpenEnvServer, message_action, observation_text
+
+__all__ = ["EnvironmentServerError", "OpenEnvAgent", "OpenEnvServer", "message_action", "observation_text"]
