@@ -528,13 +528,15 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
 
 
 def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
-    """OpenAI's `choice.logprobs` for the reply's tokens (trailing EOS/pad left out, as in its text)."""
+    """OpenAI's `choice.logprobs` for every token the reply sampled, the end token included (as
+    vLLM gives it): one entry per token `usage.completion_tokens` counts, each with the log-prob
+    recorded for training. The end token's entry is its own text (`<|im_end|>`), which the
+    message's content leaves out."""
     from openai.types.chat import ChatCompletionTokenLogprob
     from openai.types.chat.chat_completion import ChoiceLogprobs
 
-    tokens = response.output_tokens_without_stop
     content = []
-    for token_id, logprob in zip(tokens, response.output_logprobs[: len(tokens)], strict=True):
+    for token_id, logprob in zip(response.output_tokens, response.output_logprobs, strict=True):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
         content.append(ChatCompletionTokenLogprob(token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]))
     return ChoiceLogprobs(content=content)
@@ -566,9 +568,11 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
     for choice in completion.choices:
         i = choice.index
         chunks.append(chunk(i, ChoiceDelta(role="assistant", content="")))
+        # every token's log-prob, once: with the content, else (a tool call, an empty reply) on the finish chunk
+        logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
         if choice.message.content:
-            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
             chunks.append(chunk(i, ChoiceDelta(content=choice.message.content), logprobs=logprobs))
+            logprobs = None
         for j, call in enumerate(choice.message.tool_calls or []):
             delta_call = ChoiceDeltaToolCall(
                 index=j,
@@ -577,6 +581,6 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
                 function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
             )
             chunks.append(chunk(i, ChoiceDelta(tool_calls=[delta_call])))
-        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason,
+        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason, logprobs=logprobs,
                             usage=completion.usage if choice is completion.choices[last] else None))
     return chunks
