@@ -70,5 +70,6 @@ class MultiTurnMathAgent(SDKAgent):
                 self._scores[key] = reward
             return self._scores[key]
 
-        return await self.answer_until_rewarded(openai_client(**extra_kwargs), list(data["messages"]), score,
-                                                CORRECTION_PROMPT)
+        return await self.answer_until_rewarded(
+            openai_client(**extra_kwargs), list(data["messages"]), score, CORRECTION_PROMPT
+        )

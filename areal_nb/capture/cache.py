@@ -48,7 +48,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def insert(self, key: str, value: InteractionWithTokenLogpReward, resolve_parent: bool = True) -> None:
         """Add `value` under `key`; its parent is resolved unless already set or not wanted."""
         if not isinstance(value, InteractionWithTokenLogpReward):
-            raise TypeError(f"InteractionCache values must be InteractionWithTokenLogpReward, got {type(value).__name__}")
+            raise TypeError(
+                f"InteractionCache values must be InteractionWithTokenLogpReward, got {type(value).__name__}"
+            )
         if value.messages is None:
             raise ValueError("interaction messages must be set before it is cached")
         with self._lock:
@@ -134,7 +136,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         self.set_reward(key, reward)
         return key
 
-    def apply_reward_discount(self, turn_discount: float = 1.0, mode: DiscountMode = "tree") -> dict[str, InteractionWithTokenLogpReward]:
+    def apply_reward_discount(
+        self, turn_discount: float = 1.0, mode: DiscountMode = "tree"
+    ) -> dict[str, InteractionWithTokenLogpReward]:
         """Propagate rewards back through the turns, once.
 
         `mode="tree"`: leaves first, a call's reward becomes its own reward plus
@@ -160,7 +164,11 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def _discount_linear(self, gamma: float) -> None:
         values = list(self.values())
         if values and values[-1].reward is None:
-            warnings.warn("The most recent interaction does not have a reward set; using 0.0", MissingRewardWarning, stacklevel=4)
+            warnings.warn(
+                "The most recent interaction does not have a reward set; using 0.0",
+                MissingRewardWarning,
+                stacklevel=4,
+            )
         self._store_discounted(values, discounted_rewards(values, gamma, "linear"))
 
     def _discount_tree(self, gamma: float) -> None:
@@ -191,7 +199,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             self._discount_applied = False
 
     @staticmethod
-    def _store_discounted(interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]) -> None:
+    def _store_discounted(
+        interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]
+    ) -> None:
         for v in interactions:
             # As the agent set it; an unset reward is recorded as the 0.0 the discount counted,
             # so readers of raw_reward (episode returns, re-export) never fall back to `reward`,
@@ -215,7 +225,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                     skipped.append(key)
                     continue
                 if key != value.interaction_id:
-                    raise ValueError(f"Interaction ID mismatch: cached under {key!r} but its id is {value.interaction_id!r}")
+                    raise ValueError(
+                        f"Interaction ID mismatch: cached under {key!r} but its id is {value.interaction_id!r}"
+                    )
                 complete[key] = value
         if skipped:
             warnings.warn(
@@ -274,7 +286,9 @@ def discounted_rewards(
     return out
 
 
-def _edited_assistant_continuation(candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]) -> bool:
+def _edited_assistant_continuation(
+    candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]
+) -> bool:
     """Whether `messages` continue `candidate` except for a changed assistant message."""
     n_in, outputs = len(candidate.messages), candidate.output_message_list
     if not is_prefix(candidate.messages, messages) or len(messages) < n_in + len(outputs):

@@ -136,7 +136,9 @@ class InteractionWithTokenLogpReward:
         if self.parent is None:
             return self.messages
         if self.parent.output_message_list is None:
-            raise ValueError(f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet")
+            raise ValueError(
+                f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet"
+            )
         return self.messages[len(self.parent.messages) + len(self.parent.output_message_list) :]
 
     # ----- training row -------------------------------------------------------------------
@@ -196,7 +198,12 @@ class InteractionWithTokenLogpReward:
         concat = self.chat_template_type == "concat" and self.parent is not None
         parent_row = self.parent.token_row() if concat else None
         memo = self._row_memo
-        if memo is not None and memo[0] is self.model_response and memo[1] is parent_row and memo[2] == self.chat_template_type:
+        if (
+            memo is not None
+            and memo[0] is self.model_response
+            and memo[1] is parent_row
+            and memo[2] == self.chat_template_type
+        ):
             return memo[3]
         row = self._concat_row(parent_row) if concat else self._own_row(self.depth)
         self._row_memo = (self.model_response, parent_row, self.chat_template_type, row)
@@ -230,7 +237,9 @@ class InteractionWithTokenLogpReward:
             if own_turn is not None:
                 by_turn.setdefault(own_turn, 0.0 if reward is None else float(reward))
             if call._frozen_row is not None:  # ancestors unknown: their returns as exported
-                for turn, value in zip(call._frozen_row.turn_ids, call._frozen_turn_returns or [], strict=False):
+                for turn, value in zip(
+                    call._frozen_row.turn_ids, call._frozen_turn_returns or [], strict=False
+                ):
                     if turn >= 0:
                         by_turn.setdefault(turn, value)
         missing = sorted({t for t in row.turn_ids if t >= 0} - set(by_turn))

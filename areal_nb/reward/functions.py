@@ -56,8 +56,10 @@ def check_reward_signature(fn: Callable[..., Any]) -> None:
     try:
         signature.bind(None, None)
     except TypeError as e:
-        raise TypeError(f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
-                        f"a reward takes the dataset row and the completion") from None
+        raise TypeError(
+            f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
+            f"a reward takes the dataset row and the completion"
+        ) from None
 
 
 async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
@@ -70,8 +72,9 @@ async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) 
             value = await value
     number = as_reward_number(value)
     if number is None:
-        raise RewardValueError(f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number "
-                               f"(or a bool)")
+        raise RewardValueError(
+            f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number (or a bool)"
+        )
     return number
 
 

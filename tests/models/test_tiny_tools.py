@@ -23,11 +23,13 @@ def tools_tokenizer():
 
 
 def test_the_tools_prompt_is_short_and_renders_as_tiny_math_does(tools_tokenizer, tiny_tokenizer):
-    text = tools_tokenizer.apply_chat_template(ROW["messages"], tools=[CALCULATOR_TOOL], tokenize=False,
-                                               add_generation_prompt=True)
+    text = tools_tokenizer.apply_chat_template(
+        ROW["messages"], tools=[CALCULATOR_TOOL], tokenize=False, add_generation_prompt=True
+    )
     # the same Qwen2.5-style text as tiny-math's template (tools preamble, <tools> JSON)
-    assert text == tiny_tokenizer.apply_chat_template(ROW["messages"], tools=[CALCULATOR_TOOL], tokenize=False,
-                                                      add_generation_prompt=True)
+    assert text == tiny_tokenizer.apply_chat_template(
+        ROW["messages"], tools=[CALCULATOR_TOOL], tokenize=False, add_generation_prompt=True
+    )
     ids = tools_tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) <= 40 < len(tiny_tokenizer.encode(text, add_special_tokens=False))
     assert tools_tokenizer.decode(ids) == text
@@ -51,4 +53,7 @@ def test_warm_start_examples_train_on_the_replies_only(tools_tokenizer):
     answer = f"The answer is {ROW['answer']}."
     assert trained == tool_call_text(ROW["expression"]) + "<|im_end|>" + answer + "<|im_end|>"
     guess = conversation(ROW, random.Random(0), direct=True)
-    assert guess[-1]["content"].startswith("The answer is ") and guess[-1]["content"] != f"The answer is {ROW['answer']}."
+    assert (
+        guess[-1]["content"].startswith("The answer is ")
+        and guess[-1]["content"] != f"The answer is {ROW['answer']}."
+    )

@@ -39,7 +39,9 @@ def _credentials(path: str) -> dict[str, str]:
 def test_no_server_errors(case):
     headers = {**(case.headers or {}), **_credentials(case.path)}
     response = case.call(headers=headers)
-    assert response.status_code < 500, f"{case.method} {case.path} → {response.status_code}: {response.text[:500]}"
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} → {response.status_code}: {response.text[:500]}"
+    )
     if response.status_code >= 400:
         body = response.json()
         assert body["error"]["message"], body
