@@ -39,9 +39,9 @@ ADMIN_KEY = "bench-admin-key"
 
 
 def build() -> tuple:
+    from areal_nb.capture import CompletionSettings
     from areal_nb.config import load_config
     from areal_nb.models import load_tokenizer
-    from areal_nb.capture import CompletionSettings
     from areal_nb.proxy import ProxySettings, create_app
     from areal_nb.session.data import DataStream, load_task_data
     from areal_nb.testing import ScriptedEngine

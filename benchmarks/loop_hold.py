@@ -61,10 +61,9 @@ async def hop_cpu(n: int = 200) -> float:
 
 
 async def main(sizes: list[int], repeats: int) -> dict:
-    from areal_nb.models import load_tokenizer
-    from areal_nb.capture.templates import render_prompt_ids
-
     from areal_nb.capture.prompt_memo import prompt_memo
+    from areal_nb.capture.templates import render_prompt_ids
+    from areal_nb.models import load_tokenizer
 
     tokenizer = load_tokenizer("tiny-math")
     prompt_memo(

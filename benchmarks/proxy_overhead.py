@@ -42,9 +42,9 @@ CALLS_PER_SESSION = 16  # agent episodes are short; keeps parent search as in re
 
 
 def build_app():
-    from areal_nb.testing import ScriptedEngine
     from areal_nb.models import load_tokenizer
     from areal_nb.proxy import ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
 
     tokenizer = load_tokenizer("tiny-math")
     tokens = tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]

@@ -145,11 +145,10 @@ def test_the_engine_protocol_declares_what_the_layers_above_call():
     """Every method or attribute the session, rollout, proxy, capture and widgets layers use on an
     engine is part of `InferenceEngine`: no caller reaches past the protocol."""
     import re
-
-    from areal_nb.api import InferenceEngine
     from pathlib import Path
 
     import areal_nb
+    from areal_nb.api import InferenceEngine
 
     root = Path(areal_nb.__file__).parent
     use = re.compile(

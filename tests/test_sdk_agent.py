@@ -14,8 +14,8 @@ from areal_nb.agents.math_agent import MultiTurnMathAgent
 from areal_nb.agents.sdk_agent import SDKAgent
 from areal_nb.data import CORRECTION_PROMPT
 from areal_nb.proxy import ProxySettings, create_app
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.reward import AsyncRewardWrapper, math_reward
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
 
 ADMIN_KEY = "sdk-agent-test-admin-key"

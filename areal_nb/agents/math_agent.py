@@ -16,7 +16,6 @@ from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 from .sdk_agent import SDKAgent, openai_client
 
-
 SCORE_MEMO_SIZE = 65536  # (reply, gold) pairs whose reward an agent keeps
 
 

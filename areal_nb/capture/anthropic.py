@@ -24,7 +24,6 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
-from areal_nb.api import InvalidRequestError
 from areal_nb.errors import AnthropicRequestError  # noqa: F401 (re-exported)
 
 # OpenAI finish_reason → Anthropic stop_reason

@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from areal_nb.api import InvalidRequestError
 from areal_nb.errors import CompletionRequestError, MessageTypeError  # noqa: F401 (re-exported)
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"areal-nb proxy: {exc}", file=sys.stderr)
         return 2
 
-    from areal_nb.engine import LocalEngine
-    from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.capture.completion import CompletionSettings
     from areal_nb.cli.serving import serve_until_signal
+    from areal_nb.engine import LocalEngine
+    from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.proxy import ProxyServer, create_app
 
     settings.completion = CompletionSettings(

@@ -22,8 +22,8 @@ import importlib.util
 import inspect
 import re
 import subprocess
-import sys
 import symtable
+import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -25,10 +25,9 @@ import re
 from typing import Any
 
 import numpy as np
-from starlette.exceptions import HTTPException
 
-from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.errors import BodyTooLarge
+from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
 
 from .errors import error_response, http_error_response
 

@@ -30,7 +30,6 @@ from areal_nb.data import (
     split_rows,
 )
 
-
 DEFAULT_EVAL_SIZE = 200  # held-out problems of the generated or GSM8K test split when data.eval_size is None
 
 

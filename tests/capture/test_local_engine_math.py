@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from areal_nb.api import ModelRequest, ModelResponse
-from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.capture import ArealOpenAI, check_retokenization, concat_padded_tensors
+from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.reward.gsm8k import math_reward
 
 

@@ -13,9 +13,9 @@ import warnings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture import ArealOpenAI
 from areal_nb.capture.cache import discounted_rewards
+from areal_nb.testing import ScriptedEngine
 
 # (parent index or None, gap kind, truncate?, reward or None)
 call_spec = st.tuples(

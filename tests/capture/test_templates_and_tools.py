@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture import (
     ArealOpenAI,
     ConcatAlignmentError,
@@ -16,6 +15,7 @@ from areal_nb.capture import (
     parse_tool_calls,
     render_prompt_ids,
 )
+from areal_nb.testing import ScriptedEngine
 
 from .helpers import response
 

@@ -8,13 +8,13 @@ import time
 
 import httpx
 import pytest
+from engine_test_helpers import ServedStub
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.engine.admission import AdmissionWindow
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.proxy.server import ProxyServer
-from engine_test_helpers import ServedStub
 
 
 def test_a_burst_at_an_idle_engine_is_released_together_after_the_last_arrival():

@@ -14,12 +14,12 @@ import time
 
 import httpx
 import pytest
+from engine_test_helpers import ServedStub
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.proxy.server import ProxyServer
-from engine_test_helpers import ServedStub
 
 pytestmark = pytest.mark.server
 

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from areal_nb.capture.tool_calls import parse_tool_calls
 from areal_nb.data.tool_task import CALCULATOR_TOOL, generate_tool_problems
 from areal_nb.models import load_tokenizer
 from areal_nb.models.tiny_tools import IGNORE, _sft_example, conversation, tool_call_text
-from areal_nb.capture.tool_calls import parse_tool_calls
 
 ROW = generate_tool_problems(1, seed=5)[0]
 

@@ -6,8 +6,8 @@ import json
 
 import anthropic.types as at
 import pytest
-from pydantic import TypeAdapter
 from openai.types.chat import ChatCompletion
+from pydantic import TypeAdapter
 
 from areal_nb.capture.anthropic import (
     AnthropicRequestError,

@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.models import load_tokenizer
 from areal_nb.proxy import ProxySettings, create_app
 from areal_nb.proxy.limits import MAX_JSON_DEPTH
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import PROXY_ADMIN_KEY
 
 ADMIN_PATHS = ("/grant_capacity", "/rl/start_session", "/export_trajectories")

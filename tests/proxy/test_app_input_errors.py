@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from areal_nb.api import InvalidRequestError
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture.interaction import InteractionWithTokenLogpReward
 from areal_nb.proxy import ProxyServer
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import (
     PROXY_ADMIN_KEY,
     SCRIPTED_REPLY,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.models import load_tokenizer
 from areal_nb.proxy import ProxySettings, create_app
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import PROXY_ADMIN_KEY
 
 _tokenizer = load_tokenizer("tiny-math")

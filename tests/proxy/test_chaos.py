@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers
-from tests.proxy.hostile import HOSTILE, check_answer, encode, new_session_key, send
+from tests.proxy.hostile import HOSTILE, check_answer, new_session_key, send
 
 pytestmark = pytest.mark.slow
 

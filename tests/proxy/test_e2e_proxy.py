@@ -11,9 +11,9 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from areal_nb.proxy import ProxyRequestError
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.proxy.inprocess import InProcessProxyClient
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy

@@ -117,8 +117,8 @@ def test_astart_inside_a_running_loop(make_app):
 
 
 def test_default_admin_key_refused_off_loopback(tiny_tokenizer, monkeypatch):
-    from areal_nb.testing import ScriptedEngine
     from areal_nb.proxy import ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
 
     app = create_app(ScriptedEngine(tiny_tokenizer, "x"), tiny_tokenizer, ProxySettings())
     monkeypatch.delenv("AREAL_ALLOW_DEFAULT_ADMIN_KEY", raising=False)

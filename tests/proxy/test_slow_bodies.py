@@ -22,7 +22,6 @@ BODY_TIMEOUT = 1.0
 @pytest.fixture(scope="module")
 def slow_server(local_engine, tiny_tokenizer):
     from areal_nb.proxy import ProxySettings, create_app
-
     from tests.proxy.conftest import PROXY_ADMIN_KEY
 
     app = create_app(

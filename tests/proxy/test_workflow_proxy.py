@@ -16,13 +16,13 @@ import pytest
 
 from areal_nb.api import NotSerializableError
 from areal_nb.api.by_value import dumps_by_value
-from areal_nb.testing import ScriptedEngine
 from areal_nb.rollout.workflow import (
     EpisodeRejected,
     OpenAIProxyWorkflow,
     _run_agent_in_subprocess,
     parse_agent_rewards,
 )
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

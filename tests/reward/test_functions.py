@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from areal_nb.agents.chat_agent import ChatAgent
-
 from areal_nb.reward import RewardValueError, compute_reward, resolve_reward
 from areal_nb.reward.functions import math_answer
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from areal_nb.api import RolloutWorkflow
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.rollout import (
     GroupedRolloutWorkflow,
     GroupedTensors,
@@ -18,6 +17,7 @@ from areal_nb.rollout import (
     requires_proxy,
     resolve_workflow,
 )
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 
 PROXY = {"proxy_addr": "http://127.0.0.1:1", "admin_api_key": "admin"}
