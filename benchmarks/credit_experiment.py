@@ -81,7 +81,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         row["reward_first5"] = mean_std([statistics.fmean(r["reward_per_step"][:k]) for r in group])
         row["reward_last5"] = mean_std([statistics.fmean(r["reward_per_step"][-k:]) for r in group])
         row["reward_curve_mean"] = [
-            statistics.fmean(step) for step in zip(*(r["reward_per_step"] for r in group))
+            statistics.fmean(step) for step in zip(*(r["reward_per_step"] for r in group), strict=False)
         ]
         rows.append(row)
     return rows

@@ -251,8 +251,8 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
         before = greedy_accuracy(model, tokenizer, eval_problems)
         trainer.train()
         after = greedy_accuracy(trainer.model, tokenizer, eval_problems)
-    times = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
-    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:])]
+    times = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
+    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:], strict=False)]
     return {
         "step_s": statistics.median(times),
         "cpu_s": statistics.median(cpu),

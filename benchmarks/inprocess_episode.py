@@ -153,7 +153,7 @@ def main() -> None:
         engine.requests.clear()
         return (time.thread_time() - start) / n * 1e3
 
-    for name, layer in layers.items():
+    for layer in layers.values():
         asyncio.run(run(layer, 16))  # warm up
     for _ in range(args.rounds):
         for name, layer in layers.items():

@@ -39,7 +39,7 @@ def test_end_with_stop_and_lengths():
 
 def test_response_without_stop_ids_is_a_clear_error():
     with pytest.raises(ValueError, match="tokenizer or eos_token_ids"):
-        ModelResponse(output_tokens=[1]).output_tokens_without_stop
+        _ = ModelResponse(output_tokens=[1]).output_tokens_without_stop
 
 
 def test_generation_config_new_and_openai_args():

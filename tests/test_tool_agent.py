@@ -7,6 +7,7 @@ the OpenAI SDK, the tool-call parser and the workflow are the real ones.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -45,8 +46,9 @@ def test_the_agent_calls_the_tool_and_answers_with_its_result(tiny_tokenizer):
         if result:
             return f"The answer is {result.group(1)}."
         return (
-            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
-            % ROW["expression"]
+            "<tool_call>\n"
+            + json.dumps({"name": "calculator", "arguments": {"expression": ROW["expression"]}})
+            + "\n</tool_call>"
         )
 
     engine = ScriptedEngine(tiny_tokenizer, model)
@@ -113,7 +115,7 @@ def tool_episode(tiny_tokenizer, agent, city: str):
     """(the tool message the model got back, the answer's reward) for one episode calling lookup(city)."""
     replies = iter(
         [
-            '<tool_call>\n{"name": "lookup", "arguments": {"city": "%s"}}\n</tool_call>' % city,
+            "<tool_call>\n" + json.dumps({"name": "lookup", "arguments": {"city": city}}) + "\n</tool_call>",
             "It has 709000 people.",
         ]
     )

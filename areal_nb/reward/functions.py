@@ -64,7 +64,7 @@ def check_reward_signature(fn: Callable[..., Any]) -> None:
 
 async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
     """`fn(row, completion)` as a float; exceptions from `fn` propagate unchanged."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (an instance with async __call__)
         value = await fn(row, completion)
     else:
         value = await asyncio.to_thread(fn, row, completion)

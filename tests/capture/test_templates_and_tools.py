@@ -130,7 +130,7 @@ def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(
         second = asyncio.run(
             c.chat.completions.create(messages=msgs, tools=second_tools, max_completion_tokens=20)
         )
-    a, b = c.get_interaction(first.id), c.get_interaction(second.id)
+    b = c.get_interaction(second.id)
     assert b.parent is None
     assert b.model_response.input_tokens == render_prompt_ids(tiny_tokenizer, b.messages, second_tools)
     assert check_retokenization(b, tiny_tokenizer).matches

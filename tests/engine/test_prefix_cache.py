@@ -159,7 +159,7 @@ def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(
     assert stats.prefix_cache_hits == 3 and stats_off.prefix_cache_hits == 0
     assert stats.prefix_cache_tokens == sum(len(t1.input_tokens) + 9 for t1, _ in turns)
     assert stats.prefill_positions < stats_off.prefill_positions
-    for (t1, t2), (u1, u2) in zip(turns, turns_off, strict=True):
+    for (t1, t2), (_u1, u2) in zip(turns, turns_off, strict=True):
         for resp in (t1, t2):
             assert max_logprob_error(reference_model, resp) <= 1e-4
         assert t2.input_tokens == u2.input_tokens and t2.output_tokens == u2.output_tokens

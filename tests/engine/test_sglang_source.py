@@ -195,7 +195,7 @@ def _benchmark_sglang_commands() -> list[tuple[str, list[str]]]:
 
 def test_the_benchmarks_launch_commands_parse(sglang):
     commands = _benchmark_sglang_commands()
-    for where, cmd in commands:
+    for _where, cmd in commands:
         _parses(sglang, _launch_args(cmd))
     if not commands:
         pytest.skip("no benchmark launches SGLang with sglang_command")

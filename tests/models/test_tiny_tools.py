@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -36,7 +37,7 @@ def test_the_tools_prompt_is_short_and_renders_as_tiny_math_does(tools_tokenizer
     call = tool_call_text(ROW["expression"])
     assert len(tools_tokenizer.encode(call, add_special_tokens=False)) <= 12
     (parsed,), _ = parse_tool_calls(call)
-    assert parsed.name == "calculator" and parsed.arguments == '{"expression": "%s"}' % ROW["expression"]
+    assert parsed.name == "calculator" and parsed.arguments == json.dumps({"expression": ROW["expression"]})
 
 
 def test_every_digit_is_its_own_token(tools_tokenizer):

@@ -82,7 +82,7 @@ async def _openai_two_turns(url: str, key: str, stream: bool, tools: bool) -> li
     messages: list = [{"role": "user", "content": "What is 1 + 2?"}]
     ids = []
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as client:
-        for turn in range(2):
+        for _turn in range(2):
             if stream:
                 s = await client.chat.completions.create(
                     model="tiny-math",

@@ -88,7 +88,11 @@ def test_two_ranks_give_the_one_process_step(tmp_path, mode):
         # the reference is sharded, and its packed passes run one group's trie each, like the policy's
         if mode == "fsdp" and "kl_ref" in one["stats"]:
             torch.testing.assert_close(
-                ranks["advantages"], one["advantages"], atol=1e-6, rtol=0, msg=lambda m: f"{case}: {m}"
+                ranks["advantages"],
+                one["advantages"],
+                atol=1e-6,
+                rtol=0,
+                msg=lambda m, case=case: f"{case}: {m}",
             )
         else:
             assert torch.equal(one["advantages"], ranks["advantages"]), case
@@ -125,7 +129,11 @@ def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
         # the reference log-probs the KL penalty used, on every token of the batch, and what follows
         assert one["ref_logprobs"].abs().max() > 0.1, case
         torch.testing.assert_close(
-            ranks["ref_logprobs"], one["ref_logprobs"], atol=1e-5, rtol=0, msg=lambda m: f"{case}: {m}"
+            ranks["ref_logprobs"],
+            one["ref_logprobs"],
+            atol=1e-5,
+            rtol=0,
+            msg=lambda m, case=case: f"{case}: {m}",
         )
         for key in ("loss", "kl_ref", "grad_norm"):
             assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)

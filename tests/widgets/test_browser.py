@@ -104,7 +104,7 @@ def jupyterlab(tmp_path):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         "JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()
-                    )
+                    ) from None
                 time.sleep(0.3)
         yield f"http://127.0.0.1:{port}/lab/tree/widgets.ipynb?token={token}"
     finally:
