@@ -78,7 +78,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         for candidate in candidates:
             if not candidate.is_complete:
                 continue  # in-flight calls are never parents
-            history = candidate.messages + candidate.output_message_list
+            history = candidate.messages + (candidate.output_message_list or [])
             if is_prefix(history, messages):
                 if len(history) > best_len:
                     best, best_len = candidate, len(history)
@@ -177,7 +177,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         unset = [v.interaction_id for v in nodes if id(v) not in parents and v.reward is None]
         if unset:
             warnings.warn(
-                f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(unset[:3])}"
+                f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(map(str, unset[:3]))}"
                 f"{', ...' if len(unset) > 3 else ''}); using 0.0",
                 MissingRewardWarning,
                 stacklevel=4,
@@ -200,7 +200,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
 
     @staticmethod
     def _store_discounted(
-        interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]
+        interactions: list[InteractionWithTokenLogpReward], rewards: dict[str | None, float]
     ) -> None:
         for v in interactions:
             # As the agent set it; an unset reward is recorded as the 0.0 the discount counted,
@@ -246,8 +246,8 @@ def discounted_rewards(
     interactions: list[InteractionWithTokenLogpReward],
     turn_discount: float,
     mode: DiscountMode = "tree",
-    rewards: Mapping[str, float | None] | None = None,
-) -> dict[str, float]:
+    rewards: Mapping[str | None, float | None] | None = None,
+) -> dict[str | None, float]:
     """Rewards after discount keyed by interaction id, computed without changing anything.
 
     `interactions` in insertion order; `rewards` overrides their own (e.g. the raw rewards of
@@ -263,7 +263,7 @@ def discounted_rewards(
         r = rewards.get(v.interaction_id, v.reward) if rewards is not None else v.reward
         return 0.0 if r is None else float(r)
 
-    out: dict[str, float] = {}
+    out: dict[str | None, float] = {}
     if mode == "linear":
         current = 0.0
         for v in reversed(interactions):
@@ -290,7 +290,7 @@ def _edited_assistant_continuation(
     candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]
 ) -> bool:
     """Whether `messages` continue `candidate` except for a changed assistant message."""
-    n_in, outputs = len(candidate.messages), candidate.output_message_list
+    n_in, outputs = len(candidate.messages), candidate.output_message_list or []
     if not is_prefix(candidate.messages, messages) or len(messages) < n_in + len(outputs):
         return False
     sent = messages[n_in : n_in + len(outputs)]

@@ -142,8 +142,7 @@ class InteractionWithTokenLogpReward:
         return self.messages[len(self.parent.messages) + len(self.parent.output_message_list) :]
 
     # ----- training row -------------------------------------------------------------------
-    def _own_row(self, first_turn_id: int) -> TokenRow:
-        mr = self.model_response
+    def _own_row(self, mr: ModelResponse, first_turn_id: int) -> TokenRow:
         n_in, n_out = mr.input_len, mr.output_len
         return TokenRow(
             input_ids=list(mr.input_tokens) + list(mr.output_tokens),
@@ -153,8 +152,9 @@ class InteractionWithTokenLogpReward:
             turn_ids=[-1] * n_in + [first_turn_id] * n_out,
         )
 
-    def _concat_row(self, parent_row: TokenRow) -> TokenRow:
-        mr = self.model_response
+    def _concat_row(
+        self, mr: ModelResponse, parent: InteractionWithTokenLogpReward, parent_row: TokenRow
+    ) -> TokenRow:
         prompt = mr.input_tokens
         # The parent's trailing EOS/pad run is stripped and one EOS added when building the
         # child's prompt, so the shared prefix may end a few tokens before the parent's row.
@@ -162,7 +162,7 @@ class InteractionWithTokenLogpReward:
         limit = min(len(parent_row), len(prompt))
         while shared < limit and parent_row.input_ids[shared] == prompt[shared]:
             shared += 1
-        required = self._parent_prefix_len()
+        required = self._parent_prefix_len(parent)
         if shared < required:
             raise ValueError(
                 f"concat row of interaction {self.interaction_id}: its prompt does not start with "
@@ -179,10 +179,11 @@ class InteractionWithTokenLogpReward:
             turn_ids=parent_row.turn_ids[:shared] + [-1] * gap + [turn] * mr.output_len,
         )
 
-    def _parent_prefix_len(self) -> int:
-        pr = self.parent.model_response
+    @staticmethod
+    def _parent_prefix_len(parent: InteractionWithTokenLogpReward) -> int:
+        pr = parent.model_response
         if pr is None:  # rebuilt from the wire: trust the exported row
-            return len(self.parent.token_row())
+            return len(parent.token_row())
         try:
             return pr.input_len + len(pr.output_tokens_without_stop)
         except ValueError:
@@ -194,9 +195,10 @@ class InteractionWithTokenLogpReward:
             return self._frozen_row
         if self.model_response is None:
             raise ValueError(f"interaction {self.interaction_id} has no model_response (no token data)")
-        _check_response_lengths(self.model_response, self.interaction_id)
-        concat = self.chat_template_type == "concat" and self.parent is not None
-        parent_row = self.parent.token_row() if concat else None
+        mr = self.model_response
+        _check_response_lengths(mr, self.interaction_id)
+        parent = self.parent if self.chat_template_type == "concat" else None
+        parent_row = parent.token_row() if parent is not None else None
         memo = self._row_memo
         if (
             memo is not None
@@ -205,7 +207,10 @@ class InteractionWithTokenLogpReward:
             and memo[2] == self.chat_template_type
         ):
             return memo[3]
-        row = self._concat_row(parent_row) if concat else self._own_row(self.depth)
+        if parent is not None and parent_row is not None:
+            row = self._concat_row(mr, parent, parent_row)
+        else:
+            row = self._own_row(mr, self.depth)
         self._row_memo = (self.model_response, parent_row, self.chat_template_type, row)
         return row
 
@@ -217,7 +222,7 @@ class InteractionWithTokenLogpReward:
             chain.append(node)
         return chain
 
-    def turn_returns(self, rewards: Mapping[str, float | None] | None = None) -> list[float]:
+    def turn_returns(self, rewards: Mapping[str | None, float | None] | None = None) -> list[float]:
         """Per token of `token_row()`: the reward of the call (turn) that generated it, 0.0 elsewhere.
 
         Read after the discount, a call's reward is its turn's return (tree rule: its own reward

@@ -19,7 +19,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from areal_nb.api import import_object
 from areal_nb.errors import RewardValueError  # noqa: F401 (re-exported)
@@ -65,7 +65,7 @@ def check_reward_signature(fn: Callable[..., Any]) -> None:
 async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
     """`fn(row, completion)` as a float; exceptions from `fn` propagate unchanged."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (an instance with async __call__)
-        value = await fn(row, completion)
+        value: Any = await cast(Awaitable[float], fn(row, completion))  # a coroutine function, checked above
     else:
         value = await asyncio.to_thread(fn, row, completion)
         if inspect.isawaitable(value):

@@ -117,7 +117,7 @@ class RolloutBatch:
     def children_of(self, episode_index: int, call: InteractionWithTokenLogpReward) -> list:
         return [c for c in self.calls(episode_index) if c.parent is call]
 
-    def discounted(self, episode_index: int) -> dict[str, float]:
+    def discounted(self, episode_index: int) -> dict[str | None, float]:
         """Reward of each call of the episode after propagation with this batch's settings."""
         calls = self.calls(episode_index)
         return discounted_rewards(
@@ -137,7 +137,7 @@ class RolloutBatch:
             calls = self.calls(i)
             rewards = self.discounted(i)
             if self.style == "concat":
-                check_export_style("concat", {c.interaction_id: c.chat_template_type for c in calls})
+                check_export_style("concat", {str(c.interaction_id): c.chat_template_type for c in calls})
                 parents = {id(c.parent) for c in calls if c.parent is not None}
                 calls = [c for c in calls if id(c) not in parents]
             out.extend(Row(c, i, ep.group_id, rewards[c.interaction_id]) for c in calls)
@@ -161,7 +161,7 @@ class RolloutBatch:
         # One tensor per field from the rows' token lists (`stack_token_rows`), with this batch's
         # rewards and returns: this runs in every training step (tests/rollout/test_batch_tensors.py
         # checks it equals `concat_padded_tensors` of the rows' `to_tensor_dict()`s).
-        returns: dict[int, dict[str, float]] = {}
+        returns: dict[int, dict[str | None, float]] = {}
         token_rows, turn_returns = [], []
         for row in rows:
             if row.episode_index not in returns:
@@ -210,7 +210,9 @@ class RolloutBatch:
             for c in self.calls(i):
                 mr = c.model_response
                 versions = list(mr.output_versions) if mr is not None else []
-                last_input = next((m for m in reversed(c.messages) if m.get("role") != "assistant"), {})
+                last_input: dict[str, Any] = next(
+                    (m for m in reversed(c.messages) if m.get("role") != "assistant"), {}
+                )
                 reply = (c.output_message_list or [{}])[0]
                 records.append(
                     {
