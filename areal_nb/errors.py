@@ -24,6 +24,7 @@ The tree:
     ├── ConfigError (ValueError)        a config file or override is invalid
     ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
     ├── ExportError (ValueError)        a run that cannot be exported
+    ├── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
     ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
     ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
     ├── EngineClosedError (RuntimeError)    the engine was closed before or while serving a request
@@ -187,6 +188,10 @@ class ConfigError(ArealError, ValueError):
 
 class DatasetError(ArealError, ValueError):
     """A dataset that cannot be trained or evaluated on; the message names the row and why."""
+
+
+class TrainMemoryError(ArealError, ValueError):
+    """A training step estimated not to fit the device's free memory; the message names the setting to change."""
 
 
 class ExportError(ArealError, ValueError):
@@ -419,5 +424,6 @@ __all__ = [
     "ServerDownError",
     "ServerLaunchError",
     "StalenessLimitError",
+    "TrainMemoryError",
     "render_error",
 ]

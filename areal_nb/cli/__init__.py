@@ -18,6 +18,7 @@ commands:
   engine-server  serve the embedded engine over SGLang's native HTTP API
   export   write a run folder (config, train.py, launch_local.sh, job.sbatch) from a YAML config
            (areal-nb export --out DIR CONFIG key=value ...)
+  build-models  rebuild the shipped built-in models from their recipe (areal-nb build-models --help)
 """
 
 
@@ -46,5 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         from areal_nb.cli.export import main as export_main
 
         return export_main(rest) or 0
+    if command == "build-models":
+        from areal_nb.cli.build_models import main as build_models_main
+
+        return build_models_main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

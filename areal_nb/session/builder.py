@@ -35,11 +35,13 @@ def seed_everything(seed: int) -> None:
 
 
 def build_policy(cfg: SessionConfig) -> tuple[Any, torch.nn.Module]:
-    """The tokenizer and the trainable policy, on the configured device and dtype."""
+    """The tokenizer and the trainable policy on the configured device, in float32: its weights
+    are the master weights; `model.dtype` is the dtype the actor computes in and the engine serves
+    (`areal_nb.train.precision`)."""
     from areal_nb.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
-    policy = load_model(cfg.model.path, dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg))
+    policy = load_model(cfg.model.path, dtype=torch.float32, device=policy_device(cfg))
     return tokenizer, policy
 
 
@@ -75,7 +77,10 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
     push the trainer's once, at the servers' version, so recorded log-probs match the trainer.
     (Before the Actor is built: a sharded actor's weights are gathered by every rank.)"""
     if cfg.engine.type == "remote":
-        engine.update_weights(policy.state_dict(), version=engine.get_version())
+        from areal_nb.train.precision import serving_weights
+
+        weights = serving_weights(policy.state_dict(), getattr(torch, cfg.model.dtype))
+        engine.update_weights(weights, version=engine.get_version())
 
 
 def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):
@@ -91,7 +96,8 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, p
     ref_model = None
     if actor_cfg.kl_ctl > 0:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel)
+    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel,
+                 compute_dtype=getattr(torch, cfg.model.dtype))
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends
@@ -198,8 +204,20 @@ def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkf
 
 def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
     # Every call is kept (individual export); the RolloutBatch applies the configured style later.
+    # agent_timeout: the workflow times the agent's own run (a subproc pool's start-up is not on its clock)
     return {"mode": cfg.agent.mode, "discount": cfg.agent.turn_discount, "export_style": "individual",
-            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers}
+            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers,
+            "agent_timeout": cfg.agent.agent_timeout}
+
+
+def episode_timeout(cfg: SessionConfig, workflow: RolloutWorkflow) -> float | None:
+    """The executor's bound on a whole episode: `agent.agent_timeout` for a workflow of the user's
+    own (`RolloutWorkflow`); none for an agent behind the proxy, whose workflow bounds the agent
+    itself (`agent_timeout`, then abandoning one that ignores its cancellation) and whose other
+    steps (the worker pool's start, the session's calls on the proxy) are bounded each."""
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+
+    return None if isinstance(workflow, OpenAIProxyWorkflow) else cfg.agent.agent_timeout
 
 
 def _in_process_kwargs(cfg: SessionConfig, asgi_app: Any, session_app: Any) -> dict[str, Any]:
@@ -214,5 +232,5 @@ def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: Infere
 
     return RolloutExecutor(workflow, engine, group_size=cfg.rollout.group_size, batch_size=cfg.rollout.batch_size,
                            max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
-                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=cfg.agent.agent_timeout,
+                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=episode_timeout(cfg, workflow),
                            switch_interval=cfg.rollout.gil_switch_interval)

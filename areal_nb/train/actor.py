@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,9 +38,12 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
+from .memory import check_train_memory
+from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
 from .packing import pack_rows, packed_token_logprobs_and_entropy
 from .policy_loss import loss_normalizer, variant_loss_terms
+from .precision import autocast, checkpoint_layers, floating_dtype, serving_weights, to_master_weights
 from .tree_attention import supports_tree_attention
 
 __all__ = ["Actor", "GRPOConfig"]
@@ -47,6 +51,45 @@ __all__ = ["Actor", "GRPOConfig"]
 logger = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
+
+
+@dataclass
+class _StepBatch:
+    """One train step's validated batch and what every phase reads from it."""
+
+    batch: dict[str, Any]  # the validated tensors, on the model's device
+    input_ids: Tensor  # [B, L]
+    attention: Tensor  # [B, L] bool, right-padded
+    mask: Tensor  # [B, L] bool: the generated tokens the loss trains on
+    engine_logprobs: Tensor  # [B, L] float32: π_behave, as the engine recorded it
+    group_ids: Tensor | Sequence[Any] | None
+    pack_ids: Tensor | None  # [B] dense group index: the rows merged into one trie
+    lengths: Tensor  # [B] tokens per row
+
+    @property
+    def n_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclass
+class _Policies:
+    """The log-probs the loss compares π_θ with (see `loss.py` for the three policies)."""
+
+    old: Tensor  # π_old of the clipped ratio (π_behave in the decoupled loss)
+    prox: Tensor | None  # π_prox: recomputed before the update, or filled by its forward
+    recompute_skipped: bool  # the training forward fills `prox` (`Actor._recompute_is_redundant`)
+    engine_as_old: bool  # π_old is the engine's record, not the recomputation
+
+
+@dataclass
+class _UpdateResult:
+    """What the optimizer steps of one train step report."""
+
+    collector: InspectionCollector | None
+    loss_stats: list[dict[str, float]] = field(default_factory=list)  # one per micro-batch
+    minibatch_losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    trained_positions: int = 0  # positions the training forward computed (padded rows: with the padding)
 
 
 class Actor:
@@ -59,6 +102,7 @@ class Actor:
         ref_model: torch.nn.Module | None = None,
         version: int = 0,
         parallel: DataParallel | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.parallel = parallel  # None: one process trains on the whole batch
@@ -67,16 +111,28 @@ class Actor:
         self.version = version
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
+        # Mixed precision (`precision.py`): the forward and backward compute in `compute_dtype`
+        # (default: the dtype the model came in), the trainable weights and AdamW's state stay
+        # float32, and the engine gets the weights in the compute dtype at each push.
+        self.compute_dtype = compute_dtype or floating_dtype(model)
+        to_master_weights(model)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
         self.sharded = parallel is not None and self.cfg.parallel == "fsdp"
-        if ref_model is not None:
-            ref_model.eval().requires_grad_(False)
-        if self.sharded:
-            fully_shard_model(model)
+        if ref_model is not None:  # no gradients, no optimizer: it may as well be in the compute dtype
+            ref_model.to(self.compute_dtype).eval().requires_grad_(False)
+        if self.sharded:  # (FSDP gathers the weights in the compute dtype: no autocast then)
+            fully_shard_model(model, compute_dtype=self.compute_dtype)
             if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
-                fully_shard_model(ref_model, frozen=True)
+                fully_shard_model(ref_model, frozen=True, compute_dtype=self.compute_dtype)
+        # float16's narrow range underflows small gradients: the loss is scaled up for the
+        # backward and the gradients down before clipping (steps with inf/NaN are skipped)
+        self.grad_scaler = None
+        if self.compute_dtype == torch.float16 and not self.sharded:
+            self.grad_scaler = torch.amp.GradScaler(self.device.type)
+        if self.cfg.gradient_checkpointing:
+            checkpoint_layers(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -85,6 +141,10 @@ class Actor:
             eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
         )
+        if self.device.type == "cuda":  # refuse a config that cannot fit before the first step, not in it
+            free, _ = torch.cuda.mem_get_info(self.device)
+            check_train_memory(model, self.cfg, self.compute_dtype, free,
+                               shards=parallel.world_size if self.sharded and parallel is not None else 1)
 
     @property
     def device(self) -> torch.device:
@@ -110,15 +170,40 @@ class Actor:
         (a `LossInspection`). Returns the step's stats; afterwards `self.version` is one higher.
         """
         start = time.perf_counter()
-        cfg = self.cfg
+        step = self._prepare(batch, group_ids)
+        lr = self._set_learning_rate()
+        policies = self._policies_before_update(step)
+        adv, kl_stats = self._advantages(step, policies.old, credit)
+        update = self._update(step, adv["advantages"], policies, InspectionCollector(step.input_ids.shape)
+                              if inspect else None)
+        out = self._step_stats(step, adv, update, policies, kl_stats, lr, time.perf_counter() - start)
+        if update.collector is not None:
+            self.last_inspection = self._inspection(update.collector, step.batch, step.mask, policies.old,
+                                                    policies.prox, out)
+        self.version += 1
+        self.steps_done += 1
+        return out
+
+    # ------------------------------------------------------- the step's phases
+    def _prepare(self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None) -> _StepBatch:
+        """The validated batch on the model's device, its loss mask and its packing groups."""
         batch = _validated(batch, self.device)
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
-        mask = batch["loss_mask"].bool() & attention
-        engine_logprobs = batch["logprobs"].float()
         n_rows = input_ids.shape[0]
-        if n_rows < cfg.ppo_n_minibatches:
-            raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={cfg.ppo_n_minibatches}")
+        if n_rows < self.cfg.ppo_n_minibatches:
+            raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={self.cfg.ppo_n_minibatches}")
+        if group_ids is None:
+            group_ids = batch.get("group_ids")
+        pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
+        return _StepBatch(
+            batch=batch, input_ids=input_ids, attention=attention, mask=batch["loss_mask"].bool() & attention,
+            engine_logprobs=batch["logprobs"].float(), group_ids=group_ids, pack_ids=pack_ids,
+            lengths=attention.sum(1),
+        )
 
+    def _set_learning_rate(self) -> float:
+        """This step's scheduled learning rate, set on the optimizer."""
+        cfg = self.cfg
         lr = cfg.lr_at(self.steps_done)
         if lr == 0.0 and self.steps_done == cfg.lr_decay_steps:  # warn once, on the first idle step
             logger.warning(
@@ -128,139 +213,160 @@ class Actor:
             )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        return lr
 
-        if group_ids is None:
-            group_ids = batch.get("group_ids")
-        pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
-        lengths = attention.sum(1)
-        parallel = self.parallel
-
-        def own(rows: Tensor) -> list[Tensor]:
-            """The micro-batches of `rows` this process computes (all rows without data
-            parallelism); through the sharded model, as many as every other rank (some empty)."""
-            if parallel is None:
-                return list(rows.split(cfg.micro_batch_size or max(len(rows), 1))) if len(rows) else []
-            same_count = self.sharded  # (the policy and the reference alike)
-            return parallel.micro_batches(rows, lengths, cfg.micro_batch_size, same_count=same_count,
-                                          pack_ids=pack_ids if same_count and cfg.pack else None)
-
-        prox_logprobs = None
-        recompute_skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
-        if recompute_skipped:
+    def _policies_before_update(self, step: _StepBatch) -> _Policies:
+        """π_prox (recomputed now, or left to the training forward) and the π_old of the ratio."""
+        cfg = self.cfg
+        prox = None
+        skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
+        if skipped:
             # filled micro-batch by micro-batch from the training forward (pre-update weights)
-            prox_logprobs = torch.zeros_like(engine_logprobs)
+            prox = torch.zeros_like(step.engine_logprobs)
         elif cfg.computes_prox_logprobs:
-            prox_logprobs = self._logprobs_no_grad(self.model, input_ids, attention, pack_ids, own, mask)
+            prox = self._logprobs_no_grad(self.model, step)
         # π_old in the clipped ratio: the engine's record in decoupled mode or without
         # recomputation; otherwise the recomputed values (identical on-policy, but exact).
-        use_engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
-        # (skipped recomputation without the decoupled loss: only the loss below reads π_old, and
-        # takes it from the forward; kl_ctl is 0 there, so the advantages do not read it)
-        old_logprobs = engine_logprobs if use_engine_as_old or recompute_skipped else prox_logprobs
+        engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
+        # (skipped recomputation without the decoupled loss: only the loss reads π_old, and takes
+        # it from the forward; kl_ctl is 0 there, so the advantages do not read it)
+        old = step.engine_logprobs if engine_as_old or skipped else prox
+        return _Policies(old=old, prox=prox, recompute_skipped=skipped, engine_as_old=engine_as_old)
 
-        adv_inputs = dict(batch, old_logprobs=old_logprobs)
-        if cfg.kl_ctl > 0 and "ref_logprobs" not in batch:
+    def _advantages(self, step: _StepBatch, old_logprobs: Tensor,
+                    credit: CreditMode | None) -> tuple[dict[str, Tensor], dict[str, float]]:
+        """Per-token advantages (with the KL penalty's reference log-probs when `kl_ctl > 0`)."""
+        cfg = self.cfg
+        adv_inputs = dict(step.batch, old_logprobs=old_logprobs)
+        if cfg.kl_ctl > 0 and "ref_logprobs" not in step.batch:
             if self.ref_model is None:
                 raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
-            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(
-                self.ref_model, input_ids, attention, pack_ids, own, mask)
-        adv = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)
+            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, step)
+        adv = compute_advantages(adv_inputs, cfg, step.group_ids, credit=credit)
         kl_stats = {}
-        if "ref_logprobs" in adv_inputs and bool(mask.any()):
+        if "ref_logprobs" in adv_inputs and bool(step.mask.any()):
             # the KL estimate the penalty used, per generated token, before the kl_ctl factor
             kl = kl_estimate(old_logprobs, adv_inputs["ref_logprobs"], cfg.kl_estimator)
-            kl_stats["kl_ref"] = float(kl[mask].mean())
-        advantages = adv["advantages"]
+            kl_stats["kl_ref"] = float(kl[step.mask].mean())
+        return adv, kl_stats
 
-        loss_stats: list[dict[str, float]] = []
-        trained_positions = 0  # positions the training forward computed (padded rows: with the padding)
-        minibatch_losses, grad_norms = [], []
-        collector = InspectionCollector(input_ids.shape) if inspect else None
-        minibatches = torch.arange(n_rows, device=input_ids.device).tensor_split(cfg.ppo_n_minibatches)
+    def _update(self, step: _StepBatch, advantages: Tensor, policies: _Policies,
+                collector: InspectionCollector | None) -> _UpdateResult:
+        """`ppo_n_minibatches` optimizer steps, each on the gradients summed over its micro-batches."""
+        result = _UpdateResult(collector=collector)
+        minibatches = torch.arange(step.n_rows, device=step.input_ids.device).tensor_split(self.cfg.ppo_n_minibatches)
         for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            # Every micro-batch divides by the minibatch's divisor (token_mean: its token count),
-            # so summed gradients are exactly those of the whole minibatch's loss. Data-parallel,
-            # the divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks.
-            # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
-            normalizer = loss_normalizer(mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
-            minibatch_loss = 0.0
-            for micro in own(rows):
-                if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
-                    self._empty_pass(self.model, input_ids, backward=True)
-                    continue
-                width = int(attention[micro].sum(1).max())  # right padding: drop all-pad columns
-                cols = slice(0, width)
-                # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows. They
-                # are read only on the loss mask (loss, advantages, KL, stats and inspection are
-                # masked), so the packed forward runs the LM head there only (here and above).
-                logprobs, entropy, positions = self._row_logprobs(
-                    self.model, input_ids[micro, cols], attention[micro, cols],
-                    None if pack_ids is None else pack_ids[micro], mask[micro, cols],
-                )
-                trained_positions += positions
-                micro_old = old_logprobs[micro, cols]
-                if recompute_skipped:
-                    assert prox_logprobs is not None
-                    prox_logprobs[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
-                    if not use_engine_as_old:
-                        micro_old = prox_logprobs[micro, cols]
-                # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
-                # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
-                terms, _ = variant_loss_terms(
-                    cfg, logprobs, micro_old, advantages[micro, cols], mask[micro, cols],
-                    None if prox_logprobs is None else prox_logprobs[micro, cols], engine_logprobs[micro, cols],
-                    entropy, normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
-                )
-                loss, stats = terms.loss, terms.stats
-                if collector is not None:
-                    collector.add(micro, width, minibatch, logprobs, terms)
-                loss.backward()
-                minibatch_loss += float(loss.detach())
-                loss_stats.append(stats)
-            if parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
-                parallel.all_reduce_grads(self.params)
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
-            grad_norms.append(float(full_state_dict(norm)))
-            self.optimizer.step()
-            minibatch_losses.append(minibatch_loss)
+            result.minibatch_losses.append(self._accumulate_gradients(step, rows, minibatch, advantages, policies,
+                                                                      result))
+            result.grad_norms.append(self._clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)
-        if parallel is not None:  # every rank reports the whole batch's figures
-            loss_stats, minibatch_losses, trained_positions = _gather_step(
-                parallel, loss_stats, minibatch_losses, trained_positions, collector)
-            if recompute_skipped:
-                assert prox_logprobs is not None
-                parallel.sum_(prox_logprobs)  # each rank filled its own rows
+        if self.parallel is not None:  # every rank reports the whole batch's figures
+            result.loss_stats, result.minibatch_losses, result.trained_positions = _gather_step(
+                self.parallel, result.loss_stats, result.minibatch_losses, result.trained_positions, collector)
+            if policies.recompute_skipped:
+                assert policies.prox is not None
+                self.parallel.sum_(policies.prox)  # each rank filled its own rows
+        return result
 
-        elapsed = time.perf_counter() - start
+    def _accumulate_gradients(self, step: _StepBatch, rows: Tensor, minibatch: int, advantages: Tensor,
+                              policies: _Policies, result: _UpdateResult) -> float:
+        """Forward and backward of this process's micro-batches of `rows`; returns their loss.
+
+        Every micro-batch divides by the minibatch's divisor (token_mean: its token count), so
+        summed gradients are exactly those of the whole minibatch's loss. Data-parallel, the
+        divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks."""
+        cfg = self.cfg
+        # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
+        normalizer = loss_normalizer(step.mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
+        minibatch_loss = 0.0
+        for micro in self._micro_batches(rows, step):
+            if not len(micro):  # FSDP: a pass of zero loss, so this rank joins the others' collectives
+                self._empty_pass(self.model, step.input_ids, backward=True)
+                continue
+            cols = slice(0, int(step.attention[micro].sum(1).max()))  # right padding: drop all-pad columns
+            # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows. They are
+            # read only on the loss mask (loss, advantages, KL, stats and inspection are masked),
+            # so the packed forward runs the LM head there only.
+            logprobs, entropy, positions = self._row_logprobs(
+                self.model, step.input_ids[micro, cols], step.attention[micro, cols],
+                None if step.pack_ids is None else step.pack_ids[micro], step.mask[micro, cols],
+            )
+            result.trained_positions += positions
+            old = policies.old[micro, cols]
+            if policies.recompute_skipped:
+                assert policies.prox is not None
+                policies.prox[micro, cols] = logprobs.detach()  # = what the no-grad pass returns
+                if not policies.engine_as_old:
+                    old = policies.prox[micro, cols]
+            # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
+            # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
+            terms, _ = variant_loss_terms(
+                cfg, logprobs, old, advantages[micro, cols], step.mask[micro, cols],
+                None if policies.prox is None else policies.prox[micro, cols], step.engine_logprobs[micro, cols],
+                entropy, normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
+            )
+            if result.collector is not None:
+                result.collector.add(micro, cols.stop, minibatch, logprobs, terms)
+            (terms.loss if self.grad_scaler is None else self.grad_scaler.scale(terms.loss)).backward()
+            minibatch_loss += float(terms.loss.detach())
+            result.loss_stats.append(terms.stats)
+        return minibatch_loss
+
+    def _clip_and_step(self) -> float:
+        """Sum the ranks' gradients (DDP), clip them, take one optimizer step; the gradient norm."""
+        if self.parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
+            self.parallel.all_reduce_grads(self.params)
+        if self.grad_scaler is not None:
+            self.grad_scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
+        if self.grad_scaler is None:
+            self.optimizer.step()
+        else:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        return float(full_state_dict(norm))
+
+    def _step_stats(self, step: _StepBatch, adv: dict[str, Tensor], update: _UpdateResult, policies: _Policies,
+                    kl_stats: dict[str, float], lr: float, elapsed: float) -> dict[str, float]:
+        cfg = self.cfg
+        mask = step.mask
         out = {
-            "loss": sum(minibatch_losses) / len(minibatch_losses),
-            "grad_norm": sum(grad_norms) / len(grad_norms),
-            **_reward_and_advantage_stats(batch["rewards"], adv["scores"], advantages, mask),
-            **_aggregate(loss_stats),
-            **self._staleness(batch.get("versions"), mask),
+            "loss": sum(update.minibatch_losses) / len(update.minibatch_losses),
+            "grad_norm": sum(update.grad_norms) / len(update.grad_norms),
+            **_reward_and_advantage_stats(step.batch["rewards"], adv["scores"], adv["advantages"], mask),
+            **_aggregate(update.loss_stats),
+            **self._staleness(step.batch.get("versions"), mask),
             **kl_stats,
             "n_tokens": float(mask.sum()),
-            "n_rows": float(n_rows),
+            "n_rows": float(step.n_rows),
             "train_seconds": elapsed,
             # all non-padding tokens of the rows are trained on, prompt included
-            "train_tokens_per_s": float(attention.sum()) / elapsed if elapsed > 0 else 0.0,
-            "train_positions": float(trained_positions),  # < row tokens when prefixes are shared
-            "recompute_skipped": float(recompute_skipped),
+            "train_tokens_per_s": float(step.attention.sum()) / elapsed if elapsed > 0 else 0.0,
+            "train_positions": float(update.trained_positions),  # < row tokens when prefixes are shared
+            "recompute_skipped": float(policies.recompute_skipped),
         }
-        if prox_logprobs is not None and bool(mask.any()):
-            diff = (prox_logprobs - engine_logprobs).abs()[mask]
+        if policies.prox is not None and bool(mask.any()):
+            diff = (policies.prox - step.engine_logprobs).abs()[mask]
             out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
             out["logprob_abs_diff_max"] = float(diff.max())
-            out.update(mismatch_report(cfg, prox_logprobs, engine_logprobs, mask))  # algorithm hook
+            out.update(mismatch_report(cfg, policies.prox, step.engine_logprobs, mask))  # algorithm hook
         out["version"] = float(self.version)
         out["lr"] = lr
-        if collector is not None:
-            self.last_inspection = self._inspection(collector, batch, mask, old_logprobs, prox_logprobs, out)
-        self.version += 1
-        self.steps_done += 1
         return out
+
+    # ------------------------------------------------------------ helpers
+    def _micro_batches(self, rows: Tensor, step: _StepBatch) -> list[Tensor]:
+        """The micro-batches of `rows` this process computes (all rows without data parallelism);
+        through the sharded model, as many as every other rank (some empty)."""
+        cfg = self.cfg
+        if self.parallel is None:
+            return split_micro_batches(rows, step.lengths, cfg.micro_batch_size, cfg.max_tokens_per_microbatch)
+        same_count = self.sharded  # (the policy and the reference alike)
+        return self.parallel.micro_batches(rows, step.lengths, cfg.micro_batch_size, same_count=same_count,
+                                           pack_ids=step.pack_ids if same_count and cfg.pack else None,
+                                           max_tokens=cfg.max_tokens_per_microbatch)
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
@@ -277,6 +383,14 @@ class Actor:
         self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
         needed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, int]:
+        """`_forward_logprobs` in the compute dtype (autocast; under FSDP its policy casts)."""
+        with autocast(self.device, None if self.sharded else self.compute_dtype):
+            return self._forward_logprobs(model, input_ids, attention, pack_ids, needed)
+
+    def _forward_logprobs(
+        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
+        needed: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, int]:
         """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
         id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
         `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0."""
@@ -285,10 +399,11 @@ class Actor:
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
             logprobs, entropy = packed_token_logprobs_and_entropy(
                 model, packed, self.cfg.temperature, positions=needed,
-                last_layer_at_heads=self.cfg.last_layer_at_heads)
+                last_layer_at_heads=self.cfg.last_layer_at_heads, chunk=self.cfg.logprob_chunk_size)
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
-        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature)
+        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature,
+                                                               chunk=self.cfg.logprob_chunk_size)
         return logprobs, entropy, input_ids.numel()
 
     def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,
@@ -306,22 +421,20 @@ class Actor:
         )
 
     @torch.no_grad()
-    def _logprobs_no_grad(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None, own: Any,
-        needed: Tensor | None = None,
-    ) -> Tensor:
-        """Log-probs of every row (with `needed`: at least there); data-parallel, each rank
-        computes its micro-batches `own(rows)` and the ranks sum their (otherwise zero) rows."""
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    def _logprobs_no_grad(self, model: torch.nn.Module, step: _StepBatch) -> Tensor:
+        """Log-probs of every row (at least on the loss mask); data-parallel, each rank computes
+        its micro-batches and the ranks sum their (otherwise zero) rows."""
+        input_ids, attention, pack_ids = step.input_ids, step.attention, step.pack_ids
+        rows = torch.arange(step.n_rows, device=input_ids.device)
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        for micro in own(rows):
+        for micro in self._micro_batches(rows, step):
             if not len(micro):
                 self._empty_pass(model, input_ids, backward=False)
                 continue
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
                 model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro],
-                None if needed is None else needed[micro, :width],
+                step.mask[micro, :width],
             )[0]
         if self.parallel is not None:
             self.parallel.sum_(out)
@@ -330,7 +443,8 @@ class Actor:
     def _empty_pass(self, model: torch.nn.Module, input_ids: Tensor, backward: bool) -> None:
         """A forward (and backward) of one token with zero loss: under FSDP every rank must run
         the same number of passes (each gathers and reduce-scatters with the others)."""
-        logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
+        with autocast(self.device, None if self.sharded else self.compute_dtype):
+            logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -346,13 +460,14 @@ class Actor:
 
     # ---------------------------------------------------------------- weights
     def push_weights(self, engine: InferenceEngine, version: int | None = None) -> int:
-        """Send the current weights to the engine; tokens sampled afterwards carry `version`.
+        """Send the current weights, in the compute dtype the engine serves, to the engine;
+        tokens sampled afterwards carry `version`.
 
         The engine must copy the tensors (they are the live parameters, which the next step
         changes in place).
         """
         version = self.version if version is None else version
-        weights = self.weights()
+        weights = serving_weights(self.weights(), self.compute_dtype)
         if engine is not None:
             engine.update_weights(weights, version=version)
         return version

@@ -47,6 +47,16 @@ class GRPOConfig:
     c_clip: float | None = None  # dual clip for negative advantages; must be > 1
     ppo_n_minibatches: int = 1  # optimizer steps per train_step
     micro_batch_size: int | None = None  # rows per forward/backward; None: whole minibatch
+    # Tokens per forward/backward (the rows' tokens, prompt included): consecutive rows of a
+    # minibatch join a micro-batch while their tokens stay within it (a longer row runs alone).
+    # Bounds activation memory whatever the rows' lengths. None: no token limit.
+    max_tokens_per_microbatch: int | None = None
+    # Recompute each decoder layer's activations in the backward instead of keeping them
+    # (torch.utils.checkpoint per layer): activation memory ~1/layers for ~1/3 more compute.
+    gradient_checkpointing: bool = False
+    # The LM head and log-softmax run this many tokens at a time, forward and backward
+    # (`lm_head.py`): no float32 [tokens, vocab] tensor larger than one chunk. 0: all at once.
+    logprob_chunk_size: int = 1024
     # rewards and advantages
     reward_scaling: float = 1.0
     reward_bias: float = 0.0
@@ -112,6 +122,11 @@ class GRPOConfig:
                 self.micro_batch_size is None or self.micro_batch_size >= 1,
                 f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
             ),
+            (
+                self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch >= 1,
+                f"max_tokens_per_microbatch must be >= 1 or None, got {self.max_tokens_per_microbatch}",
+            ),
+            (self.logprob_chunk_size >= 0, f"logprob_chunk_size must be >= 0, got {self.logprob_chunk_size}"),
             (self.reward_clip > 0, f"reward_clip must be > 0, got {self.reward_clip}"),
             (
                 self.reward_norm in (None, "group", "batch"),

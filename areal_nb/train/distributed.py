@@ -39,6 +39,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .microbatch import split_micro_batches
+
 logger = logging.getLogger(__name__)
 
 # How long a rank waits in one collective. Ranks ≠ 0 wait while rank 0 rolls out and evaluates,
@@ -106,13 +108,14 @@ class DataParallel:
         return shard_rows(rows, lengths, self.rank, self.world_size)
 
     def micro_batches(self, rows: Tensor, lengths: Tensor, size: int | None, same_count: bool = False,
-                      pack_ids: Tensor | None = None) -> list[Tensor]:
-        """This rank's share of `rows` in micro-batches of `size` rows (None: one). `same_count`
+                      pack_ids: Tensor | None = None, max_tokens: int | None = None) -> list[Tensor]:
+        """This rank's share of `rows` in micro-batches of at most `size` rows (None: any) and
+        `max_tokens` tokens (None: any; `microbatch.py`). `same_count`
         (FSDP): padded with empty micro-batches to the most any rank has; every rank computes
         every share (`shard_rows` is deterministic), so no communication is needed. `pack_ids`:
         micro-batches split further to one pack id each (packed: one trie, one forward each)."""
         def split(share: Tensor) -> list[Tensor]:
-            micros = list(share.split(size or max(len(share), 1))) if len(share) else []
+            micros = split_micro_batches(share, lengths, size, max_tokens)
             if pack_ids is not None:
                 micros = [m[pack_ids[m] == g] for m in micros for g in pack_ids[m].unique()]
             return micros
@@ -145,7 +148,7 @@ class DataParallel:
             offset += n
 
 
-def fully_shard_model(model: torch.nn.Module, frozen: bool = False) -> None:
+def fully_shard_model(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype | None = None) -> None:
     """FSDP2 on a Hugging Face decoder: each layer of `model.model.layers`, then the root
     (embeddings, final norm, head). Gradients are summed, not averaged, over the ranks: the loss
     is already divided by the global token count (as for DDP above).
@@ -153,15 +156,21 @@ def fully_shard_model(model: torch.nn.Module, frozen: bool = False) -> None:
     `frozen`: a model that only runs no-grad forwards (the KL reference). Every unit, the root
     included, then frees its gathered weights right after its forward: by default FSDP keeps the
     root's gathered for the backward that reshards it, which never comes, so each rank would hold
-    the embedding and head whole from the first forward on."""
-    from torch.distributed.fsdp import fully_shard
+    the embedding and head whole from the first forward on.
+
+    `compute_dtype` other than float32: mixed precision (`precision.py`): each unit gathers its
+    float32 weights cast to it, and gradients are reduce-scattered in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none")
     units = [*layers, model]  # inner units first: the root's unit holds what is left
+    mixed = compute_dtype is not None and compute_dtype != torch.float32 and not frozen
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if mixed \
+        else MixedPrecisionPolicy()
     for unit in units:
-        fully_shard(unit, reshard_after_forward=True if frozen else None)  # (None: FSDP's default)
+        fully_shard(unit, reshard_after_forward=True if frozen else None, mp_policy=policy)  # (None: FSDP's default)
     if frozen:  # no gradients to reduce
         return
     for unit in units:  # a plain SUM (gloo has no pre-multiplied sum)

@@ -30,7 +30,7 @@ HEAD_FORWARD_MODEL_TYPES = ("qwen2", "llama")
 def supports_head_forward(model: torch.nn.Module) -> bool:
     """Whether `head_logits` knows `model`'s decoder layout. Not under FSDP: the sharded root
     gathers its own parameters (embedding, final norm, LM head) in its forward, which this skips."""
-    if _is_fsdp(model):
+    if is_fsdp(model):
         return False
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
@@ -43,7 +43,7 @@ def supports_head_forward(model: torch.nn.Module) -> bool:
         hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
+def is_fsdp(model: torch.nn.Module) -> bool:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # a torch without FSDP2 cannot have sharded it
@@ -56,6 +56,12 @@ def head_logits(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, pl
     """Logits `[len(heads), V]` at nodes `heads` of the flat trie `tokens` / `position_ids` `[T]`:
     every layer but the last over all nodes with `plan`, the last one's queries at the heads only
     (`head_plan`: `plan_tree_attention(..., queries=heads)`). Run inside `tree_attention(model)`."""
+    return model.lm_head(head_hidden(model, tokens, position_ids, plan, heads, head_plan))
+
+
+def head_hidden(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, plan: TreePlan, heads: Tensor,
+                head_plan: TreePlan) -> Tensor:
+    """The final (normed) hidden states `[len(heads), D]` that `head_logits` projects."""
     inner = model.model
     hidden = inner.embed_tokens(tokens[None])  # [1, T, D]
     positions = position_ids[None]
@@ -65,7 +71,7 @@ def head_logits(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, pl
         hidden = layer(hidden, attention_mask=plan, position_ids=positions, position_embeddings=cos_sin,
                        use_cache=False)
     hidden = _last_layer_at(last, hidden, cos_sin, heads, head_plan)  # [1, Q, D]
-    return model.lm_head(inner.norm(hidden))[0]
+    return inner.norm(hidden)[0]
 
 
 def _last_layer_at(layer: torch.nn.Module, hidden: Tensor, cos_sin: tuple[Tensor, Tensor], heads: Tensor,

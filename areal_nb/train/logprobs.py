@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .lm_head import chunked_token_logprobs, split_head
+
 
 def logits_to_token_logprobs(
     logits: Tensor, input_ids: Tensor, temperature: float = 1.0, with_entropy: bool = False
@@ -45,10 +47,34 @@ def compute_token_logprobs(
 
 
 def compute_token_logprobs_and_entropy(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, temperature: float = 1.0
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, temperature: float = 1.0,
+    chunk: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Like `compute_token_logprobs`, plus the entropy of the predictive distribution at each token."""
+    """Like `compute_token_logprobs`, plus the entropy of the predictive distribution at each token.
+
+    `chunk` > 0: the LM head and log-softmax run that many tokens at a time (`lm_head.py`)."""
+    if chunk:
+        return _chunked(model, input_ids, attention_mask, temperature, chunk)
     logits = _forward_logits(model, input_ids, attention_mask)
     logprobs, entropy = logits_to_token_logprobs(logits, input_ids, temperature, with_entropy=True)
     assert entropy is not None
     return logprobs, entropy
+
+
+def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, temperature: float,
+             chunk: int) -> tuple[Tensor, Tensor]:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    head = split_head(model)
+    if attention_mask is not None:
+        attention_mask = attention_mask.long()
+    out = (head.decoder if head else model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    x = out.last_hidden_state if head else out.logits  # [B, L, D | V]
+    rows, length = input_ids.shape
+    logprobs, entropy = chunked_token_logprobs(
+        x[:, :-1].reshape(rows * (length - 1), x.shape[-1]), input_ids[:, 1:].reshape(-1), temperature, chunk,
+        project=head.project if head else None)
+    assert entropy is not None
+    zeros = logprobs.new_zeros(rows, 1)
+    return (torch.cat([zeros, logprobs.view(rows, length - 1)], dim=1),
+            torch.cat([zeros, entropy.view(rows, length - 1)], dim=1))

@@ -15,7 +15,8 @@ sums each key's gradient over the chunks that read it).
 It plugs into Hugging Face models through their attention interface (`AttentionInterface`, the
 documented extension point): `tree_attention(model)` switches the model to `ATTENTION_NAME` for a
 forward that passes a `TreePlan` as the attention mask (`{"full_attention": plan}`: models take a
-prepared mask mapping as is). Backward needs no switch (autograd kept the functions).
+prepared mask mapping as is) and as the `tree_plan` keyword, which the model hands down to its
+attention (a model that builds its own mask from the mapping, such as Llama's, passes None as the mask). Backward needs no switch (autograd kept the functions).
 """
 
 from __future__ import annotations
@@ -147,10 +148,14 @@ def tree_attention_forward(
     """`AttentionInterface` function: query `[1, H, T, D]`, key/value `[1, Hkv, T, D]` of the flat
     trie, `attention_mask` its `TreePlan`; returns `[1, T, H, D]` like the sdpa function. (A plan
     made with `queries`: query `[1, H, Q, D]` of those nodes, output `[1, Q, H, D]`.)"""
+    if not isinstance(attention_mask, TreePlan):  # a model that builds its own mask (Llama) passes None
+        attention_mask = kwargs.get("tree_plan")  # type: ignore[assignment]
     if not isinstance(attention_mask, TreePlan):
         raise TypeError(f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}")
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"{ATTENTION_NAME} attention has no sliding window")
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"{ATTENTION_NAME} attention has no soft-capping")
     if dropout:
         raise ValueError(f"{ATTENTION_NAME} attention has no dropout (the actor trains in eval mode)")
     plan = attention_mask
@@ -175,13 +180,15 @@ def tree_attention_forward(
 
 def supports_tree_attention(model: torch.nn.Module) -> bool:
     """Whether `model` routes attention through the Hugging Face attention interface (its
-    implementation can be switched) with full attention in every layer (no sliding window)."""
+    implementation can be switched) with full attention in every layer (no sliding window) and
+    no soft-capping of the attention scores (Gemma 2). Others run the dense layout."""
     can_set = getattr(model, "_can_set_attn_implementation", None)
     config = getattr(model, "config", None)
     if can_set is None or config is None or not can_set():
         return False
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return all(t == "full_attention" for t in layer_types) and not getattr(config, "sliding_window", None)
+    return (all(t == "full_attention" for t in layer_types) and not getattr(config, "sliding_window", None)
+            and not getattr(config, "attn_logit_softcapping", None))
 
 
 @contextlib.contextmanager
