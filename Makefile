@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast docs bench gpu-wheels clean
+.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast lint fix-lint docs bench gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,8 +29,22 @@ demo-tools: install
 # the import-linter layer contracts (tests/test_layers.py), the docs build in strict mode
 # (tests/test_docs.py) and the checks against SGLang's own code (sglang-wheel below). -rs prints
 # why a test skipped.
-test: install slurm-packages sglang-wheel
+test: install lint slurm-packages sglang-wheel
 	$(BIN)/python -m pytest -x -q -rs tests
+
+# The habits, before any test runs: lint rules and formatting (ruff; rules in pyproject.toml), the type
+# checker over the public API ([tool.mypy] files) and the layer contracts (import-linter).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# What `make lint` asks for, done: formats everything and applies ruff's safe fixes; what is left
+# `ruff check` prints, to fix by hand.
+fix-lint: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 # tests/engine/test_sglang_source.py checks our launch commands and /generate payloads with SGLang's
 # own code: `pip download --no-deps` of the version the `sglang` extra pins, unpacked into

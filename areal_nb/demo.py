@@ -15,9 +15,14 @@ from pathlib import Path
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
 
 
-def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Path,
-               agent: tuple[float, float, int] | None = None,
-               title: str = "areal_nb demo: multi-turn math GRPO on tiny-math") -> None:
+def plot_curve(
+    history,
+    accuracy_before: float,
+    accuracy_after: float,
+    path: Path,
+    agent: tuple[float, float, int] | None = None,
+    title: str = "areal_nb demo: multi-turn math GRPO on tiny-math",
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,14 +33,28 @@ def plot_curve(history, accuracy_before: float, accuracy_after: float, path: Pat
     window = min(5, len(history))
     if window > 1:
         ax.plot(history["step"], history["reward_mean"].rolling(window).mean(), label=f"{window}-step mean")
-    ax.axhline(accuracy_before, color="grey", ls=":", label=f"held-out accuracy before ({accuracy_before:.2f})")
-    ax.axhline(accuracy_after, color="green", ls="--", label=f"held-out accuracy after ({accuracy_after:.2f})")
+    ax.axhline(
+        accuracy_before, color="grey", ls=":", label=f"held-out accuracy before ({accuracy_before:.2f})"
+    )
+    ax.axhline(
+        accuracy_after, color="green", ls="--", label=f"held-out accuracy after ({accuracy_after:.2f})"
+    )
     if agent is not None:
         agent_before, agent_after, turns = agent
-        ax.axhline(agent_before, color="grey", ls="-.", lw=0.8,
-                   label=f"within {turns} turns, before ({agent_before:.2f})")
-        ax.axhline(agent_after, color="purple", ls="-.", lw=0.8,
-                   label=f"within {turns} turns, after ({agent_after:.2f})")
+        ax.axhline(
+            agent_before,
+            color="grey",
+            ls="-.",
+            lw=0.8,
+            label=f"within {turns} turns, before ({agent_before:.2f})",
+        )
+        ax.axhline(
+            agent_after,
+            color="purple",
+            ls="-.",
+            lw=0.8,
+            label=f"within {turns} turns, after ({agent_after:.2f})",
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title(title)
@@ -65,18 +84,27 @@ def main(argv: list[str] | None = None) -> int:
         # One greedy run of the agent gives both figures: its first reply, and its own turns.
         first = session.evaluate()
         before, agent_before = first.accuracy, first.agent_accuracy
-        print(f"held-out greedy accuracy before training: {before:.3f} first reply, {agent_before:.3f} within "
-              f"{turns} turns ({first.n} problems)")
+        print(
+            f"held-out greedy accuracy before training: {before:.3f} first reply, {agent_before:.3f} within "
+            f"{turns} turns ({first.n} problems)"
+        )
         history = session.run(cfg.total_steps)
         last = session.evaluate()
         after, agent_after = last.accuracy, last.agent_accuracy
-        print(f"held-out greedy accuracy after training:  {after:.3f} first reply, {agent_after:.3f} within "
-              f"{turns} turns")
+        print(
+            f"held-out greedy accuracy after training:  {after:.3f} first reply, {agent_after:.3f} within "
+            f"{turns} turns"
+        )
         batch = session.last_batch
         if batch is not None:
             print("\nlast batch, a few calls:")
-            print(batch.interactions_df[["episode", "turn", "prompt_preview", "reply_preview", "reward",
-                                         "reward_discounted"]].head(8).to_string(index=False))
+            print(
+                batch.interactions_df[
+                    ["episode", "turn", "prompt_preview", "reply_preview", "reward", "reward_discounted"]
+                ]
+                .head(8)
+                .to_string(index=False)
+            )
     wall = time.perf_counter() - t0
     rewards = [float(r) for r in history["reward_mean"]]
     k = min(5, len(rewards))
@@ -100,12 +128,22 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curve(history, before, after, out / "reward_curve.png", agent=(agent_before, agent_after, turns),
-               title=f"areal_nb demo: {cfg.experiment_name} GRPO on {cfg.model.path}")
-    print(f"\nreward first 5 steps {summary['reward_first5']:.3f} -> last 5 steps {summary['reward_last5']:.3f}")
-    print(f"accuracy {before:.3f} -> {after:.3f} (first reply), {agent_before:.3f} -> {agent_after:.3f} "
-          f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "
-          f"{out / 'reward_curve.png'}")
+    plot_curve(
+        history,
+        before,
+        after,
+        out / "reward_curve.png",
+        agent=(agent_before, agent_after, turns),
+        title=f"areal_nb demo: {cfg.experiment_name} GRPO on {cfg.model.path}",
+    )
+    print(
+        f"\nreward first 5 steps {summary['reward_first5']:.3f} -> last 5 steps {summary['reward_last5']:.3f}"
+    )
+    print(
+        f"accuracy {before:.3f} -> {after:.3f} (first reply), {agent_before:.3f} -> {agent_after:.3f} "
+        f"(within {turns} turns); wall {wall:.0f} s; wrote {out / 'summary.json'} and "
+        f"{out / 'reward_curve.png'}"
+    )
     return 0
 
 

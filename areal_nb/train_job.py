@@ -29,9 +29,15 @@ def main(argv: list[str] | None = None) -> int:
         if session.rank != 0:
             return 0
     history.to_csv(run_dir / "history.csv", index=False)
-    figures = {"experiment_name": cfg.experiment_name, "n": result.n, "rejected": result.rejected,
-               **result.as_dict()}
+    figures = {
+        "experiment_name": cfg.experiment_name,
+        "n": result.n,
+        "rejected": result.rejected,
+        **result.as_dict(),
+    }
     (run_dir / "final_eval.json").write_text(json.dumps(figures, indent=2))
-    print(f"done: {cfg.experiment_name}, {len(history)} steps; held-out greedy reward {result.reward_mean:.3f}, "
-          f"accuracy {result.accuracy:.3f} (first reply), {result.agent_accuracy:.3f} (agent's turns); wrote {run_dir}")
+    print(
+        f"done: {cfg.experiment_name}, {len(history)} steps; held-out greedy reward {result.reward_mean:.3f}, "
+        f"accuracy {result.accuracy:.3f} (first reply), {result.agent_accuracy:.3f} (agent's turns); wrote {run_dir}"
+    )
     return 0

@@ -38,8 +38,10 @@ def train_and_evaluate(cfg, steps: int, turns: int = 2) -> dict:
     # evaluate() runs the configured agent greedily: "within k turns" is within its own max_turns
     agent_turns = int(cfg.agent.workflow_kwargs.get("max_turns", 1))
     if agent_turns != turns:
-        raise ValueError(f"--turns {turns} differs from the agent's max_turns {agent_turns} "
-                         f"(set agent.workflow_kwargs.max_turns={turns})")
+        raise ValueError(
+            f"--turns {turns} differs from the agent's max_turns {agent_turns} "
+            f"(set agent.workflow_kwargs.max_turns={turns})"
+        )
     with Session(cfg) as session:
         first = session.evaluate()
         history = session.run(steps)
@@ -49,7 +51,9 @@ def train_and_evaluate(cfg, steps: int, turns: int = 2) -> dict:
     return {"before": before, "after": after, "reward_per_step": [float(r) for r in history["reward_mean"]]}
 
 
-def conditions(credits: list[str], discounts: list[float], leaf_every_discount: bool) -> list[tuple[str, float]]:
+def conditions(
+    credits: list[str], discounts: list[float], leaf_every_discount: bool
+) -> list[tuple[str, float]]:
     out = []
     for credit in credits:
         for i, gamma in enumerate(discounts):
@@ -76,7 +80,9 @@ def summarise(runs: list[dict]) -> list[dict]:
             row[f"{metric}_gain"] = mean_std([r["after"][metric] - r["before"][metric] for r in group])
         row["reward_first5"] = mean_std([statistics.fmean(r["reward_per_step"][:k]) for r in group])
         row["reward_last5"] = mean_std([statistics.fmean(r["reward_per_step"][-k:]) for r in group])
-        row["reward_curve_mean"] = [statistics.fmean(step) for step in zip(*(r["reward_per_step"] for r in group))]
+        row["reward_curve_mean"] = [
+            statistics.fmean(step) for step in zip(*(r["reward_per_step"] for r in group), strict=False)
+        ]
         rows.append(row)
     return rows
 
@@ -112,9 +118,21 @@ def plot_curves(runs: list[dict], rows: list[dict], path: Path) -> None:
         label = f"{row['credit']} credit, γ {row['discount']:g}"
         for r in runs:
             if (r["credit"], r["discount"]) == (row["credit"], row["discount"]):
-                ax.plot(range(1, len(r["reward_per_step"]) + 1), r["reward_per_step"], color=colour, alpha=0.25, lw=0.8)
+                ax.plot(
+                    range(1, len(r["reward_per_step"]) + 1),
+                    r["reward_per_step"],
+                    color=colour,
+                    alpha=0.25,
+                    lw=0.8,
+                )
         curve = row["reward_curve_mean"]
-        ax.plot(range(1, len(curve) + 1), curve, color=colour, lw=2, label=f"{label} (mean of {len(row['seeds'])})")
+        ax.plot(
+            range(1, len(curve) + 1),
+            curve,
+            color=colour,
+            lw=2,
+            label=f"{label} (mean of {len(row['seeds'])})",
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("mean episode return")
     ax.set_title("leaf vs turn credit: reward curves (thin: single seeds)")
@@ -125,18 +143,25 @@ def plot_curves(runs: list[dict], rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=str(ROOT / "configs" / "multi_turn_math.yaml"))
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per run (default: the config's total_steps)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps per run (default: the config's total_steps)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--credits", nargs="+", default=["leaf", "turn"], choices=["leaf", "turn"])
     parser.add_argument("--discounts", type=float, nargs="+", default=[0.9, 0.5])
     parser.add_argument("--leaf-every-discount", action="store_true", help="also run leaf credit at every γ")
-    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: the config's)")
+    parser.add_argument(
+        "--eval-size", type=int, default=None, help="held-out problems (default: the config's)"
+    )
     parser.add_argument("--turns", type=int, default=2, help="turns allowed in the within-k-turns evaluation")
     parser.add_argument("--out", default="runs/credit_experiment")
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run, e.g. rollout.batch_size=4")
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted config overrides for every run, e.g. rollout.batch_size=4"
+    )
     args = parser.parse_args()
 
     from areal_nb.config import load_config
@@ -146,9 +171,16 @@ def main() -> None:
     runs: list[dict] = []
     for credit, gamma in conditions(args.credits, args.discounts, args.leaf_every_discount):
         for seed in args.seeds:
-            overrides = [*args.overrides, f"seed={seed}", f"engine.seed={seed}", f"data.seed={seed}",
-                         f"actor.credit={credit}", f"agent.turn_discount={gamma}", "logging.eval_every=0",
-                         "logging.progress=false"]
+            overrides = [
+                *args.overrides,
+                f"seed={seed}",
+                f"engine.seed={seed}",
+                f"data.seed={seed}",
+                f"actor.credit={credit}",
+                f"agent.turn_discount={gamma}",
+                "logging.eval_every=0",
+                "logging.progress=false",
+            ]
             if args.eval_size is not None:
                 overrides.append(f"data.eval_size={args.eval_size}")
             cfg = load_config(args.config, overrides)
@@ -157,8 +189,14 @@ def main() -> None:
                 cfg = load_config(args.config, [*overrides, f"total_steps={steps}"])
             t0 = time.perf_counter()
             result = train_and_evaluate(cfg, steps, args.turns)
-            run = {"credit": credit, "discount": gamma, "seed": seed, "steps": steps,
-                   "wall_s": time.perf_counter() - t0, **result}
+            run = {
+                "credit": credit,
+                "discount": gamma,
+                "seed": seed,
+                "steps": steps,
+                "wall_s": time.perf_counter() - t0,
+                **result,
+            }
             runs.append(run)
             keys = ("credit", "discount", "seed", "before", "after", "wall_s")
             print(json.dumps({k: run[k] for k in keys}), flush=True)
@@ -166,8 +204,11 @@ def main() -> None:
 
     rows = summarise(runs)
     table = markdown_table(rows, args.turns)
-    (out / "results.json").write_text(json.dumps({"config": args.config, "overrides": args.overrides,
-                                                  "runs": runs, "conditions": rows}, indent=2))
+    (out / "results.json").write_text(
+        json.dumps(
+            {"config": args.config, "overrides": args.overrides, "runs": runs, "conditions": rows}, indent=2
+        )
+    )
     (out / "table.md").write_text(table + "\n")
     plot_curves(runs, rows, out / "reward_curves.png")
     print()

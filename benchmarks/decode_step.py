@@ -141,8 +141,15 @@ def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) 
             for lo, hi in spans:
                 index = order[lo:hi]
                 first = int(pads[index].min())
-                parts.append((index, q[index].contiguous(), k[index][:, :, first:end].contiguous(),
-                              v[index][:, :, first:end].contiguous(), _mask(pads[index], first, end, end, n_kv)))
+                parts.append(
+                    (
+                        index,
+                        q[index].contiguous(),
+                        k[index][:, :, first:end].contiguous(),
+                        v[index][:, :, first:end].contiguous(),
+                        _mask(pads[index], first, end, end, n_kv),
+                    )
+                )
             tight.append(parts)
 
         def attention():
@@ -170,8 +177,10 @@ def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) 
             fast._lm_head(x_hidden)
 
         reference = attention()
-        diffs = {name: max(float((a - b).abs().max()) for a, b in zip(fn(), reference, strict=True))
-                 for name, fn in (("sliced", sliced), ("grouped", grouped))}
+        diffs = {
+            name: max(float((a - b).abs().max()) for a, b in zip(fn(), reference, strict=True))
+            for name, fn in (("sliced", sliced), ("grouped", grouped))
+        }
         assert all(d < 1e-5 for d in diffs.values()), diffs
         ways = {"linears": linears, "attention": attention, "sliced": sliced, "grouped": grouped}
         best = dict.fromkeys(ways, float("inf"))
@@ -186,20 +195,34 @@ def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) 
     ms = {name: round(t * 1e3, 2) for name, t in best.items()}
     ms["step"] = round(sum(step_times) / steps * 1e3, 2)  # mean over the steps
     ms["grouped_step"] = round(sum(grouped_times) / steps * 1e3, 2)
-    return {"rows": rows, "columns": width, "length": end, "valid": round(valid, 3), "ms": ms,
-            "attention_share_of_step": round(ms["attention"] / ms["step"], 3),
-            "grouped_vs_attention": round(ms["grouped"] / ms["attention"], 3),
-            "sliced_vs_attention": round(ms["sliced"] / ms["attention"], 3),
-            "grouped_step_vs_step": round(ms["grouped_step"] / ms["step"], 3),
-            "max_abs_diff": {**diffs, "grouped_step_logits": logits_diff}}
+    return {
+        "rows": rows,
+        "columns": width,
+        "length": end,
+        "valid": round(valid, 3),
+        "ms": ms,
+        "attention_share_of_step": round(ms["attention"] / ms["step"], 3),
+        "grouped_vs_attention": round(ms["grouped"] / ms["attention"], 3),
+        "sliced_vs_attention": round(ms["sliced"] / ms["attention"], 3),
+        "grouped_step_vs_step": round(ms["grouped_step"] / ms["step"], 3),
+        "max_abs_diff": {**diffs, "grouped_step_logits": logits_diff},
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2-6.4m", help="a name or folder, or qwen2-6.4m (engine_throughput's)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default="qwen2-6.4m", help="a name or folder, or qwen2-6.4m (engine_throughput's)"
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 128])
-    parser.add_argument("--steps", type=int, default=40,
-                        help="decoding steps timed (both layouts) before the attention timings (40: 24 spare columns left)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=40,
+        help="decoding steps timed (both layouts) before the attention timings (40: 24 spare columns left)",
+    )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--groups", type=int, default=4, help="length groups of the `grouped` variant")
     parser.add_argument("--seed", type=int, default=0)
@@ -225,12 +248,15 @@ def main() -> None:
     for rows in args.rows:
         r = measure(model, rows, args.steps, args.repeats, args.groups, args.seed)
         ms = r["ms"]
-        print(f"rows {rows:4d}: step {ms['step']:.2f} ms, linears {ms['linears']:.2f}, attention "
-              f"{ms['attention']:.2f} ({r['attention_share_of_step']:.0%} of the step) over {r['columns']} columns, "
-              f"{r['valid']:.0%} of them valid; sliced {ms['sliced']:.2f} ({r['sliced_vs_attention']:.2f}x), "
-              f"{args.groups} length groups {ms['grouped']:.2f} ({r['grouped_vs_attention']:.2f}x); "
-              f"step over {args.groups} length-group buffers {ms['grouped_step']:.2f} ms "
-              f"({r['grouped_step_vs_step']:.3f}x the step)", flush=True)
+        print(
+            f"rows {rows:4d}: step {ms['step']:.2f} ms, linears {ms['linears']:.2f}, attention "
+            f"{ms['attention']:.2f} ({r['attention_share_of_step']:.0%} of the step) over {r['columns']} columns, "
+            f"{r['valid']:.0%} of them valid; sliced {ms['sliced']:.2f} ({r['sliced_vs_attention']:.2f}x), "
+            f"{args.groups} length groups {ms['grouped']:.2f} ({r['grouped_vs_attention']:.2f}x); "
+            f"step over {args.groups} length-group buffers {ms['grouped_step']:.2f} ms "
+            f"({r['grouped_step_vs_step']:.3f}x the step)",
+            flush=True,
+        )
         results.append(r)
     print(json.dumps({"model": args.model, "threads": 1, "results": results}))
 

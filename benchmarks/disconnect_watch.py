@@ -29,8 +29,13 @@ class InstantEngine(ServedStub):
     """Answers every request at once with 8 fixed tokens: the HTTP path alone is measured."""
 
     async def agenerate(self, req):
-        return ModelResponse(input_tokens=list(req.input_ids), output_tokens=list(range(10, 18)),
-                             output_logprobs=[-0.5] * 8, output_versions=[0] * 8, stop_reason="length")
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=list(range(10, 18)),
+            output_logprobs=[-0.5] * 8,
+            output_versions=[0] * 8,
+            stop_reason="length",
+        )
 
 
 async def _plain(call, receive):
@@ -69,8 +74,10 @@ def main() -> None:
         server_app.unless_client_leaves = watched
         server.stop()
     plain, with_watch = statistics.median(cpu["plain"]), statistics.median(cpu["watched"])
-    print(f"CPU per /generate: plain await {plain:.0f} us, with the disconnect watch {with_watch:.0f} us, "
-          f"ratio {with_watch / plain:.3f}  (load average {os.getloadavg()[0]:.2f})")
+    print(
+        f"CPU per /generate: plain await {plain:.0f} us, with the disconnect watch {with_watch:.0f} us, "
+        f"ratio {with_watch / plain:.3f}  (load average {os.getloadavg()[0]:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
 SETUPS = {
     "multi": [],
-    "single": ["agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent", "agent.workflow_kwargs={}",
-               "agent.chat_template_type=hf", "agent.export_style=individual"],
+    "single": [
+        "agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent",
+        "agent.workflow_kwargs={}",
+        "agent.chat_template_type=hf",
+        "agent.export_style=individual",
+    ],
     "multi_nocache": ["engine.prefix_cache_tokens=0"],
 }
 DEFAULT_SETUPS = ("multi", "single")
@@ -91,6 +95,7 @@ class Timers:
             print(f"# no {type(owner).__name__}.{name}: phase {phase!r} not timed", file=sys.stderr)
             return
         if inspect.iscoroutinefunction(original):
+
             @functools.wraps(original)
             async def timed(*args: Any, **kwargs: Any) -> Any:
                 start = time.perf_counter()
@@ -99,6 +104,7 @@ class Timers:
                 finally:
                     self._add(phase, start)
         else:
+
             @functools.wraps(original)
             def timed(*args: Any, **kwargs: Any) -> Any:
                 start = time.perf_counter()
@@ -106,6 +112,7 @@ class Timers:
                     return original(*args, **kwargs)
                 finally:
                     self._add(phase, start)
+
         setattr(owner, name, timed)
 
     def _add(self, phase: str, start: float) -> None:
@@ -166,15 +173,26 @@ def run_setups(names: list[str], steps: int, overrides: list[str], http: bool) -
     with contextlib.ExitStack() as stack:
         sessions = {}
         for name in names:
-            cfg = load_config(CONFIG, [*SETUPS[name], *overrides, "logging.progress=false", "logging.eval_every=0",
-                                       "rollout.prefetch=false"])
+            cfg = load_config(
+                CONFIG,
+                [
+                    *SETUPS[name],
+                    *overrides,
+                    "logging.progress=false",
+                    "logging.eval_every=0",
+                    "rollout.prefetch=false",
+                ],
+            )
             sessions[name] = stack.enter_context(Session(cfg))
             instrument_session(sessions[name], TIMERS)
         for step in range(steps):
             for name, session in sessions.items():
                 row = run_step(name, step, session, TIMERS)
                 rows[name].append(row)
-                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+                print(
+                    json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
+                    flush=True,
+                )
     return {name: medians(setup_rows) for name, setup_rows in rows.items()}
 
 
@@ -199,8 +217,14 @@ def run_step(name: str, step: int, session: Any, timers: Timers) -> dict[str, An
     episodes = max(rollout_n.get("episode", 0), 1)
     tensors = batch.to_tensors()
     return {
-        "setup": name, "step": step, "step_s": t2 - t0, "cpu_s": cpu_s, "rollout_s": t1 - t0, "train_s": t2 - t1,
-        "rollout_cpu_s": cpu1 - cpu0, "train_cpu_s": cpu_s - (cpu1 - cpu0),
+        "setup": name,
+        "step": step,
+        "step_s": t2 - t0,
+        "cpu_s": cpu_s,
+        "rollout_s": t1 - t0,
+        "train_s": t2 - t1,
+        "rollout_cpu_s": cpu1 - cpu0,
+        "train_cpu_s": cpu_s - (cpu1 - cpu0),
         "engine_busy_s": rollout_s.get("engine_busy", float("nan")),
         "calls_per_episode": calls / episodes,
         "capture_ms": 1e3 * rollout_s.get("capture", 0.0) / calls,
@@ -211,8 +235,10 @@ def run_step(name: str, step: int, session: Any, timers: Timers) -> dict[str, An
         "prefix_hit_rate": counters["prefix_cache_hits"] / calls,
         "prefill_saved": counters["prefix_cache_tokens"] / max(counters["prompt_tokens"], 1),
         "prefill_positions": counters["prefill_positions"],
-        **{f"{k}_s": train_s.get(k, 0.0)
-           for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")},
+        **{
+            f"{k}_s": train_s.get(k, 0.0)
+            for k in ("to_tensors", "recompute", "forward", "backward", "optimizer", "push")
+        },
         "trained_tokens": int(stats["train_positions"]),
         "unique_tokens": count_unique_tokens(tensors["input_ids"], tensors["attention_mask"]),
         "row_tokens": int(tensors["attention_mask"].sum()),
@@ -225,8 +251,11 @@ def run_step(name: str, step: int, session: Any, timers: Timers) -> dict[str, An
 def medians(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over the steps after the first (warm-up), and the token ratios over their sums."""
     measured = rows[1:] or rows
-    med = {k: statistics.median(r[k] for r in measured) for k in rows[0] if isinstance(rows[0][k], int | float)
-           and k != "step"}
+    med = {
+        k: statistics.median(r[k] for r in measured)
+        for k in rows[0]
+        if isinstance(rows[0][k], int | float) and k != "step"
+    }
     unique = sum(r["unique_tokens"] for r in measured)
     med["trained_over_unique"] = sum(r["trained_tokens"] for r in measured) / unique
     med["rows_over_unique"] = sum(r["row_tokens"] for r in measured) / unique  # without prefix sharing
@@ -234,37 +263,54 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=4, help="steps per setup; the first is warm-up")
     parser.add_argument("--http", action="store_true", help="inline agents over loopback HTTP (the old path)")
-    parser.add_argument("--only", nargs="+", choices=tuple(SETUPS), default=list(DEFAULT_SETUPS),
-                        help=f"setups to run (default: {' '.join(DEFAULT_SETUPS)})")
-    parser.add_argument("overrides", nargs="*", help="config overrides for both setups, e.g. rollout.batch_size=8")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=tuple(SETUPS),
+        default=list(DEFAULT_SETUPS),
+        help=f"setups to run (default: {' '.join(DEFAULT_SETUPS)})",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides for both setups, e.g. rollout.batch_size=8"
+    )
     args = parser.parse_args()
 
     result: dict[str, Any] = {"transport": "http" if args.http else "in-process"}
-    result |= run_setups([name for name in SETUPS if name in args.only], args.steps, args.overrides, args.http)
+    result |= run_setups(
+        [name for name in SETUPS if name in args.only], args.steps, args.overrides, args.http
+    )
     for name in SETUPS:
         if name in result:
             m = result[name]
-            print(f"{name:>6}: {m['step_s']:.2f} s/step = rollout {m['rollout_s']:.2f} (engine busy "
-                  f"{m['engine_busy_s']:.2f}) + train {m['train_s']:.2f} (recompute {m['recompute_s']:.2f}, "
-                  f"forward {m['forward_s']:.2f}, backward {m['backward_s']:.2f}, optimizer {m['optimizer_s']:.2f}, "
-                  f"push {m['push_s']:.2f}); per episode {m['episode_ms']:.0f} ms (agent {m['agent_ms']:.0f}, "
-                  f"lifecycle {m['lifecycle_ms']:.1f}); per call capture {m['capture_ms']:.0f} ms, engine "
-                  f"{m['engine_ms']:.0f} ms; prefix cache hits {m['prefix_hit_rate']:.0%} of calls, "
-                  f"{m['prefill_saved']:.0%} of prompt tokens not prefilled; trained/unique tokens "
-                  f"{m['trained_over_unique']:.2f} (unshared rows would be {m['rows_over_unique']:.2f})")
+            print(
+                f"{name:>6}: {m['step_s']:.2f} s/step = rollout {m['rollout_s']:.2f} (engine busy "
+                f"{m['engine_busy_s']:.2f}) + train {m['train_s']:.2f} (recompute {m['recompute_s']:.2f}, "
+                f"forward {m['forward_s']:.2f}, backward {m['backward_s']:.2f}, optimizer {m['optimizer_s']:.2f}, "
+                f"push {m['push_s']:.2f}); per episode {m['episode_ms']:.0f} ms (agent {m['agent_ms']:.0f}, "
+                f"lifecycle {m['lifecycle_ms']:.1f}); per call capture {m['capture_ms']:.0f} ms, engine "
+                f"{m['engine_ms']:.0f} ms; prefix cache hits {m['prefix_hit_rate']:.0%} of calls, "
+                f"{m['prefill_saved']:.0%} of prompt tokens not prefilled; trained/unique tokens "
+                f"{m['trained_over_unique']:.2f} (unshared rows would be {m['rows_over_unique']:.2f})"
+            )
     if "multi" in result and "multi_nocache" in result:
         result["multi_over_nocache"] = result["multi"]["step_s"] / result["multi_nocache"]["step_s"]
-        print(f"multi-turn step with / without the prefix cache: {result['multi_over_nocache']:.2f}x; rollout "
-              f"{result['multi']['rollout_s'] / result['multi_nocache']['rollout_s']:.2f}x; load average "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"multi-turn step with / without the prefix cache: {result['multi_over_nocache']:.2f}x; rollout "
+            f"{result['multi']['rollout_s'] / result['multi_nocache']['rollout_s']:.2f}x; load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
     if "multi" in result and "single" in result:
         result["multi_over_single"] = result["multi"]["step_s"] / result["single"]["step_s"]
         result["multi_over_single_cpu"] = result["multi"]["cpu_s"] / result["single"]["cpu_s"]
-        print(f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5); CPU time per "
-              f"step {result['multi_over_single_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"multi-turn / single-turn step: {result['multi_over_single']:.2f}x (target <= 1.5); CPU time per "
+            f"step {result['multi_over_single_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}"
+        )
         result["decomposition"] = decomposition(result["multi"], result["single"])
     print(json.dumps(result))
 
@@ -273,8 +319,12 @@ TARGET = 1.5
 # The work a step does, per setup (medians per step): what training computes (unique tokens of the
 # batch's trie), what the policy samples (generated tokens), what the engine computes (prefilled
 # positions + generated tokens) and the engine calls (sequential turns per episode).
-WORK = {"unique": "unique_tokens", "generated": "generated_tokens", "engine_positions": ("prefill_positions",
-        "generated_tokens"), "calls": "engine_calls"}
+WORK = {
+    "unique": "unique_tokens",
+    "generated": "generated_tokens",
+    "engine_positions": ("prefill_positions", "generated_tokens"),
+    "calls": "engine_calls",
+}
 
 
 def decomposition(multi: dict[str, float], single: dict[str, float]) -> dict[str, float]:
@@ -283,8 +333,13 @@ def decomposition(multi: dict[str, float], single: dict[str, float]) -> dict[str
     def work(m: dict[str, float], key: str | tuple[str, ...]) -> float:
         return sum(m[k] for k in ((key,) if isinstance(key, str) else key))
 
-    out = {f"{phase}_ratio": multi[f"{phase}_s"] / single[f"{phase}_s"] for phase in ("step", "rollout", "train")}
-    out |= {f"{phase}_cpu_ratio": multi[f"{phase}_cpu_s"] / single[f"{phase}_cpu_s"] for phase in ("rollout", "train")}
+    out = {
+        f"{phase}_ratio": multi[f"{phase}_s"] / single[f"{phase}_s"] for phase in ("step", "rollout", "train")
+    }
+    out |= {
+        f"{phase}_cpu_ratio": multi[f"{phase}_cpu_s"] / single[f"{phase}_cpu_s"]
+        for phase in ("rollout", "train")
+    }
     out |= {f"work_{name}_ratio": work(multi, key) / work(single, key) for name, key in WORK.items()}
     # < 1: multi does a unit of that work cheaper than single does
     out["step_per_unique_ratio"] = out["step_ratio"] / out["work_unique_ratio"]
@@ -297,26 +352,34 @@ def decomposition(multi: dict[str, float], single: dict[str, float]) -> dict[str
     out["needed_step_per_unique_ratio"] = TARGET / out["work_unique_ratio"]
     out["needed_step_per_generated_ratio"] = TARGET / out["work_generated_ratio"]
     out["rollout_budget_s"] = budget - multi["train_s"]
-    print(f"multi / single: step {out['step_ratio']:.2f}x = rollout {out['rollout_ratio']:.2f}x "
-          f"({multi['rollout_s']:.2f} vs {single['rollout_s']:.2f} s; CPU {out['rollout_cpu_ratio']:.2f}x) and train "
-          f"{out['train_ratio']:.2f}x ({multi['train_s']:.2f} vs {single['train_s']:.2f} s; CPU "
-          f"{out['train_cpu_ratio']:.2f}x)")
-    print(f"work multi / single: unique (trained) tokens {out['work_unique_ratio']:.2f}x "
-          f"({multi['unique_tokens']:.0f} vs {single['unique_tokens']:.0f}), generated tokens "
-          f"{out['work_generated_ratio']:.2f}x ({multi['generated_tokens']:.0f} vs {single['generated_tokens']:.0f}), "
-          f"engine positions (prefilled + generated) {out['work_engine_positions_ratio']:.2f}x, engine calls "
-          f"{out['work_calls_ratio']:.2f}x ({multi['calls_per_episode']:.2f} sequential per episode)")
-    print(f"per unit of work, multi / single: step per unique token {out['step_per_unique_ratio']:.2f}x, per "
-          f"generated token {out['step_per_generated_ratio']:.2f}x; train per unique token "
-          f"{out['train_per_unique_ratio']:.2f}x; rollout per engine position "
-          f"{out['rollout_per_engine_position_ratio']:.2f}x, per generated token {out['rollout_per_generated_ratio']:.2f}x")
-    print(f"target <= {TARGET}x with this work: the multi step may cost {out['needed_step_per_unique_ratio']:.2f}x "
-          f"single's per unique token (now {out['step_per_unique_ratio']:.2f}x) and "
-          f"{out['needed_step_per_generated_ratio']:.2f}x per generated token (now "
-          f"{out['step_per_generated_ratio']:.2f}x); beside this train ({multi['train_s']:.2f} s) it leaves the "
-          f"rollout {out['rollout_budget_s']:.2f} s = {out['rollout_budget_s'] / single['rollout_s']:.2f}x single's "
-          f"rollout, for {out['work_engine_positions_ratio']:.2f}x its engine positions in "
-          f"{multi['calls_per_episode']:.2f} sequential calls per episode")
+    print(
+        f"multi / single: step {out['step_ratio']:.2f}x = rollout {out['rollout_ratio']:.2f}x "
+        f"({multi['rollout_s']:.2f} vs {single['rollout_s']:.2f} s; CPU {out['rollout_cpu_ratio']:.2f}x) and train "
+        f"{out['train_ratio']:.2f}x ({multi['train_s']:.2f} vs {single['train_s']:.2f} s; CPU "
+        f"{out['train_cpu_ratio']:.2f}x)"
+    )
+    print(
+        f"work multi / single: unique (trained) tokens {out['work_unique_ratio']:.2f}x "
+        f"({multi['unique_tokens']:.0f} vs {single['unique_tokens']:.0f}), generated tokens "
+        f"{out['work_generated_ratio']:.2f}x ({multi['generated_tokens']:.0f} vs {single['generated_tokens']:.0f}), "
+        f"engine positions (prefilled + generated) {out['work_engine_positions_ratio']:.2f}x, engine calls "
+        f"{out['work_calls_ratio']:.2f}x ({multi['calls_per_episode']:.2f} sequential per episode)"
+    )
+    print(
+        f"per unit of work, multi / single: step per unique token {out['step_per_unique_ratio']:.2f}x, per "
+        f"generated token {out['step_per_generated_ratio']:.2f}x; train per unique token "
+        f"{out['train_per_unique_ratio']:.2f}x; rollout per engine position "
+        f"{out['rollout_per_engine_position_ratio']:.2f}x, per generated token {out['rollout_per_generated_ratio']:.2f}x"
+    )
+    print(
+        f"target <= {TARGET}x with this work: the multi step may cost {out['needed_step_per_unique_ratio']:.2f}x "
+        f"single's per unique token (now {out['step_per_unique_ratio']:.2f}x) and "
+        f"{out['needed_step_per_generated_ratio']:.2f}x per generated token (now "
+        f"{out['step_per_generated_ratio']:.2f}x); beside this train ({multi['train_s']:.2f} s) it leaves the "
+        f"rollout {out['rollout_budget_s']:.2f} s = {out['rollout_budget_s'] / single['rollout_s']:.2f}x single's "
+        f"rollout, for {out['work_engine_positions_ratio']:.2f}x its engine positions in "
+        f"{multi['calls_per_episode']:.2f} sequential calls per episode"
+    )
     return out
 
 

@@ -51,8 +51,9 @@ class SingleTurnMathAgent:
 
         from areal_nb.reward import math_reward
 
-        client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"),
-                             max_retries=0)
+        client = AsyncOpenAI(
+            base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0
+        )
         completion = await client.chat.completions.create(model="default", messages=data["messages"])
         return math_reward(completion.choices[0].message.content or "", data["answer"])
 
@@ -60,13 +61,24 @@ class SingleTurnMathAgent:
 def session_config(steps: int) -> Any:
     from areal_nb.config import load_config
 
-    return load_config(CONFIG, [
-        "agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent", "agent.workflow_kwargs={}",
-        "agent.chat_template_type=hf", "agent.export_style=individual",
-        f"rollout.batch_size={PROMPTS}", f"rollout.group_size={GROUP}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-        f"actor.lr={LR}", f"actor.eps_clip={CLIP}", f"total_steps={steps}",
-        "logging.progress=false", "logging.eval_every=0", "rollout.prefetch=false",
-    ])
+    return load_config(
+        CONFIG,
+        [
+            "agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent",
+            "agent.workflow_kwargs={}",
+            "agent.chat_template_type=hf",
+            "agent.export_style=individual",
+            f"rollout.batch_size={PROMPTS}",
+            f"rollout.group_size={GROUP}",
+            f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+            f"actor.lr={LR}",
+            f"actor.eps_clip={CLIP}",
+            f"total_steps={steps}",
+            "logging.progress=false",
+            "logging.eval_every=0",
+            "rollout.prefetch=false",
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- shared evaluation
@@ -83,13 +95,23 @@ def greedy_accuracy(model: Any, tokenizer: Any, problems: list[dict], batch: int
     try:
         with torch.no_grad():
             for i in range(0, len(problems), batch):
-                chunk = problems[i:i + batch]
-                texts = [tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
-                         for p in chunk]
-                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-                out = model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-                replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                chunk = problems[i : i + batch]
+                texts = [
+                    tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
+                    for p in chunk
+                ]
+                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
+                    model.device
+                )
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                )
+                replies = tokenizer.batch_decode(
+                    out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+                )
                 correct += sum(math_reward(r, p["answer"]) for r, p in zip(replies, chunk, strict=True))
     finally:
         tokenizer.padding_side = side
@@ -111,13 +133,29 @@ def run_ours(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - cpu_start)
             rewards.append(row["reward_mean"])
-            print(json.dumps({"side": "ours", "step_s": round(times[-1], 3), "cpu_s": round(cpu[-1], 3),
-                              "reward_mean": row["reward_mean"],
-                              "rollout_s": round(row["rollout_s"], 3), "train_s": round(row["train_seconds"], 3)}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "side": "ours",
+                        "step_s": round(times[-1], 3),
+                        "cpu_s": round(cpu[-1], 3),
+                        "reward_mean": row["reward_mean"],
+                        "rollout_s": round(row["rollout_s"], 3),
+                        "train_s": round(row["train_seconds"], 3),
+                    }
+                ),
+                flush=True,
+            )
         after = greedy_accuracy(model, tokenizer, eval_problems)
-    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "steps": steps,
-            "acc_before": before, "acc_after": after, "reward_first": rewards[0], "reward_last": rewards[-1]}
+    return {
+        "step_s": statistics.median(times),
+        "cpu_s": statistics.median(cpu),
+        "steps": steps,
+        "acc_before": before,
+        "acc_after": after,
+        "reward_first": rewards[0],
+        "reward_last": rewards[-1],
+    }
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -154,40 +192,83 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             self.marks.append(time.perf_counter())
             self.cpu_marks.append(time.process_time())
-            print(json.dumps({"side": "trl", "step_s": round(self.marks[-1] - self.marks[-2], 3),
-                              "cpu_s": round(self.cpu_marks[-1] - self.cpu_marks[-2], 3)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "side": "trl",
+                        "step_s": round(self.marks[-1] - self.marks[-2], 3),
+                        "cpu_s": round(self.cpu_marks[-1] - self.cpu_marks[-2], 3),
+                    }
+                ),
+                flush=True,
+            )
 
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out_dir:
         args = GRPOConfig(
-            output_dir=out_dir, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=cfg.seed,
-            max_steps=steps, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-            gradient_accumulation_steps=1, num_iterations=1, shuffle_dataset=False,
-            max_completion_length=MAX_NEW_TOKENS, temperature=1.0, top_p=1.0,
-            learning_rate=LR, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            epsilon=CLIP, beta=0.0, scale_rewards="group", loss_type="dapo",
-            dataloader_num_workers=0, disable_tqdm=True,
+            output_dir=out_dir,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            seed=cfg.seed,
+            max_steps=steps,
+            per_device_train_batch_size=PROMPTS * GROUP,
+            num_generations=GROUP,
+            gradient_accumulation_steps=1,
+            num_iterations=1,
+            shuffle_dataset=False,
+            max_completion_length=MAX_NEW_TOKENS,
+            temperature=1.0,
+            top_p=1.0,
+            learning_rate=LR,
+            lr_scheduler_type="linear",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            epsilon=CLIP,
+            beta=0.0,
+            scale_rewards="group",
+            loss_type="dapo",
+            dataloader_num_workers=0,
+            disable_tqdm=True,
             # TRL turns activation checkpointing on by default, which also makes HF `generate`
             # run without its KV cache; we checkpoint nothing, so neither does TRL here.
             gradient_checkpointing=False,
             # float32 like ours: TRL defaults to bf16 autocast, which on a CPU without bf16
             # matmul units is many times slower.
-            bf16=False, fp16=False,
+            bf16=False,
+            fp16=False,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         before = greedy_accuracy(model, tokenizer, eval_problems)
         trainer.train()
         after = greedy_accuracy(trainer.model, tokenizer, eval_problems)
-    times = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
-    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:])]
-    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "steps": len(times),
-            "acc_before": before, "acc_after": after}
+    times = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
+    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:], strict=False)]
+    return {
+        "step_s": statistics.median(times),
+        "cpu_s": statistics.median(cpu),
+        "steps": len(times),
+        "acc_before": before,
+        "acc_after": after,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=12, help="training steps per side (median over them; >= 10)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=12, help="training steps per side (median over them; >= 10)"
+    )
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems for greedy accuracy")
     parser.add_argument("--only", choices=("ours", "trl"), help="run one side only")
     args = parser.parse_args()
@@ -205,11 +286,15 @@ def main() -> None:
         result["ours_over_trl_cpu"] = result["ours"]["cpu_s"] / result["trl"]["cpu_s"]
     for side, r in result.items():
         if isinstance(r, dict):
-            print(f"{side:>5}: {r['step_s']:.2f} s/step, {r['cpu_s']:.2f} CPU s/step (median of {r['steps']}), held-out greedy accuracy "
-                  f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}")
+            print(
+                f"{side:>5}: {r['step_s']:.2f} s/step, {r['cpu_s']:.2f} CPU s/step (median of {r['steps']}), held-out greedy accuracy "
+                f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}"
+            )
     if "ours_over_trl" in result:
-        print(f"ours / TRL step time: {result['ours_over_trl']:.2f}x (target <= 1.0); CPU time per step: "
-              f"{result['ours_over_trl_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"ours / TRL step time: {result['ours_over_trl']:.2f}x (target <= 1.0); CPU time per step: "
+            f"{result['ours_over_trl_cpu']:.2f}x; load average {os.getloadavg()[0]:.1f}"
+        )
     print(json.dumps(result))
 
 

@@ -39,9 +39,9 @@ ADMIN_KEY = "bench-admin-key"
 
 
 def build() -> tuple:
+    from areal_nb.capture import CompletionSettings
     from areal_nb.config import load_config
     from areal_nb.models import load_tokenizer
-    from areal_nb.capture import CompletionSettings
     from areal_nb.proxy import ProxySettings, create_app
     from areal_nb.session.data import DataStream, load_task_data
     from areal_nb.testing import ScriptedEngine
@@ -50,7 +50,9 @@ def build() -> tuple:
     stream = DataStream(cfg.data, rows=load_task_data(cfg.data).train)
     problems = [next(stream)["messages"] for _ in range(256)]
     tokenizer = load_tokenizer("tiny-math")
-    engine = ScriptedEngine(tokenizer, tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id])
+    engine = ScriptedEngine(
+        tokenizer, tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]
+    )
     settings = CompletionSettings(chat_template_type="hf", default_max_new_tokens=16)
     app = create_app(engine, tokenizer, ProxySettings(admin_api_key=ADMIN_KEY, completion=settings))
     return app, engine, tokenizer, settings, problems
@@ -84,24 +86,34 @@ def episodes(app, engine, tokenizer, settings) -> dict:
 
     async def completion(messages) -> None:
         async def call(key, cache):
-            await create_chat_completion(engine=engine, tokenizer=tokenizer, settings=settings, cache=cache,
-                                         messages=messages)
+            await create_chat_completion(
+                engine=engine, tokenizer=tokenizer, settings=settings, cache=cache, messages=messages
+            )
+
         await lifecycle(call)
 
     async def direct_lane(messages) -> None:
         async def call(key, cache):
             body = json.dumps({"model": "default", "messages": messages}).encode()
-            response = await lane("/v1/chat/completions", body, {"authorization": f"Bearer {key}",
-                                                                  "content-type": "application/json"})
+            response = await lane(
+                "/v1/chat/completions",
+                body,
+                {"authorization": f"Bearer {key}", "content-type": "application/json"},
+            )
             assert response.status_code == 200, response.body
+
         await lifecycle(call)
 
     async def through_http_client(messages) -> None:
         async def call(key, cache):
-            response = await http_client().post("chat/completions", json={"model": "default", "messages": messages},
-                                                headers={"Authorization": f"Bearer {key}"})
+            response = await http_client().post(
+                "chat/completions",
+                json={"model": "default", "messages": messages},
+                headers={"Authorization": f"Bearer {key}"},
+            )
             assert response.status_code == 200, response.text
             response.json()
+
         await lifecycle(call)
 
     async def sdk(messages) -> None:
@@ -109,13 +121,16 @@ def episodes(app, engine, tokenizer, settings) -> dict:
             client = AsyncOpenAI(base_url=base_url, api_key=key, http_client=http_client(), max_retries=0)
             completion = await client.chat.completions.create(model="default", messages=messages)
             assert completion.choices[0].message.content
+
         await lifecycle(call)
 
     return {"completion": completion, "lane": direct_lane, "http_client": through_http_client, "sdk": sdk}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--episodes", type=int, default=512, help="episodes per layer and round")
     parser.add_argument("--group", type=int, default=8, help="episodes per prompt, one after the other")
     parser.add_argument("--rounds", type=int, default=3)
@@ -138,19 +153,23 @@ def main() -> None:
         engine.requests.clear()
         return (time.thread_time() - start) / n * 1e3
 
-    for name, layer in layers.items():
+    for layer in layers.values():
         asyncio.run(run(layer, 16))  # warm up
     for _ in range(args.rounds):
         for name, layer in layers.items():
             for memoised in (True, False):
                 memo.max_entries = 512 if memoised else 0
                 memo.clear()
-                cpu.setdefault(f"{name}{'' if memoised else '_no_memo'}", []).append(asyncio.run(run(layer, args.episodes)))
+                cpu.setdefault(f"{name}{'' if memoised else '_no_memo'}", []).append(
+                    asyncio.run(run(layer, args.episodes))
+                )
     memo.max_entries = 512
     result = {k: round(statistics.median(v), 3) for k, v in cpu.items()}
     for name in layers:
-        print(f"{name:>12}: {result[name]:.3f} ms CPU per episode with the prompt memo, "
-              f"{result[name + '_no_memo']:.3f} ms without")
+        print(
+            f"{name:>12}: {result[name]:.3f} ms CPU per episode with the prompt memo, "
+            f"{result[name + '_no_memo']:.3f} ms without"
+        )
     result["sdk_memo_over_no_memo"] = round(result["sdk"] / result["sdk_no_memo"], 3)
     result["load_average"] = round(os.getloadavg()[0], 1)
     print(json.dumps(result))

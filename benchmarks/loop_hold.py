@@ -61,13 +61,14 @@ async def hop_cpu(n: int = 200) -> float:
 
 
 async def main(sizes: list[int], repeats: int) -> dict:
-    from areal_nb.models import load_tokenizer
-    from areal_nb.capture.templates import render_prompt_ids
-
     from areal_nb.capture.prompt_memo import prompt_memo
+    from areal_nb.capture.templates import render_prompt_ids
+    from areal_nb.models import load_tokenizer
 
     tokenizer = load_tokenizer("tiny-math")
-    prompt_memo(tokenizer).max_entries = 0  # every render is a fresh one (a GRPO group's repeats would be hits)
+    prompt_memo(
+        tokenizer
+    ).max_entries = 0  # every render is a fresh one (a GRPO group's repeats would be hits)
     rows = []
     for chars in sizes:
         messages = [{"role": "user", "content": "1+" * (chars // 2)}]
@@ -83,15 +84,24 @@ async def main(sizes: list[int], repeats: int) -> dict:
             cpu.append(time.thread_time() - start)
             inline.append(await longest_gap(render, inline=True))
             thread.append(await longest_gap(render, inline=False))
-        row = {"chars": chars, "render_cpu_ms": statistics.median(cpu) * 1e3,
-               "gap_inline_ms": statistics.median(inline) * 1e3, "gap_thread_ms": statistics.median(thread) * 1e3}
+        row = {
+            "chars": chars,
+            "render_cpu_ms": statistics.median(cpu) * 1e3,
+            "gap_inline_ms": statistics.median(inline) * 1e3,
+            "gap_thread_ms": statistics.median(thread) * 1e3,
+        }
         row["thread_over_inline"] = row["gap_thread_ms"] / row["gap_inline_ms"]
         rows.append(row)
-        print(f"{chars:6d} chars: render {row['render_cpu_ms']:6.2f} ms CPU; longest loop gap in place "
-              f"{row['gap_inline_ms']:6.2f} ms, in a thread {row['gap_thread_ms']:6.2f} ms "
-              f"({row['thread_over_inline']:.2f}x)", flush=True)
+        print(
+            f"{chars:6d} chars: render {row['render_cpu_ms']:6.2f} ms CPU; longest loop gap in place "
+            f"{row['gap_inline_ms']:6.2f} ms, in a thread {row['gap_thread_ms']:6.2f} ms "
+            f"({row['thread_over_inline']:.2f}x)",
+            flush=True,
+        )
     hop = await hop_cpu()
-    print(f"one asyncio.to_thread hop: {hop * 1e3:.3f} ms of loop-thread CPU; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"one asyncio.to_thread hop: {hop * 1e3:.3f} ms of loop-thread CPU; load average {os.getloadavg()[0]:.2f}"
+    )
     return {"rows": rows, "hop_loop_cpu_ms": hop * 1e3, "load_average": os.getloadavg()[0]}
 
 

@@ -50,12 +50,22 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str, evaluate: bool = True) -> dict:
+def run_one(
+    config: str, overrides: list[str], steps: int, out: Path, name: str, evaluate: bool = True
+) -> dict:
     from areal_nb.config import load_config
     from areal_nb.session import Session
 
-    cfg = load_config(config, [*overrides, f"total_steps={steps}", "logging.eval_every=0",
-                               "logging.progress=false", f"logging.run_dir={out / name}"])
+    cfg = load_config(
+        config,
+        [
+            *overrides,
+            f"total_steps={steps}",
+            "logging.eval_every=0",
+            "logging.progress=false",
+            f"logging.run_dir={out / name}",
+        ],
+    )
     with Session(cfg) as session:
         before = session.evaluate() if evaluate else None
         times: list[tuple[float, float]] = []
@@ -75,7 +85,7 @@ def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str,
     history.to_csv(out / f"{name}.csv", index=False)
     rewards = [float(r) for r in history["reward_mean"]]
     k = min(5, len(rewards))
-    windows = [sum(rewards[i:i + k]) / k for i in range(len(rewards) - k + 1)]
+    windows = [sum(rewards[i : i + k]) / k for i in range(len(rewards) - k + 1)]
 
     def col(name: str) -> list[float]:
         return list(history[name]) if name in history else []
@@ -104,14 +114,20 @@ def run_one(config: str, overrides: list[str], steps: int, out: Path, name: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", default=str(Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml")
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--variants", nargs="+", default=["off", "on"], choices=sorted(VARIANTS))
     parser.add_argument("--out", default="runs/prefetch")
     parser.add_argument("--no-eval", action="store_true", help="step time only: no held-out evaluation")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per (seed, variant), variants interleaved")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per (seed, variant), variants interleaved"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -121,26 +137,42 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for repeat, variant in ((r, v) for r in range(args.repeats) for v in args.variants):
             name = f"{variant}_seed{seed}" + (f"_r{repeat}" if args.repeats > 1 else "")
-            r = run_one(args.config, [*args.overrides, f"seed={seed}", *VARIANTS[variant]], args.steps, out, name,
-                        evaluate=not args.no_eval)
+            r = run_one(
+                args.config,
+                [*args.overrides, f"seed={seed}", *VARIANTS[variant]],
+                args.steps,
+                out,
+                name,
+                evaluate=not args.no_eval,
+            )
             results.append(r)
-            print(f"{name:>14}: held-out {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} "
-                  f"({r['gain_points']:+.1f} points); reward first5 {r['reward_first5']:.3f} last5 "
-                  f"{r['reward_last5']:.3f} min5 {r['reward_min5']:.3f}; step {r['step_wall_median_s']:.2f} s wall "
-                  f"{r['step_cpu_median_s']:.2f} s CPU (median), run {r['run_wall_s']:.0f} s; staleness mean "
-                  f"{r['staleness_mean'] or 0:.2f} max {r['staleness_max']}; behave weight mean "
-                  f"{r['behave_weight_mean'] or float('nan'):.3f}, masked {r['behave_masked_frac'] or 0:.4f}; "
-                  f"load {r['load_average'][0]:.1f}", flush=True)
+            print(
+                f"{name:>14}: held-out {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} "
+                f"({r['gain_points']:+.1f} points); reward first5 {r['reward_first5']:.3f} last5 "
+                f"{r['reward_last5']:.3f} min5 {r['reward_min5']:.3f}; step {r['step_wall_median_s']:.2f} s wall "
+                f"{r['step_cpu_median_s']:.2f} s CPU (median), run {r['run_wall_s']:.0f} s; staleness mean "
+                f"{r['staleness_mean'] or 0:.2f} max {r['staleness_max']}; behave weight mean "
+                f"{r['behave_weight_mean'] or float('nan'):.3f}, masked {r['behave_masked_frac'] or 0:.4f}; "
+                f"load {r['load_average'][0]:.1f}",
+                flush=True,
+            )
     ratios = []
     for r in results:
         base = next((b for b in results if b["name"] == "off_seed" + r["name"].split("_seed", 1)[1]), None)
         if base is None or base is r:
             continue
-        ratios.append({"name": r["name"], "step_wall_ratio": r["step_wall_median_s"] / base["step_wall_median_s"],
-                       "run_wall_ratio": r["run_wall_s"] / base["run_wall_s"],
-                       "gain_points_vs_off": r["gain_points"] - base["gain_points"]})
-        print(f"{r['name']:>14} / off: step wall {ratios[-1]['step_wall_ratio']:.2f}x, run wall "
-              f"{ratios[-1]['run_wall_ratio']:.2f}x, held-out gain {ratios[-1]['gain_points_vs_off']:+.1f} points vs off")
+        ratios.append(
+            {
+                "name": r["name"],
+                "step_wall_ratio": r["step_wall_median_s"] / base["step_wall_median_s"],
+                "run_wall_ratio": r["run_wall_s"] / base["run_wall_s"],
+                "gain_points_vs_off": r["gain_points"] - base["gain_points"],
+            }
+        )
+        print(
+            f"{r['name']:>14} / off: step wall {ratios[-1]['step_wall_ratio']:.2f}x, run wall "
+            f"{ratios[-1]['run_wall_ratio']:.2f}x, held-out gain {ratios[-1]['gain_points_vs_off']:+.1f} points vs off"
+        )
     print(json.dumps({"runs": results, "ratios": ratios}))
     return 0
 

@@ -33,12 +33,20 @@ def prefill_cpu(batch: PaddedKVBatch, prompts: list[list[int]], packed: bool) ->
     batch.clear()
     fill = batch._prefill_packed if packed else batch._prefill_stock  # noqa: SLF001 - the two paths compared
     start = time.process_time()
-    fill(prompts, [None] * len(prompts), [0] * len(prompts), list(range(len(prompts))), list(range(len(prompts))))
+    fill(
+        prompts,
+        [None] * len(prompts),
+        [0] * len(prompts),
+        list(range(len(prompts))),
+        list(range(len(prompts))),
+    )
     return time.process_time() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
@@ -56,10 +64,16 @@ def main() -> None:
                 for name in best:
                     best[name] = min(best[name], prefill_cpu(batch, prompts, name == "packed"))
             tokens = sum(map(len, prompts))
-            rows[n] = {"tokens": tokens, **{f"{k}_ms": round(v * 1e3, 1) for k, v in best.items()},
-                       "packed_over_padded": round(best["packed"] / best["padded"], 2)}
-            print(f"  N={n:4d} ({tokens} prompt tokens): packed {best['packed'] * 1e3:7.1f} ms, padded groups "
-                  f"{best['padded'] * 1e3:7.1f} ms CPU = {rows[n]['packed_over_padded']:.2f}x", flush=True)
+            rows[n] = {
+                "tokens": tokens,
+                **{f"{k}_ms": round(v * 1e3, 1) for k, v in best.items()},
+                "packed_over_padded": round(best["packed"] / best["padded"], 2),
+            }
+            print(
+                f"  N={n:4d} ({tokens} prompt tokens): packed {best['packed'] * 1e3:7.1f} ms, padded groups "
+                f"{best['padded'] * 1e3:7.1f} ms CPU = {rows[n]['packed_over_padded']:.2f}x",
+                flush=True,
+            )
     print(json.dumps({"load_average": os.getloadavg()[0], "by_requests": rows}))
 
 

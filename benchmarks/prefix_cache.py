@@ -41,23 +41,41 @@ def conversations(tokenizer: Any, n_prompts: int) -> tuple[list[list[int]], list
     from areal_nb.data import generate_problems
 
     rows = generate_problems(n_prompts, seed=0)
-    prompts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,
-                                             return_dict=False) for r in rows]
+    prompts = [
+        tokenizer.apply_chat_template(
+            r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for r in rows
+    ]
     full = tokenizer.apply_chat_template(
-        [*rows[0]["messages"], {"role": "assistant", "content": "0"}, {"role": "user", "content": CORRECTION_PROMPT}],
-        add_generation_prompt=True, tokenize=True, return_dict=False)
+        [
+            *rows[0]["messages"],
+            {"role": "assistant", "content": "0"},
+            {"role": "user", "content": CORRECTION_PROMPT},
+        ],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     eos = tokenizer.eos_token_id
     first_eos = full.index(eos, len(prompts[0]))  # the end of the assistant's reply
     return [list(p) for p in prompts], list(full[first_eos + 1 :])
 
 
-def run_once(model_path: str, tokenizer: Any, prompts: list[list[int]], suffix: list[int], samples: int,
-             cache_tokens: int) -> dict[str, float]:
+def run_once(
+    model_path: str,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    suffix: list[int],
+    samples: int,
+    cache_tokens: int,
+) -> dict[str, float]:
     from areal_nb.api import GenerationConfig, ModelRequest
     from areal_nb.engine import LocalEngine
 
-    engine = LocalEngine(model_path, tokenizer, device="cpu", seed=0, max_batch_size=128,
-                         prefix_cache_tokens=cache_tokens)
+    engine = LocalEngine(
+        model_path, tokenizer, device="cpu", seed=0, max_batch_size=128, prefix_cache_tokens=cache_tokens
+    )
     cpu = [0.0]
     step = engine._step
 
@@ -85,15 +103,23 @@ def run_once(model_path: str, tokenizer: Any, prompts: list[list[int]], suffix: 
         asyncio.run(all_conversations())
         wall = time.perf_counter() - start
         stats = engine.stats
-        return {"wall_s": wall, "engine_cpu_s": cpu[0], "prefill_positions": stats.prefill_positions,
-                "prompt_tokens": stats.prompt_tokens, "prefix_cache_hits": stats.prefix_cache_hits,
-                "prefix_cache_tokens": stats.prefix_cache_tokens, "decode_steps": stats.decode_steps}
+        return {
+            "wall_s": wall,
+            "engine_cpu_s": cpu[0],
+            "prefill_positions": stats.prefill_positions,
+            "prompt_tokens": stats.prompt_tokens,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "prefix_cache_tokens": stats.prefix_cache_tokens,
+            "decode_steps": stats.decode_steps,
+        }
     finally:
         engine.close()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
@@ -116,14 +142,18 @@ def main() -> None:
     for mode, rows in runs.items():
         result[mode] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         m = result[mode]
-        print(f"{mode:>8}: wall {m['wall_s']:.2f} s, engine CPU {m['engine_cpu_s']:.2f} s, prefill positions "
-              f"{m['prefill_positions']:.0f} of {m['prompt_tokens']:.0f} prompt tokens, prefix cache hits "
-              f"{m['prefix_cache_hits']:.0f} ({m['prefix_cache_tokens']:.0f} tokens)")
+        print(
+            f"{mode:>8}: wall {m['wall_s']:.2f} s, engine CPU {m['engine_cpu_s']:.2f} s, prefill positions "
+            f"{m['prefill_positions']:.0f} of {m['prompt_tokens']:.0f} prompt tokens, prefix cache hits "
+            f"{m['prefix_cache_hits']:.0f} ({m['prefix_cache_tokens']:.0f} tokens)"
+        )
     for key in ("wall_s", "engine_cpu_s", "prefill_positions"):
         result[f"{key}_cache_over_nocache"] = result["cache"][key] / result["nocache"][key]
-    print(f"cache / nocache: wall {result['wall_s_cache_over_nocache']:.2f}x, engine CPU "
-          f"{result['engine_cpu_s_cache_over_nocache']:.2f}x, prefill positions "
-          f"{result['prefill_positions_cache_over_nocache']:.2f}x; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"cache / nocache: wall {result['wall_s_cache_over_nocache']:.2f}x, engine CPU "
+        f"{result['engine_cpu_s_cache_over_nocache']:.2f}x, prefill positions "
+        f"{result['prefill_positions_cache_over_nocache']:.2f}x; load average {os.getloadavg()[0]:.1f}"
+    )
     print(json.dumps(result))
 
 

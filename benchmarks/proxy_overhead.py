@@ -33,19 +33,26 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 ADMIN_KEY = "bench-admin-key"
-MESSAGES = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 12 + 30?"}]
+MESSAGES = [
+    {"role": "system", "content": "You are a calculator."},
+    {"role": "user", "content": "What is 12 + 30?"},
+]
 REPLY = "The answer is 42"
 CALLS_PER_SESSION = 16  # agent episodes are short; keeps parent search as in real use
 
 
 def build_app():
-    from areal_nb.testing import ScriptedEngine
     from areal_nb.models import load_tokenizer
     from areal_nb.proxy import ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
 
     tokenizer = load_tokenizer("tiny-math")
     tokens = tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return create_app(ScriptedEngine(tokenizer, tokens), tokenizer, ProxySettings(admin_api_key=ADMIN_KEY)), tokenizer, tokens
+    return (
+        create_app(ScriptedEngine(tokenizer, tokens), tokenizer, ProxySettings(admin_api_key=ADMIN_KEY)),
+        tokenizer,
+        tokens,
+    )
 
 
 def serve_forever(port: int) -> None:
@@ -76,7 +83,14 @@ async def direct_latencies(n: int) -> list[float]:
         if i % CALLS_PER_SESSION == 0:
             cache = InteractionCache()
         start = time.perf_counter()
-        await create_chat_completion(engine=engine, tokenizer=tokenizer, settings=settings, cache=cache, messages=MESSAGES, max_tokens=16)
+        await create_chat_completion(
+            engine=engine,
+            tokenizer=tokenizer,
+            settings=settings,
+            cache=cache,
+            messages=MESSAGES,
+            max_tokens=16,
+        )
         out.append(time.perf_counter() - start)
     return out
 
@@ -95,14 +109,19 @@ async def session_worker(client: httpx.AsyncClient, calls: int, latencies: list[
         if i % CALLS_PER_SESSION == 0:
             key = await new_key(client)
         start = time.perf_counter()
-        r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={"messages": MESSAGES, "max_tokens": 16})
+        r = await client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"messages": MESSAGES, "max_tokens": 16},
+        )
         latencies.append(time.perf_counter() - start)
         if r.status_code != 200:
             raise RuntimeError(f"proxy call failed: {r.status_code} {r.text}")
 
 
-async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object = None,
-                    lane: bool = True) -> tuple[list[float], float]:
+async def proxy_run(
+    url: str, sessions: int, calls_per_session: int, app: object = None, lane: bool = True
+) -> tuple[list[float], float]:
     from areal_nb.proxy.inprocess import asgi_http_client
 
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
@@ -111,8 +130,9 @@ async def proxy_run(url: str, sessions: int, calls_per_session: int, app: object
     elif lane:
         client = asgi_http_client(app, url, timeout=60)
     else:
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url=url,
-                                   timeout=60)
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url=url, timeout=60
+        )
     async with client:
         await session_worker(client, 8, [])  # warm up connections and code paths
         latencies: list[float] = []
@@ -132,7 +152,11 @@ def start_server(mode: str) -> tuple[str, object]:
         server = ProxyServer(app).start()
         return server.url, server.stop, None
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        [sys.executable, __file__, "--serve", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     url = proc.stdout.readline().strip()
     if not url.startswith("http"):
@@ -150,7 +174,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=400, help="calls in the one-session runs")
     parser.add_argument("--concurrent", type=int, default=64)
-    parser.add_argument("--calls-per-session", type=int, default=16, help="calls per session in the concurrent run")
+    parser.add_argument(
+        "--calls-per-session", type=int, default=16, help="calls per session in the concurrent run"
+    )
     parser.add_argument("--server", choices=("process", "thread", "inprocess", "asgi"), default="process")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -168,19 +194,50 @@ def main() -> None:
         stop()
     d50, d99 = percentile(direct, 0.5) * 1e3, percentile(direct, 0.99) * 1e3
     p50, p99 = percentile(single, 0.5) * 1e3, percentile(single, 0.99) * 1e3
-    print(json.dumps({"phase": "direct", "calls": len(direct), "p50_ms": round(d50, 3), "p99_ms": round(d99, 3),
-                      "calls_per_s": round(len(direct) / sum(direct), 1)}))
-    print(json.dumps({"phase": "proxy_1_session", "calls": len(single), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
-                      "calls_per_s": round(len(single) / sum(single), 1)}))
-    print(json.dumps({"phase": f"proxy_{args.concurrent}_sessions", "calls": len(many), "elapsed_s": round(elapsed, 3),
-                      "p50_ms": round(percentile(many, 0.5) * 1e3, 3), "mean_ms": round(statistics.mean(many) * 1e3, 3)}))
-    print(json.dumps({
-        "server": args.server,
-        "p50_overhead_ms": round(p50 - d50, 3),
-        "p99_overhead_ms": round(p99 - d99, 3),
-        "calls_per_s_1": round(len(single) / sum(single), 1),
-        "calls_per_s_64": round(len(many) / elapsed, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "phase": "direct",
+                "calls": len(direct),
+                "p50_ms": round(d50, 3),
+                "p99_ms": round(d99, 3),
+                "calls_per_s": round(len(direct) / sum(direct), 1),
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "phase": "proxy_1_session",
+                "calls": len(single),
+                "p50_ms": round(p50, 3),
+                "p99_ms": round(p99, 3),
+                "calls_per_s": round(len(single) / sum(single), 1),
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "phase": f"proxy_{args.concurrent}_sessions",
+                "calls": len(many),
+                "elapsed_s": round(elapsed, 3),
+                "p50_ms": round(percentile(many, 0.5) * 1e3, 3),
+                "mean_ms": round(statistics.mean(many) * 1e3, 3),
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "server": args.server,
+                "p50_overhead_ms": round(p50 - d50, 3),
+                "p99_overhead_ms": round(p99 - d99, 3),
+                "calls_per_s_1": round(len(single) / sum(single), 1),
+                "calls_per_s_64": round(len(many) / elapsed, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,16 @@ def start_servers(n: int, weights_dir: Path, log_dir: Path) -> list[ServerProces
     try:
         for i in range(n):
             port = free_port()
-            cmd = engine_server_command("tiny-math", port=port, api_key=API_KEY, weights_dir=weights_dir,
-                                        extra_args=["--torch-threads", str(threads)])
-            procs.append(ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=log_dir / f"server-{i}.log").start())
+            cmd = engine_server_command(
+                "tiny-math",
+                port=port,
+                api_key=API_KEY,
+                weights_dir=weights_dir,
+                extra_args=["--torch-threads", str(threads)],
+            )
+            procs.append(
+                ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path=log_dir / f"server-{i}.log").start()
+            )
         for proc in procs:
             proc.wait_ready(timeout=600, headers={"Authorization": f"Bearer {API_KEY}"})
         return procs
@@ -42,7 +49,9 @@ def start_servers(n: int, weights_dir: Path, log_dir: Path) -> list[ServerProces
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--embedded", help="summary.json of the embedded-engine demo run (same config, seed)")
     parser.add_argument("--out", default="runs/remote_demo")
     parser.add_argument("--servers", type=int, default=2)
@@ -57,8 +66,17 @@ def main() -> int:
     procs = start_servers(args.servers, weights_dir, out)
     try:
         addresses = ",".join(p.url for p in procs)
-        demo.main(["--out", str(out), "engine.type=remote", f"engine.addresses=[{addresses}]",
-                   f"engine.api_key={API_KEY}", f"engine.weights_dir={weights_dir}", *args.overrides])
+        demo.main(
+            [
+                "--out",
+                str(out),
+                "engine.type=remote",
+                f"engine.addresses=[{addresses}]",
+                f"engine.api_key={API_KEY}",
+                f"engine.weights_dir={weights_dir}",
+                *args.overrides,
+            ]
+        )
     finally:
         for proc in procs:
             proc.stop()
@@ -66,13 +84,17 @@ def main() -> int:
     rows = [("remote (2 engine-servers)", remote)]
     if args.embedded:
         rows.insert(0, ("embedded (engine.type local)", json.loads(Path(args.embedded).read_text())))
-    print(f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11} "
-          f"{'max |logp diff|':>15} {'wall s':>7}")
+    print(
+        f"\n{'run':<30} {'steps':>5} {'acc before':>10} {'acc after':>10} {'agent before':>12} {'agent after':>11} "
+        f"{'max |logp diff|':>15} {'wall s':>7}"
+    )
     for name, s in rows:
         diff = s.get("logprob_abs_diff_max")  # engine-recorded vs trainer-recomputed, worst step
-        print(f"{name:<30} {s['steps']:>5} {s['accuracy_before']:>10.3f} {s['accuracy_after']:>10.3f} "
-              f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f} "
-              f"{'-' if diff is None else f'{diff:.1e}':>15} {s['wall_s']:>7.0f}")
+        print(
+            f"{name:<30} {s['steps']:>5} {s['accuracy_before']:>10.3f} {s['accuracy_after']:>10.3f} "
+            f"{s['agent_accuracy_before']:>12.3f} {s['agent_accuracy_after']:>11.3f} "
+            f"{'-' if diff is None else f'{diff:.1e}':>15} {s['wall_s']:>7.0f}"
+        )
     return 0
 
 

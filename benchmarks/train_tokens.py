@@ -35,7 +35,9 @@ VARIANTS = {  # name: actor overrides
 }
 
 
-def token_report(tensors: dict[str, Any], packed_positions: float, padded_positions: float) -> dict[str, float]:
+def token_report(
+    tensors: dict[str, Any], packed_positions: float, padded_positions: float
+) -> dict[str, float]:
     """Trained positions (padding included) over unique tokens (distinct prefixes of the batch)."""
     from areal_nb.train.packing import count_unique_tokens
 
@@ -50,24 +52,36 @@ def token_report(tensors: dict[str, Any], packed_positions: float, padded_positi
     }
 
 
-def time_variants(actor: Any, tensors: dict[str, Any], credit: str, repeats: int) -> dict[str, dict[str, float]]:
+def time_variants(
+    actor: Any, tensors: dict[str, Any], credit: str, repeats: int
+) -> dict[str, dict[str, float]]:
     """Median train_step seconds of each variant on copies of `actor` (the batch is not consumed)."""
     from areal_nb.train import Actor
 
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}  # process CPU time: the figure on a loaded machine
+    cpu: dict[str, list[float]] = {
+        name: [] for name in VARIANTS
+    }  # process CPU time: the figure on a loaded machine
     stats: dict[str, dict[str, float]] = {}
     for _ in range(repeats):
         for name, overrides in VARIANTS.items():
-            clone = Actor(copy.deepcopy(actor.model), dataclasses.replace(actor.cfg, **overrides), version=actor.version)
+            clone = Actor(
+                copy.deepcopy(actor.model), dataclasses.replace(actor.cfg, **overrides), version=actor.version
+            )
             clone.steps_done = actor.steps_done
             t0, c0 = time.perf_counter(), time.process_time()
             stats[name] = clone.train_step(tensors, tensors["group_ids"], credit=credit)
             seconds[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
-    return {name: {"train_s": statistics.median(seconds[name]), "cpu_s": statistics.median(cpu[name]),
-                   "loss": stats[name]["loss"],
-                   "positions": stats[name]["train_positions"]} for name in VARIANTS}
+    return {
+        name: {
+            "train_s": statistics.median(seconds[name]),
+            "cpu_s": statistics.median(cpu[name]),
+            "loss": stats[name]["loss"],
+            "positions": stats[name]["train_positions"],
+        }
+        for name in VARIANTS
+    }
 
 
 def main() -> None:
@@ -88,9 +102,13 @@ def main() -> None:
     report = token_report(tensors, timings["packed"]["positions"], timings["padded"]["positions"])
     report.update({f"{name}_train_s": t["train_s"] for name, t in timings.items()})
     report.update({f"{name}_cpu_s": t["cpu_s"] for name, t in timings.items()})
-    report["loss_diff_packed_vs_padded"] = abs(timings["packed"]["loss"] - timings["padded+recompute"]["loss"])
+    report["loss_diff_packed_vs_padded"] = abs(
+        timings["packed"]["loss"] - timings["padded+recompute"]["loss"]
+    )
     report["trained_tokens_packed_dense"] = timings["packed-dense"]["positions"]
-    report["packed_over_packed_dense_train"] = timings["packed"]["train_s"] / timings["packed-dense"]["train_s"]
+    report["packed_over_packed_dense_train"] = (
+        timings["packed"]["train_s"] / timings["packed-dense"]["train_s"]
+    )
     report["packed_over_packed_dense_cpu"] = timings["packed"]["cpu_s"] / timings["packed-dense"]["cpu_s"]
     full = timings["packed-full-last-layer"]
     report["packed_over_full_last_layer_train"] = timings["packed"]["train_s"] / full["train_s"]
@@ -98,17 +116,25 @@ def main() -> None:
     report["loss_diff_packed_vs_full_last_layer"] = abs(timings["packed"]["loss"] - full["loss"])
     report["rows"] = int(tensors["input_ids"].shape[0])
     report["style"] = batch.style
-    print(f"{report['rows']} {batch.style} rows: {report['row_tokens']} row tokens, {report['unique_tokens']} unique; "
-          f"trained/unique {report['trained_over_unique_packed']:.2f} packed, "
-          f"{report['trained_over_unique_padded']:.2f} padded")
+    print(
+        f"{report['rows']} {batch.style} rows: {report['row_tokens']} row tokens, {report['unique_tokens']} unique; "
+        f"trained/unique {report['trained_over_unique_packed']:.2f} packed, "
+        f"{report['trained_over_unique_padded']:.2f} padded"
+    )
     for name, t in timings.items():
-        print(f"  {name:22s} train step {t['train_s']:.2f} s, CPU {t['cpu_s']:.2f} s (medians of {args.repeats}), "
-              f"{t['positions']:.0f} positions")
-    print(f"  packed / packed-dense train step: {report['packed_over_packed_dense_train']:.2f}x wall, "
-          f"{report['packed_over_packed_dense_cpu']:.2f}x CPU")
-    print(f"  packed / packed-full-last-layer (last layer at every node): "
-          f"{report['packed_over_full_last_layer_train']:.2f}x wall, {report['packed_over_full_last_layer_cpu']:.2f}x CPU "
-          f"(loss differs by {report['loss_diff_packed_vs_full_last_layer']:.1e}); load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"  {name:22s} train step {t['train_s']:.2f} s, CPU {t['cpu_s']:.2f} s (medians of {args.repeats}), "
+            f"{t['positions']:.0f} positions"
+        )
+    print(
+        f"  packed / packed-dense train step: {report['packed_over_packed_dense_train']:.2f}x wall, "
+        f"{report['packed_over_packed_dense_cpu']:.2f}x CPU"
+    )
+    print(
+        f"  packed / packed-full-last-layer (last layer at every node): "
+        f"{report['packed_over_full_last_layer_train']:.2f}x wall, {report['packed_over_full_last_layer_cpu']:.2f}x CPU "
+        f"(loss differs by {report['loss_diff_packed_vs_full_last_layer']:.1e}); load average {os.getloadavg()[0]:.1f}"
+    )
     print(json.dumps(report))
 
 

@@ -18,10 +18,16 @@ from areal_nb.config import load_config
 from areal_nb.session import Session
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
-SMALL = ["rollout.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "logging.progress=false",
-         "logging.eval_every=2", "data.eval_size=2",
-         "total_steps=10",  # the linear lr decay must not reach 0 by the resumed 4th step
-         "actor.kl_ctl=0.01"]  # a KL reference: a full replica under ddp, sharded under fsdp
+SMALL = [
+    "rollout.batch_size=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "logging.progress=false",
+    "logging.eval_every=2",
+    "data.eval_size=2",
+    "total_steps=10",  # the linear lr decay must not reach 0 by the resumed 4th step
+    "actor.kl_ctl=0.01",
+]  # a KL reference: a full replica under ddp, sharded under fsdp
 
 
 def flat(tensors) -> torch.Tensor:
@@ -29,10 +35,20 @@ def flat(tensors) -> torch.Tensor:
 
 
 def main(out: Path, fail: bool, fsdp: bool) -> None:
-    overrides = [*SMALL, f"actor.parallel={'fsdp' if fsdp else 'ddp'}", f"logging.run_dir={out}", f"checkpoint.save_dir={out / 'ckpt'}", "checkpoint.save_every=2"]
+    overrides = [
+        *SMALL,
+        f"actor.parallel={'fsdp' if fsdp else 'ddp'}",
+        f"logging.run_dir={out}",
+        f"checkpoint.save_dir={out / 'ckpt'}",
+        "checkpoint.save_every=2",
+    ]
     if fail:  # rows the math agent cannot read: the first-episode check in run() fails, on rank 0 only
         (out / "bad.jsonl").write_text('{"prompt": "no question here"}\n' * 4)
-        overrides += [f"data.source={out / 'bad.jsonl'}", "data.format=rows", f"data.eval_source={out / 'bad.jsonl'}"]
+        overrides += [
+            f"data.source={out / 'bad.jsonl'}",
+            "data.format=rows",
+            f"data.eval_source={out / 'bad.jsonl'}",
+        ]
     cfg = load_config(CONFIG, overrides)
     with Session(cfg) as session:
         initial_ref = flat(session.actor.ref_weights().values())  # = the initial policy (fsdp: gathered)
@@ -44,11 +60,19 @@ def main(out: Path, fail: bool, fsdp: bool) -> None:
         # what this rank holds: under fsdp a shard of each parameter (DTensor), else all of it
         held = sum(getattr(p, "_local_tensor", p).numel() for p in session.actor.model.parameters())
         ref_held = sum(getattr(p, "_local_tensor", p).numel() for p in session.actor.ref_model.parameters())
-        report = {"held_numel": held, "weights_numel": sum(p.numel() for p in session.actor.model.parameters()),
-                  "ref_held_numel": ref_held, "initial_ref": initial_ref,
-                  "rank": session.rank, "world_size": session.world_size, "weights": weights,
-                  "history": session.history.to_dict("records"), "version": session.version, "saved": str(saved),
-                  "exported": str(exported)}
+        report = {
+            "held_numel": held,
+            "weights_numel": sum(p.numel() for p in session.actor.model.parameters()),
+            "ref_held_numel": ref_held,
+            "initial_ref": initial_ref,
+            "rank": session.rank,
+            "world_size": session.world_size,
+            "weights": weights,
+            "history": session.history.to_dict("records"),
+            "version": session.version,
+            "saved": str(saved),
+            "exported": str(exported),
+        }
     # resume: rank 0 restores the checkpoint and sends weights and optimizer state to the replicas
     with Session.load(out / "final") as resumed:
         report["resumed_at"] = (resumed.version, resumed.step_count, resumed.actor.steps_done)

@@ -19,7 +19,12 @@ from areal_nb.widgets.dashboard_model import history_series
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
-SMALL = {"rollout__batch_size": 2, "rollout__group_size": 3, "logging__progress": False, "rollout__prefetch": False}
+SMALL = {
+    "rollout__batch_size": 2,
+    "rollout__group_size": 3,
+    "logging__progress": False,
+    "rollout__prefetch": False,
+}
 
 
 def config(**kw):
@@ -46,21 +51,28 @@ def test_compare_leaves_the_session_untouched_and_matches_each_variants_train_st
         assert table["trial_kl"].notna().all() and (table["grad_norm"] > 0).all()
         tensors = batch.to_tensors()
         for name, result in comparison.variants.items():
-            own = Actor(copy.deepcopy(actor.model), result.cfg).train_step(tensors, tensors["group_ids"],
-                                                                         credit=batch.credit)
+            own = Actor(copy.deepcopy(actor.model), result.cfg).train_step(
+                tensors, tensors["group_ids"], credit=batch.credit
+            )
             assert table.loc[name, "loss"] == pytest.approx(own["loss"], abs=1e-6), name
         assert comparison.view().model.names == list(variants)
 
         session.train_step(batch)
         history = session.history
-        for column in ("mismatch_logp_abs_diff", "mismatch_kl_k3", "mismatch_truncated_frac", "mismatch_masked_frac"):
+        for column in (
+            "mismatch_logp_abs_diff",
+            "mismatch_kl_k3",
+            "mismatch_truncated_frac",
+            "mismatch_masked_frac",
+        ):
             assert column in history.columns and history[column].notna().all(), column
         assert "mismatch_kl_k3" in [s.column for s in history_series(history)]
 
 
 def test_dapo_step_drops_constant_groups_and_counts_them():
-    with Session(config(actor__algorithm="dapo", actor__dynamic_sampling_max_rounds=2,
-                        actor__use_decoupled_loss=False)) as session:
+    with Session(
+        config(actor__algorithm="dapo", actor__dynamic_sampling_max_rounds=2, actor__use_decoupled_loss=False)
+    ) as session:
         row = session.step()
         assert session.actor.cfg.eps_clip_higher == 0.28
         for key in ("dynamic_sampling_dropped_groups", "dynamic_sampling_rounds", "dynamic_sampling_groups"):

@@ -6,8 +6,9 @@ EOS, PAD = 2, 0
 
 
 def response(tokens, stop_reason="stop"):
-    return ModelResponse(input_tokens=[5, 6], output_tokens=tokens, stop_reason=stop_reason,
-                         eos_token_ids=[EOS, PAD])
+    return ModelResponse(
+        input_tokens=[5, 6], output_tokens=tokens, stop_reason=stop_reason, eos_token_ids=[EOS, PAD]
+    )
 
 
 def test_without_stop_strips_trailing_eos_and_pad_run():
@@ -38,7 +39,7 @@ def test_end_with_stop_and_lengths():
 
 def test_response_without_stop_ids_is_a_clear_error():
     with pytest.raises(ValueError, match="tokenizer or eos_token_ids"):
-        ModelResponse(output_tokens=[1]).output_tokens_without_stop
+        _ = ModelResponse(output_tokens=[1]).output_tokens_without_stop
 
 
 def test_generation_config_new_and_openai_args():
@@ -48,7 +49,12 @@ def test_generation_config_new_and_openai_args():
     with pytest.raises(TypeError, match="max_new_tokenz"):
         g.new(max_new_tokenz=3)
     assert g.to_openai_args_dict() == {
-        "n": 1, "temperature": 0.7, "top_p": 1.0, "stop": ["###"], "max_completion_tokens": 32}
+        "n": 1,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "stop": ["###"],
+        "max_completion_tokens": 32,
+    }
     assert g.to_openai_args_dict("responses") == {"temperature": 0.7, "top_p": 1.0, "max_output_tokens": 32}
     assert g.new(greedy=True).to_openai_args_dict("openai-agents")["temperature"] == 0.0
     with pytest.raises(ValueError):
@@ -59,7 +65,11 @@ def test_stop_and_pad_ids_from_tokenizer():
     class Tok:
         eos_token_id, pad_token_id = EOS, PAD
 
-    assert GenerationConfig(stop_token_ids=[9]).new_with_stop_and_pad_token_ids(Tok()).stop_token_ids == [9, PAD, EOS]
+    assert GenerationConfig(stop_token_ids=[9]).new_with_stop_and_pad_token_ids(Tok()).stop_token_ids == [
+        9,
+        PAD,
+        EOS,
+    ]
 
 
 def test_request_copy_is_independent():
@@ -76,7 +86,9 @@ def test_export_style_check_is_the_one_concat_rule():
     check_export_style("individual", {"a": "hf", "b": "concat"})  # individual takes any template
     check_export_style("concat", {"a": "concat", "b": "concat"})
     check_export_style("concat")  # no calls to check yet: only the style's name
-    with pytest.raises(ValueError, match=r"Invalid export style 'tree'; expected one of \('individual', 'concat'\)"):
+    with pytest.raises(
+        ValueError, match=r"Invalid export style 'tree'; expected one of \('individual', 'concat'\)"
+    ):
         check_export_style("tree")
     with pytest.raises(ValueError, match=r"'concat' style .* 1 of 2 are not \(first: 'b'\)"):
         check_export_style("concat", {"a": "concat", "b": "hf"})
@@ -93,14 +105,21 @@ def test_import_object_reads_both_spellings_and_walks_attributes_after_the_colon
     assert import_object("json.decoder:JSONDecoder.decode") is json.decoder.JSONDecoder.decode
 
 
-@pytest.mark.parametrize("path, error, message", [
-    ("justaname", ValueError, "'justaname' is not an import path"),
-    (":name", ValueError, "is not an import path"),
-    ("json.decoder:", ValueError, "is not an import path"),
-    ("no_such_pkg.thing", ImportError, "cannot import module 'no_such_pkg'"),
-    ("json.decoder.Nope", ImportError, "module 'json.decoder' has no attribute 'Nope'"),
-    ("json.decoder:JSONDecoder.nope", ImportError, "module 'json.decoder' has no attribute 'JSONDecoder.nope'"),
-])
+@pytest.mark.parametrize(
+    "path, error, message",
+    [
+        ("justaname", ValueError, "'justaname' is not an import path"),
+        (":name", ValueError, "is not an import path"),
+        ("json.decoder:", ValueError, "is not an import path"),
+        ("no_such_pkg.thing", ImportError, "cannot import module 'no_such_pkg'"),
+        ("json.decoder.Nope", ImportError, "module 'json.decoder' has no attribute 'Nope'"),
+        (
+            "json.decoder:JSONDecoder.nope",
+            ImportError,
+            "module 'json.decoder' has no attribute 'JSONDecoder.nope'",
+        ),
+    ],
+)
 def test_import_object_says_what_is_missing(path, error, message):
     from areal_nb.api import import_object
 
@@ -126,21 +145,23 @@ def test_the_engine_protocol_declares_what_the_layers_above_call():
     """Every method or attribute the session, rollout, proxy, capture and widgets layers use on an
     engine is part of `InferenceEngine`: no caller reaches past the protocol."""
     import re
-
-    from areal_nb.api import InferenceEngine
     from pathlib import Path
 
     import areal_nb
+    from areal_nb.api import InferenceEngine
 
     root = Path(areal_nb.__file__).parent
-    use = re.compile(r"(?:^|[^.\w`]|self\.|session\.|self\._)engine\.(\w+)|(?:has|get)attr\(\w*engine, \"(\w+)\"")
+    use = re.compile(
+        r"(?:^|[^.\w`]|self\.|session\.|self\._)engine\.(\w+)|(?:has|get)attr\(\w*engine, \"(\w+)\""
+    )
     used: set[str] = set()
     for layer in ("session", "rollout", "proxy", "capture", "widgets", "cli", "agents"):
         for path in (root / layer).rglob("*.py"):
             for match in use.finditer(path.read_text()):
                 used.add(match.group(1) or match.group(2))
     declared = {name for name in dir(InferenceEngine) if not name.startswith("_")} | set(
-        InferenceEngine.__annotations__)
+        InferenceEngine.__annotations__
+    )
     assert {"agenerate", "max_context", "rng_state", "set_rng_state"} <= used  # the scan sees the callers
     assert used <= declared, f"used on engines but not declared by InferenceEngine: {sorted(used - declared)}"
 

@@ -4,7 +4,9 @@ from areal_nb.config import ConfigError, dump_config, load_config
 
 
 def test_yaml_with_dotted_overrides():
-    cfg = load_config("configs/multi_turn_math.yaml", ["actor.lr=1e-5", "rollout.group_size=3", "agent.mode=subproc"])
+    cfg = load_config(
+        "configs/multi_turn_math.yaml", ["actor.lr=1e-5", "rollout.group_size=3", "agent.mode=subproc"]
+    )
     assert cfg.actor.lr == 1e-5 and cfg.rollout.group_size == 3 and cfg.agent.mode == "subproc"
     assert cfg.agent.export_style == "concat" and cfg.agent.turn_discount == 0.9  # from the file
 
@@ -19,16 +21,19 @@ def test_mapping_overrides_keep_python_objects():
     assert cfg.agent.workflow is agent and cfg.agent.workflow_kwargs == {"x": 1}
 
 
-@pytest.mark.parametrize("override, message", [
-    ("actor.lrr=1", "unknown config key 'actor.lrr'; did you mean 'actor.lr'"),
-    ("rollout.batch_size=many", "rollout.batch_size: expected an integer"),
-    ("rollout.prefetch=3", "rollout.prefetch: expected true/false"),
-    ("rollout.group_size=0", "rollout.group_size must be >= 1"),
-    ("agent.mode=remote", "agent.mode must be one of"),
-    ("rollout.temperature=0.5", "actor.temperature .* must equal rollout.temperature"),
-    ("agent.chat_template_type=hf", "Cannot export interactions in 'concat' style"),
-    ("actor", "not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor.lrr=1", "unknown config key 'actor.lrr'; did you mean 'actor.lr'"),
+        ("rollout.batch_size=many", "rollout.batch_size: expected an integer"),
+        ("rollout.prefetch=3", "rollout.prefetch: expected true/false"),
+        ("rollout.group_size=0", "rollout.group_size must be >= 1"),
+        ("agent.mode=remote", "agent.mode must be one of"),
+        ("rollout.temperature=0.5", "actor.temperature .* must equal rollout.temperature"),
+        ("agent.chat_template_type=hf", "Cannot export interactions in 'concat' style"),
+        ("actor", "not of the form key=value"),
+    ],
+)
 def test_invalid_configs_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("configs/multi_turn_math.yaml", [override])
@@ -52,24 +57,46 @@ def test_gpu_variant_loads():
 
 
 def test_engine_server_settings():
-    cfg = load_config(None, ["engine.type=remote", "engine.addresses=[http://10.0.0.2:30000,http://10.0.0.3:30000]",
-                             "engine.api_key=k", "engine.weights_dir=/shared/weights"])
+    cfg = load_config(
+        None,
+        [
+            "engine.type=remote",
+            "engine.addresses=[http://10.0.0.2:30000,http://10.0.0.3:30000]",
+            "engine.api_key=k",
+            "engine.weights_dir=/shared/weights",
+        ],
+    )
     assert cfg.engine.addresses == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
     assert (cfg.engine.api_key, cfg.engine.weights_dir) == ("k", "/shared/weights")
-    launch = load_config(None, {"engine.type": "sglang", "engine.launch.command": ["my-server", "--port", "{port}"],
-                                "engine.launch.n_servers": 2, "engine.launch.ports": [30000, 30001]}).engine.launch
+    launch = load_config(
+        None,
+        {
+            "engine.type": "sglang",
+            "engine.launch.command": ["my-server", "--port", "{port}"],
+            "engine.launch.n_servers": 2,
+            "engine.launch.ports": [30000, 30001],
+        },
+    ).engine.launch
     assert launch.command == ["my-server", "--port", "{port}"] and launch.ports == [30000, 30001]
     assert (launch.host, launch.tp_size, launch.dp_size, launch.ready_timeout) == ("127.0.0.1", 1, 1, 600.0)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["engine.type=remote"], "engine.type=remote needs engine.addresses"),
-    (["engine.addresses=[http://h:1]"], "engine.addresses is only read with engine.type=remote (engine.type is 'local')"),
-    (["engine.type=sglang", "engine.launch.n_servers=2", "engine.launch.ports=[30000]"],
-     "engine.launch.ports lists 1 ports for n_servers=2"),
-    (["engine.type=vllm"], "engine.type must be one of 'local', 'sglang' or 'remote', got 'vllm'"),
-    (["engine.launch.n_server=2"], "did you mean 'engine.launch.n_servers'?"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["engine.type=remote"], "engine.type=remote needs engine.addresses"),
+        (
+            ["engine.addresses=[http://h:1]"],
+            "engine.addresses is only read with engine.type=remote (engine.type is 'local')",
+        ),
+        (
+            ["engine.type=sglang", "engine.launch.n_servers=2", "engine.launch.ports=[30000]"],
+            "engine.launch.ports lists 1 ports for n_servers=2",
+        ),
+        (["engine.type=vllm"], "engine.type must be one of 'local', 'sglang' or 'remote', got 'vllm'"),
+        (["engine.launch.n_server=2"], "did you mean 'engine.launch.n_servers'?"),
+    ],
+)
 def test_engine_server_settings_errors(overrides, message):
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides)
@@ -82,18 +109,33 @@ def test_experiment_name_names_the_default_run_dir():
     assert str(load_config(None, ["logging.run_dir=/tmp/elsewhere"]).run_dir) == "/tmp/elsewhere"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("logging.backend=mlflow", "logging.backend must be one of 'none', 'tensorboard' or 'wandb', got 'mlflow'"),
-    ("rollout.batch_size=abc", "rollout.batch_size: expected an integer, got 'abc'"),
-    ("rollout.batch_size=2.5", "rollout.batch_size: expected an integer, got 2.5"),
-    ("actor.lr=abc", "actor.lr: expected a number, got 'abc'"),
-    ("agent.discount_mode=flat", "agent.discount_mode must be one of 'tree' or 'linear'"),
-    ("actor.kl_estimator=k9", "actor: GRPOConfig: kl_estimator must be"),
-    ("actor.parallel=zero3", r"actor: GRPOConfig: parallel must be one of \['ddp', 'fsdp'\], got 'zero3'"),
-    ("data.task.max_operandd=3", "unknown config key 'data.task.max_operandd'; did you mean 'data.task.max_operand'"),
-    ("agent.subproc_max_workers=0", "agent.subproc_max_workers must be >= 1, got 0"),
-    ("rollout.max_concurrent_rollouts=2", r"max_concurrent_rollouts \(2\) must be >= rollout.group_size \(8\)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "logging.backend=mlflow",
+            "logging.backend must be one of 'none', 'tensorboard' or 'wandb', got 'mlflow'",
+        ),
+        ("rollout.batch_size=abc", "rollout.batch_size: expected an integer, got 'abc'"),
+        ("rollout.batch_size=2.5", "rollout.batch_size: expected an integer, got 2.5"),
+        ("actor.lr=abc", "actor.lr: expected a number, got 'abc'"),
+        ("agent.discount_mode=flat", "agent.discount_mode must be one of 'tree' or 'linear'"),
+        ("actor.kl_estimator=k9", "actor: GRPOConfig: kl_estimator must be"),
+        (
+            "actor.parallel=zero3",
+            r"actor: GRPOConfig: parallel must be one of \['ddp', 'fsdp'\], got 'zero3'",
+        ),
+        (
+            "data.task.max_operandd=3",
+            "unknown config key 'data.task.max_operandd'; did you mean 'data.task.max_operand'",
+        ),
+        ("agent.subproc_max_workers=0", "agent.subproc_max_workers must be >= 1, got 0"),
+        (
+            "rollout.max_concurrent_rollouts=2",
+            r"max_concurrent_rollouts \(2\) must be >= rollout.group_size \(8\)",
+        ),
+    ],
+)
 def test_errors_name_the_key_and_the_value(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("configs/multi_turn_math.yaml", [override])
@@ -127,7 +169,9 @@ def test_engine_defaults_are_the_same_through_config_command_line_and_constructo
     from areal_nb.engine.defaults import DEFAULT_SERVER_SINGLE_THREAD_ROWS, DEFAULT_SINGLE_THREAD_ROWS
 
     assert args.single_thread_rows == DEFAULT_SERVER_SINGLE_THREAD_ROWS
-    assert config.single_thread_rows == constructor["single_thread_rows"].default == DEFAULT_SINGLE_THREAD_ROWS
+    assert (
+        config.single_thread_rows == constructor["single_thread_rows"].default == DEFAULT_SINGLE_THREAD_ROWS
+    )
     assert args.admission_max_wait == EngineServerSettings().admission_max_wait
 
 
@@ -136,4 +180,8 @@ def test_the_proxy_session_timeout_is_the_same_through_config_command_line_and_s
     from areal_nb.config import AgentConfig
     from areal_nb.proxy.settings import ProxySettings
 
-    assert build_parser().parse_args([]).session_timeout == AgentConfig().session_timeout == ProxySettings().session_timeout
+    assert (
+        build_parser().parse_args([]).session_timeout
+        == AgentConfig().session_timeout
+        == ProxySettings().session_timeout
+    )

@@ -21,12 +21,23 @@ from areal_nb.session.rejections import MAX_EMPTY_BATCHES, RolloutRejectedError
 
 pytestmark = pytest.mark.slow
 
-ROWS = [{"prompt": p["question"], "target": p["answer_value"], "id": i}
-        for i, p in enumerate(generate_problems(24, seed=7, split="train"))]
-HELD_OUT = [{"prompt": p["question"], "target": p["answer_value"], "id": 100 + i}
-            for i, p in enumerate(generate_problems(12, seed=8, split="test"))]
-SMALL = dict(rollout__batch_size=2, rollout__group_size=2, rollout__max_concurrent_rollouts=8,
-             logging__progress=False, rollout__prefetch=False, model__path="tiny-math", model__dtype="float32")
+ROWS = [
+    {"prompt": p["question"], "target": p["answer_value"], "id": i}
+    for i, p in enumerate(generate_problems(24, seed=7, split="train"))
+]
+HELD_OUT = [
+    {"prompt": p["question"], "target": p["answer_value"], "id": 100 + i}
+    for i, p in enumerate(generate_problems(12, seed=8, split="test"))
+]
+SMALL = dict(
+    rollout__batch_size=2,
+    rollout__group_size=2,
+    rollout__max_concurrent_rollouts=8,
+    logging__progress=False,
+    rollout__prefetch=False,
+    model__path="tiny-math",
+    model__dtype="float32",
+)
 
 
 def target_in_reply(row, reply):
@@ -66,7 +77,9 @@ def as_source(form: str, tmp_path):
 @pytest.mark.parametrize("form", ["list", "dataframe", "jsonl", "parquet", "datasets"])
 def test_the_same_task_trains_from_every_form(form, tmp_path):
     agent = RecordingAgent(reward_fn=target_in_reply)
-    with Session(dataset=as_source(form, tmp_path), eval_dataset=HELD_OUT, agent__workflow=agent, **SMALL) as s:
+    with Session(
+        dataset=as_source(form, tmp_path), eval_dataset=HELD_OUT, agent__workflow=agent, **SMALL
+    ) as s:
         history = s.run(2)
         assert history["step"].tolist() == [1, 2] and s.version == 2
         assert s.last_batch is not None and not s.last_batch.rejected
@@ -79,8 +92,9 @@ def test_the_same_task_trains_from_every_form(form, tmp_path):
 
 def test_the_stream_order_is_seeded_and_the_same_for_every_form(tmp_path):
     def first_rows(source):
-        with Session(dataset=source, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL,
-                     start=False) as s:
+        with Session(
+            dataset=source, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL, start=False
+        ) as s:
             s.start()
             return [next(s.data)["id"] for _ in range(30)]  # past one pass over the 24 rows
 
@@ -91,11 +105,13 @@ def test_the_stream_order_is_seeded_and_the_same_for_every_form(tmp_path):
 
 
 def test_evaluate_is_the_mean_reward_of_greedy_episodes_and_pass_at_k():
-    with Session(dataset=ROWS, eval_dataset=HELD_OUT, agent__workflow=ChatAgent(reward_fn=target_in_reply),
-                 **SMALL) as s:
+    with Session(
+        dataset=ROWS, eval_dataset=HELD_OUT, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL
+    ) as s:
         result = s.evaluate(pass_k=3)
-        replies = generate_replies(s.actor.model, s.tokenizer, [[{"role": "user", "content": r["prompt"]}]
-                                                                 for r in HELD_OUT])
+        replies = generate_replies(
+            s.actor.model, s.tokenizer, [[{"role": "user", "content": r["prompt"]}] for r in HELD_OUT]
+        )
         expected = [target_in_reply(row, reply) for row, reply in zip(HELD_OUT, replies, strict=True)]
         assert (result.n, result.rejected, result.version) == (12, 0, 0)
         assert result.reward_mean == sum(expected) / len(expected)
@@ -124,8 +140,11 @@ def test_a_held_out_fraction_splits_the_rows_when_no_eval_split_is_given():
 
 def test_save_stores_python_rows_and_load_continues_the_stream(tmp_path):
     rows = [{**r, "answer": r["target"]} for r in ROWS]
-    cfg = dict(SMALL, agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
-               agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"})
+    cfg = dict(
+        SMALL,
+        agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+        agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"},
+    )
     with Session(dataset=rows, eval_dataset=pd.DataFrame(rows[:4]), **cfg) as s:
         s.run(1)
         path = s.save(tmp_path / "ckpt")
@@ -149,17 +168,27 @@ def test_an_empty_dataset_fails_in_the_constructor():
 
 def test_a_row_that_is_not_a_mapping_is_named():
     with pytest.raises(DatasetError, match="data.source row 2 is a list, not a mapping"):
-        Session(dataset=[ROWS[0], ROWS[1], ["oops"]], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL)
+        Session(
+            dataset=[ROWS[0], ROWS[1], ["oops"]],
+            agent__workflow=ChatAgent(reward_fn=target_in_reply),
+            **SMALL,
+        )
     with pytest.raises(DatasetError, match="data.eval_source row 0 is a str"):
-        Session(dataset=ROWS, eval_dataset=["x"], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL)
+        Session(
+            dataset=ROWS, eval_dataset=["x"], agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL
+        )
 
 
 def test_unpicklable_rows_fail_for_subproc_agents():
     rows = [{**ROWS[0], "lock": threading.Lock()}, *ROWS[1:]]  # no pickler sends a lock
     with pytest.raises(DatasetError, match=r"row 0 cannot be pickled .*mode 'subproc'"):
-        Session(dataset=rows, agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
-                agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"},
-                agent__mode="subproc", **SMALL)
+        Session(
+            dataset=rows,
+            agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+            agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"},
+            agent__mode="subproc",
+            **SMALL,
+        )
 
 
 def test_a_missing_key_fails_the_first_rollout_with_the_row_the_key_and_the_traceback():
@@ -193,9 +222,12 @@ def test_a_reward_that_raises_is_reported_with_its_traceback():
 def test_a_dataframe_mixing_prompt_and_messages_rows_and_a_bool_reward_trains():
     # pd.DataFrame of rows with different keys: each row has an empty cell (None) where the other
     # kind has its prompt; the reward returns a bool, as `target in reply` does
-    rows = [{"prompt": r["prompt"], "target": r["target"]} if i % 2 else
-            {"messages": [{"role": "user", "content": r["prompt"]}], "target": r["target"]}
-            for i, r in enumerate(ROWS)]
+    rows = [
+        {"prompt": r["prompt"], "target": r["target"]}
+        if i % 2
+        else {"messages": [{"role": "user", "content": r["prompt"]}], "target": r["target"]}
+        for i, r in enumerate(ROWS)
+    ]
     agent = RecordingAgent(reward_fn=lambda row, reply: row["target"] in reply)
     with Session(dataset=pd.DataFrame(rows), agent__workflow=agent, **SMALL) as s:
         history = s.run(2)
@@ -218,14 +250,17 @@ def rows_missing_target(bad: set[int]) -> list[dict]:
 
 def test_rows_missing_a_key_reject_only_their_episodes_named_by_row_and_training_goes_on():
     bad = {i for i in range(1, 24) if i % 3 == 1}  # row 0 is good: the first-episode check passes
-    with Session(dataset=rows_missing_target(bad), agent__workflow=ChatAgent(reward_fn=target_in_reply),
-                 **SMALL) as s:
+    with Session(
+        dataset=rows_missing_target(bad), agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL
+    ) as s:
         history = s.run(4)
         assert history["step"].tolist() == [1, 2, 3, 4] and s.version == 4
         reasons = s.executor.rejection_reasons
         assert reasons, "the seeded stream drew no bad row in 4 steps"
         for reason in reasons:
-            match = re.fullmatch(r"data\.source row (\d+): agent_error: agent raised KeyError: 'target'", reason)
+            match = re.fullmatch(
+                r"data\.source row (\d+): agent_error: agent raised KeyError: 'target'", reason
+            )
             assert match and int(match.group(1)) in bad, reason
 
 
@@ -244,26 +279,34 @@ def test_when_every_batch_is_rejected_the_run_stops_with_the_reasons_and_rows():
             s.run(1)
         message = str(info.value)
         assert f"every episode of the last {MAX_EMPTY_BATCHES} rollout batch(es) was rejected" in message
-        assert f"{4 * MAX_EMPTY_BATCHES}× agent_error: agent raised ValueError: no scorer for this row — " \
-               "data.source rows " in message
+        assert (
+            f"{4 * MAX_EMPTY_BATCHES}× agent_error: agent raised ValueError: no scorer for this row — "
+            "data.source rows " in message
+        )
         named = {int(i) for i in re.search(r"data\.source rows ([\d, ]+)", message).group(1).split(", ")}
         assert named == {row["id"] for row in agent.seen[1:]}  # every row that ran, after the check's
         assert len(agent.seen) == 1 + 4 * MAX_EMPTY_BATCHES and s.step_count == 0 and s.version == 0
         # calling train_step on such a batch says why there is nothing to train on
-        with pytest.raises(ValueError, match=r"no accepted episodes to train on: its 4 episode\(s\) were rejected "
-                                             r"\(agent_error: agent raised ValueError: no scorer for this row\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"no accepted episodes to train on: its 4 episode\(s\) were rejected "
+            r"\(agent_error: agent raised ValueError: no scorer for this row\)",
+        ):
             s.train_step(s.rollout())
 
 
 def test_a_held_out_row_that_fails_is_named_in_evaluation(caplog):
     held_out = [dict(HELD_OUT[0]), {"prompt": HELD_OUT[1]["prompt"]}, dict(HELD_OUT[2])]
-    with Session(dataset=ROWS, eval_dataset=held_out, agent__workflow=ChatAgent(reward_fn=target_in_reply),
-                 **SMALL) as s:
+    with Session(
+        dataset=ROWS, eval_dataset=held_out, agent__workflow=ChatAgent(reward_fn=target_in_reply), **SMALL
+    ) as s:
         result = s.evaluate()
         assert (result.n, result.rejected) == (3, 1)
         assert [str(ep.data) for ep in result.batch.rejected] == [str(held_out[1])]
         rejected = [r.getMessage() for r in caplog.records if "episode rejected" in r.getMessage()]
-        assert [m.split("): ", 1)[1] for m in rejected] == ["held-out row 1: agent_error: agent raised KeyError: 'target'"]
+        assert [m.split("): ", 1)[1] for m in rejected] == [
+            "held-out row 1: agent_error: agent raised KeyError: 'target'"
+        ]
 
 
 def test_evaluate_takes_problems_in_any_dataset_form_and_checks_them(tmp_path):

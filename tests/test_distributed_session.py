@@ -45,16 +45,22 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
         assert (a["loss"], a["n_rows"], a["grad_norm"]) == (b["loss"], b["n_rows"], b["grad_norm"])
     # rank 0 alone evaluates (logging.eval_every=2) and writes checkpoints
     assert leader["history"][1]["eval_reward"] == leader["history"][1]["eval_reward"]  # not NaN
-    assert "eval_reward" not in replica["history"][1] or replica["history"][1]["eval_reward"] != \
-        replica["history"][1]["eval_reward"]
-    assert (tmp_path / "ckpt" / "step2" / "state.pt").is_file() and (tmp_path / "final" / "state.pt").is_file()
+    assert (
+        "eval_reward" not in replica["history"][1]
+        or replica["history"][1]["eval_reward"] != replica["history"][1]["eval_reward"]
+    )
+    assert (tmp_path / "ckpt" / "step2" / "state.pt").is_file() and (
+        tmp_path / "final" / "state.pt"
+    ).is_file()
     assert replica["saved"] == str(tmp_path / "final")
     # export on every rank: the weights gathered by all (fsdp: from the shards), the folder written by rank 0
     assert leader["exported"] == replica["exported"] == str(tmp_path / "exported")
     exported = torch.load(tmp_path / "exported" / "checkpoint" / "state.pt", weights_only=False)
     assert exported["version"] == 3 and (tmp_path / "exported" / "train.py").is_file()
-    assert torch.equal(torch.cat([t.flatten() for t in exported["actor"]["model"].values()]).sort().values,
-                       leader["weights"].sort().values)
+    assert torch.equal(
+        torch.cat([t.flatten() for t in exported["actor"]["model"].values()]).sort().values,
+        leader["weights"].sort().values,
+    )
     # Session.load on both ranks: rank 0 restores and sends its weights and Adam state; one more step
     for r in (leader, replica):
         assert r["resumed_at"] == (3, 3, 3) and r["resumed_weights_equal"]
@@ -70,13 +76,26 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
 def test_rank_0_failing_ends_rank_1_with_its_message(tmp_path):
     result = torchrun([str(SCRIPT), str(tmp_path), "fail"], tmp_path)
     assert result.returncode != 0
-    assert "[rank1]: areal_nb.session.parallel.LeaderFailed: rank 0 failed: FirstEpisodeError" in result.stderr
+    assert (
+        "[rank1]: areal_nb.session.parallel.LeaderFailed: rank 0 failed: FirstEpisodeError" in result.stderr
+    )
     assert not (tmp_path / "rank1.pt").exists()
 
 
 def test_areal_nb_train_under_torchrun(tmp_path):
-    args = ["-m", "areal_nb.cli", "train", "--config", str(CONFIG), "total_steps=2", "rollout.batch_size=2",
-            "rollout.group_size=2", "data.eval_size=4", "logging.progress=false", "experiment_name=ddp-run"]
+    args = [
+        "-m",
+        "areal_nb.cli",
+        "train",
+        "--config",
+        str(CONFIG),
+        "total_steps=2",
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "data.eval_size=4",
+        "logging.progress=false",
+        "experiment_name=ddp-run",
+    ]
     result = torchrun(args, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = tmp_path / "runs" / "ddp-run"

@@ -131,7 +131,9 @@ def test_render_error_shapes():
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "temperature must be in range"},
     }
-    assert render_error(bad, "sglang").body == {"error": {"message": "temperature must be in range", "code": 400}}
+    assert render_error(bad, "sglang").body == {
+        "error": {"message": "temperature must be in range", "code": 400}
+    }
     assert render_error(errors.ContractViolation("unknown field `x`"), "sglang").body == {
         "error": {"message": "unknown field `x`", "code": 400}
     }

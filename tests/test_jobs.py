@@ -10,7 +10,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml")
-SHORT = ["total_steps=2", "rollout.batch_size=2", "rollout.group_size=2", "data.eval_size=4", "logging.progress=false"]
+SHORT = [
+    "total_steps=2",
+    "rollout.batch_size=2",
+    "rollout.group_size=2",
+    "data.eval_size=4",
+    "logging.progress=false",
+]
 
 
 def test_train_job_writes_history_eval_and_checkpoint_under_the_experiment(tmp_path, monkeypatch, capsys):
@@ -33,8 +39,16 @@ def test_demo_summary_keeps_its_keys(tmp_path):
 
     assert main(["--config", CONFIG, "--out", str(tmp_path), *SHORT]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("accuracy_before", "accuracy_after", "agent_accuracy_before", "agent_accuracy_after",
-                "eval_reward_before", "eval_reward_after", "reward_per_step", "wall_s"):
+    for key in (
+        "accuracy_before",
+        "accuracy_after",
+        "agent_accuracy_before",
+        "agent_accuracy_after",
+        "eval_reward_before",
+        "eval_reward_after",
+        "reward_per_step",
+        "wall_s",
+    ):
         assert key in summary, key
     assert summary["accuracy_before"] <= summary["agent_accuracy_before"]
     assert summary["eval_problems"] == 4 and summary["steps"] == 2

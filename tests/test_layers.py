@@ -21,8 +21,9 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     # PYTHONPATH=root so the package analysed is the one under `root`, not an installed copy.
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_package_keeps_every_layer_contract():
@@ -35,17 +36,33 @@ def test_the_package_keeps_every_layer_contract():
     ("module", "forbidden", "contract", "message"),
     [
         # a lower layer importing an upper one
-        ("capture/cache.py", "areal_nb.widgets", "areal_nb layers",
-         "areal_nb.capture is not allowed to import areal_nb.widgets"),
+        (
+            "capture/cache.py",
+            "areal_nb.widgets",
+            "areal_nb layers",
+            "areal_nb.capture is not allowed to import areal_nb.widgets",
+        ),
         # an allowed direction by order, but not in the table's "may import" column
-        ("proxy/app.py", "areal_nb.engine", "proxy and rollout reach the engine only through",
-         "areal_nb.proxy is not allowed to import areal_nb.engine"),
+        (
+            "proxy/app.py",
+            "areal_nb.engine",
+            "proxy and rollout reach the engine only through",
+            "areal_nb.proxy is not allowed to import areal_nb.engine",
+        ),
         # the error tree sits below everything: it imports nothing of areal_nb
-        ("errors.py", "areal_nb.api", "areal_nb layers",
-         "areal_nb.errors is not allowed to import areal_nb.api"),
+        (
+            "errors.py",
+            "areal_nb.api",
+            "areal_nb layers",
+            "areal_nb.errors is not allowed to import areal_nb.api",
+        ),
         # product code importing the test helpers
-        ("config.py", "areal_nb.testing", "the product never imports areal_nb.testing",
-         "areal_nb.config is not allowed to import areal_nb.testing"),
+        (
+            "config.py",
+            "areal_nb.testing",
+            "the product never imports areal_nb.testing",
+            "areal_nb.config is not allowed to import areal_nb.testing",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_the_contracts(tmp_path, module, forbidden, contract, message):

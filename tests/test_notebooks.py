@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
@@ -21,22 +20,38 @@ def test_notebook_executes(path, monkeypatch):
     monkeypatch.setenv("AREAL_NB_NOTEBOOK_STEPS", "2")
     monkeypatch.setenv("AREAL_NB_NOTEBOOK_PROMPTS", "4")
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
-    texts = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    texts = "".join(
+        o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream"
+    )
     if path.name == "multi_turn_math_grpo.ipynb":
         assert "held-out greedy accuracy" in texts
-        widget_outputs = [o for c in nb.cells for o in c.get("outputs", [])
-                          if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        widget_outputs = [
+            o
+            for c in nb.cells
+            for o in c.get("outputs", [])
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        ]
         assert len(widget_outputs) >= 4  # tree, tokens, rewards, dashboard
     # each notebook asserts its own "check yourself" cells; these say the key cell ran
-    expected = {"code_from_cells.ipynb": "agent ran in mode subproc",
-                "03_grpo_by_hand.ipynb": "max |hand − train_step| over all parameters",
-                "04_bring_your_own_agent.ipynb": "AnthropicAgent: ",
-                "05_notebook_to_cluster.ipynb": "continued in the job: steps 3..4",
-                "06_algorithms_side_by_side.ipynb": "reward curves of 3 presets"}
+    expected = {
+        "code_from_cells.ipynb": "agent ran in mode subproc",
+        "03_grpo_by_hand.ipynb": "max |hand − train_step| over all parameters",
+        "04_bring_your_own_agent.ipynb": "AnthropicAgent: ",
+        "05_notebook_to_cluster.ipynb": "continued in the job: steps 3..4",
+        "06_algorithms_side_by_side.ipynb": "reward curves of 3 presets",
+    }
     if path.name in expected:
         assert expected[path.name] in texts
 

@@ -16,6 +16,7 @@ from .test_session import config
 def waiting_rows(session: Session) -> tuple[list[dict], int]:
     """The rows of the groups fetched ahead and not trained on, and the data position: read on the
     session's loop, after the callbacks the last step scheduled there (they may start more)."""
+
     async def read():
         return [g.data for g in session.executor._groups], session.data.pos  # noqa: SLF001
 
@@ -44,12 +45,15 @@ def test_prefetched_rows_survive_checkpoints_and_interrupts_and_the_bound_holds_
         assert b.history["staleness_max"].tolist()[-3:] == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize(("overrides", "noted"), [
-    ({}, True),  # the Session's defaults: prefetch on, 2 versions ahead, plain PPO
-    ({"actor.use_decoupled_loss": True}, False),
-    ({"rollout.prefetch": False}, False),
-    ({"rollout.max_head_offpolicyness": 0}, False),
-])
+@pytest.mark.parametrize(
+    ("overrides", "noted"),
+    [
+        ({}, True),  # the Session's defaults: prefetch on, 2 versions ahead, plain PPO
+        ({"actor.use_decoupled_loss": True}, False),
+        ({"rollout.prefetch": False}, False),
+        ({"rollout.max_head_offpolicyness": 0}, False),
+    ],
+)
 def test_run_notes_stale_tokens_trained_without_the_decoupled_loss(overrides, noted):
     cfg = SessionConfig.model_validate({})
     for key, value in overrides.items():

@@ -14,8 +14,8 @@ from areal_nb.agents.math_agent import MultiTurnMathAgent
 from areal_nb.agents.sdk_agent import SDKAgent
 from areal_nb.data import CORRECTION_PROMPT
 from areal_nb.proxy import ProxySettings, create_app
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.reward import AsyncRewardWrapper, math_reward
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
 
 ADMIN_KEY = "sdk-agent-test-admin-key"
@@ -28,8 +28,9 @@ def run_episode(tokenizer, agent: Any, replies: list[str], data: dict[str, Any] 
     script = iter(replies)
     engine = ScriptedEngine(tokenizer, lambda req: next(script))
     app = create_app(engine, tokenizer, ProxySettings(admin_api_key=ADMIN_KEY))
-    wf = OpenAIProxyWorkflow(agent=agent, proxy_addr="http://proxy.invalid:9", admin_api_key=ADMIN_KEY, asgi_app=app,
-                             discount=0.0)
+    wf = OpenAIProxyWorkflow(
+        agent=agent, proxy_addr="http://proxy.invalid:9", admin_api_key=ADMIN_KEY, asgi_app=app, discount=0.0
+    )
 
     async def run():
         try:
@@ -43,14 +44,18 @@ def run_episode(tokenizer, agent: Any, replies: list[str], data: dict[str, Any] 
 
 
 def test_a_wrong_reply_gets_the_retry_prompt_until_one_is_rewarded(tiny_tokenizer):
-    agent = ChatAgent(reward_fn=lambda row, reply: float(reply == "right"), max_turns=4, retry_prompt="Once more.")
+    agent = ChatAgent(
+        reward_fn=lambda row, reply: float(reply == "right"), max_turns=4, retry_prompt="Once more."
+    )
     turns, requests = run_episode(tiny_tokenizer, agent, ["wrong", "still wrong", "right", "never asked"])
     prompts = [tiny_tokenizer.decode(r.input_ids) for r in requests]
     assert [t.output_message_list[0]["content"] for t in turns] == ["wrong", "still wrong", "right"]
     assert [t.reward for t in turns] == [0.0, 0.0, 1.0]
     assert turns[1].parent is turns[0] and turns[2].parent is turns[1]  # each retry continues the last
-    assert turns[2].messages[-2:] == [{"role": "assistant", "content": "still wrong"},
-                                      {"role": "user", "content": "Once more."}]
+    assert turns[2].messages[-2:] == [
+        {"role": "assistant", "content": "still wrong"},
+        {"role": "user", "content": "Once more."},
+    ]
     assert "Once more." not in prompts[0] and prompts[2].count("Once more.") == 2
 
 
@@ -116,6 +121,8 @@ def test_the_chat_agent_reads_whichever_of_messages_and_prompt_a_row_fills(tiny_
     with pytest.raises(TypeError, match="'messages' must be a list of chat messages, got str"):
         prompt_messages({"messages": "What is 2 + 2?"})
     agent = ChatAgent(reward_fn=lambda row, reply: reply == "4")
-    interactions, requests = run_episode(tiny_tokenizer, agent, ["4"], {"messages": None, "prompt": "What is 2 + 2?"})
+    interactions, requests = run_episode(
+        tiny_tokenizer, agent, ["4"], {"messages": None, "prompt": "What is 2 + 2?"}
+    )
     assert [i.reward for i in interactions] == [1.0]
     assert tiny_tokenizer.decode(requests[0].input_ids).count("What is 2 + 2?") == 1

@@ -107,14 +107,23 @@ def test_reexport_changes_rewards_not_tokens(session):
     b = batch.reexport(discount=0.0, style="individual").to_tensors()
     assert b["input_ids"].shape[0] >= a["input_ids"].shape[0]
     df = batch.interactions_df
-    assert set(df.columns) >= {"prompt_preview", "reply_preview", "reward", "reward_discounted", "input_tokens",
-                               "output_tokens", "version_min"}
+    assert set(df.columns) >= {
+        "prompt_preview",
+        "reply_preview",
+        "reward",
+        "reward_discounted",
+        "input_tokens",
+        "output_tokens",
+        "version_min",
+    }
     # with discount 0 every call keeps exactly the reward the agent set
     zero = batch.reexport(discount=0.0)
     for i, ep in enumerate(zero.episodes):
         if ep.accepted:
-            raw = {c.interaction_id: (c.raw_reward if c.raw_reward is not None else c.reward or 0.0)
-                   for c in zero.calls(i)}
+            raw = {
+                c.interaction_id: (c.raw_reward if c.raw_reward is not None else c.reward or 0.0)
+                for c in zero.calls(i)
+            }
             assert zero.discounted(i) == pytest.approx(raw)
 
 
@@ -123,8 +132,16 @@ def test_step_callback_and_history(session):
     session.add_step_callback(seen.append)
     session.step()
     assert len(session.history) == 1 and seen[-1]["step"] == session.step_count == 1
-    for key in ("loss", "reward_mean", "clip_frac", "approx_kl", "entropy", "staleness_mean",
-                "rollout_tokens_per_s", "train_tokens_per_s"):
+    for key in (
+        "loss",
+        "reward_mean",
+        "clip_frac",
+        "approx_kl",
+        "entropy",
+        "staleness_mean",
+        "rollout_tokens_per_s",
+        "train_tokens_per_s",
+    ):
         assert key in session.history.columns and not math.isnan(float(session.history[key].iloc[-1]))
 
 
@@ -167,16 +184,26 @@ class IntervalRecordingAgent:
 def test_gil_switch_interval_is_lowered_during_episodes_and_restored_after():
     before = sys.getswitchinterval()
     IntervalRecordingAgent.seen = []
-    with Session(config(rollout__gil_switch_interval=3e-4), agent__workflow=IntervalRecordingAgent,
-                 agent__workflow_kwargs={}) as s, \
-            Session(config(rollout__gil_switch_interval="null"), agent__workflow=IntervalRecordingAgent,
-                    agent__workflow_kwargs={}) as plain:
+    with (
+        Session(
+            config(rollout__gil_switch_interval=3e-4),
+            agent__workflow=IntervalRecordingAgent,
+            agent__workflow_kwargs={},
+        ) as s,
+        Session(
+            config(rollout__gil_switch_interval="null"),
+            agent__workflow=IntervalRecordingAgent,
+            agent__workflow_kwargs={},
+        ) as plain,
+    ):
         s.train_step(s.rollout())
         assert sys.getswitchinterval() == before
         s.evaluate(n=2)
         assert sys.getswitchinterval() == before
         # [0] is the first-episode check (preflight.py), one episode alone: nothing to contend with
-        assert IntervalRecordingAgent.seen[1:] == [pytest.approx(3e-4)] * 6  # 4 training + 2 evaluation episodes
+        assert (
+            IntervalRecordingAgent.seen[1:] == [pytest.approx(3e-4)] * 6
+        )  # 4 training + 2 evaluation episodes
         IntervalRecordingAgent.seen = []
         plain.rollout()
         assert IntervalRecordingAgent.seen[1:] == [before] * 4  # None: Python's own interval
@@ -223,21 +250,28 @@ class ReplyLengthAgent:
 
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client, max_retries=0)
         completion = await client.chat.completions.create(
-            model="any", messages=data["messages"], temperature=1.0, max_completion_tokens=8)
+            model="any", messages=data["messages"], temperature=1.0, max_completion_tokens=8
+        )
         return self.weight * len(completion.choices[0].message.content)
 
 
 def test_evaluate_a_custom_task_is_the_mean_reward_of_greedy_episodes():
     from areal_nb.models.evaluation import generate_replies
 
-    problems = [{"messages": [{"role": "user", "content": text}]}
-                for text in ("What is 3 + 4?", "Tom has 12 apples and eats 5.", "hello", "Add 10 and 32.")]
+    problems = [
+        {"messages": [{"role": "user", "content": text}]}
+        for text in ("What is 3 + 4?", "Tom has 12 apples and eats 5.", "hello", "Add 10 and 32.")
+    ]
     with Session(config(), agent__workflow=ReplyLengthAgent, agent__workflow_kwargs={"weight": 0.25}) as s:
         result = s.evaluate(problems=problems)
-        replies = generate_replies(s.actor.model, s.tokenizer, [p["messages"] for p in problems], max_new_tokens=8)
+        replies = generate_replies(
+            s.actor.model, s.tokenizer, [p["messages"] for p in problems], max_new_tokens=8
+        )
         expected = sum(0.25 * len(r) for r in replies) / len(problems)
         assert result.reward_mean == pytest.approx(expected, abs=1e-12) and expected > 0
-        assert s.evaluate(problems=problems).reward_mean == result.reward_mean  # greedy despite temperature 1.0
+        assert (
+            s.evaluate(problems=problems).reward_mean == result.reward_mean
+        )  # greedy despite temperature 1.0
         assert result.n == 4 and result.rejected == 0 and s.version == 0
 
 
@@ -245,8 +279,9 @@ def test_gsm8k_source_trains_and_evaluates_on_its_own_splits(tmp_path):
     from areal_nb.data import generate_problems
 
     def write(path, problems):
-        path.write_text("".join(json.dumps({"question": p["question"], "answer": p["answer"]}) + "\n"
-                                for p in problems))
+        path.write_text(
+            "".join(json.dumps({"question": p["question"], "answer": p["answer"]}) + "\n" for p in problems)
+        )
 
     train, test = generate_problems(30, seed=5), generate_problems(6, split="test")
     write(tmp_path / "gsm8k_train.jsonl", train)
@@ -256,8 +291,9 @@ def test_gsm8k_source_trains_and_evaluates_on_its_own_splits(tmp_path):
         batch = s.rollout()
         assert {ep.data["question"] for ep in batch.episodes} <= {p["question"] for p in train}
         result = s.evaluate()
-        assert result.n == 4 and [ep.data["question"] for ep in result.batch.episodes] == \
-            [p["question"] for p in test[:4]]
+        assert result.n == 4 and [ep.data["question"] for ep in result.batch.episodes] == [
+            p["question"] for p in test[:4]
+        ]
 
 
 # ---------------------------------------------------------------------------------- debts
@@ -293,7 +329,9 @@ def test_config_reaches_the_parts(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.chdir(tmp_path)
-    with Session(config(experiment_name="tb-run", agent__subproc_max_workers=3, logging__backend="tensorboard")) as s:
+    with Session(
+        config(experiment_name="tb-run", agent__subproc_max_workers=3, logging__backend="tensorboard")
+    ) as s:
         assert s.workflow.subproc_max_workers == 3 and s._eval_workflow.subproc_max_workers == 3
         s.step()
         s.step()
@@ -309,7 +347,9 @@ def test_config_reaches_the_parts(tmp_path, monkeypatch):
 def test_wandb_backend_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")  # wandb reads it: no network, files under run_dir
     monkeypatch.setenv("WANDB_SILENT", "true")
-    with Session(config(experiment_name="wb-run", logging__run_dir=str(tmp_path), logging__backend="wandb")) as s:
+    with Session(
+        config(experiment_name="wb-run", logging__run_dir=str(tmp_path), logging__backend="wandb")
+    ) as s:
         run = s._metrics.run
         assert run.project == "wb-run" and run.offline
         s.step()
@@ -395,8 +435,11 @@ def test_direct_arealopenai_workflow_is_trainable_too():
     """The seed's legacy path: a RolloutWorkflow on ArealOpenAI, resolved from an import string,
     constructed with exactly its workflow_kwargs."""
     kwargs = {"tokenizer": "tiny-math", "max_turns": 2, "max_new_tokens": 16, "export_style": "individual"}
-    with Session(config(), agent__workflow="areal_nb.agents.direct_math.MultiTurnMathWorkflow",
-                 agent__workflow_kwargs=kwargs) as s:
+    with Session(
+        config(),
+        agent__workflow="areal_nb.agents.direct_math.MultiTurnMathWorkflow",
+        agent__workflow_kwargs=kwargs,
+    ) as s:
         batch = s.rollout()
         assert all(ep.accepted for ep in batch.episodes), [ep.rejection_reason for ep in batch.episodes]
         tensors = batch.to_tensors()

@@ -25,8 +25,10 @@ def test_close_stops_the_math_agents_reward_workers():
     gc.collect()  # agents of earlier tests release their share of the pool
     before = {p.pid for p in multiprocessing.active_children()}
     agent = MultiTurnMathAgent()
-    cfg = load_config(CONFIG, ["rollout.batch_size=2", "rollout.group_size=2", "logging.progress=false",
-                               "rollout.prefetch=false"])
+    cfg = load_config(
+        CONFIG,
+        ["rollout.batch_size=2", "rollout.group_size=2", "logging.progress=false", "rollout.prefetch=false"],
+    )
     s = Session(cfg, agent__workflow=agent)
     s.rollout(1)
     workers = [p for p in multiprocessing.active_children() if p.pid not in before]

@@ -21,8 +21,12 @@ def test_generated_source_streams_fresh_problems_and_holds_out_the_test_split():
 
 def test_a_jsonl_with_question_and_answer_is_read_as_gsm8k_unless_format_rows(tmp_path):
     path = tmp_path / "gsm8k_train.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Tom has {i} pens.", "answer": f"{i}\n#### {i}"}) + "\n"
-                            for i in range(40)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"Tom has {i} pens.", "answer": f"{i}\n#### {i}"}) + "\n"
+            for i in range(40)
+        )
+    )
     gsm8k = load_task_data(DataConfig(source=str(path)))
     assert "messages" in gsm8k.train[0] and gsm8k.train[0]["answer_value"]  # converted to chat prompts
     rows = load_task_data(DataConfig(source=str(path), format="rows", eval_fraction=0.1))

@@ -7,6 +7,7 @@ the OpenAI SDK, the tool-call parser and the workflow are the real ones.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -44,11 +45,17 @@ def test_the_agent_calls_the_tool_and_answers_with_its_result(tiny_tokenizer):
         result = re.search(r"<tool_response>\n(.*?)\n</tool_response>", prompt)
         if result:
             return f"The answer is {result.group(1)}."
-        return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % ROW["expression"]
+        return (
+            "<tool_call>\n"
+            + json.dumps({"name": "calculator", "arguments": {"expression": ROW["expression"]}})
+            + "\n</tool_call>"
+        )
 
     engine = ScriptedEngine(tiny_tokenizer, model)
     with serve_proxy(engine, tiny_tokenizer) as proxy:
-        wf = OpenAIProxyWorkflow(agent=ToolAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY, discount=0.9)
+        wf = OpenAIProxyWorkflow(
+            agent=ToolAgent(), proxy_addr=proxy.url, admin_api_key=ADMIN_KEY, discount=0.9
+        )
         out = asyncio.run(wf.arun_episode(None, ROW))
         assert wf.last_rejection_reason is None, wf.last_rejection_reason
         first, second = out.values()
@@ -59,8 +66,11 @@ def test_the_agent_calls_the_tool_and_answers_with_its_result(tiny_tokenizer):
         assert call["name"] == "calculator" and ROW["expression"] in call["arguments"]
         # turn 2 is the child of turn 1 and saw the tool's result
         assert second.parent is first
-        assert second.messages[-1] == {"role": "tool", "tool_call_id": first.output_message_list[0]["tool_calls"][0]["id"],
-                                       "content": ROW["answer"]}
+        assert second.messages[-1] == {
+            "role": "tool",
+            "tool_call_id": first.output_message_list[0]["tool_calls"][0]["id"],
+            "content": ROW["answer"],
+        }
         assert second.output_message_list[0]["content"] == f"The answer is {ROW['answer']}."
         # the answer's reward, discounted back over the tool turn
         assert second.reward == 1.0 and first.reward == pytest.approx(0.9)
@@ -81,9 +91,14 @@ def test_a_wrong_or_missing_tool_call_is_answered_not_raised(tiny_tokenizer):
 
 # ----------------------------------------------------------------------------- your own tools
 
-LOOKUP_SCHEMA = {"type": "function", "function": {"name": "lookup", "description": "Population of a city.",
-                                                  "parameters": {"type": "object",
-                                                                 "properties": {"city": {"type": "string"}}}}}
+LOOKUP_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Population of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 POPULATION = {"Oslo": 709_000}
 
 
@@ -98,8 +113,12 @@ async def async_lookup(city):
 
 def tool_episode(tiny_tokenizer, agent, city: str):
     """(the tool message the model got back, the answer's reward) for one episode calling lookup(city)."""
-    replies = iter(['<tool_call>\n{"name": "lookup", "arguments": {"city": "%s"}}\n</tool_call>' % city,
-                    "It has 709000 people."])
+    replies = iter(
+        [
+            "<tool_call>\n" + json.dumps({"name": "lookup", "arguments": {"city": city}}) + "\n</tool_call>",
+            "It has 709000 people.",
+        ]
+    )
     engine = ScriptedEngine(tiny_tokenizer, lambda req: next(replies))
     row = {"messages": [{"role": "user", "content": f"How many people live in {city}?"}], "answer": "709000"}
     with serve_proxy(engine, tiny_tokenizer) as proxy:
@@ -134,6 +153,9 @@ def test_call_tool_reports_bad_arguments_and_refuses_an_async_tool_it_cannot_awa
     assert agent.call_tool("lookup", '{"city": "Oslo"}') == '{"city": "Oslo", "population": 709000}'
     assert agent.call_tool("lookup", '["Oslo"]').startswith("error: bad arguments for lookup")
     assert agent.call_tool("lookup", "{not json").startswith("error: bad arguments for lookup")
-    assert asyncio.run(agent.acall_tool("alookup", '{"city": "Oslo"}')) == '{"city": "Oslo", "population": 709000}'
+    assert (
+        asyncio.run(agent.acall_tool("alookup", '{"city": "Oslo"}'))
+        == '{"city": "Oslo", "population": 709000}'
+    )
     with pytest.raises(TypeError, match="'alookup' is async: use `await agent.acall_tool"):
         agent.call_tool("alookup", '{"city": "Oslo"}')

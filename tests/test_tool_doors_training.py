@@ -22,8 +22,13 @@ from areal_nb.widgets.tree_model import build_tree
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tool_use.yaml"
-SMALL = ["rollout.batch_size=4", "rollout.group_size=2", "data.eval_size=8", "logging.eval_every=0",
-         "logging.progress=false"]
+SMALL = [
+    "rollout.batch_size=4",
+    "rollout.group_size=2",
+    "data.eval_size=8",
+    "logging.eval_every=0",
+    "logging.progress=false",
+]
 FUNCTION = CALCULATOR_TOOL["function"]
 
 
@@ -43,7 +48,13 @@ class ResponsesCalculatorAgent:
             items += [item.model_dump(exclude_none=True) for item in response.output]
             for call in calls:
                 expression = json.loads(call.arguments).get("expression", "")
-                items.append({"type": "function_call_output", "call_id": call.call_id, "output": calculator(expression)})
+                items.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": call.call_id,
+                        "output": calculator(expression),
+                    }
+                )
         return 0.0
 
 
@@ -52,18 +63,33 @@ class AnthropicCalculatorAgent:
         from anthropic import AsyncAnthropic
 
         client = AsyncAnthropic(base_url=base_url.removesuffix("/v1"), api_key=api_key, max_retries=0)
-        tools = [{"name": FUNCTION["name"], "description": FUNCTION["description"],
-                  "input_schema": FUNCTION["parameters"]}]
+        tools = [
+            {
+                "name": FUNCTION["name"],
+                "description": FUNCTION["description"],
+                "input_schema": FUNCTION["parameters"],
+            }
+        ]
         messages = [{"role": "user", "content": data["messages"][0]["content"]}]
         for _turn in range(2):
             reply = await client.messages.create(model="m", max_tokens=24, messages=messages, tools=tools)
             uses = [block for block in reply.content if block.type == "tool_use"]
             if not uses:
                 return answer_reward(data, "".join(b.text for b in reply.content if b.type == "text"))
-            messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                       "content": calculator(use.input.get("expression", ""))}
-                                                      for use in uses]}]
+            messages += [
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use.id,
+                            "content": calculator(use.input.get("expression", "")),
+                        }
+                        for use in uses
+                    ],
+                },
+            ]
         return 0.0
 
 
@@ -84,12 +110,15 @@ def test_a_tool_agent_trains_through_its_own_door(agent_class):
                 assert answer.parent is call and tool_call["function"]["name"] == "calculator"
                 result = answer.messages[-1]
                 assert result["role"] == "tool" and result["tool_call_id"] == tool_call["id"]
-                assert result["content"] == calculator(json.loads(tool_call["function"]["arguments"])["expression"])
+                assert result["content"] == calculator(
+                    json.loads(tool_call["function"]["arguments"])["expression"]
+                )
                 # the reward (set on the answer) is discounted back onto the tool call
                 assert call.reward == pytest.approx(0.9 * answer.reward)
             tree = build_tree(batch)
             assert len([n for n in tree.nodes if "tool" in n.roles.split(",")]) == sum(
-                len(batch.calls(i)) == 2 for i in range(len(batch.episodes)))
+                len(batch.calls(i)) == 2 for i in range(len(batch.episodes))
+            )
             s.train_step(batch)
         assert tool_turns > 0, "the model called the calculator in none of 16 episodes"
         assert s.version == 2

@@ -23,8 +23,13 @@ from areal_nb.widgets.tree_model import build_tree
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tool_use.yaml"
-SMALL = ["rollout.batch_size=4", "rollout.group_size=2", "data.eval_size=8", "logging.eval_every=0",
-         "logging.progress=false"]
+SMALL = [
+    "rollout.batch_size=4",
+    "rollout.group_size=2",
+    "data.eval_size=8",
+    "logging.eval_every=0",
+    "logging.progress=false",
+]
 
 
 def tool_episodes(batch) -> list[tuple]:
@@ -48,8 +53,12 @@ def test_the_model_folder_loads_the_tokenizer_it_was_trained_with():
     from areal_nb.models import load_tokenizer, resolve_model_path
 
     by_name, by_folder = load_tokenizer("tiny-tools"), load_tokenizer(resolve_model_path("tiny-tools"))
-    text = by_name.apply_chat_template(tool_task.test_rows()[0]["messages"], tools=[tool_task.CALCULATOR_TOOL],
-                                       tokenize=False, add_generation_prompt=True)
+    text = by_name.apply_chat_template(
+        tool_task.test_rows()[0]["messages"],
+        tools=[tool_task.CALCULATOR_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert by_folder.encode(text) == by_name.encode(text) and len(by_name.encode(text)) <= 40
 
 
@@ -92,4 +101,6 @@ def test_the_tool_task_trains_and_the_tree_shows_the_tool_turns():
         for i in range(8):  # the reward is answer_reward of the episode's row and its final answer
             final = result.batch.calls(i)[-1].output_message_list[0]
             row = next(r for r in s.eval_problems if r["messages"] == result.batch.calls(i)[0].messages)
-            assert returns[i] == (0.0 if final.get("tool_calls") else answer_reward(row, final.get("content") or ""))
+            assert returns[i] == (
+                0.0 if final.get("tool_calls") else answer_reward(row, final.get("content") or "")
+            )

@@ -32,7 +32,9 @@ def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if row.get("messages") is not None:
         messages = row["messages"]
         if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
-            raise TypeError(f"the row's 'messages' must be a list of chat messages, got {type(messages).__name__}")
+            raise TypeError(
+                f"the row's 'messages' must be a list of chat messages, got {type(messages).__name__}"
+            )
         return list(messages)
     if row.get("prompt") is not None:
         return [{"role": "user", "content": str(row["prompt"])}]
@@ -46,7 +48,8 @@ class ChatAgent(SDKAgent):
         max_turns: int = 1,
         retry_prompt: str = RETRY_PROMPT,
         model: str = "default",
-        temperature: float | None = None,  # None: the server's default (rollout.temperature; greedy in evaluate())
+        temperature: float
+        | None = None,  # None: the server's default (rollout.temperature; greedy in evaluate())
         max_completion_tokens: int | None = None,  # None: rollout.max_new_tokens
     ) -> None:
         super().__init__(max_turns, model, temperature, max_completion_tokens)
@@ -59,5 +62,6 @@ class ChatAgent(SDKAgent):
         async def score(reply: str) -> float:
             return await compute_reward(self.reward_fn, data, reply)
 
-        return await self.answer_until_rewarded(openai_client(**extra_kwargs), prompt_messages(data), score,
-                                                self.retry_prompt)
+        return await self.answer_until_rewarded(
+            openai_client(**extra_kwargs), prompt_messages(data), score, self.retry_prompt
+        )

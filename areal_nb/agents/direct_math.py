@@ -51,7 +51,9 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]):
         from areal_nb.capture import ArealOpenAI
 
-        client = ArealOpenAI(engine=engine, tokenizer=self.tokenizer, chat_template_type=self.chat_template_type)
+        client = ArealOpenAI(
+            engine=engine, tokenizer=self.tokenizer, chat_template_type=self.chat_template_type
+        )
         messages = list(data["messages"])  # never mutate the shared prompt: agents append to their input
         for _ in range(self.max_turns):
             completion = await client.chat.completions.create(

@@ -16,7 +16,6 @@ from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 from .sdk_agent import SDKAgent, openai_client
 
-
 SCORE_MEMO_SIZE = 65536  # (reply, gold) pairs whose reward an agent keeps
 
 
@@ -70,5 +69,6 @@ class MultiTurnMathAgent(SDKAgent):
                 self._scores[key] = reward
             return self._scores[key]
 
-        return await self.answer_until_rewarded(openai_client(**extra_kwargs), list(data["messages"]), score,
-                                                CORRECTION_PROMPT)
+        return await self.answer_until_rewarded(
+            openai_client(**extra_kwargs), list(data["messages"]), score, CORRECTION_PROMPT
+        )

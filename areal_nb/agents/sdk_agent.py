@@ -14,8 +14,9 @@ from typing import Any
 Messages = list[dict[str, Any]]
 
 
-def openai_client(base_url: str | None = None, api_key: str | None = None, http_client: Any = None,
-                  **_more: Any):
+def openai_client(
+    base_url: str | None = None, api_key: str | None = None, http_client: Any = None, **_more: Any
+):
     """The episode's `AsyncOpenAI` client: the given endpoint, key and HTTP client, else the env's.
 
     A new client per episode is cheap when `http_client` is given (the Session always gives one,
@@ -28,9 +29,12 @@ def openai_client(base_url: str | None = None, api_key: str | None = None, http_
     """
     from openai import AsyncOpenAI
 
-    return AsyncOpenAI(base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
-                       api_key=api_key or os.environ.get("OPENAI_API_KEY"),
-                       http_client=http_client, max_retries=0)
+    return AsyncOpenAI(
+        base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
+        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        http_client=http_client,
+        max_retries=0,
+    )
 
 
 def echo(message: Any) -> dict[str, Any]:
@@ -45,8 +49,13 @@ class SDKAgent:
     the config's `rollout.*`, greedy during `evaluate()`).
     """
 
-    def __init__(self, max_turns: int, model: str = "default", temperature: float | None = None,
-                 max_completion_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        max_turns: int,
+        model: str = "default",
+        temperature: float | None = None,
+        max_completion_tokens: int | None = None,
+    ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
@@ -56,12 +65,19 @@ class SDKAgent:
 
     async def chat(self, client: Any, messages: Messages, **kwargs: Any):
         """One `chat.completions.create` with this agent's model and sampling."""
-        sampling = {k: v for k, v in (("temperature", self.temperature),
-                                      ("max_completion_tokens", self.max_completion_tokens)) if v is not None}
+        sampling = {
+            k: v
+            for k, v in (
+                ("temperature", self.temperature),
+                ("max_completion_tokens", self.max_completion_tokens),
+            )
+            if v is not None
+        }
         return await client.chat.completions.create(model=self.model, messages=messages, **sampling, **kwargs)
 
-    async def answer_until_rewarded(self, client: Any, messages: Messages,
-                                    score: Callable[[str], Awaitable[float]], retry_prompt: str) -> dict[str, float]:
+    async def answer_until_rewarded(
+        self, client: Any, messages: Messages, score: Callable[[str], Awaitable[float]], retry_prompt: str
+    ) -> dict[str, float]:
         """Ask, score the reply; a reply scored <= 0 gets `retry_prompt` and another try, up to
         `max_turns`. Returns each completion's reward by completion id."""
         rewards: dict[str, float] = {}

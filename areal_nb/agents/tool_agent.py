@@ -112,6 +112,11 @@ class ToolAgent(SDKAgent):
                 break
             messages = messages + [echo(message)]
             for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": await self.acall_tool(call.function.name, call.function.arguments)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "content": await self.acall_tool(call.function.name, call.function.arguments),
+                    }
+                )
         return await compute_reward(self.reward_fn, data, answer)

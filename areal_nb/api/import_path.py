@@ -21,7 +21,9 @@ def import_object(path: str) -> Any:
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"{path!r} is not an import path like 'package.module.name' or 'package.module:name'")
+        raise ValueError(
+            f"{path!r} is not an import path like 'package.module.name' or 'package.module:name'"
+        )
     try:
         found: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -52,4 +52,3 @@ __all__ = [
     "check_retokenization_all",
     "concat_padded_tensors",
 ]
-

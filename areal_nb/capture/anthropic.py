@@ -24,7 +24,6 @@ from typing import Any
 
 from openai.types.chat import ChatCompletion
 
-from areal_nb.api import InvalidRequestError
 from areal_nb.errors import AnthropicRequestError  # noqa: F401 (re-exported)
 
 # OpenAI finish_reason → Anthropic stop_reason
@@ -77,7 +76,9 @@ def _image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     elif source.get("type") == "url":
         url = _require_str(source, "url", f"{where}.source")
     else:
-        raise AnthropicRequestError(f"{where}.source.type must be 'base64' or 'url', got {source.get('type')!r}")
+        raise AnthropicRequestError(
+            f"{where}.source.type must be 'base64' or 'url', got {source.get('type')!r}"
+        )
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -102,9 +103,7 @@ def _loads_or_none(text: str) -> Any:
         return None
 
 
-def _convert_message(
-    message: Any, index: int, tool_arguments: Mapping[str, str]
-) -> list[dict[str, Any]]:
+def _convert_message(message: Any, index: int, tool_arguments: Mapping[str, str]) -> list[dict[str, Any]]:
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
         raise AnthropicRequestError(f"{where} must be an object, got {type(message).__name__}")
@@ -282,7 +281,9 @@ def chat_completion_to_anthropic(completion: ChatCompletion, model: str) -> dict
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": "stop_sequence" if matched is not None else _STOP_REASONS.get(choice.finish_reason or "stop", "end_turn"),
+        "stop_reason": "stop_sequence"
+        if matched is not None
+        else _STOP_REASONS.get(choice.finish_reason or "stop", "end_turn"),
         "stop_sequence": matched,
         "usage": {
             "input_tokens": usage.prompt_tokens if usage else 0,
@@ -317,11 +318,19 @@ def anthropic_stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[
             delta = {"type": "text_delta", "text": block["text"]}
         else:
             start_block = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+            delta = {
+                "type": "input_json_delta",
+                "partial_json": json.dumps(block["input"], ensure_ascii=False),
+            }
         events.append(
-            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": start_block})
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": start_block},
+            )
         )
-        events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     events.append(
         (
@@ -339,4 +348,6 @@ def anthropic_stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[
 
 def format_sse(events: list[tuple[str, dict[str, Any]]]) -> str:
     """Server-sent-event text for named events (`event: NAME` / `data: JSON`)."""
-    return "".join(f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n" for name, data in events)
+    return "".join(
+        f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n" for name, data in events
+    )

@@ -48,7 +48,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def insert(self, key: str, value: InteractionWithTokenLogpReward, resolve_parent: bool = True) -> None:
         """Add `value` under `key`; its parent is resolved unless already set or not wanted."""
         if not isinstance(value, InteractionWithTokenLogpReward):
-            raise TypeError(f"InteractionCache values must be InteractionWithTokenLogpReward, got {type(value).__name__}")
+            raise TypeError(
+                f"InteractionCache values must be InteractionWithTokenLogpReward, got {type(value).__name__}"
+            )
         if value.messages is None:
             raise ValueError("interaction messages must be set before it is cached")
         with self._lock:
@@ -76,7 +78,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         for candidate in candidates:
             if not candidate.is_complete:
                 continue  # in-flight calls are never parents
-            history = candidate.messages + candidate.output_message_list
+            history = candidate.messages + (candidate.output_message_list or [])
             if is_prefix(history, messages):
                 if len(history) > best_len:
                     best, best_len = candidate, len(history)
@@ -134,7 +136,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         self.set_reward(key, reward)
         return key
 
-    def apply_reward_discount(self, turn_discount: float = 1.0, mode: DiscountMode = "tree") -> dict[str, InteractionWithTokenLogpReward]:
+    def apply_reward_discount(
+        self, turn_discount: float = 1.0, mode: DiscountMode = "tree"
+    ) -> dict[str, InteractionWithTokenLogpReward]:
         """Propagate rewards back through the turns, once.
 
         `mode="tree"`: leaves first, a call's reward becomes its own reward plus
@@ -160,7 +164,11 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def _discount_linear(self, gamma: float) -> None:
         values = list(self.values())
         if values and values[-1].reward is None:
-            warnings.warn("The most recent interaction does not have a reward set; using 0.0", MissingRewardWarning, stacklevel=4)
+            warnings.warn(
+                "The most recent interaction does not have a reward set; using 0.0",
+                MissingRewardWarning,
+                stacklevel=4,
+            )
         self._store_discounted(values, discounted_rewards(values, gamma, "linear"))
 
     def _discount_tree(self, gamma: float) -> None:
@@ -169,7 +177,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         unset = [v.interaction_id for v in nodes if id(v) not in parents and v.reward is None]
         if unset:
             warnings.warn(
-                f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(unset[:3])}"
+                f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(map(str, unset[:3]))}"
                 f"{', ...' if len(unset) > 3 else ''}); using 0.0",
                 MissingRewardWarning,
                 stacklevel=4,
@@ -191,7 +199,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             self._discount_applied = False
 
     @staticmethod
-    def _store_discounted(interactions: list[InteractionWithTokenLogpReward], rewards: dict[str, float]) -> None:
+    def _store_discounted(
+        interactions: list[InteractionWithTokenLogpReward], rewards: dict[str | None, float]
+    ) -> None:
         for v in interactions:
             # As the agent set it; an unset reward is recorded as the 0.0 the discount counted,
             # so readers of raw_reward (episode returns, re-export) never fall back to `reward`,
@@ -215,7 +225,9 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                     skipped.append(key)
                     continue
                 if key != value.interaction_id:
-                    raise ValueError(f"Interaction ID mismatch: cached under {key!r} but its id is {value.interaction_id!r}")
+                    raise ValueError(
+                        f"Interaction ID mismatch: cached under {key!r} but its id is {value.interaction_id!r}"
+                    )
                 complete[key] = value
         if skipped:
             warnings.warn(
@@ -234,8 +246,8 @@ def discounted_rewards(
     interactions: list[InteractionWithTokenLogpReward],
     turn_discount: float,
     mode: DiscountMode = "tree",
-    rewards: Mapping[str, float | None] | None = None,
-) -> dict[str, float]:
+    rewards: Mapping[str | None, float | None] | None = None,
+) -> dict[str | None, float]:
     """Rewards after discount keyed by interaction id, computed without changing anything.
 
     `interactions` in insertion order; `rewards` overrides their own (e.g. the raw rewards of
@@ -251,7 +263,7 @@ def discounted_rewards(
         r = rewards.get(v.interaction_id, v.reward) if rewards is not None else v.reward
         return 0.0 if r is None else float(r)
 
-    out: dict[str, float] = {}
+    out: dict[str | None, float] = {}
     if mode == "linear":
         current = 0.0
         for v in reversed(interactions):
@@ -274,9 +286,11 @@ def discounted_rewards(
     return out
 
 
-def _edited_assistant_continuation(candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]) -> bool:
+def _edited_assistant_continuation(
+    candidate: InteractionWithTokenLogpReward, messages: list[dict[str, Any]]
+) -> bool:
     """Whether `messages` continue `candidate` except for a changed assistant message."""
-    n_in, outputs = len(candidate.messages), candidate.output_message_list
+    n_in, outputs = len(candidate.messages), candidate.output_message_list or []
     if not is_prefix(candidate.messages, messages) or len(messages) < n_in + len(outputs):
         return False
     sent = messages[n_in : n_in + len(outputs)]

@@ -74,7 +74,14 @@ class _Completions:
     def __init__(self, client: ArealOpenAI) -> None:
         self._client = client
 
-    async def create(self, *, messages: Any, stream: bool = False, areal_cache: InteractionCache | None = None, **kwargs: Any) -> Any:
+    async def create(
+        self,
+        *,
+        messages: Any,
+        stream: bool = False,
+        areal_cache: InteractionCache | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """`chat.completions.create`; with `stream=True` an async iterator of chunks.
 
         The interaction is recorded before the stream is returned.
@@ -183,8 +190,12 @@ class ArealOpenAI(openai.AsyncOpenAI):
         """Reward the most recently *completed* call (not the most recently started one)."""
         return self.cache.set_last_reward(reward)
 
-    def apply_reward_discount(self, turn_discount: float = 1.0, mode: DiscountMode = "tree") -> dict[str, InteractionWithTokenLogpReward]:
+    def apply_reward_discount(
+        self, turn_discount: float = 1.0, mode: DiscountMode = "tree"
+    ) -> dict[str, InteractionWithTokenLogpReward]:
         return self.cache.apply_reward_discount(turn_discount, mode=mode)
 
-    def export_interactions(self, style: ExportStyle = "individual", reward_discount: float | None = None) -> dict[str, InteractionWithTokenLogpReward]:
+    def export_interactions(
+        self, style: ExportStyle = "individual", reward_discount: float | None = None
+    ) -> dict[str, InteractionWithTokenLogpReward]:
         return self.cache.export_interactions(style, reward_discount=reward_discount)

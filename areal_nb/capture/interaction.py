@@ -136,12 +136,13 @@ class InteractionWithTokenLogpReward:
         if self.parent is None:
             return self.messages
         if self.parent.output_message_list is None:
-            raise ValueError(f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet")
+            raise ValueError(
+                f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet"
+            )
         return self.messages[len(self.parent.messages) + len(self.parent.output_message_list) :]
 
     # ----- training row -------------------------------------------------------------------
-    def _own_row(self, first_turn_id: int) -> TokenRow:
-        mr = self.model_response
+    def _own_row(self, mr: ModelResponse, first_turn_id: int) -> TokenRow:
         n_in, n_out = mr.input_len, mr.output_len
         return TokenRow(
             input_ids=list(mr.input_tokens) + list(mr.output_tokens),
@@ -151,8 +152,9 @@ class InteractionWithTokenLogpReward:
             turn_ids=[-1] * n_in + [first_turn_id] * n_out,
         )
 
-    def _concat_row(self, parent_row: TokenRow) -> TokenRow:
-        mr = self.model_response
+    def _concat_row(
+        self, mr: ModelResponse, parent: InteractionWithTokenLogpReward, parent_row: TokenRow
+    ) -> TokenRow:
         prompt = mr.input_tokens
         # The parent's trailing EOS/pad run is stripped and one EOS added when building the
         # child's prompt, so the shared prefix may end a few tokens before the parent's row.
@@ -160,7 +162,7 @@ class InteractionWithTokenLogpReward:
         limit = min(len(parent_row), len(prompt))
         while shared < limit and parent_row.input_ids[shared] == prompt[shared]:
             shared += 1
-        required = self._parent_prefix_len()
+        required = self._parent_prefix_len(parent)
         if shared < required:
             raise ValueError(
                 f"concat row of interaction {self.interaction_id}: its prompt does not start with "
@@ -177,10 +179,11 @@ class InteractionWithTokenLogpReward:
             turn_ids=parent_row.turn_ids[:shared] + [-1] * gap + [turn] * mr.output_len,
         )
 
-    def _parent_prefix_len(self) -> int:
-        pr = self.parent.model_response
+    @staticmethod
+    def _parent_prefix_len(parent: InteractionWithTokenLogpReward) -> int:
+        pr = parent.model_response
         if pr is None:  # rebuilt from the wire: trust the exported row
-            return len(self.parent.token_row())
+            return len(parent.token_row())
         try:
             return pr.input_len + len(pr.output_tokens_without_stop)
         except ValueError:
@@ -192,13 +195,22 @@ class InteractionWithTokenLogpReward:
             return self._frozen_row
         if self.model_response is None:
             raise ValueError(f"interaction {self.interaction_id} has no model_response (no token data)")
-        _check_response_lengths(self.model_response, self.interaction_id)
-        concat = self.chat_template_type == "concat" and self.parent is not None
-        parent_row = self.parent.token_row() if concat else None
+        mr = self.model_response
+        _check_response_lengths(mr, self.interaction_id)
+        parent = self.parent if self.chat_template_type == "concat" else None
+        parent_row = parent.token_row() if parent is not None else None
         memo = self._row_memo
-        if memo is not None and memo[0] is self.model_response and memo[1] is parent_row and memo[2] == self.chat_template_type:
+        if (
+            memo is not None
+            and memo[0] is self.model_response
+            and memo[1] is parent_row
+            and memo[2] == self.chat_template_type
+        ):
             return memo[3]
-        row = self._concat_row(parent_row) if concat else self._own_row(self.depth)
+        if parent is not None and parent_row is not None:
+            row = self._concat_row(mr, parent, parent_row)
+        else:
+            row = self._own_row(mr, self.depth)
         self._row_memo = (self.model_response, parent_row, self.chat_template_type, row)
         return row
 
@@ -223,7 +235,7 @@ class InteractionWithTokenLogpReward:
             spans.append(SamplingSpan(start, response.sampling_masks, list(response.output_tokens)))
         return spans
 
-    def turn_returns(self, rewards: Mapping[str, float | None] | None = None) -> list[float]:
+    def turn_returns(self, rewards: Mapping[str | None, float | None] | None = None) -> list[float]:
         """Per token of `token_row()`: the reward of the call (turn) that generated it, 0.0 elsewhere.
 
         Read after the discount, a call's reward is its turn's return (tree rule: its own reward
@@ -243,7 +255,9 @@ class InteractionWithTokenLogpReward:
             if own_turn is not None:
                 by_turn.setdefault(own_turn, 0.0 if reward is None else float(reward))
             if call._frozen_row is not None:  # ancestors unknown: their returns as exported
-                for turn, value in zip(call._frozen_row.turn_ids, call._frozen_turn_returns or [], strict=False):
+                for turn, value in zip(
+                    call._frozen_row.turn_ids, call._frozen_turn_returns or [], strict=False
+                ):
                     if turn >= 0:
                         by_turn.setdefault(turn, value)
         missing = sorted({t for t in row.turn_ids if t >= 0} - set(by_turn))

@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from areal_nb.api import InvalidRequestError
 from areal_nb.errors import CompletionRequestError, MessageTypeError  # noqa: F401 (re-exported)
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -57,9 +56,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
         raise MessageTypeError(f"messages must be a list of messages, got {type(messages).__name__}")
     if not isinstance(messages, list):
-        raise MessageTypeError(
-            f"messages must be a list, got {type(messages).__name__}; pass list(messages)"
-        )
+        raise MessageTypeError(f"messages must be a list, got {type(messages).__name__}; pass list(messages)")
     if not messages:
         raise CompletionRequestError("messages cannot be empty")
     return [normalize_message(m, i) for i, m in enumerate(messages)]
@@ -67,7 +64,9 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 def is_prefix(prefix: list[dict[str, Any]], full: list[dict[str, Any]]) -> bool:
     """Whether `full` starts with the messages of `prefix` (equal, or `same_message`)."""
-    return len(prefix) <= len(full) and all(a == b or same_message(a, b) for a, b in zip(prefix, full, strict=False))
+    return len(prefix) <= len(full) and all(
+        a == b or same_message(a, b) for a, b in zip(prefix, full, strict=False)
+    )
 
 
 def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -100,7 +99,9 @@ def _link_form(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_text_part(part: Any) -> bool:
-    return isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str))
+    return isinstance(part, str) or (
+        isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _call_link_form(call: Any) -> Any:
@@ -130,13 +131,17 @@ def check_chat_messages(messages: list[dict[str, Any]]) -> None:
         where = f"messages[{i}]"
         role = message.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise CompletionRequestError(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.80}")
+            raise CompletionRequestError(
+                f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.80}"
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise CompletionRequestError(f"{where}.content must be a string or a list of parts")
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, Mapping):
-                raise CompletionRequestError(f"{where}.content[{j}] must be an object, got {type(part).__name__}")
+                raise CompletionRequestError(
+                    f"{where}.content[{j}] must be an object, got {type(part).__name__}"
+                )
             kind = part.get("type")
             if kind != "text":  # the template would drop it: the prompt would lose what was sent
                 raise CompletionRequestError(
@@ -155,6 +160,10 @@ def check_chat_messages(messages: list[dict[str, Any]]) -> None:
         for j, call in enumerate(calls):
             fn = call.get("function") if isinstance(call, Mapping) else None
             if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-                raise CompletionRequestError(f"{where}.tool_calls[{j}] must be an object with function.name (a non-empty string)")
+                raise CompletionRequestError(
+                    f"{where}.tool_calls[{j}] must be an object with function.name (a non-empty string)"
+                )
             if not isinstance(fn.get("arguments", ""), str | Mapping):
-                raise CompletionRequestError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")
+                raise CompletionRequestError(
+                    f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object"
+                )

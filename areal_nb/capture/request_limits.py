@@ -40,7 +40,9 @@ def context_tokens(engine: Any, engine_max_tokens: int | None) -> int | None:
     """The most prompt + output tokens one call can use: the engine's context or the setting."""
     # `InferenceEngine.max_context`; read with a default because `ArealOpenAI` also takes any object
     # that only generates (AReaL's client takes such engines too)
-    limits = [x for x in (getattr(engine, "max_context", None), engine_max_tokens) if isinstance(x, int) and x > 0]
+    limits = [
+        x for x in (getattr(engine, "max_context", None), engine_max_tokens) if isinstance(x, int) and x > 0
+    ]
     return min(limits) if limits else None
 
 
@@ -104,7 +106,9 @@ def check_max_tokens(budget_kwargs: Mapping[str, Any], context: int | None) -> N
     for name in ("max_tokens", "max_completion_tokens"):
         value = budget_kwargs.get(name)
         if context is not None and isinstance(value, int) and value > context:
-            raise CompletionRequestError(f"{name}={value} is larger than the model context of {context} tokens")
+            raise CompletionRequestError(
+                f"{name}={value} is larger than the model context of {context} tokens"
+            )
 
 
 def template_variables(tokenizer: Any) -> frozenset[str]:

@@ -39,23 +39,56 @@ def response_stream_events(response: Any) -> list[Any]:
     emit(ResponseInProgressEvent, type="response.in_progress", response=pending)
     for index, item in enumerate(response.output):
         if item.type == "message":
-            emit(ResponseOutputItemAddedEvent, type="response.output_item.added", output_index=index,
-                 item=item.model_copy(update={"status": "in_progress", "content": []}))
+            emit(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=index,
+                item=item.model_copy(update={"status": "in_progress", "content": []}),
+            )
             for j, part in enumerate(item.content):
                 where = {"item_id": item.id, "output_index": index, "content_index": j}
-                emit(ResponseContentPartAddedEvent, type="response.content_part.added", **where,
-                     part=part.model_copy(update={"text": ""}))
-                emit(ResponseTextDeltaEvent, type="response.output_text.delta", **where, delta=part.text, logprobs=[])
-                emit(ResponseTextDoneEvent, type="response.output_text.done", **where, text=part.text, logprobs=[])
+                emit(
+                    ResponseContentPartAddedEvent,
+                    type="response.content_part.added",
+                    **where,
+                    part=part.model_copy(update={"text": ""}),
+                )
+                emit(
+                    ResponseTextDeltaEvent,
+                    type="response.output_text.delta",
+                    **where,
+                    delta=part.text,
+                    logprobs=[],
+                )
+                emit(
+                    ResponseTextDoneEvent,
+                    type="response.output_text.done",
+                    **where,
+                    text=part.text,
+                    logprobs=[],
+                )
                 emit(ResponseContentPartDoneEvent, type="response.content_part.done", **where, part=part)
         else:  # function_call
-            emit(ResponseOutputItemAddedEvent, type="response.output_item.added", output_index=index,
-                 item=item.model_copy(update={"status": "in_progress", "arguments": ""}))
+            emit(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=index,
+                item=item.model_copy(update={"status": "in_progress", "arguments": ""}),
+            )
             where = {"item_id": item.id, "output_index": index}
-            emit(ResponseFunctionCallArgumentsDeltaEvent, type="response.function_call_arguments.delta", **where,
-                 delta=item.arguments)
-            emit(ResponseFunctionCallArgumentsDoneEvent, type="response.function_call_arguments.done", **where,
-                 arguments=item.arguments, name=item.name)
+            emit(
+                ResponseFunctionCallArgumentsDeltaEvent,
+                type="response.function_call_arguments.delta",
+                **where,
+                delta=item.arguments,
+            )
+            emit(
+                ResponseFunctionCallArgumentsDoneEvent,
+                type="response.function_call_arguments.done",
+                **where,
+                arguments=item.arguments,
+                name=item.name,
+            )
         emit(ResponseOutputItemDoneEvent, type="response.output_item.done", output_index=index, item=item)
     emit(ResponseCompletedEvent, type="response.completed", response=response)
     return events

@@ -40,11 +40,17 @@ def render_prompt_ids(
 
     if memo is None:
         return render()
-    return memo.ids(getattr(tokenizer, "chat_template", None), (messages, tools, chat_template_kwargs), render)
+    return memo.ids(
+        getattr(tokenizer, "chat_template", None), (messages, tools, chat_template_kwargs), render
+    )
 
 
-def _render_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       chat_template_kwargs: dict[str, Any] | None) -> list[int]:
+def _render_prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> list[int]:
     from jinja2 import TemplateError
 
     try:
@@ -149,4 +155,6 @@ def check_retokenization_all(
     interactions: dict[str, InteractionWithTokenLogpReward], tokenizer: Any
 ) -> dict[str, RetokenizationCheck]:
     """`check_retokenization` for every interaction with token data."""
-    return {k: check_retokenization(v, tokenizer) for k, v in interactions.items() if v.model_response is not None}
+    return {
+        k: check_retokenization(v, tokenizer) for k, v in interactions.items() if v.model_response is not None
+    }

@@ -62,7 +62,9 @@ def add_sampling_records(tensors: dict[str, Any], rows: Sequence[TokenRow],
     return tensors
 
 
-def concat_padded_tensors(dicts: list[dict[str, torch.Tensor]], pad_value: float = 0) -> dict[str, torch.Tensor]:
+def concat_padded_tensors(
+    dicts: list[dict[str, torch.Tensor]], pad_value: float = 0
+) -> dict[str, torch.Tensor]:
     """Right-pad `[1, L]` rows into `[B, Lmax]`; 1-D entries (e.g. `rewards`) become `[B]`.
 
     `attention_mask` is padded with False, `turn_ids` and `versions` with -1 (no turn, no
@@ -74,7 +76,9 @@ def concat_padded_tensors(dicts: list[dict[str, torch.Tensor]], pad_value: float
     for i, d in enumerate(dicts):
         if list(d) != keys and set(d) != set(keys):
             raise ValueError(f"tensor dict {i} has keys {sorted(d)}, expected {sorted(keys)}")
-    max_len = max(d["attention_mask"].shape[1] if "attention_mask" in d else d[keys[0]].shape[-1] for d in dicts)
+    max_len = max(
+        d["attention_mask"].shape[1] if "attention_mask" in d else d[keys[0]].shape[-1] for d in dicts
+    )
     out: dict[str, torch.Tensor] = {}
     for key in keys:
         tensors = [d[key] for d in dicts]
@@ -82,7 +86,9 @@ def concat_padded_tensors(dicts: list[dict[str, torch.Tensor]], pad_value: float
             out[key] = torch.cat(tensors, dim=0)
             continue
         if any(t.dim() != 2 or t.shape[0] != 1 for t in tensors):
-            raise ValueError(f"{key!r}: expected [1, L] tensors, got shapes {[tuple(t.shape) for t in tensors]}")
+            raise ValueError(
+                f"{key!r}: expected [1, L] tensors, got shapes {[tuple(t.shape) for t in tensors]}"
+            )
         fill = PAD_FILL.get(key, pad_value)
         padded = torch.full((len(tensors), max_len), fill, dtype=tensors[0].dtype)
         for i, t in enumerate(tensors):

@@ -49,9 +49,13 @@ def parse_tool_calls(
 ) -> tuple[list[ParsedToolCall], str]:
     """(tool calls, text without the tool-call markup); ([], text) when there are none."""
     if tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
-        raise ValueError(f"unknown tool_call_parser {tool_call_parser!r}; supported: {SUPPORTED_TOOL_CALL_PARSERS}")
+        raise ValueError(
+            f"unknown tool_call_parser {tool_call_parser!r}; supported: {SUPPORTED_TOOL_CALL_PARSERS}"
+        )
     if reasoning_parser not in SUPPORTED_REASONING_PARSERS:
-        raise ValueError(f"unknown reasoning_parser {reasoning_parser!r}; supported: {SUPPORTED_REASONING_PARSERS}")
+        raise ValueError(
+            f"unknown reasoning_parser {reasoning_parser!r}; supported: {SUPPORTED_REASONING_PARSERS}"
+        )
     reasoning, content = split_reasoning(text, reasoning_parser)
     if reasoning and THINK_CLOSE not in reasoning:  # unfinished thinking: no content to scan
         return [], text
@@ -80,6 +84,8 @@ def tool_calls_to_openai(calls: list[ParsedToolCall]) -> list[Any]:
     )
 
     return [
-        ChatCompletionMessageFunctionToolCall(id=c.id, type="function", function=Function(name=c.name, arguments=c.arguments))
+        ChatCompletionMessageFunctionToolCall(
+            id=c.id, type="function", function=Function(name=c.name, arguments=c.arguments)
+        )
         for c in calls
     ]

@@ -24,7 +24,9 @@ def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
         if not isinstance(fn, Mapping):
             raise CompletionRequestError(f"{where}.function must be an object with a name")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise CompletionRequestError(f"{where}.function.name must be a non-empty string, got {fn.get('name')!r:.80}")
+            raise CompletionRequestError(
+                f"{where}.function.name must be a non-empty string, got {fn.get('name')!r:.80}"
+            )
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise CompletionRequestError(f"{where}.function.description must be a string")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
@@ -43,8 +45,12 @@ def check_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> None:
     if tool_choice == "required":
         return
     if not isinstance(tool_choice, Mapping):
-        raise CompletionRequestError(f"tool_choice must be 'none', 'auto', 'required' or a function, got {tool_choice!r:.80}")
+        raise CompletionRequestError(
+            f"tool_choice must be 'none', 'auto', 'required' or a function, got {tool_choice!r:.80}"
+        )
     fn = tool_choice.get("function")
     name = fn.get("name") if isinstance(fn, Mapping) else tool_choice.get("name")  # chat / Responses form
     if name not in names:
-        raise CompletionRequestError(f"tool_choice names the function {name!r:.80}, which is not among the tools {names}")
+        raise CompletionRequestError(
+            f"tool_choice names the function {name!r:.80}, which is not among the tools {names}"
+        )

@@ -44,37 +44,74 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
-    parser.add_argument("--api-key", default=None,
-                        help="required when --host is not a loopback address; visible in `ps`, so prefer "
-                             f"--api-key-file or the {API_KEY_ENV} environment variable")
-    parser.add_argument("--api-key-file", default=None, help="a file holding the API key (surrounding whitespace ignored)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="required when --host is not a loopback address; visible in `ps`, so prefer "
+        f"--api-key-file or the {API_KEY_ENV} environment variable",
+    )
+    parser.add_argument(
+        "--api-key-file", default=None, help="a file holding the API key (surrounding whitespace ignored)"
+    )
     parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
     parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
-                        help="tokens of finished sequences' KV kept for prompts that continue them (0: off)")
-    parser.add_argument("--single-thread-rows", type=int, default=DEFAULT_SERVER_SINGLE_THREAD_ROWS,
-                        help="CPU: decoding steps of at most this many rows run on one torch thread "
-                             "(0: every step on torch's threads, right for a server alone on its "
-                             "machine; default: %(default)s)")
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="torch's intra-op threads (default: torch's, one per core); give each of "
-                             "several servers sharing a machine its share of the cores")
-    parser.add_argument("--switch-interval", type=float, default=DEFAULT_SWITCH_INTERVAL,
-                        help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
-                             "Python's own is 0.005): how long the engine thread or the HTTP thread may "
-                             "wait for the other to hand over the GIL")
-    parser.add_argument("--admission-gap", type=float, default=DEFAULT_ADMISSION_GAP,
-                        help="seconds a burst of requests reaching an idle engine may pause before it "
-                             "starts as one batch (default: %(default)s; 0: each request starts at once)")
-    parser.add_argument("--admission-max-wait", type=float, default=DEFAULT_ADMISSION_MAX_WAIT,
-                        help="the longest a request waits for its burst to end, in seconds")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                        help="larger request bodies are refused with 413 before they are parsed")
-    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
-                        help="seconds a request body may take to arrive after its headers (408 after that)")
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_TOKENS,
+        help="tokens of finished sequences' KV kept for prompts that continue them (0: off)",
+    )
+    parser.add_argument(
+        "--single-thread-rows",
+        type=int,
+        default=DEFAULT_SERVER_SINGLE_THREAD_ROWS,
+        help="CPU: decoding steps of at most this many rows run on one torch thread "
+        "(0: every step on torch's threads, right for a server alone on its "
+        "machine; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default: torch's, one per core); give each of "
+        "several servers sharing a machine its share of the cores",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=DEFAULT_SWITCH_INTERVAL,
+        help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
+        "Python's own is 0.005): how long the engine thread or the HTTP thread may "
+        "wait for the other to hand over the GIL",
+    )
+    parser.add_argument(
+        "--admission-gap",
+        type=float,
+        default=DEFAULT_ADMISSION_GAP,
+        help="seconds a burst of requests reaching an idle engine may pause before it "
+        "starts as one batch (default: %(default)s; 0: each request starts at once)",
+    )
+    parser.add_argument(
+        "--admission-max-wait",
+        type=float,
+        default=DEFAULT_ADMISSION_MAX_WAIT,
+        help="the longest a request waits for its burst to end, in seconds",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies are refused with 413 before they are parsed",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        help="seconds a request body may take to arrive after its headers (408 after that)",
+    )
     return parser
 
 
@@ -110,40 +147,63 @@ def main(argv: list[str] | None = None) -> int:
         print(f"areal-nb engine-server: {exc}", file=sys.stderr)
         return 2
     if not api_key and not is_loopback(args.host):
-        print(f"areal-nb engine-server: an API key is required to listen on {args.host} (not loopback): "
-              f"--api-key-file FILE, ${API_KEY_ENV} or --api-key", file=sys.stderr)
+        print(
+            f"areal-nb engine-server: an API key is required to listen on {args.host} (not loopback): "
+            f"--api-key-file FILE, ${API_KEY_ENV} or --api-key",
+            file=sys.stderr,
+        )
         return 2
 
+    from areal_nb.cli.serving import serve_until_signal
     from areal_nb.engine import LocalEngine
     from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
     from areal_nb.models import load_tokenizer, resolve_model_path
-    from areal_nb.cli.serving import serve_until_signal
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
     if args.single_thread_rows < 0:
-        print(f"areal-nb engine-server: --single-thread-rows must be >= 0, got {args.single_thread_rows}",
-              file=sys.stderr)
+        print(
+            f"areal-nb engine-server: --single-thread-rows must be >= 0, got {args.single_thread_rows}",
+            file=sys.stderr,
+        )
         return 2
     if args.switch_interval <= 0:
-        print(f"areal-nb engine-server: --switch-interval must be > 0, got {args.switch_interval}", file=sys.stderr)
+        print(
+            f"areal-nb engine-server: --switch-interval must be > 0, got {args.switch_interval}",
+            file=sys.stderr,
+        )
         return 2
     sys.setswitchinterval(args.switch_interval)  # our own process: a process-wide setting is fine here
     if args.torch_threads is not None:
         if args.torch_threads < 1:
-            print(f"areal-nb engine-server: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
+            print(
+                f"areal-nb engine-server: --torch-threads must be >= 1, got {args.torch_threads}",
+                file=sys.stderr,
+            )
             return 2
         import torch
 
         torch.set_num_threads(args.torch_threads)
     model_path = resolve_model_path(args.model)
-    engine = LocalEngine(model_path, load_tokenizer(args.model), device=args.device,
-                         max_batch_size=args.max_batch_size, seed=args.seed,
-                         prefix_cache_tokens=args.prefix_cache_tokens, single_thread_rows=args.single_thread_rows)
+    engine = LocalEngine(
+        model_path,
+        load_tokenizer(args.model),
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        seed=args.seed,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+        single_thread_rows=args.single_thread_rows,
+    )
     engine.set_version(args.weight_version)
-    settings = EngineServerSettings(model_path=str(model_path), served_model_name=args.model,
-                                    api_key=api_key, weights_dir=args.weights_dir,
-                                    admission_gap=args.admission_gap, admission_max_wait=args.admission_max_wait,
-                                    max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout)
+    settings = EngineServerSettings(
+        model_path=str(model_path),
+        served_model_name=args.model,
+        api_key=api_key,
+        weights_dir=args.weights_dir,
+        admission_gap=args.admission_gap,
+        admission_max_wait=args.admission_max_wait,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+    )
     server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
     return serve_until_signal(server, engine, "engine-server", args.model)
 

@@ -12,7 +12,12 @@ import argparse
 import sys
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES
-from areal_nb.proxy.settings import DEFAULT_ADMIN_API_KEY, DEFAULT_SESSION_TIMEOUT, ProxySettings, validate_admin_key
+from areal_nb.proxy.settings import (
+    DEFAULT_ADMIN_API_KEY,
+    DEFAULT_SESSION_TIMEOUT,
+    ProxySettings,
+    validate_admin_key,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,9 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts")
+    parser.add_argument(
+        "--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts"
+    )
     parser.add_argument("--chat-template-type", choices=CHAT_TEMPLATE_TYPES, default="hf")
-    parser.add_argument("--session-timeout", type=float, default=DEFAULT_SESSION_TIMEOUT, help="seconds without calls before a session is dropped")
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=DEFAULT_SESSION_TIMEOUT,
+        help="seconds without calls before a session is dropped",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--engine-max-tokens", type=int, default=None, help="cap on prompt + output tokens")
     return parser
@@ -32,15 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         validate_admin_key(args.admin_key, args.host)
-        settings = ProxySettings(admin_api_key=args.admin_key, session_timeout=args.session_timeout, model_name=args.model)
+        settings = ProxySettings(
+            admin_api_key=args.admin_key, session_timeout=args.session_timeout, model_name=args.model
+        )
     except ValueError as exc:
         print(f"areal-nb proxy: {exc}", file=sys.stderr)
         return 2
 
-    from areal_nb.engine import LocalEngine
-    from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.capture.completion import CompletionSettings
     from areal_nb.cli.serving import serve_until_signal
+    from areal_nb.engine import LocalEngine
+    from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.proxy import ProxyServer, create_app
 
     settings.completion = CompletionSettings(

@@ -11,8 +11,16 @@ from .problems import (
     reply_for,
     split_of,
 )
-from .rows import (DatasetError, check_rows, is_row_factory, is_row_file, load_rows, read_row_file, split_rows,
-                   write_jsonl)
+from .rows import (
+    DatasetError,
+    check_rows,
+    is_row_factory,
+    is_row_file,
+    load_rows,
+    read_row_file,
+    split_rows,
+    write_jsonl,
+)
 from .scoring import score_answer
 
 __all__ = [

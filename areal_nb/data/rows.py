@@ -48,7 +48,9 @@ def call_row_factory(source: str, *, name: str = "dataset") -> Any:
     except (ImportError, AttributeError) as e:
         raise DatasetError(f"{name} {source!r}: cannot import it ({type(e).__name__}: {e})") from e
     if not callable(factory):
-        raise DatasetError(f"{name} {source!r} is a {type(factory).__name__}, not a function that returns rows")
+        raise DatasetError(
+            f"{name} {source!r} is a {type(factory).__name__}, not a function that returns rows"
+        )
     return factory()
 
 
@@ -60,21 +62,27 @@ def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
         return read_row_file(source, name=name)
     module = type(source).__module__.split(".")[0]
     if module == "datasets" and isinstance(source, Mapping):  # a DatasetDict
-        raise DatasetError(f"{name} is a DatasetDict with splits {list(source.keys())}; pass one split, "
-                           f"e.g. ds['train'] (and ds['test'] as the eval dataset)")
+        raise DatasetError(
+            f"{name} is a DatasetDict with splits {list(source.keys())}; pass one split, "
+            f"e.g. ds['train'] (and ds['test'] as the eval dataset)"
+        )
     if isinstance(source, Mapping):
         raise DatasetError(f"{name} is a single mapping; pass a list of rows (dicts)")
     if module == "pandas" and hasattr(source, "columns"):
         return table_records(source)
     if module == "pandas":  # a Series (one column) or an Index: rows need their column names
-        raise DatasetError(f"{name} is a pandas {type(source).__name__}; pass a DataFrame, e.g. "
-                           f"series.to_frame('prompt') or df[['prompt', 'target']]")
+        raise DatasetError(
+            f"{name} is a pandas {type(source).__name__}; pass a DataFrame, e.g. "
+            f"series.to_frame('prompt') or df[['prompt', 'target']]"
+        )
     if module == "datasets" and hasattr(source, "to_list"):
         return source.to_list()
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
         return list(source)
-    raise DatasetError(f"{name} must be a list of dicts, a pandas DataFrame, a datasets.Dataset or a "
-                       f"path to a {'/'.join(ROW_FILE_SUFFIXES)} file; got {type(source).__name__}")
+    raise DatasetError(
+        f"{name} must be a list of dicts, a pandas DataFrame, a datasets.Dataset or a "
+        f"path to a {'/'.join(ROW_FILE_SUFFIXES)} file; got {type(source).__name__}"
+    )
 
 
 def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dict]:
@@ -87,7 +95,9 @@ def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dic
     if suffix == ".json":
         rows = json.loads(path.read_text(encoding="utf-8-sig"))
         if not isinstance(rows, list):
-            raise DatasetError(f"{path}: a .json dataset must hold a list of rows (use .jsonl for one row per line)")
+            raise DatasetError(
+                f"{path}: a .json dataset must hold a list of rows (use .jsonl for one row per line)"
+            )
         return rows
     import pandas as pd  # parquet needs pyarrow (or fastparquet) installed
 
@@ -145,8 +155,10 @@ def write_jsonl(rows: list[dict], path: str | os.PathLike, *, name: str = "datas
         try:
             lines.append(json.dumps(row, ensure_ascii=False, allow_nan=True))
         except (TypeError, ValueError) as e:
-            raise DatasetError(f"{name} row {i} cannot be written as JSON ({e}); pass the dataset as a file "
-                               f"path (data.source) so the checkpoint can refer to it") from e
+            raise DatasetError(
+                f"{name} row {i} cannot be written as JSON ({e}); pass the dataset as a file "
+                f"path (data.source) so the checkpoint can refer to it"
+            ) from e
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
 
@@ -158,14 +170,18 @@ def check_rows(rows: list, *, name: str = "dataset", picklable: bool = False) ->
         raise DatasetError(f"{name} is empty: there is nothing to train or evaluate on")
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise DatasetError(f"{name} row {i} is a {type(row).__name__}, not a mapping: every row reaches the "
-                               f"agent as its `data` dict")
+            raise DatasetError(
+                f"{name} row {i} is a {type(row).__name__}, not a mapping: every row reaches the "
+                f"agent as its `data` dict"
+            )
         if picklable:
             try:
                 pickle.dumps(row)
             except Exception as e:  # noqa: BLE001 - pickle raises several types
-                raise DatasetError(f"{name} row {i} cannot be pickled ({type(e).__name__}: {e}), so it cannot be "
-                                   f"sent to an agent in mode 'subproc'; use plain data or agent.mode 'inline'") from e
+                raise DatasetError(
+                    f"{name} row {i} cannot be pickled ({type(e).__name__}: {e}), so it cannot be "
+                    f"sent to an agent in mode 'subproc'; use plain data or agent.mode 'inline'"
+                ) from e
 
 
 def split_rows(rows: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -178,4 +194,7 @@ def split_rows(rows: list, fraction: float, seed: int) -> tuple[list, list]:
     random.Random(seed).shuffle(order)
     n_test = min(len(rows) - 1, max(1, round(fraction * len(rows))))
     held_out = set(order[:n_test])
-    return ([r for i, r in enumerate(rows) if i not in held_out], [r for i, r in enumerate(rows) if i in held_out])
+    return (
+        [r for i, r in enumerate(rows) if i not in held_out],
+        [r for i, r in enumerate(rows) if i in held_out],
+    )

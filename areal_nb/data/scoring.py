@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+
 class _DropTimeoutDisabledNotice(logging.Filter):
     """math-verify logs "Timeout is disabled ..." once per process when timeouts are off. We turn
     them off on purpose (see `score_answer`); other math-verify warnings still show."""

@@ -61,8 +61,13 @@ def generate_tool_problems(n: int, seed: int = 0, split: str = "train") -> list[
     for _ in range(n):
         a, b = rng.randint(11, 99), rng.randint(11, 99)
         question = rng.choice(_TEMPLATES).format(a=a, b=b)
-        rows.append({"messages": [{"role": "user", "content": question}], "answer": str(a * b),
-                     "expression": f"{a}*{b}"})
+        rows.append(
+            {
+                "messages": [{"role": "user", "content": question}],
+                "answer": str(a * b),
+                "expression": f"{a}*{b}",
+            }
+        )
     return rows
 
 

@@ -60,23 +60,41 @@ def create_engine(
         from .defaults import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
         from .local import LocalEngine
 
-        return LocalEngine(model if model is not None else model_path, tokenizer, device=device,
-                           dtype=dtype or torch.float32, max_batch_size=spec.max_batch_size, seed=spec.seed,
-                           prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
-                           single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS))
+        return LocalEngine(
+            model if model is not None else model_path,
+            tokenizer,
+            device=device,
+            dtype=dtype or torch.float32,
+            max_batch_size=spec.max_batch_size,
+            seed=spec.seed,
+            prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
+            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
+        )
     if spec.type == "sglang":
         from .defaults import DEFAULT_SINGLE_THREAD_ROWS
         from .remote_launch import launch_remote_engine
 
         launch = spec.launch  # type: ignore[attr-defined]
         return launch_remote_engine(
-            _need_path(model_path, spec.type), server=launch.command, n_servers=launch.n_servers,
-            host=launch.host, ports=launch.ports, tp_size=launch.tp_size, dp_size=launch.dp_size,
-            mem_fraction_static=launch.mem_fraction_static, api_key=getattr(spec, "api_key", None),
-            weights_dir=weights_dir, extra_args=launch.extra_args, log_dir=log_dir, on_log=on_log,
-            ready_timeout=launch.ready_timeout, tokenizer=tokenizer, max_context=max_context,
+            _need_path(model_path, spec.type),
+            server=launch.command,
+            n_servers=launch.n_servers,
+            host=launch.host,
+            ports=launch.ports,
+            tp_size=launch.tp_size,
+            dp_size=launch.dp_size,
+            mem_fraction_static=launch.mem_fraction_static,
+            api_key=getattr(spec, "api_key", None),
+            weights_dir=weights_dir,
+            extra_args=launch.extra_args,
+            log_dir=log_dir,
+            on_log=on_log,
+            ready_timeout=launch.ready_timeout,
+            tokenizer=tokenizer,
+            max_context=max_context,
             max_batch_size=spec.max_batch_size,
-            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS))
+            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
+        )
     if spec.type == "remote":
         from .remote import SGLangEngine
 
@@ -84,13 +102,22 @@ def create_engine(
         if not addresses:
             raise ValueError("engine.type='remote' needs addresses (the servers' base URLs)")
         api_key = getattr(spec, "api_key", None) or os.environ.get(API_KEY_ENV) or None
-        return SGLangEngine(addresses, api_key=api_key, weights_dir=weights_dir,
-                            config_source=model_path if model_path and Path(model_path).is_dir() else None,
-                            tokenizer=tokenizer, max_context=max_context)
-    raise ValueError(f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}")
+        return SGLangEngine(
+            addresses,
+            api_key=api_key,
+            weights_dir=weights_dir,
+            config_source=model_path if model_path and Path(model_path).is_dir() else None,
+            tokenizer=tokenizer,
+            max_context=max_context,
+        )
+    raise ValueError(
+        f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}"
+    )
 
 
 def _need_path(model_path: str | None, engine_type: str) -> str:
     if model_path is None:
-        raise ValueError(f"engine.type={engine_type!r} needs model_path: the model directory the servers load")
+        raise ValueError(
+            f"engine.type={engine_type!r} needs model_path: the model directory the servers load"
+        )
     return model_path

@@ -111,7 +111,9 @@ class _SlotLayer(DynamicLayer):
         self.append(key_states, value_states)
         return self.keys, self.values
 
-    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append; return the rows' whole buffers, spare columns included (see the module docstring)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -136,7 +138,9 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
 
 
 class PaddedKVBatch:
-    def __init__(self, model: PreTrainedModel, fast_forward: bool = True, max_rows: int | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, fast_forward: bool = True, max_rows: int | None = None
+    ) -> None:
         """`fast_forward`: use `Qwen2FastForward` when the model supports it, else the stock forward.
         `max_rows`: the most rows the owner will run at once (growing doubles the row capacity up
         to it, not past it)."""
@@ -179,7 +183,9 @@ class PaddedKVBatch:
 
     # ------------------------------------------------------------------ joining
 
-    def prefill(self, prompts: list[list[int]], prefixes: list[list[LayerKV] | None] | None = None) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[list[int]], prefixes: list[list[LayerKV] | None] | None = None
+    ) -> torch.Tensor:
         """Add `prompts` as new rows at the end of the batch; return their next-token logits [k, V].
 
         `prefixes[i]`, when given, holds the keys/values of the first m < len(prompts[i]) tokens of
@@ -194,8 +200,10 @@ class PaddedKVBatch:
         cached = [0 if kv is None else int(kv[0][0].shape[1]) for kv in prefixes]
         for prompt, m in zip(prompts, cached, strict=True):
             if not 0 <= m < len(prompt):
-                raise ValueError(f"a cached prefix of {m} tokens for a prompt of {len(prompt)}: at least "
-                                 "the last prompt token must be computed")
+                raise ValueError(
+                    f"a cached prefix of {m} tokens for a prompt of {len(prompt)}: at least "
+                    "the last prompt token must be computed"
+                )
         self.last_prefill_computed = 0
         # Identical prompts (a GRPO group's samples) are computed once and copied to every row.
         first: dict[tuple[int, ...], int] = {}
@@ -238,14 +246,23 @@ class PaddedKVBatch:
         parts = []
         for first, last in token_chunks([len(f) for f in fed], self.prefill_tokens):
             cols = slice(width - max(lengths[first:last]), width)  # attention over this part's columns only
-            parts.append(packed_prefill(self.fast, fed[first:last], lengths[first:last],
-                                        [k[first:last, :, cols] for k in keys], [v[first:last, :, cols] for v in values]))
+            parts.append(
+                packed_prefill(
+                    self.fast,
+                    fed[first:last],
+                    lengths[first:last],
+                    [k[first:last, :, cols] for k in keys],
+                    [v[first:last, :, cols] for v in values],
+                )
+            )
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         self.last_prefill_computed = sum(len(f) for f in fed)
         if len(distinct) != len(prompts):
             self._place(start, keys, values, source)
             logits = logits.index_select(0, torch.tensor(source, dtype=torch.long, device=self.device))
-        self._add_rows(torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device))
+        self._add_rows(
+            torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device)
+        )
         return logits
 
     def _prefill_stock(self, prompts, prefixes, cached, distinct, source) -> torch.Tensor:
@@ -262,25 +279,38 @@ class PaddedKVBatch:
         values: list[torch.Tensor] = []
         for group in groups:
             rows = [distinct[i] for i in group]
-            cache, _, group_width, group_logits = self._prefill_padded([prompts[r] for r in rows],
-                                                                       [prefixes[r] for r in rows])
+            cache, _, group_width, group_logits = self._prefill_padded(
+                [prompts[r] for r in rows], [prefixes[r] for r in rows]
+            )
             # every output row of each computed prompt, and where its values are in the group
-            out = torch.tensor([row for i in group for row in out_rows[i]], dtype=torch.long, device=self.device)
-            src = torch.tensor([local for local, i in enumerate(group) for _ in out_rows[i]], dtype=torch.long,
-                               device=self.device)
+            out = torch.tensor(
+                [row for i in group for row in out_rows[i]], dtype=torch.long, device=self.device
+            )
+            src = torch.tensor(
+                [local for local, i in enumerate(group) for _ in out_rows[i]],
+                dtype=torch.long,
+                device=self.device,
+            )
             if logits is None:
                 logits = group_logits.new_empty(len(prompts), group_logits.shape[1])
                 for layer in cache.layers:
-                    keys.append(layer.keys.new_zeros(len(prompts), layer.keys.shape[1], width, layer.keys.shape[3]))
-                    values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
-                                                         layer.values.shape[3]))
+                    keys.append(
+                        layer.keys.new_zeros(len(prompts), layer.keys.shape[1], width, layer.keys.shape[3])
+                    )
+                    values.append(
+                        layer.values.new_zeros(
+                            len(prompts), layer.values.shape[1], width, layer.values.shape[3]
+                        )
+                    )
             logits[out] = group_logits.index_select(0, src)
             for layer, k, v in zip(cache.layers, keys, values, strict=True):
                 k[out, :, width - group_width :] = layer.keys.index_select(0, src)
                 v[out, :, width - group_width :] = layer.values.index_select(0, src)
         start = self._make_room(len(prompts), width, keys[0].shape[1], keys[0].shape[3])
         self._place(start, keys, values)
-        self._add_rows(torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device))
+        self._add_rows(
+            torch.tensor([self.length - len(p) for p in prompts], dtype=torch.long, device=self.device)
+        )
         return logits
 
     def _prefill_padded(
@@ -296,7 +326,9 @@ class PaddedKVBatch:
         """
         lengths = [len(p) for p in prompts]
         width = max(lengths)
-        fed = max(n - (0 if kv is None else int(kv[0][0].shape[1])) for n, kv in zip(lengths, prefixes, strict=True))
+        fed = max(
+            n - (0 if kv is None else int(kv[0][0].shape[1])) for n, kv in zip(lengths, prefixes, strict=True)
+        )
         start = width - fed  # first fed column; columns before it come from the prefixes
         pads = torch.tensor([width - n for n in lengths], dtype=torch.long, device=self.device)
         ids = torch.zeros(len(prompts), fed, dtype=torch.long, device=self.device)
@@ -315,7 +347,9 @@ class PaddedKVBatch:
         self.last_prefill_computed += len(prompts) * fed
         return new_cache, pads, width, logits
 
-    def _load_prefixes(self, cache: Cache, prefixes: list[list[LayerKV] | None], used: list[int], start: int) -> None:
+    def _load_prefixes(
+        self, cache: Cache, prefixes: list[list[LayerKV] | None], used: list[int], start: int
+    ) -> None:
         """Fill `cache` with row i's first `used[i]` cached columns, right-aligned in `start` columns."""
         for index, layer in enumerate(cache.layers):
             like = next(kv for kv in prefixes if kv is not None)[index][0]
@@ -335,8 +369,12 @@ class PaddedKVBatch:
             self.cache = _new_cache(self.num_layers)
             capacity = self._row_capacity(rows, width + SPARE_COLUMNS)
             for layer in self.cache.layers:
-                buffers = [torch.empty(capacity, heads, width + SPARE_COLUMNS, dim, device=self.device,
-                                       dtype=self.dtype) for _ in range(2)]
+                buffers = [
+                    torch.empty(
+                        capacity, heads, width + SPARE_COLUMNS, dim, device=self.device, dtype=self.dtype
+                    )
+                    for _ in range(2)
+                ]
                 layer.adopt(*buffers, rows=0, end=width)
             self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
             self.length = width
@@ -382,8 +420,13 @@ class PaddedKVBatch:
         self.length = length
         self.relayouts += 1
 
-    def _place(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor],
-               source: list[int] | None = None) -> None:
+    def _place(
+        self,
+        start: int,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        source: list[int] | None = None,
+    ) -> None:
         """Copy new rows' keys/values into rows [start, start + k), right-aligned at `self.length`,
         clearing what earlier rows left in those rows. `keys`/`values`: per layer [k, kv_heads, w, D],
         or with `source` (row j of the new rows gets computed row source[j]) the computed rows only.
@@ -426,8 +469,16 @@ class PaddedKVBatch:
         was slower (an `index_select` over a column slice takes a slow path) and copied padding.
         """
         pads = self.pads.tolist()
-        return [[(layer._k[row, :, pads[row] : self.length].clone(), layer._v[row, :, pads[row] : self.length].clone())
-                 for layer in self.cache.layers] for row in rows]
+        return [
+            [
+                (
+                    layer._k[row, :, pads[row] : self.length].clone(),
+                    layer._v[row, :, pads[row] : self.length].clone(),
+                )
+                for layer in self.cache.layers
+            ]
+            for row in rows
+        ]
 
     # ------------------------------------------------------------------ decoding
 
@@ -453,7 +504,9 @@ class PaddedKVBatch:
         cols = torch.arange(width, device=self.device)
         # additive float mask, built once per step: sdpa would convert a boolean one in every layer
         hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
-        mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
+        mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(
+            hidden, float("-inf")
+        )
         mask = mask[:, None, None, :]  # [B, 1, 1, width]
         positions = (self.length - self.pads)[:, None]
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
@@ -476,7 +529,9 @@ class PaddedKVBatch:
         else:
             cols = torch.arange(width, device=self.device)
             hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
-            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(hidden, float("-inf"))
+            mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(
+                hidden, float("-inf")
+            )
             n_kv = self.fast.n_kv_heads
             mask = mask[:, None, None, :].expand(-1, n_kv, 1, -1).reshape(self.size * n_kv, 1, width)
             positions = self.length - self.pads
@@ -502,7 +557,9 @@ class PaddedKVBatch:
             origin = torch.tensor([keep[j] for j in moved], dtype=torch.long, device=self.device)
             for layer in self.cache.layers:
                 for buffer in (layer._k, layer._v):
-                    buffer.index_copy_(0, target, buffer.index_select(0, origin))  # a copy first: slots may overlap
+                    buffer.index_copy_(
+                        0, target, buffer.index_select(0, origin)
+                    )  # a copy first: slots may overlap
         left = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.pads = self.pads.index_select(0, left)
         for layer in self.cache.layers:

@@ -57,17 +57,34 @@ _DEATH_SIGNAL_SHIM = (
 # from a torchrun rank is not a member of the trainer's group: SGLang initialises its own
 # process group from these variables and would hang or join the wrong one. OMP_NUM_THREADS stays:
 # torchrun only sets it when the user did not, and a user's value is a user's choice.
-TORCHRUN_VARIABLES = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-})
+TORCHRUN_VARIABLES = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
+)
 TORCHRUN_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 
 
-def server_environment(environ: dict[str, str] | os._Environ, extra: dict[str, str] | None = None) -> dict[str, str]:
+def server_environment(
+    environ: dict[str, str] | os._Environ, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     """`environ` without torchrun's and torch.distributed's variables, then `extra` (kept as given)."""
-    env = {k: v for k, v in environ.items() if k not in TORCHRUN_VARIABLES and not k.startswith(TORCHRUN_PREFIXES)}
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k not in TORCHRUN_VARIABLES and not k.startswith(TORCHRUN_PREFIXES)
+    }
     return {**env, **(extra or {})}
 
 
@@ -96,9 +113,23 @@ def sglang_command(
 
     The flags: docs/reference/sglang-api.md, "Launching and stopping".
     """
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
-           "--port", str(port), "--tp-size", str(tp_size), "--dp-size", str(dp_size),
-           "--weight-version", str(weight_version)]
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--dp-size",
+        str(dp_size),
+        "--weight-version",
+        str(weight_version),
+    ]
     if mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if max_running_requests is not None:
@@ -119,7 +150,18 @@ def engine_server_command(
     python: str = sys.executable,
 ) -> list[str]:
     """`areal-nb engine-server ...` (run as `python -m areal_nb.cli`, so no console script is needed)."""
-    cmd = [python, "-m", "areal_nb.cli", "engine-server", "--model", str(model), "--host", host, "--port", str(port)]
+    cmd = [
+        python,
+        "-m",
+        "areal_nb.cli",
+        "engine-server",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     if weights_dir is not None:
@@ -183,17 +225,29 @@ class ServerProcess:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = server_environment(os.environ, self.env)
-        argv = [sys.executable, "-c", _DEATH_SIGNAL_SHIM, *self.command] if self.die_with_parent else self.command
+        argv = (
+            [sys.executable, "-c", _DEATH_SIGNAL_SHIM, *self.command]
+            if self.die_with_parent
+            else self.command
+        )
         self._proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
         )
         _RUNNING.add(self)
-        self._reader = threading.Thread(target=self._pump_log, name=f"server-log-{self._proc.pid}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._pump_log, name=f"server-log-{self._proc.pid}", daemon=True
+        )
         self._reader.start()
         return self
 
-    def wait_ready(self, timeout: float = 600.0, interval: float = 0.25, headers: dict[str, str] | None = None) -> None:
+    def wait_ready(
+        self, timeout: float = 600.0, interval: float = 0.25, headers: dict[str, str] | None = None
+    ) -> None:
         """Block until `GET /health` answers 200; raise ServerLaunchError if the process dies first."""
         if self._proc is None:
             raise RuntimeError("call start() first")

@@ -24,11 +24,34 @@ from pydantic import (
 
 # sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
 SAMPLING_PARAM_KEYS: tuple[str, ...] = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
-    "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
-    "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
 )
 
 # finish_reason.type → our STOP_REASONS (areal_nb.api.io_struct). Every SGLang FINISH_* class has
@@ -47,8 +70,11 @@ class _NullIsDefault(BaseModel):
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items()
-                    if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
+            return {
+                k: v
+                for k, v in data.items()
+                if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None
+            }
         return data
 
 

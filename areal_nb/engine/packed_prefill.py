@@ -77,8 +77,14 @@ def packed_prefill(
         grid = qk.new_zeros(rows * longest, n_q, dim)
         grid.index_copy_(0, slot, qk[:, :n_q])
         q = grid.view(rows, longest, n_q, dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=mask, scale=1.0,  # q is scaled
-                                             enable_gqa=fast.gqa)
+        out = F.scaled_dot_product_attention(
+            q,
+            keys[index],
+            values[index],
+            attn_mask=mask,
+            scale=1.0,  # q is scaled
+            enable_gqa=fast.gqa,
+        )
         out = out.transpose(1, 2).reshape(rows * longest, n_q * dim).index_select(0, slot)
         hidden = hidden + o_proj(out)
         x = _rms_norm(hidden, layer.post_attention_layernorm)

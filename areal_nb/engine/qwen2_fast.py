@@ -37,7 +37,9 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _single_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Attention of one query per row (a decoding step): q [B, Hq, D] (already scaled), k/v
     [B, Hkv, L, D], `mask` additive [B * Hkv, 1, L] (-inf on padding); returns [B, Hq * D].
 
@@ -86,7 +88,9 @@ def _fuse(linears: tuple[torch.nn.Linear, ...], first_scale: float = 1.0) -> _Li
     outputs times `first_scale` (the attention scale folded into q: one multiplication fewer per
     layer and step; exact when the scale is a power of two, as 1/sqrt(head_dim) is for 16, 64, 256)."""
     weights = [lin.weight for lin in linears]
-    biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears]
+    biases = [
+        lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears
+    ]
     if first_scale != 1.0:
         weights[0], biases[0] = weights[0] * first_scale, biases[0] * first_scale
     weight = torch.cat(weights)
@@ -151,9 +155,14 @@ class Qwen2FastForward:
             fused = []
             for layer in self.inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                fused.append((_fuse((attn.q_proj, attn.k_proj, attn.v_proj), first_scale=attn.scaling),
-                              _Linear(attn.o_proj.weight, attn.o_proj.bias),
-                              _fuse((mlp.gate_proj, mlp.up_proj)), _Linear(mlp.down_proj.weight, mlp.down_proj.bias)))
+                fused.append(
+                    (
+                        _fuse((attn.q_proj, attn.k_proj, attn.v_proj), first_scale=attn.scaling),
+                        _Linear(attn.o_proj.weight, attn.o_proj.bias),
+                        _fuse((mlp.gate_proj, mlp.up_proj)),
+                        _Linear(mlp.down_proj.weight, mlp.down_proj.bias),
+                    )
+                )
             head = self.model.lm_head
             self._lm_head = _Linear(head.weight, getattr(head, "bias", None))
             self._fused = fused

@@ -56,19 +56,41 @@ def launch_remote_engine(
     try:
         for i in range(n_servers):
             port = ports[i] if ports is not None else free_port(host)
-            cmd = _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key,
-                           weights_dir, extra_args, n_servers, max_batch_size, single_thread_rows)
+            cmd = _command(
+                server,
+                model_path,
+                host,
+                port,
+                tp_size,
+                dp_size,
+                mem_fraction_static,
+                api_key,
+                weights_dir,
+                extra_args,
+                n_servers,
+                max_batch_size,
+                single_thread_rows,
+            )
             connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
             log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
             callback = (lambda line, i=i: on_log(i, line)) if on_log is not None else None
-            procs.append(ServerProcess(cmd, f"http://{_bracket(connect_host)}:{port}", log_path=log_path,
-                                       on_log=callback).start())
+            procs.append(
+                ServerProcess(
+                    cmd, f"http://{_bracket(connect_host)}:{port}", log_path=log_path, on_log=callback
+                ).start()
+            )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         for proc in procs:
             proc.wait_ready(timeout=ready_timeout, headers=headers)
-        return SGLangEngine([p.url for p in procs], api_key=api_key, weights_dir=weights_dir,
-                            config_source=model_path if Path(model_path).is_dir() else None,
-                            tokenizer=tokenizer, owned_processes=procs, max_context=max_context)
+        return SGLangEngine(
+            [p.url for p in procs],
+            api_key=api_key,
+            weights_dir=weights_dir,
+            config_source=model_path if Path(model_path).is_dir() else None,
+            tokenizer=tokenizer,
+            owned_processes=procs,
+            max_context=max_context,
+        )
     except BaseException:
         for proc in procs:
             proc.stop()
@@ -79,14 +101,35 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_static, api_key, weights_dir,
-             extra_args, n_servers, max_batch_size=None, single_thread_rows=None) -> list[str]:
+def _command(
+    server,
+    model_path,
+    host,
+    port,
+    tp_size,
+    dp_size,
+    mem_fraction_static,
+    api_key,
+    weights_dir,
+    extra_args,
+    n_servers,
+    max_batch_size=None,
+    single_thread_rows=None,
+) -> list[str]:
     if server == "sglang":
         if "--max-running-requests" in extra_args:
             max_batch_size = None  # the user's own flag wins
-        return sglang_command(model_path, host=host, port=port, tp_size=tp_size, dp_size=dp_size,
-                              mem_fraction_static=mem_fraction_static, api_key=api_key,
-                              max_running_requests=max_batch_size, extra_args=extra_args)
+        return sglang_command(
+            model_path,
+            host=host,
+            port=port,
+            tp_size=tp_size,
+            dp_size=dp_size,
+            mem_fraction_static=mem_fraction_static,
+            api_key=api_key,
+            max_running_requests=max_batch_size,
+            extra_args=extra_args,
+        )
     if server == "engine-server":
         if max_batch_size is not None and "--max-batch-size" not in extra_args:
             extra_args = [*extra_args, "--max-batch-size", str(int(max_batch_size))]
@@ -97,10 +140,16 @@ def _command(server, model_path, host, port, tp_size, dp_size, mem_fraction_stat
             # of the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a
             # loaded machine, against ~11 s with 1 each)
             extra_args = [*extra_args, "--torch-threads", str(max(1, (os.cpu_count() or 1) // n_servers))]
-        return engine_server_command(model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir,
-                                     extra_args=extra_args)
+        return engine_server_command(
+            model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir, extra_args=extra_args
+        )
     if isinstance(server, str):
         raise ValueError(f"server must be 'sglang', 'engine-server' or a command list, got {server!r}")
-    fields = {"model": model_path, "host": host, "port": port, "api_key": api_key or "",
-              "weights_dir": weights_dir or ""}
+    fields = {
+        "model": model_path,
+        "host": host,
+        "port": port,
+        "api_key": api_key or "",
+        "weights_dir": weights_dir or "",
+    }
     return [part.format(**fields) for part in server] + list(extra_args)

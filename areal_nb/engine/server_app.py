@@ -63,8 +63,19 @@ from .native_api import (
 
 logger = logging.getLogger(__name__)
 
-_UNSUPPORTED_IF_SET = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias",
-                       "sampling_seed", "custom_params", "beam_width", "watermark", "choice")
+_UNSUPPORTED_IF_SET = (
+    "stop_regex",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+)
 
 
 @dataclass
@@ -110,7 +121,12 @@ class _GenerateRoute:
     that shares the GIL with the engine. Bad input is a 400 (`_error_body`); an unexpected error
     is a 500 with its traceback logged, as FastAPI's ServerErrorMiddleware does."""
 
-    def __init__(self, app: ASGIApp, handle: Callable[[bytes], Awaitable[Any]], read_body: Callable[..., Awaitable[bytes]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        handle: Callable[[bytes], Awaitable[Any]],
+        read_body: Callable[..., Awaitable[bytes]],
+    ) -> None:
         self.app = app
         self.handle = handle
         self.read_body = read_body
@@ -127,7 +143,9 @@ class _GenerateRoute:
         except ClientGone:
             return  # nobody to answer; the generation was aborted (as sglang aborts a disconnected request)
         except BodyError as exc:
-            await _send_json(send, exc.status, sglang_error(exc.status, str(exc)), [(b"connection", b"close")])
+            await _send_json(
+                send, exc.status, sglang_error(exc.status, str(exc)), [(b"connection", b"close")]
+            )
             return
         except (BadRequest, ValidationError) as exc:
             await _send_json(send, 400, _error_body(exc))
@@ -148,8 +166,11 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float)
         size = f"{exc.declared} bytes; the limit is" if exc.declared is not None else "the limit is"
         raise BodyError(413, f"request body too large: {size} {limit} bytes") from None
     except BodyTimedOut as exc:
-        raise BodyError(408, f"the request body was not complete {timeout:g} s after its headers "
-                             f"({exc.received} bytes arrived)") from None
+        raise BodyError(
+            408,
+            f"the request body was not complete {timeout:g} s after its headers "
+            f"({exc.received} bytes arrived)",
+        ) from None
     if body is None:
         raise ClientGone
     return body
@@ -159,9 +180,17 @@ async def _send_json(send: Send, status: int, content: Any, headers: list[tuple[
     # orjson, as sglang answers: a /generate reply is mostly numbers, which it encodes several
     # times faster than the stdlib; like sglang's, a non-finite float is written as null
     body = orjson.dumps(content)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -222,13 +251,19 @@ class _EngineApp:
 def create_engine_app(engine: Any, settings: EngineServerSettings | None = None) -> ASGIApp:
     settings = settings or EngineServerSettings()
     serving = _ServingState(engine)
-    window = AdmissionWindow(settings.admission_gap, settings.admission_max_wait, lambda: bool(serving.in_flight))
+    window = AdmissionWindow(
+        settings.admission_gap, settings.admission_max_wait, lambda: bool(serving.in_flight)
+    )
     weights_root = Path(settings.weights_dir).resolve() if settings.weights_dir else None
     # FastAPI's native OpenTelemetry hook asks the global tracer/meter/logger providers on every
     # request whether one is configured (a few environment lookups each): no use to us, and it
     # ran on the thread that shares the GIL with the engine.
-    app = FastAPI(title="areal-nb engine-server", docs_url=None, redoc_url=None,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(
+        title="areal-nb engine-server",
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     shared = _EngineApp(engine, settings, serving, window, weights_root)
     app.state.engine_app = shared
     app.add_exception_handler(BadRequest, _bad_request)
@@ -247,7 +282,9 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/health_generate", health, methods=["GET"])
 
-    served: ASGIApp = _GenerateRoute(app, functools.partial(generate, shared), functools.partial(_read_request_body, shared))
+    served: ASGIApp = _GenerateRoute(
+        app, functools.partial(generate, shared), functools.partial(_read_request_body, shared)
+    )
     if settings.api_key:  # outermost: /generate is checked too
         served = _APIKeyMiddleware(served, settings.api_key)
     return served
@@ -261,13 +298,18 @@ async def _bad_request(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
-    return JSONResponse(sglang_error(exc.status, str(exc)), status_code=exc.status, headers={"connection": "close"})
+    return JSONResponse(
+        sglang_error(exc.status, str(exc)), status_code=exc.status, headers={"connection": "close"}
+    )
 
 
 async def _client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
     # an answer nobody reads (the client left mid-body), without an error log
-    return JSONResponse(sglang_error(400, "the client disconnected before sending the whole body"),
-                        status_code=400, headers={"connection": "close"})
+    return JSONResponse(
+        sglang_error(400, "the client disconnected before sending the whole body"),
+        status_code=400,
+        headers={"connection": "close"},
+    )
 
 
 async def _internal_error(_request: Request, _exc: Exception) -> JSONResponse:
@@ -301,7 +343,9 @@ async def generate(shared: _EngineApp, raw: bytes) -> Any:
     for rid in rids:
         state.held[rid] = 1
     try:
-        await shared.window.wait()  # before admit: a request held here is not in flight, so pause never waits on it
+        await (
+            shared.window.wait()
+        )  # before admit: a request held here is not in flight, so pause never waits on it
     finally:
         for rid in rids:
             state.held.pop(rid, None)
@@ -309,8 +353,9 @@ async def generate(shared: _EngineApp, raw: bytes) -> Any:
         state.aborted_while_held -= aborted
     await state.admit(rids)
     try:
-        outputs = await asyncio.gather(*(_run_one(engine, item, item.rid in aborted) for item in items),
-                                       return_exceptions=True)
+        outputs = await asyncio.gather(
+            *(_run_one(engine, item, item.rid in aborted) for item in items), return_exceptions=True
+        )
     finally:
         for rid in rids:
             await state.release(rid)
@@ -374,7 +419,9 @@ async def update_weights_from_disk(request: Request):
         version = _int_version(body.weight_version) if body.weight_version is not None else None
         path = _allowed_weights_path(body.model_path, shared.weights_root)
     except BadRequest as exc:
-        return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+        return JSONResponse(
+            {"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400
+        )
     if body.abort_all_requests:
         engine.abort_all()
     async with state.cond:
@@ -387,7 +434,9 @@ async def update_weights_from_disk(request: Request):
             await state.wait_idle()
         await asyncio.to_thread(engine.update_weights, str(path), version)
     except ValueError as exc:
-        return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+        return JSONResponse(
+            {"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400
+        )
     finally:
         if locked:
             async with state.cond:
@@ -431,9 +480,13 @@ async def server_info(request: Request):
     # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
     stats = getattr(shared.engine, "stats", None)
     internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
-    return {"model_path": shared.settings.model_path, "version": "areal-nb", "internal_states": [internal],
-            "admission": {"windows": shared.window.windows, "held": shared.window.held},
-            "paused": shared.serving.paused}
+    return {
+        "model_path": shared.settings.model_path,
+        "version": "areal-nb",
+        "internal_states": [internal],
+        "admission": {"windows": shared.window.windows, "held": shared.window.held},
+        "paused": shared.serving.paused,
+    }
 
 
 async def health():
@@ -463,10 +516,18 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-_TYPE_ERRORS = {"int_type": "an integer", "int_from_float": "an integer", "bool_type": "a boolean",
-                "string_type": "a string", "float_type": "a number", "list_type": "an array",
-                "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
-                "none_required": "null"}
+_TYPE_ERRORS = {
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+    "float_type": "a number",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "none_required": "null",
+}
 # the names pydantic puts in an error's location for the branch of a union it tried
 _UNION_BRANCHES = {"str", "int", "float", "bool", "dict", "list", "none"}
 
@@ -476,13 +537,18 @@ def _validation_message(exc: ValidationError) -> str:
     decoder says it): `sampling_params.max_new_tokens: invalid type: floating point `4.0`, expected an integer`."""
     seen: dict[str, str] = {}
     for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or ("[" not in p and "-" not in p
-                                                                               and p not in _UNION_BRANCHES))
+        field = ".".join(
+            str(p)
+            for p in e["loc"]
+            if isinstance(p, int) or ("[" not in p and "-" not in p and p not in _UNION_BRANCHES)
+        )
         field = field or "body"
         if field in seen:
             continue
         if e["type"] in _TYPE_ERRORS:
-            seen[field] = f"{field}: invalid type: {_unexpected(e.get('input'))}, expected {_TYPE_ERRORS[e['type']]}"
+            seen[field] = (
+                f"{field}: invalid type: {_unexpected(e.get('input'))}, expected {_TYPE_ERRORS[e['type']]}"
+            )
         elif e["type"] == "extra_forbidden":
             seen[field] = f"unknown field `{field.rsplit('.', 1)[-1]}`"
         else:
@@ -502,7 +568,9 @@ def _unexpected(value: Any) -> str:
         return f"floating point `{value}`"
     if isinstance(value, str):
         return f'string "{value[:40]}"' + ("..." if len(value) > 40 else "")
-    return "sequence" if isinstance(value, list) else "map" if isinstance(value, dict) else type(value).__name__
+    return (
+        "sequence" if isinstance(value, list) else "map" if isinstance(value, dict) else type(value).__name__
+    )
 
 
 def _per_item(value: Any, n: int, name: str) -> list[Any]:
@@ -531,7 +599,9 @@ def _plan_generate(body: GenerateRequest, engine: Any) -> list[_Item]:
     params = _per_item(body.sampling_params or {}, n, "sampling_params")
     return_logprob = _per_item(body.return_logprob, n, "return_logprob")
     if any(_per_item(body.top_logprobs_num, n, "top_logprobs_num")):
-        raise BadRequest("areal-nb engine-server returns the sampled tokens' log-probs only (top_logprobs_num=0)")
+        raise BadRequest(
+            "areal-nb engine-server returns the sampled tokens' log-probs only (top_logprobs_num=0)"
+        )
     for start in _per_item(body.logprob_start_len, n, "logprob_start_len"):
         if start != -1:
             raise BadRequest("areal-nb engine-server returns output log-probs only (logprob_start_len=-1)")
@@ -541,7 +611,9 @@ def _plan_generate(body: GenerateRequest, engine: Any) -> list[_Item]:
             raise BadRequest("input_ids cannot be empty.")
         sampling = _sampling_params(raw)
         gconfig = _generation_config(sampling, len(ids), engine)
-        items.append(_Item(rid, ModelRequest(input_ids=list(ids), gconfig=gconfig, rid=rid), sampling, want_logprob))
+        items.append(
+            _Item(rid, ModelRequest(input_ids=list(ids), gconfig=gconfig, rid=rid), sampling, want_logprob)
+        )
     return items
 
 
@@ -565,7 +637,9 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
     if sp.n != 1:
         raise BadRequest("sampling_params.n must be 1: send n separate requests")
     if sp.min_p or sp.presence_penalty or sp.repetition_penalty != 1.0:
-        raise BadRequest("min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server")
+        raise BadRequest(
+            "min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server"
+        )
     max_new = 128 if sp.max_new_tokens is None else sp.max_new_tokens
     context = getattr(engine, "max_context", None)
     if context is not None and prompt_len + max_new > context:
@@ -609,8 +683,10 @@ def _reply(engine: Any, item: _Item, out: ModelResponse, state: _ServingState) -
     finish, text_end = _finish_reason(engine, item, out)
     text = ""
     if tokenizer is not None:
-        text = tokenizer.decode(out.output_tokens[:text_end] if not sp.no_stop_trim else out.output_tokens,
-                                skip_special_tokens=sp.skip_special_tokens)
+        text = tokenizer.decode(
+            out.output_tokens[:text_end] if not sp.no_stop_trim else out.output_tokens,
+            skip_special_tokens=sp.skip_special_tokens,
+        )
         if finish.get("type") == "stop" and isinstance(finish.get("matched"), str) and not sp.no_stop_trim:
             text = text[: text.find(finish["matched"])] if finish["matched"] in text else text
     meta: dict[str, Any] = {
@@ -652,7 +728,9 @@ def _int_version(version: str) -> int:
     try:
         value = int(version)
     except (TypeError, ValueError):
-        raise BadRequest(f"weight_version must be an integer string for areal-nb engine-server, got {version!r}") from None
+        raise BadRequest(
+            f"weight_version must be an integer string for areal-nb engine-server, got {version!r}"
+        ) from None
     if value < 0:  # -1 marks prompt tokens in the exported versions; a policy version is >= 0
         raise BadRequest(f"weight_version must be >= 0, got {value}")
     return value
@@ -680,7 +758,9 @@ def _allowed_weights_path(model_path: str, root: Path | None) -> Path:
     except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Path.resolve)
         if isinstance(exc, BadRequest):
             raise
-        raise BadRequest(f"model_path {shown!r} cannot be used: {type(exc).__name__}: {_short(exc)}") from None
+        raise BadRequest(
+            f"model_path {shown!r} cannot be used: {type(exc).__name__}: {_short(exc)}"
+        ) from None
     return resolved
 
 

@@ -42,7 +42,9 @@ def write_weights(
         elif isinstance(weights, dict):
             _save_state_dict(weights, tmp, config_source)
         else:
-            raise TypeError(f"weights must be a PreTrainedModel or a state dict, got {type(weights).__name__}")
+            raise TypeError(
+                f"weights must be a PreTrainedModel or a state dict, got {type(weights).__name__}"
+            )
         if target.exists():  # rewriting a version: move the old one aside first (rename is atomic)
             old = Path(tempfile.mkdtemp(dir=root, prefix=f".old-{target.name}-"))
             os.replace(target, old / target.name)
@@ -73,7 +75,7 @@ def _prune(root: Path, keep: int, current: Path) -> None:
     for entry in root.iterdir():
         if entry.is_dir() and entry.name.startswith(VERSION_PREFIX):
             try:
-                versions.append((int(entry.name[len(VERSION_PREFIX):]), entry))
+                versions.append((int(entry.name[len(VERSION_PREFIX) :]), entry))
             except ValueError:
                 continue
     versions.sort()

@@ -83,9 +83,15 @@ def _read_each(files: list[Path], read: Any) -> dict[str, torch.Tensor]:
             part = read(f)
         except Exception as exc:  # noqa: BLE001 - any failure to parse a user's file is the file's fault
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
-            raise ValueError(f"update_weights: cannot read {str(f)!r} as weights: {type(exc).__name__}: {text}") from None
-        if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in part.items()):
-            raise ValueError(f"update_weights: {str(f)!r} does not hold a mapping of parameter names to tensors")
+            raise ValueError(
+                f"update_weights: cannot read {str(f)!r} as weights: {type(exc).__name__}: {text}"
+            ) from None
+        if not isinstance(part, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in part.items()
+        ):
+            raise ValueError(
+                f"update_weights: {str(f)!r} does not hold a mapping of parameter names to tensors"
+            )
         state.update(part)
     return state
 
@@ -96,7 +102,9 @@ def check_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> N
         raise ValueError("update_weights needs a non-empty state dict or a save_pretrained directory")
     not_tensors = sorted(str(k) for k, v in weights.items() if not isinstance(v, torch.Tensor))
     if not_tensors:
-        raise ValueError(f"update_weights: {len(not_tensors)} value(s) are not tensors, e.g. {not_tensors[:5]}")
+        raise ValueError(
+            f"update_weights: {len(not_tensors)} value(s) are not tensors, e.g. {not_tensors[:5]}"
+        )
     own = model.state_dict()
     unknown = sorted(k for k in weights if k not in own)
     if unknown:

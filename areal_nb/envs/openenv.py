@@ -82,8 +82,14 @@ class OpenEnvServer:
     (or `start()`), stopped by `close()` — the Session closes its agent, and the agent this server.
     """
 
-    def __init__(self, app: str, *, cwd: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
-                 startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        app: str,
+        *,
+        cwd: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         if ":" not in app:
             raise ValueError(f"app must be an import path 'package.module:app', got {app!r}")
         self.app = app
@@ -102,17 +108,36 @@ class OpenEnvServer:
             port = _free_port()
             env = {**os.environ, **self.env}
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning"],
-                cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    self.app,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=self.cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             self.url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + self.startup_timeout
             while True:
                 if self.process.poll() is not None:
-                    err = self.process.stderr.read().decode(errors="replace")[-2000:] if self.process.stderr else ""
+                    err = (
+                        self.process.stderr.read().decode(errors="replace")[-2000:]
+                        if self.process.stderr
+                        else ""
+                    )
                     raise EnvironmentServerError(
                         f"the OpenEnv server {self.app!r} exited with code {self.process.returncode} while "
-                        f"starting:\n{err}")
+                        f"starting:\n{err}"
+                    )
                 try:
                     if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                         return self.url
@@ -121,7 +146,8 @@ class OpenEnvServer:
                 if time.monotonic() > deadline:
                     self._stop()
                     raise EnvironmentServerError(
-                        f"the OpenEnv server {self.app!r} did not answer /health within {self.startup_timeout}s")
+                        f"the OpenEnv server {self.app!r} did not answer /health within {self.startup_timeout}s"
+                    )
                 time.sleep(0.1)
 
     def running_url(self) -> str:
@@ -132,7 +158,8 @@ class OpenEnvServer:
         if code is not None:
             raise EnvironmentServerError(
                 f"the OpenEnv server {self.app!r} at {self.url} is not running (its process exited with "
-                f"code {code}); call start() to start it again")
+                f"code {code}); call start() to start it again"
+            )
         return self.url
 
     def _stop(self) -> None:
@@ -203,9 +230,9 @@ class OpenEnvAgent(SDKAgent):
             base = self.server
         base = base.rstrip("/")
         if base.startswith("https://"):
-            base = "wss://" + base[len("https://"):]
+            base = "wss://" + base[len("https://") :]
         elif base.startswith("http://"):
-            base = "ws://" + base[len("http://"):]
+            base = "ws://" + base[len("http://") :]
         return base + "/ws"
 
     async def _call(self, ws: Any, url: str, message: dict[str, Any]) -> dict[str, Any]:
@@ -217,17 +244,26 @@ class OpenEnvAgent(SDKAgent):
             raw = await asyncio.wait_for(ws.recv(), self.message_timeout)
         except TimeoutError as exc:
             raise EnvironmentServerError(
-                f"the OpenEnv server at {url} did not answer {message['type']!r} within {self.message_timeout}s") from exc
+                f"the OpenEnv server at {url} did not answer {message['type']!r} within {self.message_timeout}s"
+            ) from exc
         except (WebSocketException, OSError) as exc:
             raise EnvironmentServerError(
-                f"the OpenEnv server at {url} dropped the session during {message['type']!r}: {exc}") from exc
+                f"the OpenEnv server at {url} dropped the session during {message['type']!r}: {exc}"
+            ) from exc
         try:
             reply = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise EnvironmentServerError(f"the OpenEnv server at {url} answered non-JSON: {raw!r:.300}") from exc
-        if not isinstance(reply, dict) or reply.get("type") != "observation" or not isinstance(reply.get("data"), dict):
             raise EnvironmentServerError(
-                f"the OpenEnv server at {url} refused {message['type']!r}: {json.dumps(reply, default=str)[:600]}")
+                f"the OpenEnv server at {url} answered non-JSON: {raw!r:.300}"
+            ) from exc
+        if (
+            not isinstance(reply, dict)
+            or reply.get("type") != "observation"
+            or not isinstance(reply.get("data"), dict)
+        ):
+            raise EnvironmentServerError(
+                f"the OpenEnv server at {url} refused {message['type']!r}: {json.dumps(reply, default=str)[:600]}"
+            )
         return reply["data"]
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
@@ -240,7 +276,9 @@ class OpenEnvAgent(SDKAgent):
         except (OSError, TimeoutError) as exc:
             raise EnvironmentServerError(f"cannot reach the OpenEnv server at {url}: {exc!r}") from exc
         except Exception as exc:  # websockets' handshake errors (InvalidStatus, InvalidURI, ...)
-            raise EnvironmentServerError(f"cannot open a session with the OpenEnv server at {url}: {exc}") from exc
+            raise EnvironmentServerError(
+                f"cannot open a session with the OpenEnv server at {url}: {exc}"
+            ) from exc
         client = openai_client(**extra_kwargs)
         rewards: dict[str, float] = {}
         async with ws:
@@ -250,14 +288,20 @@ class OpenEnvAgent(SDKAgent):
             for _ in range(self.max_turns):
                 completion = await self.chat(client, messages)
                 message = completion.choices[0].message
-                result = await self._call(ws, url, {"type": "step", "data": self.action_fn(message.content or "")})
+                result = await self._call(
+                    ws, url, {"type": "step", "data": self.action_fn(message.content or "")}
+                )
                 reward = result.get("reward")
                 rewards[completion.id] = 0.0 if reward is None else float(reward)
                 if result.get("done"):
                     break
-                messages = messages + [echo(message),
-                                       {"role": "user", "content": self.observation_fn(result.get("observation") or {})}]
-            with contextlib.suppress(WebSocketException, OSError):  # the session ends with the connection anyway
+                messages = messages + [
+                    echo(message),
+                    {"role": "user", "content": self.observation_fn(result.get("observation") or {})},
+                ]
+            with contextlib.suppress(
+                WebSocketException, OSError
+            ):  # the session ends with the connection anyway
                 await ws.send(json.dumps({"type": "close"}))
         return rewards
 

@@ -22,8 +22,8 @@ import importlib.util
 import inspect
 import re
 import subprocess
-import sys
 import symtable
+import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +68,12 @@ def local_import_paths(*values: Any) -> list[str]:
         elif isinstance(value, (list, tuple)):
             for item in value:
                 walk(item)
-        elif (isinstance(value, str) and _IMPORT_PATH.fullmatch(value) and _local_path(re.split("[.:]", value)[0])
-              and _imports(value)):
+        elif (
+            isinstance(value, str)
+            and _IMPORT_PATH.fullmatch(value)
+            and _local_path(re.split("[.:]", value)[0])
+            and _imports(value)
+        ):
             found.append(value)
 
     for value in values:
@@ -109,11 +113,16 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
         notebook.add(value)
     if not code_args:
         source, modules = notebook.render()
-        return CapturedAgent(workflow=f"{AGENT_MODULE}.{target.__name__}", workflow_kwargs=kwargs,
-                             source=source, modules=modules)
+        return CapturedAgent(
+            workflow=f"{AGENT_MODULE}.{target.__name__}",
+            workflow_kwargs=kwargs,
+            source=source,
+            modules=modules,
+        )
     args = ", ".join(f"{k}={_source_of(v)}" for k, v in kwargs.items())
-    source, modules = notebook.render(f"# the agent of this run, built as the notebook built it\n"
-                                      f"AGENT = {target.__name__}({args})")
+    source, modules = notebook.render(
+        f"# the agent of this run, built as the notebook built it\nAGENT = {target.__name__}({args})"
+    )
     return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
 
 
@@ -122,17 +131,28 @@ def check_imports(folder: Path, workflow: str, *, also: list[str] = (), timeout:
     runs), and load its config.yaml there, so a missing import or helper fails now, not when
     the job starts. `also`: more import paths the run names (a reward, a row factory)."""
     module, _, name = workflow.rpartition(".")
-    code = (f"import sys; sys.path.insert(0, '.'); import {module}; getattr({module}, {name!r}); "
-            f"from areal_nb.api import import_object; [import_object(p) for p in {list(also)!r}]; "
-            "from areal_nb.config import load_config; load_config('config.yaml')")
-    result = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
-                            timeout=timeout)
+    code = (
+        f"import sys; sys.path.insert(0, '.'); import {module}; getattr({module}, {name!r}); "
+        f"from areal_nb.api import import_object; [import_object(p) for p in {list(also)!r}]; "
+        "from areal_nb.config import load_config; load_config('config.yaml')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=timeout
+    )
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-6:])
-        hint = (" agent.py holds the definitions taken from your cells; if something it needs was made "
+        hint = (
+            (
+                " agent.py holds the definitions taken from your cells; if something it needs was made "
                 "in a way export cannot follow (exec, a loop, star imports), put the code in a file with "
-                "%%writefile my_agent.py and pass its import path.") if module == AGENT_MODULE else ""
-        raise ExportError(f"the exported agent {workflow!r} does not import in a fresh process:\n{tail}\n{hint}")
+                "%%writefile my_agent.py and pass its import path."
+            )
+            if module == AGENT_MODULE
+            else ""
+        )
+        raise ExportError(
+            f"the exported agent {workflow!r} does not import in a fresh process:\n{tail}\n{hint}"
+        )
 
 
 # ----------------------------------------------------------------------------- importable objects
@@ -153,8 +173,15 @@ def _local_path(module_name: str) -> Path | None:
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         return None
     path = Path(spec.origin).resolve()
-    installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
-                                             sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]]
+    installed = [
+        Path(p).resolve()
+        for p in [
+            *site.getsitepackages(),
+            site.getusersitepackages(),
+            sysconfig.get_paths()["stdlib"],
+            sysconfig.get_paths()["purelib"],
+        ]
+    ]
     if any(path.is_relative_to(root) for root in installed):
         return None
     return path.parent if path.name == "__init__.py" else path
@@ -163,14 +190,18 @@ def _local_path(module_name: str) -> Path | None:
 def _import_path(obj: Any) -> str:
     module, qualname = obj.__module__, obj.__qualname__
     if "<locals>" in qualname:
-        raise ExportError(f"agent.workflow {qualname!r} is defined inside a function: define it at the top "
-                          f"level of a cell or module so it can be imported by name")
+        raise ExportError(
+            f"agent.workflow {qualname!r} is defined inside a function: define it at the top "
+            f"level of a cell or module so it can be imported by name"
+        )
     try:
         found = import_object(f"{module}:{qualname}")
     except ImportError as exc:
         raise ExportError(f"agent.workflow {module}.{qualname} cannot be imported back ({exc})") from exc
     if found is not obj:
-        raise ExportError(f"agent.workflow {module}.{qualname} imports as a different object (was it redefined?)")
+        raise ExportError(
+            f"agent.workflow {module}.{qualname} imports as a different object (was it redefined?)"
+        )
     return f"{module}.{qualname}"
 
 
@@ -270,11 +301,14 @@ class _NotebookCode:
         elif isinstance(value, re.Pattern):
             self._need_module("re")
             flags = value.flags & ~re.UNICODE  # str patterns carry UNICODE implicitly
-            self.generated[name] = f"{name} = re.compile({value.pattern!r}" + (f", {int(flags)})" if flags else ")")
+            self.generated[name] = f"{name} = re.compile({value.pattern!r}" + (
+                f", {int(flags)})" if flags else ")"
+            )
         else:
             raise ExportError(
                 f"{user} uses the global {name!r}, a live {type(value).__qualname__} object, which cannot be "
-                f"written into agent.py: create it inside the agent (in __init__ or run) or pass plain data")
+                f"written into agent.py: create it inside the agent (in __init__ or run) or pass plain data"
+            )
 
     def _need_module(self, module: str) -> None:
         self.generated.setdefault(module, f"import {module}")
@@ -286,11 +320,15 @@ class _NotebookCode:
         if binding is not None and isinstance(binding[1], (ast.Import, ast.ImportFrom)):
             stmt = binding[1]
             alias = next(a for a in stmt.names if (a.asname or a.name.split(".")[0]) == name)
-            one = type(stmt)(names=[alias], **({"module": stmt.module, "level": stmt.level}
-                                                if isinstance(stmt, ast.ImportFrom) else {}))
+            one = type(stmt)(
+                names=[alias],
+                **({"module": stmt.module, "level": stmt.level} if isinstance(stmt, ast.ImportFrom) else {}),
+            )
             self.generated[name] = ast.unparse(one)
         elif isinstance(value, types.ModuleType):
-            self.generated[name] = f"import {value.__name__}" + (f" as {name}" if value.__name__ != name else "")
+            self.generated[name] = f"import {value.__name__}" + (
+                f" as {name}" if value.__name__ != name else ""
+            )
         else:
             path = _import_path(value)
             module, _, qual = path.rpartition(".")
@@ -306,18 +344,25 @@ class _NotebookCode:
         decorated = binding is not None and bool(getattr(binding[1], "decorator_list", None))
         closure = getattr(value, "__closure__", None)
         if closure and not decorated:
-            free = ", ".join(f"{var!r} ({type(_cell_value(c)).__qualname__})"
-                             for var, c in zip(value.__code__.co_freevars, closure, strict=False))
-            raise ExportError(f"{label} closes over {free}: a closure's captured objects cannot be written as "
-                              f"source. Define it at the top level and pass data as arguments or globals")
+            free = ", ".join(
+                f"{var!r} ({type(_cell_value(c)).__qualname__})"
+                for var, c in zip(value.__code__.co_freevars, closure, strict=False)
+            )
+            raise ExportError(
+                f"{label} closes over {free}: a closure's captured objects cannot be written as "
+                f"source. Define it at the top level and pass data as arguments or globals"
+            )
         if "<locals>" in value.__qualname__ and not decorated:
             raise ExportError(f"{label} is defined inside a function; define it at the top level of a cell")
         if binding is None:
-            raise ExportError(f"the source of {label} was not found in the notebook's cells (or the script): "
-                              f"put it in a module and pass its import path")
+            raise ExportError(
+                f"the source of {label} was not found in the notebook's cells (or the script): "
+                f"put it in a module and pass its import path"
+            )
         order, stmt, source = binding
-        if value.__name__ == "<lambda>" and not (isinstance(stmt, (ast.Assign, ast.AnnAssign))
-                                                  and isinstance(stmt.value, ast.Lambda)):
+        if value.__name__ == "<lambda>" and not (
+            isinstance(stmt, (ast.Assign, ast.AnnAssign)) and isinstance(stmt.value, ast.Lambda)
+        ):
             raise ExportError(f"the lambda {label} is not a plain `name = lambda ...` statement")
         text = _segment(source, stmt)
         self.lines[order] = text
@@ -347,7 +392,7 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
 def _segment(source: str, stmt: ast.stmt) -> str:
     """The statement's text, decorators included."""
     first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
-    lines = source.splitlines()[first - 1: stmt.end_lineno]
+    lines = source.splitlines()[first - 1 : stmt.end_lineno]
     return "\n".join(lines)
 
 

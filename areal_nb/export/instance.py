@@ -20,8 +20,11 @@ def constructor_kwargs(instance: Any) -> dict[str, Any]:
     as an attribute of the same name, holding plain data or code (a function or class, or
     dicts/lists/tuples of those)."""
     cls = type(instance)
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()
-              if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    params = [
+        p
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     state = getattr(instance, "__dict__", {})
     kwargs = {}
     for p in params:
@@ -33,7 +36,8 @@ def constructor_kwargs(instance: Any) -> dict[str, Any]:
             raise ExportError(
                 f"agent.workflow is an instance of {cls.__qualname__} whose argument {p.name!r} cannot be "
                 f"recovered as plain data or code: pass the class and agent.workflow_kwargs instead "
-                f"(Session(..., agent__workflow={cls.__qualname__}, agent__workflow_kwargs={{...}}))")
+                f"(Session(..., agent__workflow={cls.__qualname__}, agent__workflow_kwargs={{...}}))"
+            )
     return kwargs
 
 
@@ -47,8 +51,9 @@ def rebuild_kwargs(instance: Any) -> dict[str, Any]:
     differ = _differences(instance, cls, kwargs)
     takes_more = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
     # what a constructor in the class's bases takes is configuration; other attributes are state
-    configured = {name for base in cls.__mro__ if "__init__" in vars(base)
-                  for name in _parameters(base.__init__)}
+    configured = {
+        name for base in cls.__mro__ if "__init__" in vars(base) for name in _parameters(base.__init__)
+    }
     passed_on = {name: vars(instance)[name] for name in differ if name in configured}
     if passed_on and takes_more:
         candidate = {**kwargs, **passed_on}
@@ -63,10 +68,15 @@ def rebuild_kwargs(instance: Any) -> dict[str, Any]:
         raise ExportError(
             f"agent.workflow, an instance of {cls.__qualname__}, holds {shown}, which its constructor's "
             f"arguments ({', '.join(kwargs) or 'none'}) do not reproduce (was it set after the agent was made?): "
-            f"pass the class and agent.workflow_kwargs, or take the value as a named argument")
+            f"pass the class and agent.workflow_kwargs, or take the value as a named argument"
+        )
     if differ:  # counters and the like: the job's agent starts them afresh
-        logger.warning("agent.workflow %s: the exported agent starts without the values its attributes %s hold "
-                       "now (not constructor arguments)", cls.__qualname__, ", ".join(differ))
+        logger.warning(
+            "agent.workflow %s: the exported agent starts without the values its attributes %s hold "
+            "now (not constructor arguments)",
+            cls.__qualname__,
+            ", ".join(differ),
+        )
     return kwargs
 
 
@@ -83,9 +93,13 @@ def _differences(instance: Any, cls: type, kwargs: dict[str, Any]) -> dict[str, 
     try:
         rebuilt = vars(cls(**kwargs))
     except Exception as exc:
-        raise ExportError(f"agent.workflow, an instance of {cls.__qualname__}, cannot be rebuilt from the arguments "
-                          f"export recovered ({', '.join(kwargs) or 'none'}): {type(exc).__name__}: {exc}. Pass the "
-                          f"class and agent.workflow_kwargs instead") from exc
-    return {name: (name, value, repr(rebuilt[name]) if name in rebuilt else "unset")
-            for name, value in getattr(instance, "__dict__", {}).items()
-            if is_plain_data(value) and (name not in rebuilt or rebuilt[name] != value)}
+        raise ExportError(
+            f"agent.workflow, an instance of {cls.__qualname__}, cannot be rebuilt from the arguments "
+            f"export recovered ({', '.join(kwargs) or 'none'}): {type(exc).__name__}: {exc}. Pass the "
+            f"class and agent.workflow_kwargs instead"
+        ) from exc
+    return {
+        name: (name, value, repr(rebuilt[name]) if name in rebuilt else "unset")
+        for name, value in getattr(instance, "__dict__", {}).items()
+        if is_plain_data(value) and (name not in rebuilt or rebuilt[name] != value)
+    }

@@ -22,12 +22,17 @@ def git_description() -> str:
     """`commit abc1234` (+ `, uncommitted changes`) of the areal_nb checkout, or `no git checkout`."""
     where = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return "no git checkout"
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "no git checkout"
     return f"git commit {head.stdout.strip()}" + (", with uncommitted changes" if dirty else "")
@@ -43,8 +48,10 @@ def requirements(workflow: str, agent_modules: set[str]) -> str:
         if module in sys.stdlib_module_names:
             continue
         names += [d for d in providers.get(module, []) if d not in names]
-    lines = [f"# installed versions when this run was exported ({sys.version.split()[0]}); "
-             "areal_nb: see README.md for its git commit"]
+    lines = [
+        f"# installed versions when this run was exported ({sys.version.split()[0]}); "
+        "areal_nb: see README.md for its git commit"
+    ]
     for name in names:
         version = package_version(name)
         if version != "not installed":

@@ -81,8 +81,11 @@ def conversation(row: dict, rng: random.Random, direct: bool) -> list[dict]:
     messages = list(row["messages"])
     if direct:
         return messages + [{"role": "assistant", "content": f"The answer is {wrong_guess(row, rng)}."}]
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": "calculator", "arguments": json.dumps({"expression": row["expression"]})}}
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": row["expression"]})},
+    }
     return messages + [
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": calculator(row["expression"])},
@@ -115,19 +118,30 @@ def build_tools_tokenizer(out_dir: Path, template_tokenizer_dir: Path, recipe: d
     # No word-splitting regex: merges may cross spaces, so repeated phrases become single tokens;
     # but not line ends, so "assistant\n" never merges with the reply that follows it (the engine
     # generates the reply after the prompt's tokens, and training must see the same tokens).
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", behavior="merged_with_previous"),
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", behavior="merged_with_previous"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=recipe["vocab_size"], special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe["vocab_size"],
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(render, recipe), trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                                 model_max_length=recipe["model_max_length"], padding_side="right",
-                                 clean_up_tokenization_spaces=False)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=recipe["model_max_length"],
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
     hf.chat_template = template.chat_template
     out_dir.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(str(out_dir))
@@ -150,13 +164,16 @@ def _sft_example(tokenizer, messages: list[dict]):
         spans.append((start + len(head), end))
         start = text.find(head, end)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    labels = [tok if any(a <= lo and hi <= b for a, b in spans) else IGNORE
-              for tok, (lo, hi) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
+    labels = [
+        tok if any(a <= lo and hi <= b for a, b in spans) else IGNORE
+        for tok, (lo, hi) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+    ]
     return list(enc["input_ids"]), labels
 
 
 def held_out_success(model, tokenizer, rows: list[dict], max_new_tokens: int = 32) -> float:
     """Greedy success of the call-the-tool-then-answer loop (2 turns), without the proxy."""
+
     def prompts(convs):
         return _greedy_replies(model, tokenizer, convs, max_new_tokens)
 
@@ -172,10 +189,23 @@ def held_out_success(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
             result = calculator(**call["arguments"])
         except (json.JSONDecodeError, TypeError, KeyError):
             continue  # not a well-formed call: the reply is the answer
-        second_convs.append(convs[i] + [
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": call.get("name"), "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": "call_0", "content": result}])
+        second_convs.append(
+            convs[i]
+            + [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "call_0",
+                            "type": "function",
+                            "function": {"name": call.get("name"), "arguments": arguments},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_0", "content": result},
+            ]
+        )
         second_idx.append(i)
     if second_convs:
         for i, reply in zip(second_idx, prompts(second_convs), strict=True):
@@ -187,15 +217,23 @@ def _greedy_replies(model, tokenizer, conversations: list[list[dict]], max_new_t
     """Greedy replies with the calculator offered, batched with left padding."""
     import torch
 
-    ids = [tokenizer.apply_chat_template(c, tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=True)
-           for c in conversations]
+    ids = [
+        tokenizer.apply_chat_template(c, tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=True)
+        for c in conversations
+    ]
     ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
     width, pad = max(len(x) for x in ids), tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
     attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
     return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, width:].tolist()]
 
 
@@ -228,16 +266,20 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
     rows = generate_tool_problems(recipe["steps"] * recipe["batch_size"], seed=recipe["seed"], split="train")
     guess_from = (recipe["steps"] - recipe["guess_phase_steps"]) * recipe["batch_size"]
     examples = [
-        _sft_example(tokenizer, conversation(r, rng, direct=rng.random() < _direct_share(r, recipe, i >= guess_from)))
+        _sft_example(
+            tokenizer, conversation(r, rng, direct=rng.random() < _direct_share(r, recipe, i >= guess_from))
+        )
         for i, r in enumerate(rows)
     ]
     size = recipe["batch_size"]
-    batches = [examples[step * size:(step + 1) * size] for step in range(recipe["steps"])]
+    batches = [examples[step * size : (step + 1) * size] for step in range(recipe["steps"])]
     losses = train_sft(model, tokenizer, batches, recipe, desc="tiny-tools warm start (SFT)")
     train_seconds = time.monotonic() - started
 
     held_out = generate_tool_problems(recipe["eval_problems"], split="test")
-    tqdm.write(f"tiny-tools: measuring greedy success on {len(held_out)} held-out problems …", file=sys.stderr)
+    tqdm.write(
+        f"tiny-tools: measuring greedy success on {len(held_out)} held-out problems …", file=sys.stderr
+    )
     success = held_out_success(model, tokenizer, held_out)
 
     save_model(model, tokenizer, out_dir)

@@ -185,7 +185,9 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
     train_seconds = time.monotonic() - started
 
     held_out = generate_problems(recipe["eval_problems"], split="test")
-    tqdm.write(f"tiny-math: measuring greedy accuracy on {len(held_out)} held-out problems …", file=sys.stderr)
+    tqdm.write(
+        f"tiny-math: measuring greedy accuracy on {len(held_out)} held-out problems …", file=sys.stderr
+    )
     accuracy = evaluate_accuracy(model, tokenizer, held_out)
 
     save_model(model, tokenizer, out_dir)

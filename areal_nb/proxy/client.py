@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def _error_detail(response: httpx.Response) -> str:
     """The human-readable message of an OpenAI-style / FastAPI-style error body."""
     try:
@@ -190,7 +191,9 @@ class OpenAIProxyClient:
 
     # ----------------------------------------------------------------- rewards
     async def set_reward(self, interaction_id: str, reward: float) -> None:
-        await self._post("rl/set_reward", self.session_api_key, {"interaction_id": interaction_id, "reward": reward})
+        await self._post(
+            "rl/set_reward", self.session_api_key, {"interaction_id": interaction_id, "reward": reward}
+        )
 
     async def set_last_reward(self, reward: float) -> None:
         await self._post("rl/set_reward", self.session_api_key, {"reward": reward})
@@ -205,12 +208,19 @@ class OpenAIProxyClient:
         out = await self._post(
             "export_trajectories",
             self.admin_api_key,
-            {"session_id": self.session_id, "discount": discount, "style": style, "discount_mode": discount_mode},
+            {
+                "session_id": self.session_id,
+                "discount": discount,
+                "style": style,
+                "discount_mode": discount_mode,
+            },
             timeout=self.export_timeout,
         )
         wire = out.get("interactions")
         if not isinstance(wire, dict):
-            raise ProxyRequestError("export_trajectories", 200, f"expected an 'interactions' object, got {type(wire)}")
+            raise ProxyRequestError(
+                "export_trajectories", 200, f"expected an 'interactions' object, got {type(wire)}"
+            )
         rebuilt: dict[str, InteractionWithTokenLogpReward] = {}
         # The proxy sends parents before children, so each parent is rebuilt before it is needed.
         for interaction_id, item in wire.items():

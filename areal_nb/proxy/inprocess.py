@@ -91,8 +91,9 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             raw = await request.aread()  # kept on the request: the ASGI path can read it again
             response = await route(request.url.path, raw, request.headers)
             if response is not None:
-                return httpx.Response(response.status_code, headers=response.raw_headers, content=response.body,
-                                      request=request)
+                return httpx.Response(
+                    response.status_code, headers=response.raw_headers, content=response.body, request=request
+                )
         return await self._asgi.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -115,7 +116,9 @@ def direct_routes(app: Any, prefix: str = "") -> dict[str, Any]:
 def proxy_state_of(app: Any) -> ProxyState:
     state = getattr(getattr(app, "state", None), "proxy", None)
     if not isinstance(state, ProxyState):
-        raise TypeError(f"{type(app).__name__} is not a proxy app from areal_nb.proxy.create_app (no app.state.proxy)")
+        raise TypeError(
+            f"{type(app).__name__} is not a proxy app from areal_nb.proxy.create_app (no app.state.proxy)"
+        )
     return state
 
 
@@ -128,7 +131,9 @@ class InProcessProxyClient:
 
     def __init__(self, state: ProxyState, task_id: str) -> None:
         if not isinstance(state, ProxyState):
-            raise TypeError(f"InProcessProxyClient needs a ProxyState (app.state.proxy), got {type(state).__name__}")
+            raise TypeError(
+                f"InProcessProxyClient needs a ProxyState (app.state.proxy), got {type(state).__name__}"
+            )
         if not task_id:
             raise ValueError("InProcessProxyClient needs a non-empty task_id")
         self.state = state
@@ -192,7 +197,9 @@ class InProcessProxyClient:
             cache.set_reward(interaction_id, reward)
         except KeyError:
             raise ProxyRequestError(
-                "rl/set_reward", 400, f"interaction {interaction_id!r} not found in session {self.session_id!r}"
+                "rl/set_reward",
+                400,
+                f"interaction {interaction_id!r} not found in session {self.session_id!r}",
             ) from None
 
     async def set_last_reward(self, reward: float) -> None:
@@ -219,11 +226,15 @@ class InProcessProxyClient:
         endpoint = "export_trajectories"
         session = self._started()
         if not session.ended:
-            raise ProxyRequestError(endpoint, 504, f"session {session.session_id!r} has not ended: call end_session first")
+            raise ProxyRequestError(
+                endpoint, 504, f"session {session.session_id!r} has not ended: call end_session first"
+            )
         with _as_request_error(endpoint):
             session = self.state.get_session(session.session_id)
             if self.state.claim_export(session) is False:  # a concurrent export holds it
-                raise ProxyError(409, f"session {session.session_id!r} is being exported", "export_in_progress")
+                raise ProxyError(
+                    409, f"session {session.session_id!r} is being exported", "export_in_progress"
+                )
         try:
             cache = session.cache
             interactions: dict[str, Any] = {}
@@ -234,7 +245,9 @@ class InProcessProxyClient:
                 interactions = cache.export_interactions(style)
         except (ValueError, RuntimeError) as exc:
             self.state.release_export(session)
-            raise ProxyRequestError(endpoint, 400, f"cannot export session {session.session_id!r}: {exc}") from exc
+            raise ProxyRequestError(
+                endpoint, 400, f"cannot export session {session.session_id!r}: {exc}"
+            ) from exc
         except BaseException:
             self.state.release_export(session)
             raise

@@ -25,10 +25,9 @@ import re
 from typing import Any
 
 import numpy as np
-from starlette.exceptions import HTTPException
 
-from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
 from areal_nb.errors import BodyTooLarge
+from areal_nb.serving.body import BodyOverLimit, BodyTimedOut, read_bounded_body
 
 from .errors import error_response, http_error_response
 
@@ -44,7 +43,10 @@ def body_limit(configured: int, context: int | None, chars_per_token: int | None
     """The body limit: `configured`, or less when the model's context bounds what is useful."""
     if context is None or chars_per_token is None:
         return configured
-    return min(configured, max(MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token))
+    return min(
+        configured, max(MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token)
+    )
+
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
@@ -93,7 +95,10 @@ def body_problem(body: bytes) -> tuple[str, str] | None:
     """(message, code) for a body no route should parse, or None."""
     depth = json_depth(body, at_least=MAX_JSON_DEPTH)
     if depth > MAX_JSON_DEPTH:
-        return f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted", "nesting_too_deep"
+        return (
+            f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted",
+            "nesting_too_deep",
+        )
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -132,8 +137,10 @@ class BodyLimitMiddleware:
             await http_error_response(path, BodyTooLarge(limit))(scope, receive, send)
             return
         except BodyTimedOut as exc:
-            message = (f"the request body was not complete {self.body_timeout:g} s after its headers "
-                       f"({exc.received} bytes arrived); send the whole body at once")
+            message = (
+                f"the request body was not complete {self.body_timeout:g} s after its headers "
+                f"({exc.received} bytes arrived); send the whole body at once"
+            )
             response = error_response(path, 408, message, "body_timeout")
             response.headers["connection"] = "close"  # the rest of the body would be read as the next request
             await response(scope, receive, send)
@@ -141,7 +148,11 @@ class BodyLimitMiddleware:
         if body is None:  # disconnected while sending the body
             return
         if body:
-            problem = await asyncio.to_thread(body_problem, body) if len(body) > THREAD_BYTES else body_problem(body)
+            problem = (
+                await asyncio.to_thread(body_problem, body)
+                if len(body) > THREAD_BYTES
+                else body_problem(body)
+            )
             if problem is not None:
                 await error_response(path, 400, *problem)(scope, receive, send)
                 return

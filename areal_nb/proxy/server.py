@@ -27,7 +27,9 @@ from .settings import validate_admin_key
 class ProxyServer:
     """uvicorn serving `app` on `host:port` (port 0 → a free port) in this process."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
+    ) -> None:
         state = getattr(getattr(app, "state", None), "proxy", None)
         if state is not None:
             validate_admin_key(state.settings.admin_api_key, host)
@@ -70,7 +72,9 @@ class ProxyServer:
             sock.bind((self.host, self.requested_port))
         except OSError as exc:
             sock.close()
-            raise OSError(exc.errno, f"cannot bind proxy to {self.host}:{self.requested_port}: {exc.strerror}") from exc
+            raise OSError(
+                exc.errno, f"cannot bind proxy to {self.host}:{self.requested_port}: {exc.strerror}"
+            ) from exc
         sock.set_inheritable(True)
         config = uvicorn.Config(
             self.app,
@@ -119,7 +123,9 @@ class ProxyServer:
             self._server = server
             if loop is None:
                 self._thread = threading.Thread(
-                    target=lambda: asyncio.run(self._serve(server)), name=f"areal-proxy-{self.port}", daemon=True
+                    target=lambda: asyncio.run(self._serve(server)),
+                    name=f"areal-proxy-{self.port}",
+                    daemon=True,
                 )
                 self._thread.start()
             else:

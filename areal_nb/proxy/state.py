@@ -56,7 +56,9 @@ class SessionData:
         if self.cache.last_interaction_id is None:
             pending = len(self.cache)
             if not pending:
-                raise ProxyError(400, f"no interactions in session {self.session_id!r} to reward", "no_interactions")
+                raise ProxyError(
+                    400, f"no interactions in session {self.session_id!r} to reward", "no_interactions"
+                )
             raise ProxyError(
                 400,
                 f"no completed interactions in session {self.session_id!r} to reward: "
@@ -105,7 +107,9 @@ class ProxyState:
     # ------------------------------------------------------------------ auth
     def check_admin(self, token: str | None) -> None:
         if token is None:
-            raise ProxyError(401, "missing API key: send 'Authorization: Bearer <admin key>'", "missing_api_key")
+            raise ProxyError(
+                401, "missing API key: send 'Authorization: Bearer <admin key>'", "missing_api_key"
+            )
         if not keys_equal(token, self.settings.admin_api_key):
             raise ProxyError(403, "invalid admin API key", "invalid_admin_key")
 
@@ -118,7 +122,11 @@ class ProxyState:
                 "missing_api_key",
             )
         if keys_equal(token, self.settings.admin_api_key):
-            raise ProxyError(401, "the admin key is not a session key: use the key from /rl/start_session", "invalid_api_key")
+            raise ProxyError(
+                401,
+                "the admin key is not a session key: use the key from /rl/start_session",
+                "invalid_api_key",
+            )
         with self._lock:
             session_id = self._key_to_session.get(token)
             session = self.sessions.get(session_id) if session_id is not None else None
@@ -148,7 +156,11 @@ class ProxyState:
         with self._lock:
             self._sweep_locked(force=False)
             if self.capacity <= 0:
-                raise ProxyError(429, "no available capacity to start a new session: call /grant_capacity first", "no_capacity")
+                raise ProxyError(
+                    429,
+                    "no available capacity to start a new session: call /grant_capacity first",
+                    "no_capacity",
+                )
             if api_key is not None:
                 self._check_requested_key_locked(api_key)
             else:
@@ -194,7 +206,11 @@ class ProxyState:
         with self._lock:
             session = self.sessions.get(session_id)
             if session is None:
-                raise ProxyError(404, f"unknown session_id {session_id!r} (never started, already exported, or expired)", "unknown_session")
+                raise ProxyError(
+                    404,
+                    f"unknown session_id {session_id!r} (never started, already exported, or expired)",
+                    "unknown_session",
+                )
             return session
 
     def claim_export(self, session: SessionData) -> bool:
@@ -203,8 +219,12 @@ class ProxyState:
         with self._lock:
             if self.sessions.get(session.session_id) is not session:
                 if session.removed_reason == "was exported":
-                    raise ProxyError(404, f"session {session.session_id!r} was already exported", "unknown_session")
-                raise ProxyError(410, f"session {session.session_id!r} {session.removed_reason}", "session_gone")
+                    raise ProxyError(
+                        404, f"session {session.session_id!r} was already exported", "unknown_session"
+                    )
+                raise ProxyError(
+                    410, f"session {session.session_id!r} {session.removed_reason}", "session_gone"
+                )
             if session.exporting:
                 return False
             session.exporting = True

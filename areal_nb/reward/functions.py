@@ -19,7 +19,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from areal_nb.api import import_object
 from areal_nb.errors import RewardValueError  # noqa: F401 (re-exported)
@@ -56,22 +56,25 @@ def check_reward_signature(fn: Callable[..., Any]) -> None:
     try:
         signature.bind(None, None)
     except TypeError as e:
-        raise TypeError(f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
-                        f"a reward takes the dataset row and the completion") from None
+        raise TypeError(
+            f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
+            f"a reward takes the dataset row and the completion"
+        ) from None
 
 
 async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) -> float:
     """`fn(row, completion)` as a float; exceptions from `fn` propagate unchanged."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        value = await fn(row, completion)
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (an instance with async __call__)
+        value: Any = await cast(Awaitable[float], fn(row, completion))  # a coroutine function, checked above
     else:
         value = await asyncio.to_thread(fn, row, completion)
         if inspect.isawaitable(value):
             value = await value
     number = as_reward_number(value)
     if number is None:
-        raise RewardValueError(f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number "
-                               f"(or a bool)")
+        raise RewardValueError(
+            f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number (or a bool)"
+        )
     return number
 
 

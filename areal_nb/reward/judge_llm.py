@@ -44,11 +44,13 @@ SESSION_ENGINE = "initial"  # engine="initial": the Session binds a frozen copy 
 
 POINTWISE_SYSTEM = (
     "You are a strict grader. Read the rubric, the task and the response, then grade the response "
-    "against the rubric. End your answer with one line 'SCORE: <number from 0 to 1>'.")
+    "against the rubric. End your answer with one line 'SCORE: <number from 0 to 1>'."
+)
 GROUP_SYSTEM = (
     "You are a strict grader. Read the rubric, the task and the numbered responses, then score every "
     "response against the rubric, relative to the others: better responses get higher scores. End your "
-    "answer with one line per response, '[<number>]: <score from 0 to 1>'.")
+    "answer with one line per response, '[<number>]: <score from 0 to 1>'."
+)
 
 _SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*")
@@ -64,7 +66,9 @@ def task_text(row: Mapping[str, Any] | str) -> str:
             return row[key]
     messages = row.get("messages")
     if isinstance(messages, list):
-        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages if isinstance(m, Mapping))
+        return "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages if isinstance(m, Mapping)
+        )
     return json.dumps(dict(row), sort_keys=True, default=str)
 
 
@@ -75,8 +79,11 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, Mapping):
         completion = [completion]
     if isinstance(completion, list):
-        return "\n".join(f"{m.get('role', 'assistant')}: {m.get('content') or ''}" for m in completion
-                         if isinstance(m, Mapping))
+        return "\n".join(
+            f"{m.get('role', 'assistant')}: {m.get('content') or ''}"
+            for m in completion
+            if isinstance(m, Mapping)
+        )
     return str(completion)
 
 
@@ -125,17 +132,31 @@ class _Gathering:
 class Judge:
     """A reward function `judge(row, completion) -> float` that asks an LLM. Build it with `judge(...)`."""
 
-    def __init__(self, rubric: str, *, mode: JudgeMode = "pointwise", base_url: str | None = None,
-                 api_key: str | None = None, model: str = "default", engine: InferenceEngine | str | None = None,
-                 tokenizer: Any = None, timeout: float = 60.0, max_tokens: int = 256, group_size: int | None = None,
-                 group_wait: float = 10.0, parse: Callable[[str], float] | None = None) -> None:
+    def __init__(
+        self,
+        rubric: str,
+        *,
+        mode: JudgeMode = "pointwise",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str = "default",
+        engine: InferenceEngine | str | None = None,
+        tokenizer: Any = None,
+        timeout: float = 60.0,
+        max_tokens: int = 256,
+        group_size: int | None = None,
+        group_wait: float = 10.0,
+        parse: Callable[[str], float] | None = None,
+    ) -> None:
         if not isinstance(rubric, str) or not rubric.strip():
             raise ValueError("a judge needs a rubric: what a good response is, in words")
         if mode not in ("pointwise", "group"):
             raise ValueError(f"mode must be 'pointwise' or 'group', got {mode!r}")
         if (base_url is None) == (engine is None):
-            raise ValueError("give the judge either base_url (an OpenAI-compatible endpoint) or engine "
-                             f"(an inference engine with its tokenizer, or {SESSION_ENGINE!r} for the Session's own)")
+            raise ValueError(
+                "give the judge either base_url (an OpenAI-compatible endpoint) or engine "
+                f"(an inference engine with its tokenizer, or {SESSION_ENGINE!r} for the Session's own)"
+            )
         if isinstance(engine, str) and engine != SESSION_ENGINE:
             raise ValueError(f"engine must be an inference engine or {SESSION_ENGINE!r}, got {engine!r}")
         if engine is not None and not isinstance(engine, str) and tokenizer is None:
@@ -174,8 +195,10 @@ class Judge:
     async def _ask(self, messages: list[dict[str, str]]) -> str:
         """One judge call, bounded by `timeout`: the reply's text."""
         if self.needs_session_engine:
-            raise JudgeError(f"this judge asks for the Session's engine ({SESSION_ENGINE!r}) but was not bound to "
-                             "one: use it inside a Session, or give it base_url or engine=")
+            raise JudgeError(
+                f"this judge asks for the Session's engine ({SESSION_ENGINE!r}) but was not bound to "
+                "one: use it inside a Session, or give it base_url or engine="
+            )
         self.calls += 1
         try:
             return await asyncio.wait_for(self._generate(messages), self.timeout)
@@ -187,11 +210,16 @@ class Judge:
             if self._client is None:
                 from openai import AsyncOpenAI
 
-                self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "none",
-                                           timeout=self.timeout, max_retries=0)
+                self._client = AsyncOpenAI(
+                    base_url=self.base_url,
+                    api_key=self.api_key or "none",
+                    timeout=self.timeout,
+                    max_retries=0,
+                )
             try:
                 out = await self._client.chat.completions.create(
-                    model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0.0)
+                    model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0.0
+                )
             except Exception as exc:
                 raise JudgeError(f"the judge at {self.base_url} failed: {type(exc).__name__}: {exc}") from exc
             return out.choices[0].message.content or ""
@@ -199,9 +227,13 @@ class Judge:
         if isinstance(ids, Mapping):  # some tokenizers answer a BatchEncoding
             ids = ids["input_ids"]
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        request = ModelRequest(input_ids=list(ids), tokenizer=self.tokenizer,
-                               gconfig=GenerationConfig(max_new_tokens=self.max_tokens, greedy=True,
-                                                        temperature=0.0, stop_token_ids=eos))
+        request = ModelRequest(
+            input_ids=list(ids),
+            tokenizer=self.tokenizer,
+            gconfig=GenerationConfig(
+                max_new_tokens=self.max_tokens, greedy=True, temperature=0.0, stop_token_ids=eos
+            ),
+        )
         response = await self.engine.agenerate(request)
         return self.tokenizer.decode(response.output_tokens, skip_special_tokens=True)
 
@@ -214,9 +246,15 @@ class Judge:
         task, reply = task_text(row), completion_text(completion)
         key = self._key("pointwise", task, reply)
         if key not in self._cache:
-            answer = await self._ask([
-                {"role": "system", "content": POINTWISE_SYSTEM},
-                {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nTask:\n{task}\n\nResponse:\n{reply}"}])
+            answer = await self._ask(
+                [
+                    {"role": "system", "content": POINTWISE_SYSTEM},
+                    {
+                        "role": "user",
+                        "content": f"Rubric:\n{self.rubric}\n\nTask:\n{task}\n\nResponse:\n{reply}",
+                    },
+                ]
+            )
             self._remember(key, self._read_score(answer))
         self._cache.move_to_end(key)
         return self._cache[key]
@@ -230,9 +268,15 @@ class Judge:
         key = self._key("group", task, replies)
         if key not in self._cache:
             listing = "\n\n".join(f"[{i}]\n{reply}" for i, reply in enumerate(replies, 1))
-            answer = await self._ask([
-                {"role": "system", "content": GROUP_SYSTEM},
-                {"role": "user", "content": f"Rubric:\n{self.rubric}\n\nTask:\n{task}\n\nResponses:\n\n{listing}"}])
+            answer = await self._ask(
+                [
+                    {"role": "system", "content": GROUP_SYSTEM},
+                    {
+                        "role": "user",
+                        "content": f"Rubric:\n{self.rubric}\n\nTask:\n{task}\n\nResponses:\n\n{listing}",
+                    },
+                ]
+            )
             self._remember(key, parse_group_scores(answer, len(replies)))
         self._cache.move_to_end(key)
         return list(self._cache[key])
@@ -244,10 +288,13 @@ class Judge:
         except JudgeError:
             raise
         except Exception as exc:
-            raise JudgeError(f"parse could not read the judge's answer ({type(exc).__name__}: {exc}): "
-                             f"{_quote(answer)}") from exc
+            raise JudgeError(
+                f"parse could not read the judge's answer ({type(exc).__name__}: {exc}): {_quote(answer)}"
+            ) from exc
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-            raise JudgeError(f"parse read {value!r} (not a number in [0, 1]) from the judge's answer: {_quote(answer)}")
+            raise JudgeError(
+                f"parse read {value!r} (not a number in [0, 1]) from the judge's answer: {_quote(answer)}"
+            )
         return float(value)
 
     def _remember(self, key: str, value: Any) -> None:
@@ -300,21 +347,45 @@ class Judge:
         asyncio.get_running_loop().create_task(judge_now())
 
     def __repr__(self) -> str:
-        where = self.base_url or ("the Session's initial policy" if self.needs_session_engine else "an engine")
+        where = self.base_url or (
+            "the Session's initial policy" if self.needs_session_engine else "an engine"
+        )
         return f"Judge({self.mode}, {where}, rubric={self.rubric[:40]!r})"
 
 
-def judge(rubric: str, *, mode: JudgeMode = "pointwise", base_url: str | None = None, api_key: str | None = None,
-          model: str = "default", engine: InferenceEngine | str | None = None, tokenizer: Any = None,
-          timeout: float = 60.0, max_tokens: int = 256, group_size: int | None = None,
-          group_wait: float = 10.0, parse: Callable[[str], float] | None = None) -> Judge:
+def judge(
+    rubric: str,
+    *,
+    mode: JudgeMode = "pointwise",
+    base_url: str | None = None,
+    api_key: str | None = None,
+    model: str = "default",
+    engine: InferenceEngine | str | None = None,
+    tokenizer: Any = None,
+    timeout: float = 60.0,
+    max_tokens: int = 256,
+    group_size: int | None = None,
+    group_wait: float = 10.0,
+    parse: Callable[[str], float] | None = None,
+) -> Judge:
     """A reward that asks an LLM to score replies against `rubric` (see the module's doc).
 
     `parse(answer) -> float in [0, 1]` reads a pointwise answer in a format of your own (default:
     the last `SCORE: x`, or the answer as one number)."""
-    return Judge(rubric, mode=mode, base_url=base_url, api_key=api_key, model=model, engine=engine,
-                 tokenizer=tokenizer, timeout=timeout, max_tokens=max_tokens, group_size=group_size,
-                 group_wait=group_wait, parse=parse)
+    return Judge(
+        rubric,
+        mode=mode,
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        engine=engine,
+        tokenizer=tokenizer,
+        timeout=timeout,
+        max_tokens=max_tokens,
+        group_size=group_size,
+        group_wait=group_wait,
+        parse=parse,
+    )
 
 
 def session_judges(agent: Any) -> list[Judge]:

@@ -15,12 +15,20 @@ from typing import Any, Literal
 
 import torch
 
-from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES, CreditMode, DiscountMode, ExportStyle, check_export_style
+from areal_nb.api import (
+    CREDIT_MODES,
+    DISCOUNT_MODES,
+    CreditMode,
+    DiscountMode,
+    ExportStyle,
+    check_export_style,
+)
 from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.capture.cache import discounted_rewards
 from areal_nb.capture.tensors import add_sampling_records, stack_token_rows
 
 from .executor import Episode
+
 
 def _raw(it: InteractionWithTokenLogpReward) -> float | None:
     raw = getattr(it, "raw_reward", None)
@@ -109,10 +117,12 @@ class RolloutBatch:
     def children_of(self, episode_index: int, call: InteractionWithTokenLogpReward) -> list:
         return [c for c in self.calls(episode_index) if c.parent is call]
 
-    def discounted(self, episode_index: int) -> dict[str, float]:
+    def discounted(self, episode_index: int) -> dict[str | None, float]:
         """Reward of each call of the episode after propagation with this batch's settings."""
         calls = self.calls(episode_index)
-        return discounted_rewards(calls, self.discount, self.discount_mode, rewards={c.interaction_id: _raw(c) for c in calls})
+        return discounted_rewards(
+            calls, self.discount, self.discount_mode, rewards={c.interaction_id: _raw(c) for c in calls}
+        )
 
     def episode_return(self, episode_index: int) -> float:
         """Sum of the rewards the agent set in the episode (before discount)."""
@@ -127,7 +137,7 @@ class RolloutBatch:
             calls = self.calls(i)
             rewards = self.discounted(i)
             if self.style == "concat":
-                check_export_style("concat", {c.interaction_id: c.chat_template_type for c in calls})
+                check_export_style("concat", {str(c.interaction_id): c.chat_template_type for c in calls})
                 parents = {id(c.parent) for c in calls if c.parent is not None}
                 calls = [c for c in calls if id(c) not in parents]
             out.extend(Row(c, i, ep.group_id, rewards[c.interaction_id]) for c in calls)
@@ -142,12 +152,16 @@ class RolloutBatch:
         rows = self.rows()
         if not rows:
             reasons = sorted({str(ep.rejection_reason) for ep in self.rejected})
-            why = f": its {len(self.rejected)} episode(s) were rejected ({'; '.join(reasons[:5])})" if reasons else ""
+            why = (
+                f": its {len(self.rejected)} episode(s) were rejected ({'; '.join(reasons[:5])})"
+                if reasons
+                else ""
+            )
             raise ValueError(f"this batch has no accepted episodes to train on{why}")
         # One tensor per field from the rows' token lists (`stack_token_rows`), with this batch's
         # rewards and returns: this runs in every training step (tests/rollout/test_batch_tensors.py
         # checks it equals `concat_padded_tensors` of the rows' `to_tensor_dict()`s).
-        returns: dict[int, dict[str, float]] = {}
+        returns: dict[int, dict[str | None, float]] = {}
         token_rows, turn_returns = [], []
         for row in rows:
             if row.episode_index not in returns:
@@ -161,8 +175,13 @@ class RolloutBatch:
         return out
 
     # ---------------------------------------------------------------- editing
-    def reexport(self, discount: float | None = None, style: ExportStyle | None = None,
-                 discount_mode: DiscountMode | None = None, credit: CreditMode | None = None) -> RolloutBatch:
+    def reexport(
+        self,
+        discount: float | None = None,
+        style: ExportStyle | None = None,
+        discount_mode: DiscountMode | None = None,
+        credit: CreditMode | None = None,
+    ) -> RolloutBatch:
         """The same episodes with other export settings or credit; nothing is generated again."""
         return dataclasses.replace(
             self,
@@ -174,7 +193,9 @@ class RolloutBatch:
         )
 
     def filter(self, keep: Callable[[Episode], bool]) -> RolloutBatch:
-        return dataclasses.replace(self, episodes=[ep for ep in self.episodes if keep(ep)], stats=dict(self.stats))
+        return dataclasses.replace(
+            self, episodes=[ep for ep in self.episodes if keep(ep)], stats=dict(self.stats)
+        )
 
     # ---------------------------------------------------------------- tables
     @property
@@ -190,49 +211,57 @@ class RolloutBatch:
             for c in self.calls(i):
                 mr = c.model_response
                 versions = list(mr.output_versions) if mr is not None else []
-                last_input = next((m for m in reversed(c.messages) if m.get("role") != "assistant"), {})
+                last_input: dict[str, Any] = next(
+                    (m for m in reversed(c.messages) if m.get("role") != "assistant"), {}
+                )
                 reply = (c.output_message_list or [{}])[0]
-                records.append({
-                    "episode": i,
-                    "group": ep.group_id,
-                    "sample": ep.sample_id,
-                    "interaction_id": c.interaction_id,
-                    "parent_id": c.parent_id,
-                    "turn": c.depth,
-                    "prompt_preview": _message_preview(last_input),
-                    "reply_preview": _message_preview(reply),
-                    "reward": _raw(c),
-                    "reward_discounted": rewards[c.interaction_id],
-                    "input_tokens": mr.input_len if mr is not None else None,
-                    "output_tokens": mr.output_len if mr is not None else None,
-                    "version_min": min(versions) if versions else None,
-                    "version_max": max(versions) if versions else None,
-                    "stop_reason": mr.stop_reason if mr is not None else None,
-                    "exported": id(c) in exported,
-                })
+                records.append(
+                    {
+                        "episode": i,
+                        "group": ep.group_id,
+                        "sample": ep.sample_id,
+                        "interaction_id": c.interaction_id,
+                        "parent_id": c.parent_id,
+                        "turn": c.depth,
+                        "prompt_preview": _message_preview(last_input),
+                        "reply_preview": _message_preview(reply),
+                        "reward": _raw(c),
+                        "reward_discounted": rewards[c.interaction_id],
+                        "input_tokens": mr.input_len if mr is not None else None,
+                        "output_tokens": mr.output_len if mr is not None else None,
+                        "version_min": min(versions) if versions else None,
+                        "version_max": max(versions) if versions else None,
+                        "stop_reason": mr.stop_reason if mr is not None else None,
+                        "exported": id(c) in exported,
+                    }
+                )
         return pd.DataFrame.from_records(records)
 
     @property
     def episodes_df(self):
         import pandas as pd
 
-        return pd.DataFrame.from_records([
-            {
-                "episode": i,
-                "group": ep.group_id,
-                "sample": ep.sample_id,
-                "accepted": ep.accepted,
-                "calls": len(self.calls(i)) if ep.accepted else 0,
-                "return": self.episode_return(i) if ep.accepted else None,
-                "rejection_reason": ep.rejection_reason,
-            }
-            for i, ep in enumerate(self.episodes)
-        ])
+        return pd.DataFrame.from_records(
+            [
+                {
+                    "episode": i,
+                    "group": ep.group_id,
+                    "sample": ep.sample_id,
+                    "accepted": ep.accepted,
+                    "calls": len(self.calls(i)) if ep.accepted else 0,
+                    "return": self.episode_return(i) if ep.accepted else None,
+                    "rejection_reason": ep.rejection_reason,
+                }
+                for i, ep in enumerate(self.episodes)
+            ]
+        )
 
     def __repr__(self) -> str:
-        return (f"RolloutBatch({len(self.episodes)} episodes, {len(self.accepted)} accepted, "
-                f"style={self.style!r}, discount={self.discount}, discount_mode={self.discount_mode!r}, "
-                f"credit={self.credit!r}, version={self.version})")
+        return (
+            f"RolloutBatch({len(self.episodes)} episodes, {len(self.accepted)} accepted, "
+            f"style={self.style!r}, discount={self.discount}, discount_mode={self.discount_mode!r}, "
+            f"credit={self.credit!r}, version={self.version})"
+        )
 
     # ---------------------------------------------------------------- views
     def show_tree(self, i: int = 0):

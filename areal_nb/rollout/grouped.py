@@ -89,7 +89,9 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         self.group_size = group_size
         self.last_member_errors: list[str] = []
 
-    async def _member(self, engine: InferenceEngine, data: dict[str, Any], index: int) -> dict[str, Any] | None:
+    async def _member(
+        self, engine: InferenceEngine, data: dict[str, Any], index: int
+    ) -> dict[str, Any] | None:
         try:
             result = await self.workflow.arun_episode(engine, data)
         except Exception as exc:  # noqa: BLE001 - one member must not fail the group
@@ -108,15 +110,15 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> dict[str, Any] | None:
         self.last_member_errors = []
-        members = list(
-            await asyncio.gather(*(self._member(engine, data, i) for i in range(self.group_size)))
-        )
+        members = list(await asyncio.gather(*(self._member(engine, data, i) for i in range(self.group_size))))
         valid = [m for m in members if m is not None]
         if not valid:
             logger.warning("all %d trajectories of the group were rejected", self.group_size)
             return None
         if len(valid) < self.group_size:
-            logger.warning("%d/%d trajectories of the group were rejected", self.group_size - len(valid), self.group_size)
+            logger.warning(
+                "%d/%d trajectories of the group were rejected", self.group_size - len(valid), self.group_size
+            )
         kinds = {_is_tensor_dict(m) for m in valid}
         if len(kinds) > 1:
             raise TypeError("group members returned a mix of tensor dicts and interaction dicts")

@@ -47,7 +47,9 @@ def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, *
         raise TypeError(
             f"{name} is neither a RolloutWorkflow nor an agent: it has no `async def run(data, **kwargs)` method"
         )
-    return OpenAIProxyWorkflow(agent=agent, proxy_addr=proxy_addr, admin_api_key=admin_api_key, **proxy_workflow_kwargs)
+    return OpenAIProxyWorkflow(
+        agent=agent, proxy_addr=proxy_addr, admin_api_key=admin_api_key, **proxy_workflow_kwargs
+    )
 
 
 def _resolve_single(
@@ -65,7 +67,9 @@ def _resolve_single(
         )
     if isinstance(workflow, RolloutWorkflow):
         if workflow_kwargs:
-            logger.warning("workflow is already an instance; workflow_kwargs %s are ignored", sorted(workflow_kwargs))
+            logger.warning(
+                "workflow is already an instance; workflow_kwargs %s are ignored", sorted(workflow_kwargs)
+            )
         return workflow
     if inspect.isclass(workflow) and issubclass(workflow, RolloutWorkflow):
         if workflow_kwargs is None:
@@ -81,7 +85,9 @@ def _resolve_single(
         agent = workflow(**(workflow_kwargs or {}))
     else:
         if workflow_kwargs:
-            logger.warning("agent is already an instance; workflow_kwargs %s are ignored", sorted(workflow_kwargs))
+            logger.warning(
+                "agent is already an instance; workflow_kwargs %s are ignored", sorted(workflow_kwargs)
+            )
         agent = workflow
     return _wrap_agent(agent, proxy_addr, admin_api_key, **proxy_workflow_kwargs)
 

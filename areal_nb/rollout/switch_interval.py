@@ -56,7 +56,9 @@ class SwitchIntervalLease:
 
     def __init__(self, interval: float | None) -> None:
         if interval is not None and not interval > 0:
-            raise ValueError(f"switch interval must be a positive number of seconds or None, got {interval!r}")
+            raise ValueError(
+                f"switch interval must be a positive number of seconds or None, got {interval!r}"
+            )
         self.interval = interval
         self._held = False
 

@@ -16,8 +16,9 @@ from typing import Any
 from areal_nb.errors import BodyOverLimit, BodyTimedOut
 
 
-async def read_bounded_body(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                            limit: int, timeout: float) -> bytes | None:
+async def read_bounded_body(
+    scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], limit: int, timeout: float
+) -> bytes | None:
     """The whole body, or None if the client disconnected before sending it all."""
     declared = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), None)
     if declared is not None:

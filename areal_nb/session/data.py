@@ -20,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from areal_nb.config import ConfigError, DataConfig
-from areal_nb.data import (check_rows, generate_problems, is_row_factory, is_row_file, load_gsm8k_split, load_rows,
-                           split_rows)
-
+from areal_nb.data import (
+    check_rows,
+    generate_problems,
+    is_row_factory,
+    is_row_file,
+    load_gsm8k_split,
+    load_rows,
+    split_rows,
+)
 
 DEFAULT_EVAL_SIZE = 200  # held-out problems of the generated or GSM8K test split when data.eval_size is None
 
@@ -45,14 +51,21 @@ def load_task_data(cfg: DataConfig, *, picklable: bool = False) -> TaskData:
     train_index = None
     if cfg.eval_fraction > 0 and cfg.eval_source is not None:
         raise ConfigError("give data.eval_source or data.eval_fraction, not both")
-    row_source = not (isinstance(cfg.source, str) and (cfg.source == "generated" or _is_gsm8k(cfg.source, cfg.format)))
-    own_held_out = row_source  # the user's rows (or a split of them) are evaluated in full unless eval_size cuts them
+    row_source = not (
+        isinstance(cfg.source, str) and (cfg.source == "generated" or _is_gsm8k(cfg.source, cfg.format))
+    )
+    own_held_out = (
+        row_source  # the user's rows (or a split of them) are evaluated in full unless eval_size cuts them
+    )
     if cfg.eval_fraction > 0 and not row_source:
-        raise ConfigError(f"data.eval_fraction splits a dataset of rows; data.source {cfg.source!r} has its own "
-                          f"test split")
+        raise ConfigError(
+            f"data.eval_fraction splits a dataset of rows; data.source {cfg.source!r} has its own test split"
+        )
     if isinstance(cfg.source, str) and cfg.source == "generated":
-        train, held_out = None, generate_problems(cfg.eval_size or DEFAULT_EVAL_SIZE, seed=0, split="test",
-                                                  config=cfg.task)
+        train, held_out = (
+            None,
+            generate_problems(cfg.eval_size or DEFAULT_EVAL_SIZE, seed=0, split="test", config=cfg.task),
+        )
     elif _is_gsm8k(cfg.source, cfg.format):
         train = load_gsm8k_split(cfg.source, "train")
         if not train:
@@ -100,8 +113,12 @@ def _is_gsm8k(source: Any, fmt: str) -> bool:
         row = json.loads(first)
     except json.JSONDecodeError:
         return False
-    return (isinstance(row, dict) and "question" in row and "####" in str(row.get("answer", ""))
-            and "messages" not in row)
+    return (
+        isinstance(row, dict)
+        and "question" in row
+        and "####" in str(row.get("answer", ""))
+        and "messages" not in row
+    )
 
 
 class DataStream:
@@ -110,8 +127,9 @@ class DataStream:
     Chunk k is 512 fresh generated problems, or the k-th seeded shuffle of the training rows.
     """
 
-    def __init__(self, cfg: DataConfig, pos: int = 0, *, rows: list[dict] | None = None,
-                 index: list[int] | None = None) -> None:
+    def __init__(
+        self, cfg: DataConfig, pos: int = 0, *, rows: list[dict] | None = None, index: list[int] | None = None
+    ) -> None:
         self.cfg = cfg
         self.rows = rows
         self.index = index
@@ -144,7 +162,9 @@ class DataStream:
     @staticmethod
     def _chunk_maker(cfg: DataConfig, rows: list[dict] | None) -> Callable[[int], list[dict]]:
         if rows is None:
-            return lambda k: generate_problems(512, seed=cfg.seed * 100_003 + k, split="train", config=cfg.task)
+            return lambda k: generate_problems(
+                512, seed=cfg.seed * 100_003 + k, split="train", config=cfg.task
+            )
 
         def chunk(k: int) -> list[dict]:
             order = list(rows)

@@ -23,12 +23,15 @@ from areal_nb.train.algorithms import informative_groups
 def informative_episodes(batch: RolloutBatch) -> tuple[list, int]:
     """The episodes of `batch`'s informative groups, and the number of groups dropped."""
     accepted = [(i, ep) for i, ep in enumerate(batch.episodes) if ep.accepted]
-    keep = informative_groups([batch.episode_return(i) for i, _ in accepted], [ep.group_id for _, ep in accepted])
+    keep = informative_groups(
+        [batch.episode_return(i) for i, _ in accepted], [ep.group_id for _, ep in accepted]
+    )
     return [ep for ep in batch.episodes if ep.group_id in keep], len(batch.groups) - len(keep)
 
 
-def refill_informative(batch: RolloutBatch, rollout: Callable[[int], RolloutBatch | None],
-                       max_rounds: int) -> RolloutBatch:
+def refill_informative(
+    batch: RolloutBatch, rollout: Callable[[int], RolloutBatch | None], max_rounds: int
+) -> RolloutBatch:
     """`batch` with its uninformative groups dropped and refilled by `rollout(n_prompts)`."""
     target = len(batch.groups)
     kept, dropped = informative_episodes(batch)
@@ -43,8 +46,15 @@ def refill_informative(batch: RolloutBatch, rollout: Callable[[int], RolloutBatc
         kept += more
         dropped += more_dropped
     n_groups = len({ep.group_id for ep in kept})
-    stats = {**batch.stats, "dynamic_sampling_dropped_groups": dropped, "dynamic_sampling_rounds": rounds,
-             "dynamic_sampling_groups": n_groups, "dynamic_sampling_exhausted": float(n_groups < target)}
+    stats = {
+        **batch.stats,
+        "dynamic_sampling_dropped_groups": dropped,
+        "dynamic_sampling_rounds": rounds,
+        "dynamic_sampling_groups": n_groups,
+        "dynamic_sampling_exhausted": float(n_groups < target),
+    }
     if not kept:  # nothing informative: train on the last rollout as it is
-        return dataclasses.replace(last, stats={**last.stats, **stats, "dynamic_sampling_groups": len(last.groups)})
+        return dataclasses.replace(
+            last, stats={**last.stats, **stats, "dynamic_sampling_groups": len(last.groups)}
+        )
     return dataclasses.replace(batch, episodes=kept, stats=stats, version=last.version)

@@ -32,8 +32,13 @@ class GreedyEngine:
         self.engine = engine
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        greedy = ModelRequest(input_ids=req.input_ids, gconfig=req.gconfig.new(greedy=True), rid=req.rid,
-                              metadata=req.metadata, tokenizer=req.tokenizer)
+        greedy = ModelRequest(
+            input_ids=req.input_ids,
+            gconfig=req.gconfig.new(greedy=True),
+            rid=req.rid,
+            metadata=req.metadata,
+            tokenizer=req.tokenizer,
+        )
         return await self.engine.agenerate(greedy)
 
     def get_version(self) -> int:
@@ -97,26 +102,56 @@ class EvalResult:
         return out
 
 
-async def run_greedy_episodes(workflow: RolloutWorkflow, engine: InferenceEngine, problems: list[dict], *,
-                              max_concurrent: int, episode_timeout: float | None,
-                              switch_interval: float | None = None, rows_name: str = "problem") -> list:
+async def run_greedy_episodes(
+    workflow: RolloutWorkflow,
+    engine: InferenceEngine,
+    problems: list[dict],
+    *,
+    max_concurrent: int,
+    episode_timeout: float | None,
+    switch_interval: float | None = None,
+    rows_name: str = "problem",
+) -> list:
     """One greedy episode per problem, on an executor of their own (no staleness accounting)."""
-    return await run_episodes(workflow, GreedyEngine(engine), problems, group_size=1, max_concurrent=max_concurrent,
-                              episode_timeout=episode_timeout, switch_interval=switch_interval, rows_name=rows_name)
+    return await run_episodes(
+        workflow,
+        GreedyEngine(engine),
+        problems,
+        group_size=1,
+        max_concurrent=max_concurrent,
+        episode_timeout=episode_timeout,
+        switch_interval=switch_interval,
+        rows_name=rows_name,
+    )
 
 
-async def run_episodes(workflow: RolloutWorkflow, engine: Any, problems: list[dict], *, group_size: int,
-                       max_concurrent: int, episode_timeout: float | None, switch_interval: float | None = None,
-                       rows_name: str = "problem") -> list:
+async def run_episodes(
+    workflow: RolloutWorkflow,
+    engine: Any,
+    problems: list[dict],
+    *,
+    group_size: int,
+    max_concurrent: int,
+    episode_timeout: float | None,
+    switch_interval: float | None = None,
+    rows_name: str = "problem",
+) -> list:
     """`group_size` episodes per problem on an executor of their own: never training data.
 
     Sampling is whatever `workflow` and `engine` do: the greedy `/eval` proxy and a GreedyEngine
     for greedy evaluation, the training proxy and engine for pass@k samples. A rejected episode's
     reason names its row as `rows_name` and its index in `problems` ("held-out row 3").
     """
-    executor = RolloutExecutor(workflow, engine, group_size=group_size, batch_size=len(problems),
-                               max_head_offpolicyness=0, max_concurrent=max(max_concurrent, group_size),
-                               episode_timeout=episode_timeout, switch_interval=switch_interval)
+    executor = RolloutExecutor(
+        workflow,
+        engine,
+        group_size=group_size,
+        batch_size=len(problems),
+        max_head_offpolicyness=0,
+        max_concurrent=max(max_concurrent, group_size),
+        episode_timeout=episode_timeout,
+        switch_interval=switch_interval,
+    )
     position = {id(problem): i for i, problem in enumerate(problems)}
     executor.describe_row = lambda row: f"{rows_name} {position[id(row)]}" if id(row) in position else None
     for problem in problems:

@@ -40,9 +40,13 @@ class Comparison:
         for i, r in enumerate(results):
             n = max(int(self.loss_mask.sum()), 1)
             record = {
-                "variant": r.name, "algorithm": r.cfg.algorithm, "loss": r.loss,
-                "clipped_frac": float(r.clipped.sum()) / n, "masked_frac": float(r.masked.sum()) / n,
-                "grad_norm": r.grad_norm, "adv_abs_mean": float(r.advantages[self.loss_mask].abs().mean()),
+                "variant": r.name,
+                "algorithm": r.cfg.algorithm,
+                "loss": r.loss,
+                "clipped_frac": float(r.clipped.sum()) / n,
+                "masked_frac": float(r.masked.sum()) / n,
+                "grad_norm": r.grad_norm,
+                "adv_abs_mean": float(r.advantages[self.loss_mask].abs().mean()),
                 "mismatch_kl_k3": r.stats.get("mismatch_kl_k3", float("nan")),
             }
             if r.trial_kl is not None:
@@ -67,7 +71,9 @@ class Comparison:
 def variant_configs(base: Any, variants: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """name → GRPOConfig for `variants` (name → knob overrides) on top of `base`."""
     if not isinstance(variants, Mapping) or not variants:
-        raise ValueError("variants must be a non-empty dict of name -> actor knobs, e.g. {'grpo': {}, 'gspo': {}}")
+        raise ValueError(
+            "variants must be a non-empty dict of name -> actor knobs, e.g. {'grpo': {}, 'gspo': {}}"
+        )
     out = {}
     for name, knobs in variants.items():
         knobs = dict(knobs or {})
@@ -79,16 +85,19 @@ def variant_configs(base: Any, variants: Mapping[str, Mapping[str, Any] | None])
     return out
 
 
-def compare(session: Any, batch: Any, variants: Mapping[str, Mapping[str, Any] | None], *,
-            trial_step: bool = False) -> Comparison:
+def compare(
+    session: Any, batch: Any, variants: Mapping[str, Mapping[str, Any] | None], *, trial_step: bool = False
+) -> Comparison:
     """`Session.compare`: `batch` is a RolloutBatch (or the trainer's tensor dict)."""
     tensors = batch.to_tensors() if hasattr(batch, "to_tensors") else dict(batch)
     credit = getattr(batch, "credit", None)
     configs = variant_configs(session.actor.cfg, variants)
-    results = compare_variants(session.actor, tensors, configs, tensors.get("group_ids"), credit=credit,
-                               trial_step=trial_step)
+    results = compare_variants(
+        session.actor, tensors, configs, tensors.get("group_ids"), credit=credit, trial_step=trial_step
+    )
     return Comparison(
-        variants={r.name: r for r in results}, input_ids=tensors["input_ids"].cpu(),
+        variants={r.name: r for r in results},
+        input_ids=tensors["input_ids"].cpu(),
         attention_mask=tensors["attention_mask"].bool().cpu(),
         loss_mask=(tensors["loss_mask"].bool() & tensors["attention_mask"].bool()).cpu(),
         rewards=tensors["rewards"].float().cpu(),

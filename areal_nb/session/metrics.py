@@ -33,8 +33,10 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # torch raises this when the tensorboard package is missing
-            raise ImportError("logging.backend='tensorboard' needs the tensorboard package: "
-                              "pip install 'areal_nb[tensorboard]'") from e
+            raise ImportError(
+                "logging.backend='tensorboard' needs the tensorboard package: "
+                "pip install 'areal_nb[tensorboard]'"
+            ) from e
         self.log_dir = log_dir
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
@@ -52,7 +54,9 @@ class WandbSink:
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("logging.backend='wandb' needs the wandb package: pip install 'areal_nb[wandb]'") from e
+            raise ImportError(
+                "logging.backend='wandb' needs the wandb package: pip install 'areal_nb[wandb]'"
+            ) from e
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, dir=str(run_dir), config=config, reinit="create_new")
 
@@ -63,7 +67,9 @@ class WandbSink:
         self.run.finish()
 
 
-def create_metrics_sink(backend: str, *, run_dir: Path, project: str, config: dict[str, Any]) -> MetricsSink | None:
+def create_metrics_sink(
+    backend: str, *, run_dir: Path, project: str, config: dict[str, Any]
+) -> MetricsSink | None:
     if backend == "none":
         return None
     if backend == "tensorboard":

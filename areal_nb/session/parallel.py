@@ -39,8 +39,10 @@ class RankChannel:
         if got_kind == "abort":
             raise LeaderFailed(f"rank 0 failed: {got}")
         if got_kind != kind:
-            raise RuntimeError(f"rank {self.parallel.rank} expected {kind!r} from rank 0 but got {got_kind!r}: "
-                               "every rank must make the same Session calls in the same order")
+            raise RuntimeError(
+                f"rank {self.parallel.rank} expected {kind!r} from rank 0 but got {got_kind!r}: "
+                "every rank must make the same Session calls in the same order"
+            )
         return payload if self.parallel.is_leader else got
 
     def abort(self, error: BaseException) -> None:

@@ -34,8 +34,9 @@ class _TracingAgent:
             raise
 
 
-async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine, row: dict[str, Any],
-                              *, row_index: int = 0) -> None:
+async def check_first_episode(
+    workflow: RolloutWorkflow, engine: InferenceEngine, row: dict[str, Any], *, row_index: int = 0
+) -> None:
     """Run `workflow`'s agent greedily on `row`; raise `FirstEpisodeError` unless it is accepted."""
     from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 
@@ -43,12 +44,21 @@ async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine
     probe = workflow
     if isinstance(workflow, OpenAIProxyWorkflow) and workflow.mode == "inline":
         tracer = _TracingAgent(workflow.agent)
-        probe = OpenAIProxyWorkflow(mode="inline", agent=tracer, proxy_addr=workflow.proxy_addr,
-                                    admin_api_key=workflow.admin_api_key, agent_timeout=workflow.agent_timeout)
+        probe = OpenAIProxyWorkflow(
+            mode="inline",
+            agent=tracer,
+            proxy_addr=workflow.proxy_addr,
+            admin_api_key=workflow.admin_api_key,
+            agent_timeout=workflow.agent_timeout,
+        )
     try:
         # a deep copy, as the executor gives every episode: the agent may change its `data` freely
         result = await probe.arun_episode(GreedyEngine(engine), copy.deepcopy(row))
-        reason = None if result else (getattr(probe, "last_rejection_reason", None) or "the episode returned nothing")
+        reason = (
+            None
+            if result
+            else (getattr(probe, "last_rejection_reason", None) or "the episode returned nothing")
+        )
         trace = tracer.traceback if tracer is not None else None
     except Exception as e:  # a direct RolloutWorkflow raises its own errors
         reason, trace = f"{type(e).__name__}: {e}", traceback.format_exc()
@@ -57,8 +67,10 @@ async def check_first_episode(workflow: RolloutWorkflow, engine: InferenceEngine
             await probe.aclose()
     if reason is None:
         return
-    message = (f"the agent failed on training row {row_index} before training started: {reason}\n"
-               f"row {row_index} has keys {sorted(row, key=str)}")
+    message = (
+        f"the agent failed on training row {row_index} before training started: {reason}\n"
+        f"row {row_index} has keys {sorted(row, key=str)}"
+    )
     if trace:
         message += f"\n\nThe agent's traceback:\n{trace}"
     raise FirstEpisodeError(message)

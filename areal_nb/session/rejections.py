@@ -34,7 +34,11 @@ def rejection_summary(batches: list[Any], source_index: Callable[[dict], int | N
     lines = []
     for reason in sorted(count, key=count.get, reverse=True):
         rows = sorted(rows_by_reason[reason])
-        where = f" — data.source row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:20]))}" if rows else ""
+        where = (
+            f" — data.source row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:20]))}"
+            if rows
+            else ""
+        )
         more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
         lines.append(f"  {count[reason]}× {reason}{where}{more}")
     return "\n".join(lines)
@@ -42,5 +46,7 @@ def rejection_summary(batches: list[Any], source_index: Callable[[dict], int | N
 
 def empty_batch_message(batches: list[Any], source_index: Callable[[dict], int | None]) -> str:
     episodes = sum(len(b.episodes) for b in batches)
-    return (f"every episode of the last {len(batches)} rollout batch(es) was rejected ({episodes} episodes), "
-            f"so there is nothing to train on:\n{rejection_summary(batches, source_index)}")
+    return (
+        f"every episode of the last {len(batches)} rollout batch(es) was rejected ({episodes} episodes), "
+        f"so there is nothing to train on:\n{rejection_summary(batches, source_index)}"
+    )

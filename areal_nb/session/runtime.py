@@ -20,8 +20,11 @@ T = TypeVar("T")
 
 
 class LoopRuntime:
-    def __init__(self, name: str = "areal-nb-session-loop",
-                 on_interrupt: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "areal-nb-session-loop",
+        on_interrupt: Callable[[], Coroutine[Any, Any, Any]] | None = None,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.on_interrupt = on_interrupt
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)

@@ -29,14 +29,20 @@ def sample_batch(
     """
 
     async def run() -> list[ModelResponse]:
-        requests = [ModelRequest(input_ids=list(p), gconfig=gconfig) for p in prompts for _ in range(n_samples)]
+        requests = [
+            ModelRequest(input_ids=list(p), gconfig=gconfig) for p in prompts for _ in range(n_samples)
+        ]
         return await asyncio.gather(*(engine.agenerate(r) for r in requests))
 
     responses = asyncio.run(run())
-    return responses_to_batch(responses, [reward(r) for r in responses]), [i // n_samples for i in range(len(responses))]
+    return responses_to_batch(responses, [reward(r) for r in responses]), [
+        i // n_samples for i in range(len(responses))
+    ]
 
 
-def responses_to_batch(responses: Sequence[ModelResponse], rewards: Sequence[float]) -> dict[str, torch.Tensor]:
+def responses_to_batch(
+    responses: Sequence[ModelResponse], rewards: Sequence[float]
+) -> dict[str, torch.Tensor]:
     """The right-padded training tensors of `responses` (one row each) with their `rewards`."""
     if len(rewards) != len(responses):
         raise ValueError(f"{len(responses)} responses but {len(rewards)} rewards")

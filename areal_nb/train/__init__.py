@@ -3,8 +3,8 @@
 from .actor import Actor
 from .advantages import RewardShaping, compute_advantages, group_normalize, kl_estimate
 from .config import GRPOConfig
-from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy, logits_to_token_logprobs
 from .inspection import LossInspection
+from .logprobs import compute_token_logprobs, compute_token_logprobs_and_entropy, logits_to_token_logprobs
 from .loss import LossTerms, ppo_actor_loss, ppo_loss_terms
 
 __all__ = [

@@ -46,11 +46,13 @@ def leave_one_out(score: Tensor, pool_ids: Any | None) -> Tensor:
     """r_i minus the mean of the other scores of its pool (None: the whole batch); 0 alone."""
     x = score.detach().double().flatten()
     n = x.numel()
-    gid = group_index(pool_ids, n).to(x.device) if pool_ids is not None else torch.zeros(n, dtype=torch.long,
-                                                                                          device=x.device)
+    gid = (
+        group_index(pool_ids, n).to(x.device)
+        if pool_ids is not None
+        else torch.zeros(n, dtype=torch.long, device=x.device)
+    )
     n_pools = int(gid.max()) + 1 if n else 0
     sums = torch.zeros(n_pools, dtype=x.dtype, device=x.device).index_add(0, gid, x)[gid]
     counts = torch.bincount(gid, minlength=n_pools).double()[gid]
     others = (sums - x) / (counts - 1).clamp(min=1)
     return torch.where(counts > 1, x - others, torch.zeros_like(x)).float()
-

@@ -146,7 +146,9 @@ def shape_and_normalize(values: Tensor, pools: Callable[[], Any], cfg: Any) -> T
 
 
 def compute_advantages(
-    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None,
+    batch: dict[str, Tensor],
+    cfg: Any,
+    group_ids: Tensor | Sequence[Any] | None = None,
     credit: str | None = None,
 ) -> dict[str, Tensor]:
     """Per-token advantages for a `[B, L]` batch.
@@ -186,7 +188,9 @@ def compute_advantages(
 
     if credit == "turn":
         if getattr(cfg, "overlong_max_len", None) is not None:
-            raise ValueError("overlong_max_len (DAPO's overlong penalty) is defined on a row's reward: use credit='leaf'")
+            raise ValueError(
+                "overlong_max_len (DAPO's overlong penalty) is defined on a row's reward: use credit='leaf'"
+            )
         missing = [k for k in ("turn_returns", "turn_ids") if k not in batch]
         if missing:
             raise ValueError(
@@ -198,8 +202,9 @@ def compute_advantages(
         if getattr(cfg, "overlong_max_len", None) is not None:  # DAPO's soft overlong penalty
             from .algorithms import overlong_penalty
 
-            rewards = rewards + overlong_penalty(mask.sum(1), cfg.overlong_max_len, cfg.overlong_buffer,
-                                                 cfg.overlong_penalty).to(rewards.device)
+            rewards = rewards + overlong_penalty(
+                mask.sum(1), cfg.overlong_max_len, cfg.overlong_buffer, cfg.overlong_penalty
+            ).to(rewards.device)
         score = shape_and_normalize(rewards, lambda: group_ids, cfg).to(mask.device)
 
     kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
@@ -227,7 +232,9 @@ def compute_advantages(
 
     if cfg.adv_norm not in (None, "batch"):
         raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
-    if cfg.adv_norm == "batch" or getattr(cfg, "adv_estimator", None) == "reinforce_pp":  # REINFORCE++: always
+    if (
+        cfg.adv_norm == "batch" or getattr(cfg, "adv_estimator", None) == "reinforce_pp"
+    ):  # REINFORCE++: always
         mean, std = _masked_mean_std(advantages, mask)
         advantages = (advantages - mean) / (std + cfg.norm_eps) * mask
 
@@ -241,7 +248,11 @@ def compute_advantages(
 
 
 def turn_scores(
-    turn_returns: Tensor, turn_ids: Tensor, loss_mask: Tensor, group_ids: Tensor | Sequence[Any] | None, cfg: Any
+    turn_returns: Tensor,
+    turn_ids: Tensor,
+    loss_mask: Tensor,
+    group_ids: Tensor | Sequence[Any] | None,
+    cfg: Any,
 ) -> tuple[Tensor, Tensor]:
     """Turn credit: the normalised score of each generated token's own turn.
 
@@ -271,7 +282,9 @@ def turn_scores(
             f"{tuple(mask.shape)}"
         )
     if bool((mask & (turns < 0)).any()):
-        raise ValueError("a generated token (loss_mask 1) has turn_id -1; turn credit needs every trained token's turn")
+        raise ValueError(
+            "a generated token (loss_mask 1) has turn_id -1; turn credit needs every trained token's turn"
+        )
     n_rows, length = mask.shape
     n_turns = int(turns[mask].max()) + 1 if bool(mask.any()) else 1
     slot = torch.arange(n_rows, device=mask.device).unsqueeze(1) * n_turns + turns.clamp(min=0)
@@ -286,7 +299,9 @@ def turn_scores(
 
     def pools() -> Tensor:
         if group_ids is None:
-            raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
+            raise ValueError(
+                "group normalisation needs group_ids: one id per row (rows need not be contiguous)"
+            )
         gid = group_index(group_ids, n_rows).to(mask.device)[pair_row]
         return gid * n_turns + pair_turn if getattr(cfg, "credit_norm", "turn") == "turn" else gid
 

@@ -41,8 +41,13 @@ MISMATCH_CORRECTIONS = (None, "tis", "mis")
 MISMATCH_LEVELS = ("token", "sequence")
 
 _GRPO = {
-    "adv_estimator": "grpo", "loss_agg": "token_mean", "importance_level": "token", "policy_loss": "ppo",
-    "dynamic_sampling": False, "eps_clip": 0.2, "eps_clip_higher": None,
+    "adv_estimator": "grpo",
+    "loss_agg": "token_mean",
+    "importance_level": "token",
+    "policy_loss": "ppo",
+    "dynamic_sampling": False,
+    "eps_clip": 0.2,
+    "eps_clip_higher": None,
 }
 
 # Each preset's knobs (the keys of every entry: PRESET_KNOBS) and where it comes from.
@@ -57,8 +62,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # penalty needs the task's length: set actor.overlong_max_len).
     "dapo": {**_GRPO, "eps_clip_higher": 0.28, "dynamic_sampling": True},
     # GSPO (Zheng et al. 2025): the sequence's length-normalised importance ratio, clipped per sequence.
-    "gspo": {**_GRPO, "importance_level": "sequence", "loss_agg": "seq_mean_token_mean",
-             "eps_clip": 3e-4, "eps_clip_higher": 4e-4},
+    "gspo": {
+        **_GRPO,
+        "importance_level": "sequence",
+        "loss_agg": "seq_mean_token_mean",
+        "eps_clip": 3e-4,
+        "eps_clip_higher": 4e-4,
+    },
     # CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight; no lower
     # bound (eps_clip 1.0: the weight may fall to 0), the upper bound is this package's choice.
     "cispo": {**_GRPO, "policy_loss": "cispo", "eps_clip": 1.0, "eps_clip_higher": 4.0},
@@ -96,29 +106,60 @@ def resolve_preset(cfg: Any) -> None:
 def check_algorithm(cfg: Any) -> None:
     """The algorithm knobs' own checks (after `resolve_preset`); ValueError naming the knob."""
     checks = [
-        (cfg.adv_estimator in ADV_ESTIMATORS, f"adv_estimator must be one of {list(ADV_ESTIMATORS)}, got {cfg.adv_estimator!r}"),
-        (cfg.loss_agg in LOSS_AGGREGATIONS, f"loss_agg must be one of {list(LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"),
-        (cfg.loss_agg_constant is None or cfg.loss_agg_constant >= 1,
-         f"loss_agg_constant must be >= 1 or None, got {cfg.loss_agg_constant}"),
-        (cfg.importance_level in IMPORTANCE_LEVELS,
-         f"importance_level must be one of {list(IMPORTANCE_LEVELS)}, got {cfg.importance_level!r}"),
-        (cfg.policy_loss in POLICY_LOSSES, f"policy_loss must be one of {list(POLICY_LOSSES)}, got {cfg.policy_loss!r}"),
-        (cfg.dynamic_sampling_max_rounds >= 0,
-         f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}"),
-        (cfg.overlong_max_len is None or cfg.overlong_max_len >= 1,
-         f"overlong_max_len must be >= 1 or None, got {cfg.overlong_max_len}"),
-        (cfg.overlong_buffer is None or (cfg.overlong_max_len is not None and 1 <= cfg.overlong_buffer <= cfg.overlong_max_len),
-         f"overlong_buffer must be in [1, overlong_max_len] (and needs overlong_max_len), got {cfg.overlong_buffer}"),
+        (
+            cfg.adv_estimator in ADV_ESTIMATORS,
+            f"adv_estimator must be one of {list(ADV_ESTIMATORS)}, got {cfg.adv_estimator!r}",
+        ),
+        (
+            cfg.loss_agg in LOSS_AGGREGATIONS,
+            f"loss_agg must be one of {list(LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}",
+        ),
+        (
+            cfg.loss_agg_constant is None or cfg.loss_agg_constant >= 1,
+            f"loss_agg_constant must be >= 1 or None, got {cfg.loss_agg_constant}",
+        ),
+        (
+            cfg.importance_level in IMPORTANCE_LEVELS,
+            f"importance_level must be one of {list(IMPORTANCE_LEVELS)}, got {cfg.importance_level!r}",
+        ),
+        (
+            cfg.policy_loss in POLICY_LOSSES,
+            f"policy_loss must be one of {list(POLICY_LOSSES)}, got {cfg.policy_loss!r}",
+        ),
+        (
+            cfg.dynamic_sampling_max_rounds >= 0,
+            f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}",
+        ),
+        (
+            cfg.overlong_max_len is None or cfg.overlong_max_len >= 1,
+            f"overlong_max_len must be >= 1 or None, got {cfg.overlong_max_len}",
+        ),
+        (
+            cfg.overlong_buffer is None
+            or (cfg.overlong_max_len is not None and 1 <= cfg.overlong_buffer <= cfg.overlong_max_len),
+            f"overlong_buffer must be in [1, overlong_max_len] (and needs overlong_max_len), got {cfg.overlong_buffer}",
+        ),
         (cfg.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {cfg.overlong_penalty}"),
-        (cfg.mismatch_correction in MISMATCH_CORRECTIONS,
-         f"mismatch_correction must be 'tis', 'mis' or None, got {cfg.mismatch_correction!r}"),
-        (cfg.mismatch_level in MISMATCH_LEVELS, f"mismatch_level must be one of {list(MISMATCH_LEVELS)}, got {cfg.mismatch_level!r}"),
+        (
+            cfg.mismatch_correction in MISMATCH_CORRECTIONS,
+            f"mismatch_correction must be 'tis', 'mis' or None, got {cfg.mismatch_correction!r}",
+        ),
+        (
+            cfg.mismatch_level in MISMATCH_LEVELS,
+            f"mismatch_level must be one of {list(MISMATCH_LEVELS)}, got {cfg.mismatch_level!r}",
+        ),
         (cfg.mismatch_threshold > 1, f"mismatch_threshold must be > 1, got {cfg.mismatch_threshold}"),
-        (cfg.mismatch_correction is None or not cfg.use_decoupled_loss,
-         ("mismatch_correction with use_decoupled_loss: the decoupled loss already weights every token by "
-          "π_prox/π_behave (masked above behave_imp_weight_cap); use one or the other")),
-        (cfg.mismatch_correction is None or cfg.recompute_logprob,
-         "mismatch_correction needs the trainer's log-probs: set recompute_logprob=true"),
+        (
+            cfg.mismatch_correction is None or not cfg.use_decoupled_loss,
+            (
+                "mismatch_correction with use_decoupled_loss: the decoupled loss already weights every token by "
+                "π_prox/π_behave (masked above behave_imp_weight_cap); use one or the other"
+            ),
+        ),
+        (
+            cfg.mismatch_correction is None or cfg.recompute_logprob,
+            "mismatch_correction needs the trainer's log-probs: set recompute_logprob=true",
+        ),
     ]
     for ok, message in checks:
         if not ok:

@@ -15,8 +15,22 @@ import torch
 from torch import Tensor
 
 # Per-token tensors in `row()` order; all [B, L].
-TOKEN_FIELDS = ("input_ids", "loss_mask", "turn_ids", "logprobs", "old_logprobs", "prox_logprobs", "advantages",
-                "ratio", "clipped", "dual_clipped", "behave_weight", "behave_capped", "entropy", "contribution")
+TOKEN_FIELDS = (
+    "input_ids",
+    "loss_mask",
+    "turn_ids",
+    "logprobs",
+    "old_logprobs",
+    "prox_logprobs",
+    "advantages",
+    "ratio",
+    "clipped",
+    "dual_clipped",
+    "behave_weight",
+    "behave_capped",
+    "entropy",
+    "contribution",
+)
 
 
 @dataclass
@@ -74,7 +88,9 @@ class InspectionCollector:
         self.shape = shape
         self.tensors = {name: zeros() for name in ("logprobs", "advantages", "entropy", "contribution")}
         self.tensors.update(ratio=torch.ones(shape), behave_weight=torch.ones(shape))
-        self.tensors.update({name: zeros(torch.bool) for name in ("clipped", "dual_clipped", "behave_capped")})
+        self.tensors.update(
+            {name: zeros(torch.bool) for name in ("clipped", "dual_clipped", "behave_capped")}
+        )
         self.minibatch = torch.zeros(shape[0], dtype=torch.int64)
         self.filled = torch.zeros(shape[0], dtype=torch.bool)  # rows this collector saw
 
@@ -82,10 +98,16 @@ class InspectionCollector:
         rows = rows.cpu()
         self.filled[rows] = True
         self.minibatch[rows] = minibatch
-        values = {"logprobs": logprobs, "advantages": terms.advantages, "ratio": terms.ratio,
-                  "clipped": terms.clipped, "dual_clipped": terms.dual_clipped,
-                  "behave_weight": terms.behave_weight, "behave_capped": terms.behave_capped,
-                  "contribution": terms.contribution}
+        values = {
+            "logprobs": logprobs,
+            "advantages": terms.advantages,
+            "ratio": terms.ratio,
+            "clipped": terms.clipped,
+            "dual_clipped": terms.dual_clipped,
+            "behave_weight": terms.behave_weight,
+            "behave_capped": terms.behave_capped,
+            "contribution": terms.contribution,
+        }
         if terms.entropy is not None:
             values["entropy"] = terms.entropy
         for name, value in values.items():

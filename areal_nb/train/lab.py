@@ -50,16 +50,23 @@ class VariantResult:
     grad: Tensor | None = field(default=None, repr=False)  # the flattened gradient (device of the model)
 
 
-def compare_variants(actor: Any, batch: Mapping[str, Any], configs: Mapping[str, Any],
-                     group_ids: Tensor | Sequence[Any] | None = None, credit: str | None = None,
-                     trial_step: bool = False) -> list[VariantResult]:
+def compare_variants(
+    actor: Any,
+    batch: Mapping[str, Any],
+    configs: Mapping[str, Any],
+    group_ids: Tensor | Sequence[Any] | None = None,
+    credit: str | None = None,
+    trial_step: bool = False,
+) -> list[VariantResult]:
     """Each of `configs` (name → GRPOConfig) on `batch` (the trainer's tensors) at `actor`'s weights."""
     from .actor import _validated  # (the trainer's own batch checks)
 
     if not configs:
         raise ValueError("compare needs at least one variant, e.g. {'grpo': {}, 'dr_grpo': {}}")
     if getattr(actor, "parallel", None) is not None:
-        raise ValueError("the lab runs in one process; under torchrun compare on rank 0 of a one-process Session")
+        raise ValueError(
+            "the lab runs in one process; under torchrun compare on rank 0 of a one-process Session"
+        )
     rng = _rng_state()
     try:
         return _compare(actor, _validated(dict(batch), actor.device), configs, group_ids, credit, trial_step)
@@ -74,21 +81,28 @@ def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[Varia
     engine = batch["logprobs"].float()
     if group_ids is None:
         group_ids = batch.get("group_ids")
-    pack_ids = group_index(group_ids, input_ids.shape[0]).to(input_ids.device) if group_ids is not None else None
+    pack_ids = (
+        group_index(group_ids, input_ids.shape[0]).to(input_ids.device) if group_ids is not None else None
+    )
     width = int(attention.sum(1).max())
     cols = slice(0, width)
-    logprobs, entropy, _ = actor._row_logprobs(model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols])
+    logprobs, entropy, _ = actor._row_logprobs(
+        model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
+    )
     prox = logprobs.detach()
     params = actor.params
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     ref = None
     if any(cfg.kl_ctl > 0 for cfg in configs.values()) and "ref_logprobs" not in batch:
         if actor.ref_model is None:
-            raise ValueError("a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)")
+            raise ValueError(
+                "a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)"
+            )
         with torch.no_grad():
             ref = torch.zeros_like(engine)
-            ref[:, cols] = actor._row_logprobs(actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids,
-                                               mask[:, cols])[0]
+            ref[:, cols] = actor._row_logprobs(
+                actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
+            )[0]
     results = []
     for name, cfg in configs.items():
         old = engine[:, cols] if cfg.use_decoupled_loss or not cfg.recompute_logprob else prox
@@ -100,24 +114,50 @@ def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[Varia
         advantages = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)["advantages"][:, cols]
         normalizer = loss_normalizer(mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
         terms, mismatch = variant_loss_terms(
-            cfg, logprobs, old, advantages, mask[:, cols], prox, engine[:, cols], entropy,
-            normalizer if isinstance(normalizer, int) else normalizer[:, cols])
+            cfg,
+            logprobs,
+            old,
+            advantages,
+            mask[:, cols],
+            prox,
+            engine[:, cols],
+            entropy,
+            normalizer if isinstance(normalizer, int) else normalizer[:, cols],
+        )
         grads = torch.autograd.grad(terms.loss, [logprobs, *params], retain_graph=True, allow_unused=True)
-        flat = torch.cat([(torch.zeros_like(p) if g is None else g).flatten().float() for p, g in zip(params, grads[1:], strict=True)])
+        flat = torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else g).flatten().float()
+                for p, g in zip(params, grads[1:], strict=True)
+            ]
+        )
         stats = {**terms.stats, **mismatch_report(cfg, prox, engine[:, cols], mask[:, cols])}
-        masked = terms.behave_capped | (mismatch.masked if mismatch is not None else torch.zeros_like(terms.clipped))
-        results.append(VariantResult(
-            name=name, cfg=cfg, loss=float(terms.loss.detach()), stats=stats,
-            advantages=_full(terms.advantages, engine), token_weight=_full(-grads[0].float(), engine),
-            clipped=_full(terms.clipped | terms.dual_clipped, mask), masked=_full(masked, mask),
-            mismatch_weight=_full(torch.ones_like(prox) if mismatch is None else mismatch.weight, engine, fill=1.0),
-            grad_norm=float(flat.norm()), grad=flat,
-        ))
+        masked = terms.behave_capped | (
+            mismatch.masked if mismatch is not None else torch.zeros_like(terms.clipped)
+        )
+        results.append(
+            VariantResult(
+                name=name,
+                cfg=cfg,
+                loss=float(terms.loss.detach()),
+                stats=stats,
+                advantages=_full(terms.advantages, engine),
+                token_weight=_full(-grads[0].float(), engine),
+                clipped=_full(terms.clipped | terms.dual_clipped, mask),
+                masked=_full(masked, mask),
+                mismatch_weight=_full(
+                    torch.ones_like(prox) if mismatch is None else mismatch.weight, engine, fill=1.0
+                ),
+                grad_norm=float(flat.norm()),
+                grad=flat,
+            )
+        )
     del logprobs, entropy  # the graph
     if trial_step:
         for result in results:
-            result.trial_kl = _trial_kl(actor, result, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols],
-                                        prox)
+            result.trial_kl = _trial_kl(
+                actor, result, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols], prox
+            )
     return results
 
 
@@ -134,15 +174,22 @@ def _trial_kl(actor, result: VariantResult, input_ids, attention, pack_ids, mask
     cfg = result.cfg
     model = copy.deepcopy(actor.model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr_at(actor.steps_done), betas=cfg.betas, eps=cfg.adam_eps,
-                                  weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.lr_at(actor.steps_done),
+        betas=cfg.betas,
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+    )
     state = copy.deepcopy(actor.optimizer.state_dict())  # (load_state_dict may keep the tensors it is given)
     for group in state["param_groups"]:
-        group.update(lr=cfg.lr_at(actor.steps_done), betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        group.update(
+            lr=cfg.lr_at(actor.steps_done), betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
     optimizer.load_state_dict(state)
     offset = 0
     for p in params:
-        p.grad = result.grad[offset:offset + p.numel()].view_as(p).to(p.dtype).clone()
+        p.grad = result.grad[offset : offset + p.numel()].view_as(p).to(p.dtype).clone()
         offset += p.numel()
     if cfg.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

@@ -72,8 +72,19 @@ def ppo_actor_loss(
     `behave_imp_weight_mean/min/max` (w, before capping) and `behave_masked_frac`; `entropy`
     if given. `ppo_loss_terms` takes the same arguments and also returns the per-token values.
     """
-    terms = ppo_loss_terms(logprobs, old_logprobs, advantages, loss_mask, eps_clip, eps_clip_higher, c_clip,
-                           prox_logprobs, behave_imp_weight_cap, entropy, normalizer)
+    terms = ppo_loss_terms(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        eps_clip,
+        eps_clip_higher,
+        c_clip,
+        prox_logprobs,
+        behave_imp_weight_cap,
+        entropy,
+        normalizer,
+    )
     return terms.loss, terms.stats
 
 

@@ -35,8 +35,14 @@ class MismatchTerms:
     masked: Tensor  # bool [B, L]: MIS dropped the token (weight 0)
 
 
-def mismatch_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask: Tensor, correction: str,
-                     level: str = "token", threshold: float = 2.0) -> MismatchTerms:
+def mismatch_weights(
+    trainer_logprobs: Tensor,
+    engine_logprobs: Tensor,
+    loss_mask: Tensor,
+    correction: str,
+    level: str = "token",
+    threshold: float = 2.0,
+) -> MismatchTerms:
     """The TIS / MIS weight of every loss token (see the module docstring); no gradient."""
     if correction not in ("tis", "mis"):
         raise ValueError(f"mismatch correction must be 'tis' or 'mis', got {correction!r}")
@@ -57,8 +63,9 @@ def mismatch_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mas
     return MismatchTerms(torch.where(mask, weight, 1.0), torch.zeros_like(mask), above)
 
 
-def mismatch_stats(trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask: Tensor,
-                   terms: MismatchTerms | None = None) -> dict[str, float]:
+def mismatch_stats(
+    trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask: Tensor, terms: MismatchTerms | None = None
+) -> dict[str, float]:
     """`mismatch_logp_abs_diff` (mean |Δ log p|), `mismatch_kl_k3`, and with `terms`
     `mismatch_weight_mean`, `mismatch_truncated_frac`, `mismatch_masked_frac` over loss tokens."""
     mask = loss_mask.bool()
@@ -79,13 +86,21 @@ def mismatch_stats(trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask:
     return out
 
 
-def mismatch_report(cfg: Any, trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask: Tensor) -> dict[str, float]:
+def mismatch_report(
+    cfg: Any, trainer_logprobs: Tensor, engine_logprobs: Tensor, loss_mask: Tensor
+) -> dict[str, float]:
     """A train step's mismatch metrics under `cfg` (a `GRPOConfig`): with its correction, also
     the weights' mean and the fraction truncated / masked (0 without a correction)."""
     terms = None
     if cfg.mismatch_correction is not None:
-        terms = mismatch_weights(trainer_logprobs, engine_logprobs, loss_mask, cfg.mismatch_correction,
-                                 cfg.mismatch_level, cfg.mismatch_threshold)
+        terms = mismatch_weights(
+            trainer_logprobs,
+            engine_logprobs,
+            loss_mask,
+            cfg.mismatch_correction,
+            cfg.mismatch_level,
+            cfg.mismatch_threshold,
+        )
     stats = mismatch_stats(trainer_logprobs, engine_logprobs, loss_mask, terms)
     if terms is None and stats:
         stats.update(mismatch_truncated_frac=0.0, mismatch_masked_frac=0.0)

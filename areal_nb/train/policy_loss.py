@@ -37,7 +37,9 @@ from .loss import LossTerms, _frac, _masked_mean, _min_mean_max, ppo_loss_terms
 from .mismatch import MismatchTerms, mismatch_weights
 
 
-def loss_normalizer(mask: Tensor, rows: Tensor, agg: str = "token_mean", constant: int | None = None) -> int | Tensor:
+def loss_normalizer(
+    mask: Tensor, rows: Tensor, agg: str = "token_mean", constant: int | None = None
+) -> int | Tensor:
     """The divisor of every token of minibatch `rows` (`mask`: the whole batch's loss mask [B, L]).
 
     "token_mean": the minibatch's token count (an int, as the trainer always used); the other
@@ -55,16 +57,28 @@ def loss_normalizer(mask: Tensor, rows: Tensor, agg: str = "token_mean", constan
         c = constant if constant is not None else max(int(counts.max()), 1)
         per_row = torch.full(counts.shape, float(c * n_seq), device=mask.device)
     else:
-        raise ValueError(f"loss_agg must be 'token_mean', 'seq_mean_token_mean' or 'seq_sum_norm', got {agg!r}")
+        raise ValueError(
+            f"loss_agg must be 'token_mean', 'seq_mean_token_mean' or 'seq_sum_norm', got {agg!r}"
+        )
     return per_row.unsqueeze(1).expand(mask.shape)
 
 
 def policy_loss_terms(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-    importance_level: str = "token", policy_loss: str = "ppo", eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None, c_clip: float | None = None, prox_logprobs: Tensor | None = None,
-    behave_imp_weight_cap: float | None = None, entropy: Tensor | None = None,
-    normalizer: float | Tensor | None = None, mismatch: MismatchTerms | None = None,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    importance_level: str = "token",
+    policy_loss: str = "ppo",
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    prox_logprobs: Tensor | None = None,
+    behave_imp_weight_cap: float | None = None,
+    entropy: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
+    mismatch: MismatchTerms | None = None,
 ) -> LossTerms:
     """The loss of the module docstring and its per-token values (`LossTerms`).
 
@@ -78,10 +92,23 @@ def policy_loss_terms(
     if policy_loss not in ("ppo", "cispo"):
         raise ValueError(f"policy_loss must be 'ppo' or 'cispo', got {policy_loss!r}")
     if importance_level == "token" and policy_loss == "ppo" and mismatch is None:
-        return ppo_loss_terms(logprobs, old_logprobs, advantages, loss_mask, eps_clip, eps_clip_higher, c_clip,
-                              prox_logprobs, behave_imp_weight_cap, entropy, normalizer)
+        return ppo_loss_terms(
+            logprobs,
+            old_logprobs,
+            advantages,
+            loss_mask,
+            eps_clip,
+            eps_clip_higher,
+            c_clip,
+            prox_logprobs,
+            behave_imp_weight_cap,
+            entropy,
+            normalizer,
+        )
     if c_clip is not None and (c_clip <= 1 or policy_loss == "cispo"):
-        raise ValueError(f"c_clip (dual clip, > 1) applies to the PPO objective only, got {c_clip} with {policy_loss}")
+        raise ValueError(
+            f"c_clip (dual clip, > 1) applies to the PPO objective only, got {c_clip} with {policy_loss}"
+        )
     if behave_imp_weight_cap is not None and behave_imp_weight_cap <= 1:
         raise ValueError(f"behave_imp_weight_cap must be > 1, got {behave_imp_weight_cap}")
     mask = loss_mask.bool()
@@ -144,17 +171,30 @@ def policy_loss_terms(
         if entropy is not None:
             stats["entropy"] = _masked_mean(entropy.detach().float(), mask, n_tokens)
     return LossTerms(
-        loss=loss, stats=stats, advantages=torch.where(mask, advantages, 0.0), ratio=ratio.detach(),
-        clipped=clipped, dual_clipped=dual_clipped, behave_weight=behave_weight.detach(),
+        loss=loss,
+        stats=stats,
+        advantages=torch.where(mask, advantages, 0.0),
+        ratio=ratio.detach(),
+        clipped=clipped,
+        dual_clipped=dual_clipped,
+        behave_weight=behave_weight.detach(),
         behave_capped=behave_capped,
         entropy=None if entropy is None else torch.where(mask, entropy.detach().float(), 0.0),
         contribution=contribution.detach(),
     )
 
 
-def variant_loss_terms(cfg: Any, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
-                       prox_logprobs: Tensor | None, engine_logprobs: Tensor, entropy: Tensor | None,
-                       normalizer: float | Tensor) -> tuple[LossTerms, MismatchTerms | None]:
+def variant_loss_terms(
+    cfg: Any,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    prox_logprobs: Tensor | None,
+    engine_logprobs: Tensor,
+    entropy: Tensor | None,
+    normalizer: float | Tensor,
+) -> tuple[LossTerms, MismatchTerms | None]:
     """One micro-batch's loss under `cfg` (a `GRPOConfig`): what `Actor.train_step` and the lab call.
 
     The mismatch weight compares the trainer's recomputation (`prox_logprobs`) with the engine's
@@ -163,15 +203,31 @@ def variant_loss_terms(cfg: Any, logprobs: Tensor, old_logprobs: Tensor, advanta
     mismatch = None
     if cfg.mismatch_correction is not None:
         if prox_logprobs is None:
-            raise ValueError("mismatch_correction needs the trainer's recomputed log-probs (recompute_logprob=true)")
-        mismatch = mismatch_weights(prox_logprobs, engine_logprobs, loss_mask, cfg.mismatch_correction,
-                                    cfg.mismatch_level, cfg.mismatch_threshold)
+            raise ValueError(
+                "mismatch_correction needs the trainer's recomputed log-probs (recompute_logprob=true)"
+            )
+        mismatch = mismatch_weights(
+            prox_logprobs,
+            engine_logprobs,
+            loss_mask,
+            cfg.mismatch_correction,
+            cfg.mismatch_level,
+            cfg.mismatch_threshold,
+        )
     terms = policy_loss_terms(
-        logprobs, old_logprobs, advantages, loss_mask,
-        importance_level=cfg.importance_level, policy_loss=cfg.policy_loss,
-        eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_mask,
+        importance_level=cfg.importance_level,
+        policy_loss=cfg.policy_loss,
+        eps_clip=cfg.eps_clip,
+        eps_clip_higher=cfg.eps_clip_higher,
+        c_clip=cfg.c_clip,
         prox_logprobs=prox_logprobs if cfg.use_decoupled_loss else None,
         behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
-        entropy=entropy, normalizer=normalizer, mismatch=mismatch,
+        entropy=entropy,
+        normalizer=normalizer,
+        mismatch=mismatch,
     )
     return terms, mismatch

@@ -27,8 +27,14 @@ def show_tree(source: Any, tokenizer: Any | None = None, live: bool = True):
     return TreeView(source, tokenizer=tokenizer, live=live)
 
 
-def show_tokens(source: Any, tokenizer: Any | None = None, style: ExportStyle | None = None, live: bool = True,
-                credit: CreditMode | None = None, index: int | None = None):
+def show_tokens(
+    source: Any,
+    tokenizer: Any | None = None,
+    style: ExportStyle | None = None,
+    live: bool = True,
+    credit: CreditMode | None = None,
+    index: int | None = None,
+):
     """Token chips of an interaction's conversation (or of one tensor-dict row), with the
     return each trained token trains on per turn (`credit` "leaf" | "turn", toggled in the view).
 
@@ -39,9 +45,18 @@ def show_tokens(source: Any, tokenizer: Any | None = None, style: ExportStyle | 
     return TokenView(source, tokenizer=tokenizer, style=style, live=live, credit=credit, index=index)
 
 
-def show_rewards(source: Any, index: int | None = None, group: list[Any] | None = None,
-                 discount: float | None = None, mode: DiscountMode | None = None, style: ExportStyle | None = None, raw_rewards: dict[str, float] | None = None,
-                 live: bool = True, credit: CreditMode | None = None, credit_norm: CreditNorm = "turn"):
+def show_rewards(
+    source: Any,
+    index: int | None = None,
+    group: list[Any] | None = None,
+    discount: float | None = None,
+    mode: DiscountMode | None = None,
+    style: ExportStyle | None = None,
+    raw_rewards: dict[str, float] | None = None,
+    live: bool = True,
+    credit: CreditMode | None = None,
+    credit_norm: CreditNorm = "turn",
+):
     """Reward propagation with a live discount slider and the group's per-row advantages; per
     row and turn, the return its tokens train on (`credit` "leaf" | "turn") and its advantage.
 
@@ -50,12 +65,27 @@ def show_rewards(source: Any, index: int | None = None, group: list[Any] | None 
     """
     from .views import RewardView
 
-    return RewardView(source, index=index, group=group, discount=discount, mode=mode, style=style,
-                      raw_rewards=raw_rewards, live=live, credit=credit, credit_norm=credit_norm)
+    return RewardView(
+        source,
+        index=index,
+        group=group,
+        discount=discount,
+        mode=mode,
+        style=style,
+        raw_rewards=raw_rewards,
+        live=live,
+        credit=credit,
+        credit_norm=credit_norm,
+    )
 
 
-def show_loss(source: Any, tokenizer: Any | None = None, rows: list[int] | range | None = None,
-              loss_filter: LossFilter = "all", live: bool = True):
+def show_loss(
+    source: Any,
+    tokenizer: Any | None = None,
+    rows: list[int] | range | None = None,
+    loss_filter: LossFilter = "all",
+    live: bool = True,
+):
     """A train step's per-token loss terms on token chips: advantage, ratio (✂ clipped),
     behaviour weight (⊘ capped), entropy and each token's share of the loss, with per-row and
     per-turn sums and a filter for clipped/capped tokens (`loss_filter`, toggled in the view).
@@ -88,7 +118,25 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "LOSS_FILTERS", "Dashboard", "EngineLog", "LossView", "RewardSource", "RewardView", "Series", "TokenView",
-    "TreeView", "build_loss_view", "build_token_view", "build_tree", "discounted_rewards", "group_normalised",
-    "history_series", "reward_state", "show_loss", "show_rewards", "show_tokens", "show_tree", "view_batch",
+    "LOSS_FILTERS",
+    "Dashboard",
+    "EngineLog",
+    "LossView",
+    "RewardSource",
+    "RewardView",
+    "Series",
+    "TokenView",
+    "TreeView",
+    "build_loss_view",
+    "build_token_view",
+    "build_tree",
+    "discounted_rewards",
+    "group_normalised",
+    "history_series",
+    "reward_state",
+    "show_loss",
+    "show_rewards",
+    "show_tokens",
+    "show_tree",
+    "view_batch",
 ]

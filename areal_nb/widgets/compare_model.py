@@ -48,7 +48,9 @@ def trained_rows(comparison: Any) -> list[int]:
     return [i for i in range(comparison.loss_mask.shape[0]) if bool(comparison.loss_mask[i].any())]
 
 
-def build_compare_model(comparison: Any, row: int | None = None, names: list[str] | None = None) -> CompareRowModel:
+def build_compare_model(
+    comparison: Any, row: int | None = None, names: list[str] | None = None
+) -> CompareRowModel:
     """Row `row` (default: the first with trained tokens) under the variants `names` (default all)."""
     rows = trained_rows(comparison)
     if not rows:
@@ -75,10 +77,15 @@ def build_compare_model(comparison: Any, row: int | None = None, names: list[str
         for p, t in zip(positions, trained, strict=True):
             w = float(r.token_weight[row, p])
             clipped, masked = bool(r.clipped[row, p]), bool(r.masked[row, p])
-            title = (f"{r.name} · #{p} · push {w:+.4g} · advantage {float(r.advantages[row, p]):+.4g}"
-                     + (" · clipped" if clipped else "") + (" · dropped" if masked else "")
-                     + (f" · mismatch weight {float(r.mismatch_weight[row, p]):.4g}" if t else ""))
-            cells.append(LaneCell(w, clipped, masked, _color(w, scale) if t else "", title if t else "not trained"))
+            title = (
+                f"{r.name} · #{p} · push {w:+.4g} · advantage {float(r.advantages[row, p]):+.4g}"
+                + (" · clipped" if clipped else "")
+                + (" · dropped" if masked else "")
+                + (f" · mismatch weight {float(r.mismatch_weight[row, p]):.4g}" if t else "")
+            )
+            cells.append(
+                LaneCell(w, clipped, masked, _color(w, scale) if t else "", title if t else "not trained")
+            )
         lanes[r.name] = cells
     disagree = []
     for k, t in enumerate(trained):
@@ -87,23 +94,33 @@ def build_compare_model(comparison: Any, row: int | None = None, names: list[str
             continue
         cells = [lanes[n][k] for n in names]
         signs = {_sign(c.weight, scale) for c in cells}
-        disagree.append(len(signs) > 1 or len({c.clipped for c in cells}) > 1 or len({c.masked for c in cells}) > 1)
-    return CompareRowModel(row, n_rows, float(comparison.rewards[row]), positions, tokens, trained, names, lanes,
-                           disagree)
+        disagree.append(
+            len(signs) > 1 or len({c.clipped for c in cells}) > 1 or len({c.masked for c in cells}) > 1
+        )
+    return CompareRowModel(
+        row, n_rows, float(comparison.rewards[row]), positions, tokens, trained, names, lanes, disagree
+    )
 
 
 def compare_html(model: CompareRowModel) -> str:
     """The row as an HTML table: a token chip per column, a lane per variant."""
-    head = (f'<div class="anb-compare-head" style="font-size:11px;margin:4px 0">row {model.row} of '
-            f"{model.n_rows} · reward {model.reward:.4g} · {sum(model.trained)} trained tokens · "
-            f"<b>{model.n_disagree}</b> where the variants disagree (highlighted)</div>")
+    head = (
+        f'<div class="anb-compare-head" style="font-size:11px;margin:4px 0">row {model.row} of '
+        f"{model.n_rows} · reward {model.reward:.4g} · {sum(model.trained)} trained tokens · "
+        f"<b>{model.n_disagree}</b> where the variants disagree (highlighted)</div>"
+    )
     cells = ['<th style="text-align:right;font-weight:normal;padding-right:4px">token</th>']
     for k, text in enumerate(model.tokens):
-        style = "background:#ffe066;outline:2px solid #e0a800" if model.disagree[k] else (
-            "background:#f4f4f4" if not model.trained[k] else "background:#fff")
+        style = (
+            "background:#ffe066;outline:2px solid #e0a800"
+            if model.disagree[k]
+            else ("background:#f4f4f4" if not model.trained[k] else "background:#fff")
+        )
         cls = "anb-compare-token" + (" anb-disagree" if model.disagree[k] else "")
-        cells.append(f'<td class="{cls}" data-pos="{model.positions[k]}" style="{style};border:1px solid #ccc;'
-                     f'padding:0 2px;white-space:pre;font-family:monospace">{escape(text)}</td>')
+        cells.append(
+            f'<td class="{cls}" data-pos="{model.positions[k]}" style="{style};border:1px solid #ccc;'
+            f'padding:0 2px;white-space:pre;font-family:monospace">{escape(text)}</td>'
+        )
     lines = ["<tr>" + "".join(cells) + "</tr>"]
     for name in model.names:
         row = [f'<th style="text-align:right;font-weight:normal;padding-right:4px">{escape(name)}</th>']
@@ -112,14 +129,20 @@ def compare_html(model: CompareRowModel) -> str:
             if cell.clipped:
                 style += ";outline:2px dashed #333;outline-offset:-2px"
             mark = "×" if cell.masked else ""
-            row.append(f'<td class="anb-lane" data-variant="{escape(name)}" data-pos="{model.positions[k]}" '
-                       f'data-clipped="{int(cell.clipped)}" data-masked="{int(cell.masked)}" '
-                       f'title="{escape(cell.title)}" style="{style};text-align:center;font-size:10px">{mark}</td>')
+            row.append(
+                f'<td class="anb-lane" data-variant="{escape(name)}" data-pos="{model.positions[k]}" '
+                f'data-clipped="{int(cell.clipped)}" data-masked="{int(cell.masked)}" '
+                f'title="{escape(cell.title)}" style="{style};text-align:center;font-size:10px">{mark}</td>'
+            )
         lines.append("<tr>" + "".join(row) + "</tr>")
-    legend = ('<div style="font-size:10px;color:#555">lane colour: the push on the token, −∂loss/∂log π '
-              "(green up, red down) · dashed outline: clipped · ×: dropped (behaviour-weight cap, MIS)</div>")
-    return (f'<div class="anb-compare">{head}<div style="overflow-x:auto"><table style="border-collapse:collapse;'
-            f'font-size:12px">{"".join(lines)}</table></div>{legend}</div>')
+    legend = (
+        '<div style="font-size:10px;color:#555">lane colour: the push on the token, −∂loss/∂log π '
+        "(green up, red down) · dashed outline: clipped · ×: dropped (behaviour-weight cap, MIS)</div>"
+    )
+    return (
+        f'<div class="anb-compare">{head}<div style="overflow-x:auto"><table style="border-collapse:collapse;'
+        f'font-size:12px">{"".join(lines)}</table></div>{legend}</div>'
+    )
 
 
 def _decode(tokenizer: Any, token_id: int) -> str:

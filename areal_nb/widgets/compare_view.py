@@ -19,8 +19,9 @@ class CompareView(w.VBox):
         self.model = build_compare_model(comparison, row)  # bad input fails here
         names = list(comparison.variants)
         self.row_picker = w.Dropdown(options=rows, value=self.model.row, description="row")
-        self.variant_picker = w.SelectMultiple(options=names, value=tuple(names), description="variants",
-                                               rows=min(len(names), 7))
+        self.variant_picker = w.SelectMultiple(
+            options=names, value=tuple(names), description="variants", rows=min(len(names), 7)
+        )
         self.body = w.HTML()
         super().__init__([w.HBox([self.row_picker, self.variant_picker]), self.body])
         self.add_class("anb-compare-view")

@@ -18,7 +18,10 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("entropy", "entropy"),
     ("staleness_mean", "staleness"),
     ("mismatch_kl_k3", "engine/trainer KL (k3)"),  # the recorded vs recomputed log-probs (train/mismatch.py)
-    ("dynamic_sampling_dropped_groups", "groups dropped (dynamic sampling)"),  # only with actor.dynamic_sampling
+    (
+        "dynamic_sampling_dropped_groups",
+        "groups dropped (dynamic sampling)",
+    ),  # only with actor.dynamic_sampling
     ("rollout_tokens_per_s", "rollout tokens/s"),
     ("train_tokens_per_s", "train tokens/s"),
 )

@@ -30,8 +30,9 @@ class EngineLog:
 
         with self._lock:
             if self._view is None:
-                self._view = w.Textarea(value="\n".join(self.lines), disabled=True,
-                                        layout=w.Layout(width="100%", height="240px"))
+                self._view = w.Textarea(
+                    value="\n".join(self.lines), disabled=True, layout=w.Layout(width="100%", height="240px")
+                )
             return self._view
 
     def _ipython_display_(self) -> None:

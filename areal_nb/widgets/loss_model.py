@@ -37,12 +37,17 @@ class LossChip:
     def title(self) -> str:
         if not self.trained:
             return f"#{self.position} id={self.token_id} not trained (loss_mask=0)"
-        parts = [f"#{self.position} id={self.token_id}", f"advantage={self.advantage:.4g}",
-                 f"ratio={self.ratio:.4g}" + (" CLIPPED" if self.clipped else "")
-                 + (" DUAL-CLIPPED" if self.dual_clipped else ""),
-                 f"behaviour weight={self.behave_weight:.4g}" + (" CAPPED (masked out)" if self.capped else ""),
-                 f"entropy={self.entropy:.4g}", f"loss contribution={self.contribution:.4g}",
-                 f"turn={self.turn}"]
+        parts = [
+            f"#{self.position} id={self.token_id}",
+            f"advantage={self.advantage:.4g}",
+            f"ratio={self.ratio:.4g}"
+            + (" CLIPPED" if self.clipped else "")
+            + (" DUAL-CLIPPED" if self.dual_clipped else ""),
+            f"behaviour weight={self.behave_weight:.4g}" + (" CAPPED (masked out)" if self.capped else ""),
+            f"entropy={self.entropy:.4g}",
+            f"loss contribution={self.contribution:.4g}",
+            f"turn={self.turn}",
+        ]
         return " · ".join(parts)
 
 
@@ -114,8 +119,9 @@ def _matches(chip: LossChip, loss_filter: LossFilter) -> bool:
     return chip.clipped or chip.dual_clipped or chip.capped
 
 
-def loss_row(inspection: Any, tokenizer: Any, i: int, loss_filter: LossFilter = "all",
-             specials: set[int] | None = None) -> LossRow:
+def loss_row(
+    inspection: Any, tokenizer: Any, i: int, loss_filter: LossFilter = "all", specials: set[int] | None = None
+) -> LossRow:
     r = inspection.row(i)
     specials = special_ids(tokenizer) if specials is None else specials
     chips = []
@@ -124,25 +130,45 @@ def loss_row(inspection: Any, tokenizer: Any, i: int, loss_filter: LossFilter = 
         text = tokenizer.decode([tid], skip_special_tokens=False)
         turn = int(r["turn_ids"][pos]) if r["turn_ids"] is not None else (0 if trained else -1)
         chip = LossChip(
-            position=pos, token_id=int(tid), visible=text if tid in specials else visible_text(text),
-            special=tid in specials, trained=trained, turn=turn if trained else -1,
-            advantage=r["advantages"][pos], ratio=r["ratio"][pos], clipped=bool(r["clipped"][pos]),
-            dual_clipped=bool(r["dual_clipped"][pos]), behave_weight=r["behave_weight"][pos],
-            capped=bool(r["behave_capped"][pos]), entropy=r["entropy"][pos], contribution=r["contribution"][pos],
+            position=pos,
+            token_id=int(tid),
+            visible=text if tid in specials else visible_text(text),
+            special=tid in specials,
+            trained=trained,
+            turn=turn if trained else -1,
+            advantage=r["advantages"][pos],
+            ratio=r["ratio"][pos],
+            clipped=bool(r["clipped"][pos]),
+            dual_clipped=bool(r["dual_clipped"][pos]),
+            behave_weight=r["behave_weight"][pos],
+            capped=bool(r["behave_capped"][pos]),
+            entropy=r["entropy"][pos],
+            contribution=r["contribution"][pos],
         )
         chip.selected = trained and _matches(chip, loss_filter)
         chips.append(chip)
     turns = []
     for turn in sorted({c.turn for c in chips if c.trained}):
         members = [c for c in chips if c.trained and c.turn == turn]
-        turns.append(LossTurn(turn, len(members), sum(c.clipped for c in members), sum(c.capped for c in members),
-                              sum(c.contribution for c in members),
-                              sum(c.advantage for c in members) / len(members)))
+        turns.append(
+            LossTurn(
+                turn,
+                len(members),
+                sum(c.clipped for c in members),
+                sum(c.capped for c in members),
+                sum(c.contribution for c in members),
+                sum(c.advantage for c in members) / len(members),
+            )
+        )
     return LossRow(i, r["reward"], r["minibatch"], chips, turns)
 
 
-def build_loss_view(source: Any, tokenizer: Any | None = None, rows: list[int] | range | None = None,
-                    loss_filter: LossFilter = "all") -> LossViewModel:
+def build_loss_view(
+    source: Any,
+    tokenizer: Any | None = None,
+    rows: list[int] | range | None = None,
+    loss_filter: LossFilter = "all",
+) -> LossViewModel:
     """Rows of a train step's loss terms; with a filter other than "all", only rows holding
     such tokens (and those tokens marked selected)."""
     if loss_filter not in LOSS_FILTERS:
@@ -153,5 +179,11 @@ def build_loss_view(source: Any, tokenizer: Any | None = None, rows: list[int] |
     built = [loss_row(inspection, tokenizer, i, loss_filter, specials) for i in indices]
     if loss_filter != "all":
         built = [r for r in built if any(c.selected for c in r.chips)]
-    return LossViewModel(loss_filter, built, inspection.n_rows, inspection.eps_clip,
-                         inspection.behave_imp_weight_cap, inspection.version)
+    return LossViewModel(
+        loss_filter,
+        built,
+        inspection.n_rows,
+        inspection.eps_clip,
+        inspection.behave_imp_weight_cap,
+        inspection.version,
+    )

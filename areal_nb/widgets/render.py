@@ -29,7 +29,9 @@ def fmt(v: float | None, digits: int = 4) -> str:
 
 
 # ----------------------------------------------------------------------------------- tree
-def tree_svg(tree: TreeModel, selected: str | None = None, rewards: dict[str, tuple[float | None, float]] | None = None) -> str:
+def tree_svg(
+    tree: TreeModel, selected: str | None = None, rewards: dict[str, tuple[float | None, float]] | None = None
+) -> str:
     """The tree as SVG. `rewards` overrides (raw, discounted) per node (the reward view)."""
     if not tree.nodes:
         return '<div class="anb-tree anb-empty" data-nodes="0">no calls yet</div>'
@@ -151,15 +153,22 @@ def row_html(row: RowView) -> str:
         if run and (c is None or turn != current):
             band = by_turn.get(current)
             label = "prompt / gap" if current < 0 else (band.label if band is not None else f"turn {current}")
-            title = label if band is None else (
-                f"{label} ({row.credit} credit; this turn's own return {fmt(band.turn_return)}, "
-                f"call {band.interaction_id or '?'})")
+            title = (
+                label
+                if band is None
+                else (
+                    f"{label} ({row.credit} credit; this turn's own return {fmt(band.turn_return)}, "
+                    f"call {band.interaction_id or '?'})"
+                )
+            )
             value = f' data-trained-on="{fmt(band.trained_on)}"' if band is not None else ""
             border = "#bbb" if current < 0 else ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"][current % 4]
             bands.append(
                 f'<span class="anb-band" data-turn="{current}"{value} title="{esc(title)}" '
                 f'style="border-bottom:3px solid {border};margin-right:2px">'
-                f'<sup style="font-size:9px;color:#333">{esc(label)}</sup>' + "".join(chip_html(x) for x in run) + "</span>"
+                f'<sup style="font-size:9px;color:#333">{esc(label)}</sup>'
+                + "".join(chip_html(x) for x in run)
+                + "</span>"
             )
             run = []
         if c is not None:
@@ -190,8 +199,10 @@ def drift_html(row: RowView) -> str:
     if d is None:
         return ""
     if d.matches:
-        return ('<div class="anb-drift-check" data-drift="none" style="font-size:11px">drift check: the prompt '
-                "equals a plain re-render of its messages ✓</div>")
+        return (
+            '<div class="anb-drift-check" data-drift="none" style="font-size:11px">drift check: the prompt '
+            "equals a plain re-render of its messages ✓</div>"
+        )
 
     def seq(texts: list[str], label: str) -> str:
         cells = "".join(
@@ -205,14 +216,18 @@ def drift_html(row: RowView) -> str:
         f'<div class="anb-drift-check" data-drift="{d.first_difference}" style="font-size:11px;{FONT}">'
         f"⚠ drift: a plain re-render differs from the trained tokens first at position {d.first_difference} "
         f"(trained {d.trained_len} prompt tokens, re-render {d.rendered_len})"
-        + seq(d.trained, "trained on") + seq(d.rendered, "re-render") + "</div>"
+        + seq(d.trained, "trained on")
+        + seq(d.rendered, "re-render")
+        + "</div>"
     )
 
 
 def token_view_html(model: TokenViewModel) -> str:
     return (
-        f'<div class="anb-tokens" data-style="{esc(model.style)}" data-credit="{esc(model.credit)}">' + TOKEN_LEGEND
-        + "".join(row_html(r) for r in model.rows) + "</div>"
+        f'<div class="anb-tokens" data-style="{esc(model.style)}" data-credit="{esc(model.credit)}">'
+        + TOKEN_LEGEND
+        + "".join(row_html(r) for r in model.rows)
+        + "</div>"
     )
 
 
@@ -223,7 +238,11 @@ def reward_html(state: RewardViewState) -> str:
         f'<div class="anb-reward-head" data-gamma="{state.gamma:g}" data-mode="{esc(state.mode)}" style="font-size:12px">'
         f"discount γ = <b>{state.gamma:g}</b>, mode <b>{esc(state.mode)}</b>, export <b>{esc(state.style)}</b>, "
         f'credit <b class="anb-credit" data-credit="{esc(state.credit)}">{esc(state.credit)}</b>'
-        + (f" (normalised per {'turn index' if state.credit_norm == 'turn' else 'episode'})" if state.credit == "turn" else "")
+        + (
+            f" (normalised per {'turn index' if state.credit_norm == 'turn' else 'episode'})"
+            if state.credit == "turn"
+            else ""
+        )
         + "</div>"
     )
     table = [
@@ -245,8 +264,12 @@ def reward_html(state: RewardViewState) -> str:
         )
     table.append("</table>")
     return (
-        '<div class="anb-rewards">' + head + tree_svg(state.tree, rewards=focus) + TREE_LEGEND
-        + "".join(table) + "</div>"
+        '<div class="anb-rewards">'
+        + head
+        + tree_svg(state.tree, rewards=focus)
+        + TREE_LEGEND
+        + "".join(table)
+        + "</div>"
     )
 
 
@@ -254,10 +277,12 @@ def reward_html(state: RewardViewState) -> str:
 def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
     pts = s.points
     label = f"{s.label}: {fmt(s.last)}" if pts else f"{s.label}: no data"
-    head = (f'<svg class="anb-plot" data-metric="{esc(s.column)}" data-points="{len(pts)}" width="{width}" '
-            f'height="{height}" xmlns="http://www.w3.org/2000/svg" style="font-size:11px;font-family:sans-serif">'
-            f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ccc"/>'
-            f'<text x="6" y="14">{esc(label)}</text>')
+    head = (
+        f'<svg class="anb-plot" data-metric="{esc(s.column)}" data-points="{len(pts)}" width="{width}" '
+        f'height="{height}" xmlns="http://www.w3.org/2000/svg" style="font-size:11px;font-family:sans-serif">'
+        f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ccc"/>'
+        f'<text x="6" y="14">{esc(label)}</text>'
+    )
     if not pts:
         return head + "</svg>"
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -275,10 +300,17 @@ def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
     line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
     dots = "".join(
         f'<circle class="anb-pt" cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="#1f77b4">'
-        f"<title>step {x}: {y:.4g}</title></circle>" for x, y in pts
+        f"<title>step {x}: {y:.4g}</title></circle>"
+        for x, y in pts
     )
     axis = f'<text x="{width - 6}" y="14" text-anchor="end" fill="#666">{fmt(y0)}…{fmt(y1)}</text>'
-    return head + axis + f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>' + dots + "</svg>"
+    return (
+        head
+        + axis
+        + f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>'
+        + dots
+        + "</svg>"
+    )
 
 
 def dashboard_html(series: list[Series], n_steps: int, table: str = "") -> str:
@@ -294,7 +326,9 @@ def dashboard_html(series: list[Series], n_steps: int, table: str = "") -> str:
 def batch_table_html(batch: Any, max_rows: int = 12) -> str:
     df = getattr(batch, "interactions_df", None)
     if df is not None and hasattr(df, "to_html"):
-        return df.head(max_rows).to_html(classes="anb-batch-table", border=0, float_format=lambda v: f"{v:.4g}")
+        return df.head(max_rows).to_html(
+            classes="anb-batch-table", border=0, float_format=lambda v: f"{v:.4g}"
+        )
     rows = []
     for e in getattr(batch, "episodes", []) or []:
         n = len(e.interactions or {})
@@ -302,8 +336,11 @@ def batch_table_html(batch: Any, max_rows: int = 12) -> str:
         rows.append(f"<tr><td>{e.group_id}</td><td>{e.sample_id}</td><td>{n}</td><td>{esc(status)}</td></tr>")
     if not rows:
         return ""
-    return ('<table class="anb-batch-table"><tr><th>group</th><th>sample</th><th>calls</th><th>status</th></tr>'
-            + "".join(rows[:max_rows]) + "</table>")
+    return (
+        '<table class="anb-batch-table"><tr><th>group</th><th>sample</th><th>calls</th><th>status</th></tr>'
+        + "".join(rows[:max_rows])
+        + "</table>"
+    )
 
 
 def nan_to_none(v: float) -> float | None:
@@ -365,8 +402,10 @@ def loss_row_html(row: Any, scale: float) -> str:
         f'<b class="anb-row-sum">{row.contribution:.4g}</b> · {row.n_clipped} clipped · {row.n_capped} capped</div>'
     )
     chips = "".join(loss_chip_html(c, scale) for c in row.chips)
-    body = (f'<div class="anb-row anb-loss-row" data-row="{row.index}" style="{FONT};font-size:12px;line-height:2">'
-            f"{chips}</div>")
+    body = (
+        f'<div class="anb-row anb-loss-row" data-row="{row.index}" style="{FONT};font-size:12px;line-height:2">'
+        f"{chips}</div>"
+    )
     cells = "".join(
         f'<tr class="anb-turn" data-turn="{t.turn}"><td>turn {t.turn}</td><td>{t.n_tokens}</td>'
         f"<td>{fmt(t.advantage_mean)}</td><td>{t.n_clipped}</td><td>{t.n_capped}</td>"
@@ -376,7 +415,9 @@ def loss_row_html(row: Any, scale: float) -> str:
     table = (
         '<table class="anb-turns" style="font-size:11px;border-collapse:collapse"><tr><th>turn</th>'
         "<th>trained tokens</th><th>mean advantage</th><th>clipped</th><th>capped</th><th>Σ loss contribution</th></tr>"
-        f"{cells}</table>" if row.turns else ""
+        f"{cells}</table>"
+        if row.turns
+        else ""
     )
     return head + body + table
 
@@ -391,4 +432,6 @@ def loss_view_html(model: Any) -> str:
         f"{len(model.rows)} of {model.n_rows_total} rows · Σ shown contributions {model.loss:.4g}</div>"
     )
     rows = "".join(loss_row_html(r, scale) for r in model.rows) or "<i>no row has such tokens</i>"
-    return f'<div class="anb-loss" data-filter="{esc(model.filter)}">' + summary + LOSS_LEGEND + rows + "</div>"
+    return (
+        f'<div class="anb-loss" data-filter="{esc(model.filter)}">' + summary + LOSS_LEGEND + rows + "</div>"
+    )

@@ -26,7 +26,6 @@ from .sources import collect_interactions, is_complete, node_key, raw_reward
 from .tree_model import TreeModel, build_tree
 
 
-
 def discounted_rewards(
     interactions: list[Any], raw: Mapping[int, float | None], gamma: float, mode: str = "tree"
 ) -> dict[int, float]:
@@ -38,7 +37,9 @@ def discounted_rewards(
         raise ValueError(f"discount mode must be one of {DISCOUNT_MODES}, got {mode!r}")
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
         raise ValueError(f"discount must be a number in [0, 1], got {gamma!r}")
-    by_id = capture_discount(interactions, float(gamma), mode, {x.interaction_id: raw.get(id(x)) for x in interactions})
+    by_id = capture_discount(
+        interactions, float(gamma), mode, {x.interaction_id: raw.get(id(x)) for x in interactions}
+    )
     return {id(x): by_id[x.interaction_id] for x in interactions}
 
 
@@ -50,7 +51,10 @@ def group_normalised(rewards: list[float], eps: float = 1e-5) -> list[float]:
 
     from areal_nb.train.advantages import group_normalize
 
-    return [float(a) for a in group_normalize(torch.tensor(rewards, dtype=torch.float64), [0] * len(rewards), eps=eps)]
+    return [
+        float(a)
+        for a in group_normalize(torch.tensor(rewards, dtype=torch.float64), [0] * len(rewards), eps=eps)
+    ]
 
 
 def turn_normalised(pairs: list[tuple[int, float]], scope: str = "turn", eps: float = 1e-5) -> list[float]:
@@ -94,9 +98,13 @@ def row_turns(row: Any, value_of: Any, credit: str) -> list[RowTurn]:
             continue
         n = None
         if token_row is not None:
-            n = sum(1 for t, m in zip(token_row.turn_ids, token_row.loss_mask, strict=True) if t == turn and m)
+            n = sum(
+                1 for t, m in zip(token_row.turn_ids, token_row.loss_mask, strict=True) if t == turn and m
+            )
         own = value_of(call)
-        out.append(RowTurn(turn, node_key(call, position), n, own, own if credit == "turn" else value_of(row)))
+        out.append(
+            RowTurn(turn, node_key(call, position), n, own, own if credit == "turn" else value_of(row))
+        )
     return out
 
 
@@ -149,18 +157,29 @@ class RewardSource:
     defaults: dict[str, Any] | None = None  # discount / mode / style of the batch it came from
 
     @classmethod
-    def from_any(cls, source: Any, focus: int | None = None, group: list[Any] | None = None,
-                 raw_rewards: Mapping[str, float] | None = None) -> RewardSource:
+    def from_any(
+        cls,
+        source: Any,
+        focus: int | None = None,
+        group: list[Any] | None = None,
+        raw_rewards: Mapping[str, float] | None = None,
+    ) -> RewardSource:
         """An episode (and optionally its group), or a RolloutBatch and the index of an episode."""
         if hasattr(source, "episodes") and not hasattr(source, "interactions"):  # RolloutBatch
             index = focus or 0
             if not 0 <= index < len(source.episodes):
-                raise IndexError(f"episode index {index} out of range: the batch has {len(source.episodes)} episodes")
+                raise IndexError(
+                    f"episode index {index} out of range: the batch has {len(source.episodes)} episodes"
+                )
             episode = source.episodes[index]
             members = [e for e in source.episodes if getattr(e, "group_id", None) == episode.group_id]
             out = cls.from_any(episode, members.index(episode), members, raw_rewards)
-            out.defaults = {"discount": getattr(source, "discount", None), "mode": getattr(source, "discount_mode", None),
-                            "style": getattr(source, "style", None), "credit": getattr(source, "credit", None)}
+            out.defaults = {
+                "discount": getattr(source, "discount", None),
+                "mode": getattr(source, "discount_mode", None),
+                "style": getattr(source, "style", None),
+                "credit": getattr(source, "credit", None),
+            }
             return out
         episodes = list(group) if group is not None else [source]
         per_episode = [[x for x in collect_interactions(e) if is_complete(x)] for e in episodes]
@@ -182,8 +201,14 @@ def default_style(src: RewardSource) -> ExportStyle:
     return "concat" if every and can_export_concat(x.chat_template_type for x in every) else "individual"
 
 
-def reward_state(src: RewardSource, gamma: float, mode: DiscountMode = "tree", style: ExportStyle | None = None,
-                 credit: CreditMode = "leaf", credit_norm: CreditNorm = "turn") -> RewardViewState:
+def reward_state(
+    src: RewardSource,
+    gamma: float,
+    mode: DiscountMode = "tree",
+    style: ExportStyle | None = None,
+    credit: CreditMode = "leaf",
+    credit_norm: CreditNorm = "turn",
+) -> RewardViewState:
     """Rewards after discount, the group's rows and, per row and turn, the return each turn's
     tokens train on (`credit`) with its advantage (the trainer's group normalisation)."""
     style = style or default_style(src)
@@ -210,7 +235,9 @@ def reward_state(src: RewardSource, gamma: float, mode: DiscountMode = "tree", s
                 t.advantage = adv
     else:
         pairs = [t for r in rows for t in r.turns]
-        for t, adv in zip(pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True):
+        for t, adv in zip(
+            pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True
+        ):
             t.advantage = adv
         for row in rows:
             row.advantage = row.turns[-1].advantage if row.turns else 0.0

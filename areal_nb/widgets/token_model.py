@@ -155,7 +155,9 @@ def build_chips(row: Any, tokenizer: Any) -> list[TokenChip]:
 
 def _row_lists(row: Any) -> dict[str, list | None]:
     if hasattr(row, "input_ids") and not isinstance(row, dict):  # TokenRow
-        return {k: list(getattr(row, k)) for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids")}
+        return {
+            k: list(getattr(row, k)) for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids")
+        }
     if isinstance(row, dict):
         missing = [k for k in ("input_ids", "loss_mask", "logprobs", "versions") if k not in row]
         if missing:
@@ -229,16 +231,33 @@ def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
     def texts(ids: list[int]) -> list[str]:
         return [visible_text(tokenizer.decode([t], skip_special_tokens=False)) for t in ids[start:end]]
 
-    return DriftView(False, check.first_difference, texts(check.prompt_ids), texts(check.rendered_ids),
-                     start, len(check.prompt_ids), len(check.rendered_ids))
+    return DriftView(
+        False,
+        check.first_difference,
+        texts(check.prompt_ids),
+        texts(check.rendered_ids),
+        start,
+        len(check.prompt_ids),
+        len(check.rendered_ids),
+    )
 
 
-def row_view(interaction: Any, tokenizer: Any, style: str, with_drift: bool = True, credit: str = "leaf",
-             rewards: Mapping[str, float] | None = None) -> RowView:
+def row_view(
+    interaction: Any,
+    tokenizer: Any,
+    style: str,
+    with_drift: bool = True,
+    credit: str = "leaf",
+    rewards: Mapping[str, float] | None = None,
+) -> RowView:
     """One training row; `rewards` (by interaction id, e.g. a batch's re-discounted values)
     override the calls' own rewards."""
     chips = build_chips(interaction.token_row(), tokenizer)
-    drift = drift_view(interaction, tokenizer) if with_drift and interaction.chat_template_type == "concat" else None
+    drift = (
+        drift_view(interaction, tokenizer)
+        if with_drift and interaction.chat_template_type == "concat"
+        else None
+    )
     if drift is not None and drift.first_difference is not None and drift.first_difference < len(chips):
         chips[drift.first_difference].drift = True
     turns = {c.turn for c in chips if c.turn >= 0}
@@ -252,8 +271,15 @@ def row_view(interaction: Any, tokenizer: Any, style: str, with_drift: bool = Tr
     for turn in sorted(turns):
         members = [(c, r) for c, r in zip(chips, returns, strict=True) if c.turn == turn and c.loss_mask]
         call = calls.get(turn)
-        bands.append(TurnBand(turn, call.interaction_id if call is not None else None, len(members),
-                              members[0][1] if members else None, members[0][0].trained_on if members else None))
+        bands.append(
+            TurnBand(
+                turn,
+                call.interaction_id if call is not None else None,
+                len(members),
+                members[0][1] if members else None,
+                members[0][0].trained_on if members else None,
+            )
+        )
     return RowView(interaction.interaction_id, style, chips, len(turns), reward, drift, credit, bands)
 
 
@@ -275,7 +301,9 @@ def _tensor_row_view(source: Mapping, tokenizer: Any, style: str, credit: str) -
     reward = float(_flat(rewards)[0]) if rewards is not None else None
     returns = _flat(source["turn_returns"])[: len(chips)] if "turn_returns" in source else None
     if credit == "turn" and returns is None:
-        raise ValueError("turn credit needs the row's turn_returns (export it with to_tensor_dict / to_tensors)")
+        raise ValueError(
+            "turn credit needs the row's turn_returns (export it with to_tensor_dict / to_tensors)"
+        )
     for i, chip in enumerate(chips):
         if chip.loss_mask:
             chip.trained_on = float(returns[i]) if credit == "turn" else reward
@@ -287,8 +315,14 @@ def _tensor_row_view(source: Mapping, tokenizer: Any, style: str, credit: str) -
     return RowView(None, style, chips, len(bands), reward, None, credit, bands)
 
 
-def build_token_view(source: Any, style: str | None = None, tokenizer: Any | None = None, credit: str | None = None,
-                     index: int | None = None, rewards: Mapping[str, float] | None = None) -> TokenViewModel:
+def build_token_view(
+    source: Any,
+    style: str | None = None,
+    tokenizer: Any | None = None,
+    credit: str | None = None,
+    index: int | None = None,
+    rewards: Mapping[str, float] | None = None,
+) -> TokenViewModel:
     """Rows for one conversation, and the return each trained token trains on.
 
     `concat`: the leaf row that `export_interactions("concat")` trains on (all turns in one
@@ -302,8 +336,12 @@ def build_token_view(source: Any, style: str | None = None, tokenizer: Any | Non
             raise ValueError("a tensor-dict row needs tokenizer=... to decode its tokens")
         credit = credit or "leaf"
         _check_credit(credit)
-        return TokenViewModel(style or "row", [_tensor_row_view(source, tokenizer, style or "row", credit)],
-                              (style or "row",), credit)
+        return TokenViewModel(
+            style or "row",
+            [_tensor_row_view(source, tokenizer, style or "row", credit)],
+            (style or "row",),
+            credit,
+        )
     if hasattr(source, "episodes") and hasattr(source, "discounted"):  # a RolloutBatch
         i = index or 0
         if not 0 <= i < len(source.episodes):
@@ -325,7 +363,9 @@ def build_token_view(source: Any, style: str | None = None, tokenizer: Any | Non
     tok = tokenizer_of(target, tokenizer)
     leaf = leaf_of(target, pool)
     path = conversation_path(leaf)
-    available = ("concat", "individual") if can_export_concat(x.chat_template_type for x in path) else ("individual",)
+    available = (
+        ("concat", "individual") if can_export_concat(x.chat_template_type for x in path) else ("individual",)
+    )
     style = style or available[0]
     if style not in available:
         raise ValueError(
@@ -335,5 +375,7 @@ def build_token_view(source: Any, style: str | None = None, tokenizer: Any | Non
     if style == "concat":
         rows = [row_view(leaf, tok, "concat", credit=credit, rewards=rewards)]
     else:
-        rows = [row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards) for x in path]
+        rows = [
+            row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards) for x in path
+        ]
     return TokenViewModel(style, rows, available, credit)

@@ -65,7 +65,9 @@ class LiveView(w.VBox):
 
 
 class TreeView(LiveView):
-    def __init__(self, source: Any, tokenizer: Any | None = None, live: bool = True, interval: float = 0.4) -> None:
+    def __init__(
+        self, source: Any, tokenizer: Any | None = None, live: bool = True, interval: float = 0.4
+    ) -> None:
         self.source, self.tokenizer = source, tokenizer
         self.tree_html = w.HTML()
         self.node_select = w.Dropdown(description="node", options=[], layout=w.Layout(width="420px"))
@@ -80,7 +82,9 @@ class TreeView(LiveView):
         selected = self.node_select.value
         self.tree_html.value = render.tree_svg(self.model, selected) + render.TREE_LEGEND
         options = [(f"{n.id} · {n.label}{' · pending' if n.pending else ''}", n.id) for n in self.model.nodes]
-        if [o[1] for o in self.node_select.options] != [o[1] for o in options] or list(self.node_select.options) != options:
+        if [o[1] for o in self.node_select.options] != [o[1] for o in options] or list(
+            self.node_select.options
+        ) != options:
             self.node_select.options = options
             if selected in [o[1] for o in options]:
                 self.node_select.value = selected
@@ -98,39 +102,75 @@ class TreeView(LiveView):
         tokens = ""
         if is_complete(x) and x.has_tensor_data:
             try:
-                tokens = render.token_view_html(build_token_view(x, "individual", tokenizer_of(x, self.tokenizer)))
+                tokens = render.token_view_html(
+                    build_token_view(x, "individual", tokenizer_of(x, self.tokenizer))
+                )
             except (ValueError, KeyError) as e:
                 tokens = f"<i>no token view: {render.esc(e)}</i>"
-        self.detail.value = f'<div class="anb-detail" data-node-id="{render.esc(node_id)}">' + render.messages_html(x) + tokens + "</div>"
+        self.detail.value = (
+            f'<div class="anb-detail" data-node-id="{render.esc(node_id)}">'
+            + render.messages_html(x)
+            + tokens
+            + "</div>"
+        )
 
     def to_html(self) -> str:
         return render.tree_svg(build_tree(self.source)) + render.TREE_LEGEND
 
 
 class TokenView(LiveView):
-    def __init__(self, source: Any, tokenizer: Any | None = None, style: str | None = None,
-                 live: bool = True, interval: float = 0.4, credit: str | None = None, index: int | None = None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        tokenizer: Any | None = None,
+        style: str | None = None,
+        live: bool = True,
+        interval: float = 0.4,
+        credit: str | None = None,
+        index: int | None = None,
+    ) -> None:
         self.source, self.tokenizer, self.index = source, tokenizer, index
         first = build_token_view(resolve_source(source), style, tokenizer, credit, index)
-        self.style_toggle = w.ToggleButtons(options=list(first.styles_available), value=first.style,
-                                            description="rows", tooltips=[
-                                                {"concat": "the leaf row: all turns in one row",
-                                                 "individual": "one row per call",
-                                                 "row": "the row as given"}[s] for s in first.styles_available])
-        self.credit_toggle = w.ToggleButtons(options=list(CREDIT_MODES), value=first.credit, description="credit",
-                                             tooltips=["every turn trains on the row's (leaf's) reward",
-                                                       "each turn trains on its own discounted return"])
+        self.style_toggle = w.ToggleButtons(
+            options=list(first.styles_available),
+            value=first.style,
+            description="rows",
+            tooltips=[
+                {
+                    "concat": "the leaf row: all turns in one row",
+                    "individual": "one row per call",
+                    "row": "the row as given",
+                }[s]
+                for s in first.styles_available
+            ],
+        )
+        self.credit_toggle = w.ToggleButtons(
+            options=list(CREDIT_MODES),
+            value=first.credit,
+            description="credit",
+            tooltips=[
+                "every turn trains on the row's (leaf's) reward",
+                "each turn trains on its own discounted return",
+            ],
+        )
         self.body = w.HTML()
         super().__init__([w.HBox([self.style_toggle, self.credit_toggle]), self.body])
         self.add_class("anb-token-view")
         for control in (self.style_toggle, self.credit_toggle):
             control.observe(lambda _: self.refresh(), names="value")
         is_row = isinstance(source, Mapping) and "input_ids" in source
-        self._setup_live((lambda: None) if is_row else (lambda: snapshot_key(self.source)), live and not is_row, interval)
+        self._setup_live(
+            (lambda: None) if is_row else (lambda: snapshot_key(self.source)), live and not is_row, interval
+        )
 
     def _model(self):
-        return build_token_view(resolve_source(self.source), self.style_toggle.value, self.tokenizer,
-                                self.credit_toggle.value, self.index)
+        return build_token_view(
+            resolve_source(self.source),
+            self.style_toggle.value,
+            self.tokenizer,
+            self.credit_toggle.value,
+            self.index,
+        )
 
     def _render(self) -> None:
         self.model = self._model()
@@ -141,10 +181,20 @@ class TokenView(LiveView):
 
 
 class RewardView(LiveView):
-    def __init__(self, source: Any, index: int | None = None, group: list[Any] | None = None,
-                 discount: float | None = None, mode: str | None = None, style: str | None = None,
-                 raw_rewards: Mapping[str, float] | None = None, live: bool = True, interval: float = 0.4,
-                 credit: str | None = None, credit_norm: str = "turn") -> None:
+    def __init__(
+        self,
+        source: Any,
+        index: int | None = None,
+        group: list[Any] | None = None,
+        discount: float | None = None,
+        mode: str | None = None,
+        style: str | None = None,
+        raw_rewards: Mapping[str, float] | None = None,
+        live: bool = True,
+        interval: float = 0.4,
+        credit: str | None = None,
+        credit_norm: str = "turn",
+    ) -> None:
         self.source, self.index, self.group, self.raw_rewards = source, index, group, raw_rewards
         self.credit_norm = credit_norm
         src = self._reward_source()
@@ -154,20 +204,41 @@ class RewardView(LiveView):
         mode = mode or defaults.get("mode") or "tree"
         style = style or defaults.get("style")
         credit = credit or defaults.get("credit") or "leaf"
-        self.slider = w.FloatSlider(value=discount, min=0.0, max=1.0, step=0.05, description="discount γ",
-                                    continuous_update=True, readout_format=".2f")
-        self.mode_toggle = w.ToggleButtons(options=list(DISCOUNT_MODES), value=mode, description="mode",
-                                           tooltips=["per branch: own + γ·mean(children)",
-                                                     "reverse call order: r[i] += γ·r[i+1] (AReaL)"])
+        self.slider = w.FloatSlider(
+            value=discount,
+            min=0.0,
+            max=1.0,
+            step=0.05,
+            description="discount γ",
+            continuous_update=True,
+            readout_format=".2f",
+        )
+        self.mode_toggle = w.ToggleButtons(
+            options=list(DISCOUNT_MODES),
+            value=mode,
+            description="mode",
+            tooltips=["per branch: own + γ·mean(children)", "reverse call order: r[i] += γ·r[i+1] (AReaL)"],
+        )
         state = reward_state(src, discount, mode, style, credit, credit_norm)
         styles = ["concat", "individual"] if state.style == "concat" else ["individual"]
         self.style_toggle = w.ToggleButtons(options=styles, value=state.style, description="export")
-        self.credit_toggle = w.ToggleButtons(options=list(CREDIT_MODES), value=credit, description="credit",
-                                             tooltips=["every turn trains on the row's (leaf's) reward",
-                                                       "each turn trains on its own discounted return"])
+        self.credit_toggle = w.ToggleButtons(
+            options=list(CREDIT_MODES),
+            value=credit,
+            description="credit",
+            tooltips=[
+                "every turn trains on the row's (leaf's) reward",
+                "each turn trains on its own discounted return",
+            ],
+        )
         self.body = w.HTML()
-        super().__init__([w.HBox([self.slider, self.mode_toggle]), w.HBox([self.style_toggle, self.credit_toggle]),
-                          self.body])
+        super().__init__(
+            [
+                w.HBox([self.slider, self.mode_toggle]),
+                w.HBox([self.style_toggle, self.credit_toggle]),
+                self.body,
+            ]
+        )
         self.add_class("anb-reward-view")
         for control in (self.slider, self.mode_toggle, self.style_toggle, self.credit_toggle):
             control.observe(lambda _: self.refresh(), names="value")
@@ -177,8 +248,14 @@ class RewardView(LiveView):
         return RewardSource.from_any(resolve_source(self.source), self.index, self.group, self.raw_rewards)
 
     def _state(self):
-        return reward_state(self._reward_source(), self.slider.value, self.mode_toggle.value, self.style_toggle.value,
-                            self.credit_toggle.value, self.credit_norm)
+        return reward_state(
+            self._reward_source(),
+            self.slider.value,
+            self.mode_toggle.value,
+            self.style_toggle.value,
+            self.credit_toggle.value,
+            self.credit_norm,
+        )
 
     def _render(self) -> None:
         self.state = self._state()
@@ -224,19 +301,36 @@ class LossView(LiveView):
     Follows `session.last_inspection` when given a session: the next inspected step shows up.
     """
 
-    def __init__(self, source: Any, tokenizer: Any | None = None, rows: list[int] | range | None = None,
-                 loss_filter: str = "all", live: bool = True, interval: float = 0.4) -> None:
+    def __init__(
+        self,
+        source: Any,
+        tokenizer: Any | None = None,
+        rows: list[int] | range | None = None,
+        loss_filter: str = "all",
+        live: bool = True,
+        interval: float = 0.4,
+    ) -> None:
         self.source, self.tokenizer, self.rows = source, tokenizer, rows
         build_loss_view(source, tokenizer, rows, loss_filter)  # bad input fails here, not in a poller
-        self.filter_toggle = w.ToggleButtons(options=list(LOSS_FILTERS), value=loss_filter, description="show",
-                                             tooltips=["every row", "rows with clipped ratios",
-                                                       "rows with capped behaviour weights", "either"])
+        self.filter_toggle = w.ToggleButtons(
+            options=list(LOSS_FILTERS),
+            value=loss_filter,
+            description="show",
+            tooltips=[
+                "every row",
+                "rows with clipped ratios",
+                "rows with capped behaviour weights",
+                "either",
+            ],
+        )
         self.body = w.HTML()
         super().__init__([self.filter_toggle, self.body])
         self.add_class("anb-loss-view")
         self.filter_toggle.observe(lambda _: self.refresh(), names="value")
         follows = not hasattr(source, "contribution")  # a session/actor: its next inspected step
-        self._setup_live(lambda: id(getattr(self.source, "last_inspection", self.source)), live and follows, interval)
+        self._setup_live(
+            lambda: id(getattr(self.source, "last_inspection", self.source)), live and follows, interval
+        )
 
     def _model(self):
         return build_loss_view(self.source, self.tokenizer, self.rows, self.filter_toggle.value)

@@ -19,8 +19,20 @@ def response(input_tokens, output_tokens, stop_reason="stop", logprob=-0.5, vers
     )
 
 
-def call(iid, messages, output_text, input_tokens=(), output_tokens=(), *, parent=None, template="concat",
-         reward=None, stop_reason="stop", logprob=-0.5, version=0) -> InteractionWithTokenLogpReward:
+def call(
+    iid,
+    messages,
+    output_text,
+    input_tokens=(),
+    output_tokens=(),
+    *,
+    parent=None,
+    template="concat",
+    reward=None,
+    stop_reason="stop",
+    logprob=-0.5,
+    version=0,
+) -> InteractionWithTokenLogpReward:
     """A completed call whose output message is `{"role": "assistant", "content": output_text}`."""
     return InteractionWithTokenLogpReward(
         model_response=response(input_tokens, output_tokens, stop_reason, logprob, version),

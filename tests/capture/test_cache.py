@@ -52,7 +52,9 @@ def test_branches_link_to_their_own_parent():
 
 def test_in_flight_calls_are_never_parents():
     cache = InteractionCache()
-    pending = InteractionWithTokenLogpReward(messages=[user("q")], chat_template_type="concat", _interaction_id="p")
+    pending = InteractionWithTokenLogpReward(
+        messages=[user("q")], chat_template_type="concat", _interaction_id="p"
+    )
     cache["p"] = pending
     child = call("c", [user("q"), assistant("x"), user("u")], "y")
     cache["c"] = child
@@ -72,7 +74,9 @@ def test_sdk_message_objects_and_their_dumps_link_alike():
 
     from areal_nb.capture import normalize_messages
 
-    msgs = normalize_messages([{"role": "user", "content": "q"}, ChatCompletionMessage(role="assistant", content="x")])
+    msgs = normalize_messages(
+        [{"role": "user", "content": "q"}, ChatCompletionMessage(role="assistant", content="x")]
+    )
     cache = InteractionCache()
     a = add(cache, "a", [user("q")], "x")
     b = add(cache, "b", msgs + [user("u")], "y")
@@ -82,8 +86,19 @@ def test_sdk_message_objects_and_their_dumps_link_alike():
 def _tool_call_output(cache, iid="a"):
     """A completed call whose output is a tool call, recorded the way the completion records it."""
     it = call(iid, [user("add 1 and 2")], "")
-    it.output_message_list = [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}]
+    it.output_message_list = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                }
+            ],
+        }
+    ]
     cache[iid] = it
     return it
 
@@ -91,18 +106,55 @@ def _tool_call_output(cache, iid="a"):
 TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
 
 
-@pytest.mark.parametrize("echo", [
-    # the OpenAI Agents SDK: no content key on a tool-call message
-    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-    # a streaming client that accumulated deltas: content None, each call keeps its index
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-    # a framework that parsed the arguments and dumped them again, without the type
-    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}]},
-    # a client that keeps empty fields of the SDK object
-    {"role": "assistant", "content": [], "annotations": [], "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-], ids=["agents-sdk", "stream-accumulated", "reserialised", "empty-fields"])
+@pytest.mark.parametrize(
+    "echo",
+    [
+        # the OpenAI Agents SDK: no content key on a tool-call message
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                }
+            ],
+        },
+        # a streaming client that accumulated deltas: content None, each call keeps its index
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                }
+            ],
+        },
+        # a framework that parsed the arguments and dumped them again, without the type
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_1", "function": {"name": "add", "arguments": '{"b":2,"a":1}'}}],
+        },
+        # a client that keeps empty fields of the SDK object
+        {
+            "role": "assistant",
+            "content": [],
+            "annotations": [],
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                }
+            ],
+        },
+    ],
+    ids=["agents-sdk", "stream-accumulated", "reserialised", "empty-fields"],
+)
 def test_echoed_tool_call_message_in_another_spelling_still_links(echo):
     cache = InteractionCache()
     a = _tool_call_output(cache)
@@ -118,7 +170,12 @@ def test_text_parts_echo_links_but_a_different_call_or_text_does_not():
     parts = {"role": "assistant", "content": [{"type": "text", "text": "x "}, {"type": "text", "text": "y"}]}
     assert add(cache, "b", [user("q"), parts, user("u")], "z").parent is a
     c = _tool_call_output(cache, "c")
-    other_args = {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 5}'}}]}
+    other_args = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 5}'}}
+        ],
+    }
     with pytest.warns(ConversationLinkWarning, match="interaction c"):
         d = add(cache, "d", [user("add 1 and 2"), other_args, TOOL_RESULT], "y")
     assert d.parent is None and c.parent is None
@@ -260,7 +317,9 @@ def test_export_styles_individual_and_concat_leaves():
 def test_export_skips_incomplete_calls_with_a_warning():
     cache = InteractionCache()
     add(cache, "a", [user("q")], "x")
-    cache["p"] = InteractionWithTokenLogpReward(messages=[user("q")], chat_template_type="concat", _interaction_id="p")
+    cache["p"] = InteractionWithTokenLogpReward(
+        messages=[user("q")], chat_template_type="concat", _interaction_id="p"
+    )
     with pytest.warns(IncompleteInteractionWarning, match="p"):
         assert list(cache.export_interactions("concat")) == ["a"]
 

@@ -17,14 +17,46 @@ def three_turns_and_truncated(template="concat"):
     """A → B (after a tool result) → C (truncated by length) → D (after a user turn)."""
     q = [user("q")]
     a = call("A", q, "a", [10, 11, 12], [20, 21, EOS], template=template, logprob=-0.1, version=0)
-    b_msgs = q + [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "r", "tool_call_id": "c1"}]
-    b = call("B", b_msgs, "b", [10, 11, 12, 20, 21, EOS, 30, 31], [40, EOS], parent=a, template=template, logprob=-0.2, version=1)
+    b_msgs = q + [
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "r", "tool_call_id": "c1"},
+    ]
+    b = call(
+        "B",
+        b_msgs,
+        "b",
+        [10, 11, 12, 20, 21, EOS, 30, 31],
+        [40, EOS],
+        parent=a,
+        template=template,
+        logprob=-0.2,
+        version=1,
+    )
     c_msgs = b_msgs + [{"role": "assistant", "content": "b"}, user("u")]
-    c = call("C", c_msgs, "c", [10, 11, 12, 20, 21, EOS, 30, 31, 40, EOS, 50], [60, 61, 62],
-             parent=b, template=template, stop_reason="length", logprob=-0.3, version=2)
+    c = call(
+        "C",
+        c_msgs,
+        "c",
+        [10, 11, 12, 20, 21, EOS, 30, 31, 40, EOS, 50],
+        [60, 61, 62],
+        parent=b,
+        template=template,
+        stop_reason="length",
+        logprob=-0.3,
+        version=2,
+    )
     d_msgs = c_msgs + [{"role": "assistant", "content": "c"}, user("v")]
-    d = call("D", d_msgs, "d", [10, 11, 12, 20, 21, EOS, 30, 31, 40, EOS, 50, 60, 61, 62, EOS, 70], [80, EOS],
-             parent=c, template=template, logprob=-0.4, version=3)
+    d = call(
+        "D",
+        d_msgs,
+        "d",
+        [10, 11, 12, 20, 21, EOS, 30, 31, 40, EOS, 50, 60, 61, 62, EOS, 70],
+        [80, EOS],
+        parent=c,
+        template=template,
+        logprob=-0.4,
+        version=3,
+    )
     return a, b, c, d
 
 
@@ -39,8 +71,16 @@ def test_concat_row_of_a_four_turn_chain_with_tool_result_and_truncated_parent()
     assert lists(td) == {
         "input_ids": [[10, 11, 12, 20, 21, 2, 30, 31, 40, 2, 50, 60, 61, 62, 2, 70, 80, 2]],
         "loss_mask": [[0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 0, 0, 1, 1]],
-        "logprobs": [[0.0, 0.0, 0.0] + [pytest.approx(-0.1)] * 3 + [0.0, 0.0] + [pytest.approx(-0.2)] * 2
-                     + [0.0] + [pytest.approx(-0.3)] * 3 + [0.0, 0.0] + [pytest.approx(-0.4)] * 2],
+        "logprobs": [
+            [0.0, 0.0, 0.0]
+            + [pytest.approx(-0.1)] * 3
+            + [0.0, 0.0]
+            + [pytest.approx(-0.2)] * 2
+            + [0.0]
+            + [pytest.approx(-0.3)] * 3
+            + [0.0, 0.0]
+            + [pytest.approx(-0.4)] * 2
+        ],
         "versions": [[-1, -1, -1, 0, 0, 0, -1, -1, 1, 1, -1, 2, 2, 2, -1, -1, 3, 3]],
         "turn_ids": [[-1, -1, -1, 0, 0, 0, -1, -1, 1, 1, -1, 2, 2, 2, -1, -1, 3, 3]],
         "attention_mask": [[True] * 18],
@@ -49,8 +89,14 @@ def test_concat_row_of_a_four_turn_chain_with_tool_result_and_truncated_parent()
         "turn_returns": [[0.0] * 16 + [1.5, 1.5]],
     }
     assert {k: v.dtype for k, v in td.items()} == {
-        "input_ids": torch.int64, "loss_mask": torch.int64, "logprobs": torch.float32, "versions": torch.int64,
-        "turn_ids": torch.int64, "attention_mask": torch.bool, "rewards": torch.float32, "turn_returns": torch.float32,
+        "input_ids": torch.int64,
+        "loss_mask": torch.int64,
+        "logprobs": torch.float32,
+        "versions": torch.int64,
+        "turn_ids": torch.int64,
+        "attention_mask": torch.bool,
+        "rewards": torch.float32,
+        "turn_returns": torch.float32,
     }
     assert td["rewards"].shape == (1,) and td["input_ids"].shape == (1, 18)
 
@@ -68,21 +114,37 @@ def test_hf_rows_hold_only_their_own_call_with_turn_depth():
 
 def test_parent_ending_with_eos_and_pad_keeps_its_eos_and_drops_the_pad():
     a = call("A", [user("q")], "a", [10], [20, EOS, PAD])
-    b = call("B", [user("q"), {"role": "assistant", "content": "a"}, user("u")], "b", [10, 20, EOS, 30], [40, EOS], parent=a)
+    b = call(
+        "B",
+        [user("q"), {"role": "assistant", "content": "a"}, user("u")],
+        "b",
+        [10, 20, EOS, 30],
+        [40, EOS],
+        parent=a,
+    )
     assert lists(b.to_tensor_dict())["loss_mask"] == [[0, 1, 1, 0, 1, 1]]
     assert lists(b.to_tensor_dict())["input_ids"] == [[10, 20, EOS, 30, 40, EOS]]
 
 
 def test_stop_string_parent_without_eos_gets_the_added_eos_masked():
     a = call("A", [user("q")], "a", [10], [20, 21], stop_reason="stop")  # stopped on a stop string
-    b = call("B", [user("q"), {"role": "assistant", "content": "a"}, user("u")], "b", [10, 20, 21, EOS, 30], [40], parent=a)
+    b = call(
+        "B",
+        [user("q"), {"role": "assistant", "content": "a"}, user("u")],
+        "b",
+        [10, 20, 21, EOS, 30],
+        [40],
+        parent=a,
+    )
     assert lists(b.to_tensor_dict())["loss_mask"] == [[0, 1, 1, 0, 0, 1]]
 
 
 def test_child_whose_prompt_does_not_start_with_the_parent_row_is_refused():
     a = call("A", [user("q")], "a", [10, 11], [20, EOS])
     b = call("B", [user("q")], "b", [10, 99, 20, EOS, 30], [40, EOS], parent=a)
-    with pytest.raises(ValueError, match="does not start with its parent's tokens .first difference at token 1"):
+    with pytest.raises(
+        ValueError, match="does not start with its parent's tokens .first difference at token 1"
+    ):
         b.to_tensor_dict()
 
 
@@ -120,7 +182,10 @@ def test_concat_padded_tensors_right_pads_rows():
     a, b, *_ = three_turns_and_truncated()
     a.reward, b.reward = 1, 0.5
     batch = concat_padded_tensors([a.to_tensor_dict(), b.to_tensor_dict()])
-    assert batch["input_ids"].tolist() == [[10, 11, 12, 20, 21, 2, 0, 0, 0, 0], [10, 11, 12, 20, 21, 2, 30, 31, 40, 2]]
+    assert batch["input_ids"].tolist() == [
+        [10, 11, 12, 20, 21, 2, 0, 0, 0, 0],
+        [10, 11, 12, 20, 21, 2, 30, 31, 40, 2],
+    ]
     assert batch["attention_mask"].tolist() == [[True] * 6 + [False] * 4, [True] * 10]
     assert batch["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]]
     assert batch["turn_ids"].tolist()[0] == [-1, -1, -1, 0, 0, 0, -1, -1, -1, -1]

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from areal_nb.api import ModelRequest, ModelResponse
-from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.capture import ArealOpenAI, check_retokenization, concat_padded_tensors
+from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.reward.gsm8k import math_reward
 
 
@@ -33,7 +33,9 @@ async def seed_agent_loop(client: ArealOpenAI, data: dict, max_turns: int = 2) -
     messages = list(data["messages"])
     reward = 0.0
     for _ in range(max_turns):
-        completion = await client.chat.completions.create(messages=messages, temperature=1.0, max_completion_tokens=24)
+        completion = await client.chat.completions.create(
+            messages=messages, temperature=1.0, max_completion_tokens=24
+        )
         message = completion.choices[0].message
         messages.append(message)
         reward = math_reward(message.content or "", data["answer"])
@@ -69,9 +71,16 @@ def test_multi_turn_math_concat_leaves_match_engine_records(local_engine, tiny_t
         if len(calls) == 2:
             assert calls[0].reward == pytest.approx(raw[0] + 0.9 * raw[1])
             assert calls[1].messages[-1] == {"role": "user", "content": CORRECTION_PROMPT}
-            assert check_retokenization(calls[1], tiny_tokenizer).prompt_ids == calls[1].model_response.input_tokens
+            assert (
+                check_retokenization(calls[1], tiny_tokenizer).prompt_ids
+                == calls[1].model_response.input_tokens
+            )
         row = leaf.to_tensor_dict()
-        ids, mask, lps = row["input_ids"][0].tolist(), row["loss_mask"][0].tolist(), row["logprobs"][0].tolist()
+        ids, mask, lps = (
+            row["input_ids"][0].tolist(),
+            row["loss_mask"][0].tolist(),
+            row["logprobs"][0].tolist(),
+        )
         versions, turns = row["versions"][0].tolist(), row["turn_ids"][0].tolist()
         for turn, call in enumerate(calls):
             req, resp = by_response[id(call.model_response)]  # what the engine itself saw and returned
@@ -88,4 +97,6 @@ def test_multi_turn_math_concat_leaves_match_engine_records(local_engine, tiny_t
         rows.append(row)
     batch = concat_padded_tensors(rows)
     assert batch["input_ids"].shape == (len(problems), max(r["input_ids"].shape[1] for r in rows))
-    assert all(len(c.cache) >= 1 for c in clients) and len(recorder.records) == sum(len(c.cache) for c in clients)
+    assert all(len(c.cache) >= 1 for c in clients) and len(recorder.records) == sum(
+        len(c.cache) for c in clients
+    )

@@ -14,7 +14,9 @@ from areal_nb.capture.prompt_memo import MAX_KEY_BYTES, PromptMemo, prompt_memo
 from areal_nb.testing import ScriptedEngine
 
 USER = [{"role": "user", "content": "A bag holds 6 oranges. Liam takes 2 out. How many are left?"}]
-TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
+]
 
 
 class CountingTokenizer:
@@ -40,8 +42,12 @@ def counting(tiny_tokenizer):
 
 
 def fresh(tokenizer, messages, tools=None):
-    return [int(t) for t in tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False)]
+    return [
+        int(t)
+        for t in tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    ]
 
 
 def test_a_repeated_conversation_is_rendered_once_with_the_same_ids(counting, tiny_tokenizer):
@@ -64,11 +70,14 @@ def test_what_the_template_reads_is_part_of_the_key(counting, tiny_tokenizer):
 
 
 def test_inputs_that_only_look_like_json_are_rendered_every_time(counting):
-    class Role(str, enum.Enum):  # serialises as "user" but is not the plain string
+    class Role(str, enum.Enum):  # noqa: UP042 (a str subclass on purpose)  serialises as "user" but is not the plain string
         USER = "user"
 
-    for messages in ([{"role": Role.USER, "content": "hi"}], [{"role": "user", "content": "hi", "x": float("nan")}],
-                     [{"role": "user", "content": "x" * MAX_KEY_BYTES}]):
+    for messages in (
+        [{"role": Role.USER, "content": "hi"}],
+        [{"role": "user", "content": "hi", "x": float("nan")}],
+        [{"role": "user", "content": "x" * MAX_KEY_BYTES}],
+    ):
         render_prompt_ids(counting, messages)
         render_prompt_ids(counting, messages)
     assert counting.renders == 6
@@ -77,13 +86,17 @@ def test_inputs_that_only_look_like_json_are_rendered_every_time(counting):
 def test_a_new_chat_template_empties_the_memo(counting, tiny_tokenizer):
     before = render_prompt_ids(counting, USER)
     counting.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
-    assert render_prompt_ids(counting, USER) == tiny_tokenizer.encode(USER[0]["content"], add_special_tokens=False)
+    assert render_prompt_ids(counting, USER) == tiny_tokenizer.encode(
+        USER[0]["content"], add_special_tokens=False
+    )
     assert render_prompt_ids(counting, USER) != before
     assert counting.renders == 2
 
 
 def test_templates_that_read_the_clock_are_never_memoised(counting):
-    counting.chat_template = "{{ strftime_now('%H:%M:%S.%f') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    counting.chat_template = (
+        "{{ strftime_now('%H:%M:%S.%f') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     render_prompt_ids(counting, USER)
     render_prompt_ids(counting, USER)
     assert counting.renders == 2
@@ -103,17 +116,27 @@ def test_the_memo_keeps_the_most_recent_entries():
     def ids_of(text: str) -> list[int]:
         return memo.ids("template", ([{"content": text}],), lambda: renders.append(text) or [len(renders)])
 
-    assert [ids_of("a"), ids_of("b"), ids_of("a"), ids_of("c"), ids_of("a"), ids_of("b")] == [[1], [2], [1], [3], [1], [4]]
+    assert [ids_of("a"), ids_of("b"), ids_of("a"), ids_of("c"), ids_of("a"), ids_of("b")] == [
+        [1],
+        [2],
+        [1],
+        [3],
+        [1],
+        [4],
+    ]
     assert renders == ["a", "b", "c", "b"]  # "b" was the least recently used when "c" came
 
 
-def test_a_grpo_group_renders_its_prompt_once_and_every_sample_gets_the_exact_prompt(counting, tiny_tokenizer):
+def test_a_grpo_group_renders_its_prompt_once_and_every_sample_gets_the_exact_prompt(
+    counting, tiny_tokenizer
+):
     engine = ScriptedEngine(counting, "The answer is 4")
     client = ArealOpenAI(engine, counting, chat_template_type="hf")
 
     async def group() -> list[Any]:
-        return await asyncio.gather(*(client.chat.completions.create(messages=USER, max_completion_tokens=8)
-                                      for _ in range(8)))
+        return await asyncio.gather(
+            *(client.chat.completions.create(messages=USER, max_completion_tokens=8) for _ in range(8))
+        )
 
     completions = asyncio.run(group())
     assert counting.renders == 1

@@ -13,9 +13,9 @@ import warnings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture import ArealOpenAI
 from areal_nb.capture.cache import discounted_rewards
+from areal_nb.testing import ScriptedEngine
 
 # (parent index or None, gap kind, truncate?, reward or None)
 call_spec = st.tuples(
@@ -25,12 +25,16 @@ call_spec = st.tuples(
     st.one_of(st.none(), st.integers(min_value=-2, max_value=3), st.floats(min_value=-1, max_value=1)),
 )
 forest = st.lists(call_spec, min_size=1, max_size=8)
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def build(tokenizer, specs):
     """Run the calls; returns (client, engine, intended parent index per call, interactions)."""
-    engine = ScriptedEngine(tokenizer, lambda req: f"reply {len(engine.requests)}: {'x' * (len(engine.requests) % 3)}")
+    engine = ScriptedEngine(
+        tokenizer, lambda req: f"reply {len(engine.requests)}: {'x' * (len(engine.requests) % 3)}"
+    )
     client = ArealOpenAI(engine, tokenizer, chat_template_type="concat")
     calls, parents = [], []
 
@@ -42,9 +46,14 @@ def build(tokenizer, specs):
             else:
                 prev = calls[parent]
                 messages = prev.messages + prev.output_message_list
-                messages = messages + ([{"role": "tool", "content": f"result {i}", "tool_call_id": f"t{i}"}]
-                                       if gap == "tool" else [{"role": "user", "content": f"follow-up {i}"}])
-            completion = await client.chat.completions.create(messages=messages, max_completion_tokens=4 if truncate else 200)
+                messages = messages + (
+                    [{"role": "tool", "content": f"result {i}", "tool_call_id": f"t{i}"}]
+                    if gap == "tool"
+                    else [{"role": "user", "content": f"follow-up {i}"}]
+                )
+            completion = await client.chat.completions.create(
+                messages=messages, max_completion_tokens=4 if truncate else 200
+            )
             it = client.get_interaction(completion.id)
             if reward is not None:
                 client.set_reward(completion.id, reward)
@@ -71,7 +80,11 @@ def test_rows_mask_exactly_the_generated_tokens(tiny_tokenizer, specs):
     for style in ("individual", "concat"):
         for leaf in client.export_interactions(style).values():
             row = leaf.to_tensor_dict()
-            ids, mask, turns = row["input_ids"][0].tolist(), row["loss_mask"][0].tolist(), row["turn_ids"][0].tolist()
+            ids, mask, turns = (
+                row["input_ids"][0].tolist(),
+                row["loss_mask"][0].tolist(),
+                row["turn_ids"][0].tolist(),
+            )
             generated = set()
             # a concat-template call's row holds its whole chain, whichever export style
             for depth, it in enumerate(ancestors(leaf)):

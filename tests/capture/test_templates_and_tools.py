@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture import (
     ArealOpenAI,
     ConcatAlignmentError,
@@ -16,14 +15,29 @@ from areal_nb.capture import (
     parse_tool_calls,
     render_prompt_ids,
 )
+from areal_nb.testing import ScriptedEngine
 
 from .helpers import response
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evaluate an arithmetic expression",
-          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate an arithmetic expression",
+            "parameters": {
+                "type": "object",
+                "properties": {"expr": {"type": "string"}},
+                "required": ["expr"],
+            },
+        },
+    }
+]
 CALL_1 = '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
-CALL_2 = ('Let me check both.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "5*2"}}\n</tool_call>'
-          '\n<tool_call>\n{"name": "calc", "arguments": {"expr": "10-1"}}\n</tool_call>')
+CALL_2 = (
+    'Let me check both.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "5*2"}}\n</tool_call>'
+    '\n<tool_call>\n{"name": "calc", "arguments": {"expr": "10-1"}}\n</tool_call>'
+)
 FINAL = "The answer is 10."
 
 
@@ -31,12 +45,17 @@ def run_tool_conversation(tokenizer, replies, template="concat"):
     """Agent loop: call, run every tool call (result "5"), call again; returns client, engine, messages."""
     engine = ScriptedEngine(tokenizer, lambda req: replies[len(engine.requests) - 1])
     client = ArealOpenAI(engine, tokenizer, chat_template_type=template)
-    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2+3 then times 2?"}]
+    messages = [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "What is 2+3 then times 2?"},
+    ]
 
     async def loop():
         ids = []
         for _ in replies:
-            completion = await client.chat.completions.create(messages=messages, tools=TOOLS, max_completion_tokens=400)
+            completion = await client.chat.completions.create(
+                messages=messages, tools=TOOLS, max_completion_tokens=400
+            )
             ids.append(completion.id)
             message = completion.choices[0].message
             messages.append(message)
@@ -58,7 +77,12 @@ def test_hf_render_is_the_tokenizer_template(tiny_tokenizer):
 def test_concat_prompts_equal_hf_render_of_full_conversation_with_tool_calls(tiny_tokenizer):
     client, engine, _, ids = run_tool_conversation(tiny_tokenizer, [CALL_1, CALL_2, FINAL, FINAL])
     calls = [client.get_interaction(i) for i in ids]
-    assert [c.completion.choices[0].finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop", "stop"]
+    assert [c.completion.choices[0].finish_reason for c in calls] == [
+        "tool_calls",
+        "tool_calls",
+        "stop",
+        "stop",
+    ]
     assert [c.parent for c in calls] == [None, calls[0], calls[1], calls[2]]
     for c in calls:  # the alignment property
         check = check_retokenization(c, tiny_tokenizer)
@@ -85,8 +109,12 @@ def test_concat_prompts_equal_hf_render_of_full_conversation_with_tool_calls(tin
     assert row["loss_mask"][0, at].item() == 0 and row["turn_ids"][0, at].item() == -1
 
 
-@pytest.mark.parametrize(("first_tools", "second_tools"), [(None, TOOLS), (TOOLS, None)], ids=["tools-added", "tools-dropped"])
-def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(tiny_tokenizer, first_tools, second_tools):
+@pytest.mark.parametrize(
+    ("first_tools", "second_tools"), [(None, TOOLS), (TOOLS, None)], ids=["tools-added", "tools-dropped"]
+)
+def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(
+    tiny_tokenizer, first_tools, second_tools
+):
     """Tools render into the system block, so a call whose tools differ from its parent's does not
     continue the parent's tokens: counting EOS into the new render put the earlier answer twice
     into the prompt (tools added) or dropped the new user message (tools dropped). Such a call
@@ -99,8 +127,10 @@ def test_concat_call_whose_tools_change_is_rendered_whole_as_a_new_root(tiny_tok
     first = asyncio.run(c.chat.completions.create(messages=msgs, tools=first_tools, max_completion_tokens=20))
     msgs = [*msgs, first.choices[0].message, {"role": "user", "content": "Check it."}]
     with pytest.warns(ConversationLinkWarning, match="tools or chat_template_kwargs differ"):
-        second = asyncio.run(c.chat.completions.create(messages=msgs, tools=second_tools, max_completion_tokens=20))
-    a, b = c.get_interaction(first.id), c.get_interaction(second.id)
+        second = asyncio.run(
+            c.chat.completions.create(messages=msgs, tools=second_tools, max_completion_tokens=20)
+        )
+    b = c.get_interaction(second.id)
     assert b.parent is None
     assert b.model_response.input_tokens == render_prompt_ids(tiny_tokenizer, b.messages, second_tools)
     assert check_retokenization(b, tiny_tokenizer).matches
@@ -121,7 +151,9 @@ def test_concat_child_with_the_same_tools_and_kwargs_keeps_its_parent(tiny_token
     msgs = [*msgs, first.choices[0].message, {"role": "user", "content": "Check it."}]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        second = asyncio.run(c.chat.completions.create(messages=msgs, tools=[dict(TOOLS[0])], max_completion_tokens=20))
+        second = asyncio.run(
+            c.chat.completions.create(messages=msgs, tools=[dict(TOOLS[0])], max_completion_tokens=20)
+        )
     assert c.get_interaction(second.id).parent is c.get_interaction(first.id)
 
 
@@ -130,7 +162,9 @@ def test_tool_call_message_content_and_arguments(tiny_tokenizer):
     msg = client.get_interaction(ids[0]).completion.choices[0].message
     assert msg.content == "Let me check both."
     assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [
-        ("calc", '{"expr": "5*2"}'), ("calc", '{"expr": "10-1"}')]
+        ("calc", '{"expr": "5*2"}'),
+        ("calc", '{"expr": "10-1"}'),
+    ]
     assert all(t.id.startswith("call_") and len(t.id) == 29 for t in msg.tool_calls)
 
 
@@ -144,7 +178,9 @@ def test_drift_is_reported_where_the_rerender_differs(tiny_tokenizer):
     parent_in = client.get_interaction(ids[0]).model_response.input_len
     assert check.prompt_ids[: check.first_difference] == check.rendered_ids[: check.first_difference]
     assert check.first_difference > parent_in
-    assert tiny_tokenizer.decode(check.prompt_ids[parent_in:check.first_difference + 1]).startswith("<think>\nadd\n</think>")
+    assert tiny_tokenizer.decode(check.prompt_ids[parent_in : check.first_difference + 1]).startswith(
+        "<think>\nadd\n</think>"
+    )
     # in hf mode the prompt is the plain render, so the check matches
     client_hf, _, _, ids_hf = run_tool_conversation(tiny_tokenizer, [thinking, FINAL], template="hf")
     assert check_retokenization(client_hf.get_interaction(ids_hf[1]), tiny_tokenizer).matches
@@ -157,8 +193,11 @@ def test_concat_alignment_failure_is_a_clear_error(tiny_tokenizer):
     # the model generated two EOS tokens inside its content: the template has fewer to count
     parent = InteractionWithTokenLogpReward(
         model_response=response(prompt, out + [eos] + out + [eos] + out + [eos]),
-        messages=[{"role": "user", "content": "q"}], output_message_list=[{"role": "assistant", "content": "a"}],
-        chat_template_type="concat", _interaction_id="p")
+        messages=[{"role": "user", "content": "q"}],
+        output_message_list=[{"role": "assistant", "content": "a"}],
+        chat_template_type="concat",
+        _interaction_id="p",
+    )
     parent.model_response.eos_token_ids = [eos]
     with pytest.raises(ConcatAlignmentError, match="Failed to align child tokens with parent tokens"):
         concat_prompt_token_ids_with_parent([{"role": "user", "content": "u"}], parent, tiny_tokenizer)
@@ -168,9 +207,14 @@ def test_concat_alignment_failure_is_a_clear_error(tiny_tokenizer):
 
 
 def test_stop_string_parent_gets_an_eos_in_the_childs_gap(tiny_tokenizer):
-    client, _, _, ids = run_tool_conversation(tiny_tokenizer, [tiny_tokenizer.encode("The answer is", add_special_tokens=False), FINAL])
+    client, _, _, ids = run_tool_conversation(
+        tiny_tokenizer, [tiny_tokenizer.encode("The answer is", add_special_tokens=False), FINAL]
+    )
     parent, child = client.get_interaction(ids[0]), client.get_interaction(ids[1])
-    assert parent.model_response.stop_reason == "stop" and parent.model_response.output_tokens[-1] != tiny_tokenizer.eos_token_id
+    assert (
+        parent.model_response.stop_reason == "stop"
+        and parent.model_response.output_tokens[-1] != tiny_tokenizer.eos_token_id
+    )
     row = child.to_tensor_dict()
     p_end = parent.model_response.input_len + parent.model_response.output_len
     assert row["input_ids"][0, p_end].item() == tiny_tokenizer.eos_token_id
@@ -180,9 +224,11 @@ def test_stop_string_parent_gets_an_eos_in_the_childs_gap(tiny_tokenizer):
 
 # ----- tool-call parsing ----------------------------------------------------------------------
 def test_parse_skips_calls_inside_thinking():
-    text = ('<think>maybe <tool_call>{"name": "x", "arguments": {}}</tool_call></think>\n'
-            '<tool_call>\n{"name": "search", "arguments": {"q": "a"}}\n</tool_call>\n'
-            '<tool_call>{"name": "search", "arguments": {"q": "b"}}</tool_call>')
+    text = (
+        '<think>maybe <tool_call>{"name": "x", "arguments": {}}</tool_call></think>\n'
+        '<tool_call>\n{"name": "search", "arguments": {"q": "a"}}\n</tool_call>\n'
+        '<tool_call>{"name": "search", "arguments": {"q": "b"}}</tool_call>'
+    )
     calls, rest = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in calls] == [("search", '{"q": "a"}'), ("search", '{"q": "b"}')]
     assert rest == '<think>maybe <tool_call>{"name": "x", "arguments": {}}</tool_call></think>'
@@ -191,8 +237,11 @@ def test_parse_skips_calls_inside_thinking():
 def test_parse_malformed_json_leaves_text_unchanged():
     text = 'ok\n<tool_call>\n{"name": "calc", "arguments": {"expr": }\n</tool_call>'
     assert parse_tool_calls(text) == ([], text)
-    assert parse_tool_calls('<tool_call>["no", "name"]</tool_call>') == ([], '<tool_call>["no", "name"]</tool_call>')
-    assert parse_tool_calls("<think>unfinished <tool_call>{\"name\": \"a\"}</tool_call>") [0] == []
+    assert parse_tool_calls('<tool_call>["no", "name"]</tool_call>') == (
+        [],
+        '<tool_call>["no", "name"]</tool_call>',
+    )
+    assert parse_tool_calls('<think>unfinished <tool_call>{"name": "a"}</tool_call>')[0] == []
     assert parse_tool_calls("plain") == ([], "plain")
 
 

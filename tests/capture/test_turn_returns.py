@@ -23,8 +23,16 @@ def cached(*interactions):
 def two_turns(template="concat"):
     """A answers (reward 0), the correction prompt follows, B answers (reward 1)."""
     a = call("A", [user("q")], "a", [10, 11], [20, 21, EOS], template=template, reward=0.0)
-    b = call("B", [user("q"), assistant("a"), user("again")], "b", [10, 11, 20, 21, EOS, 30], [40, EOS],
-             parent=a, template=template, reward=1.0)
+    b = call(
+        "B",
+        [user("q"), assistant("a"), user("again")],
+        "b",
+        [10, 11, 20, 21, EOS, 30],
+        [40, EOS],
+        parent=a,
+        template=template,
+        reward=1.0,
+    )
     return a, b
 
 
@@ -39,8 +47,9 @@ def test_two_turn_concat_row_gives_each_turn_its_own_discounted_return():
     # leaf credit: the row's one reward (B's, 1.0) on every generated token
     assert td["rewards"].tolist() == [1.0]
     # turn credit: turn 0 gets 0 + 0.9 × 1 (the tree rule), turn 1 its own 1.0
-    assert td["turn_returns"].tolist() == [[0.0, 0.0, pytest.approx(0.9), pytest.approx(0.9), pytest.approx(0.9),
-                                            0.0, 1.0, 1.0]]
+    assert td["turn_returns"].tolist() == [
+        [0.0, 0.0, pytest.approx(0.9), pytest.approx(0.9), pytest.approx(0.9), 0.0, 1.0, 1.0]
+    ]
 
 
 def test_branching_tree_each_row_takes_its_own_branch_of_calls():
@@ -48,11 +57,27 @@ def test_branching_tree_each_row_takes_its_own_branch_of_calls():
     root = call("root", q, "r", [10], [20, EOS], reward=None)
     a_msgs = q + [assistant("r"), user("A")]
     a = call("a", a_msgs, "a", [10, 20, EOS, 30], [40, EOS], parent=root)
-    a1 = call("a1", a_msgs + [assistant("a"), user("1")], "a1", [10, 20, EOS, 30, 40, EOS, 51], [61, EOS],
-              parent=a, reward=1.0)
-    a2 = call("a2", a_msgs + [assistant("a"), user("2")], "a2", [10, 20, EOS, 30, 40, EOS, 52], [62, EOS],
-              parent=a, reward=0.0)
-    b = call("b", q + [assistant("r"), user("B")], "b", [10, 20, EOS, 31], [41, 42, EOS], parent=root, reward=0.5)
+    a1 = call(
+        "a1",
+        a_msgs + [assistant("a"), user("1")],
+        "a1",
+        [10, 20, EOS, 30, 40, EOS, 51],
+        [61, EOS],
+        parent=a,
+        reward=1.0,
+    )
+    a2 = call(
+        "a2",
+        a_msgs + [assistant("a"), user("2")],
+        "a2",
+        [10, 20, EOS, 30, 40, EOS, 52],
+        [62, EOS],
+        parent=a,
+        reward=0.0,
+    )
+    b = call(
+        "b", q + [assistant("r"), user("B")], "b", [10, 20, EOS, 31], [41, 42, EOS], parent=root, reward=0.5
+    )
     cache = cached(root, a, a1, a2, b)
     leaves = cache.export_interactions("concat", reward_discount=0.5)
     assert list(leaves) == ["a1", "a2", "b"]
@@ -74,8 +99,9 @@ def test_length_truncated_turn_gets_its_return_and_the_added_eos_none():
     assert [it.reward for it in (a, b, c, d)] == [0.375, 0.75, 0.5, 1.0]
     td = d.to_tensor_dict()
     assert td["turn_ids"].tolist() == [[-1, -1, -1, 0, 0, 0, -1, -1, 1, 1, -1, 2, 2, 2, -1, -1, 3, 3]]
-    assert td["turn_returns"].tolist() == [[0, 0, 0, 0.375, 0.375, 0.375, 0, 0, 0.75, 0.75, 0,
-                                            0.5, 0.5, 0.5, 0, 0, 1.0, 1.0]]
+    assert td["turn_returns"].tolist() == [
+        [0, 0, 0, 0.375, 0.375, 0.375, 0, 0, 0.75, 0.75, 0, 0.5, 0.5, 0.5, 0, 0, 1.0, 1.0]
+    ]
     # the truncated call's own row: its three tokens, nothing after them
     assert c.to_tensor_dict()["turn_returns"].tolist()[0][-4:] == [0.0, 0.5, 0.5, 0.5]
 
@@ -86,12 +112,18 @@ def test_individual_export_of_hf_calls_is_unchanged_and_turn_returns_equal_the_r
     cache.set_reward("B", 0.5)
     cache.set_reward("D", 1.0)
     exported = cache.export_interactions("individual", reward_discount=0.5)
-    expected_loss_masks = {"A": [0] * 3 + [1] * 3, "B": [0] * 8 + [1] * 2, "C": [0] * 11 + [1] * 3,
-                           "D": [0] * 16 + [1] * 2}
+    expected_loss_masks = {
+        "A": [0] * 3 + [1] * 3,
+        "B": [0] * 8 + [1] * 2,
+        "C": [0] * 11 + [1] * 3,
+        "D": [0] * 16 + [1] * 2,
+    }
     for key, it in exported.items():
         td = lists(it.to_tensor_dict())
         assert td["loss_mask"] == [expected_loss_masks[key]]
-        assert td["input_ids"] == [list(it.model_response.input_tokens) + list(it.model_response.output_tokens)]
+        assert td["input_ids"] == [
+            list(it.model_response.input_tokens) + list(it.model_response.output_tokens)
+        ]
         assert td["turn_returns"] == [[td["rewards"][0] * m for m in expected_loss_masks[key]]]
     assert [it.reward for it in exported.values()] == [0.375, 0.75, 0.5, 1.0]
 
@@ -108,7 +140,9 @@ def test_wire_keeps_turn_returns_with_and_without_the_parents():
     cache = cached(a, b)
     exported = cache.export_interactions("concat", reward_discount=0.9)
     rebuilt = interactions_from_wire(json.loads(json.dumps(interactions_to_wire(exported))))
-    assert rebuilt["B"].to_tensor_dict()["turn_returns"].tolist() == b.to_tensor_dict()["turn_returns"].tolist()
+    assert (
+        rebuilt["B"].to_tensor_dict()["turn_returns"].tolist() == b.to_tensor_dict()["turn_returns"].tolist()
+    )
     alone = InteractionWithTokenLogpReward.from_wire(json.loads(json.dumps(b.to_wire())), {})
     assert alone.parent is None
     assert alone.to_tensor_dict()["turn_returns"].tolist() == b.to_tensor_dict()["turn_returns"].tolist()

@@ -78,8 +78,9 @@ def test_splits_of_a_source_never_overlap(tmp_path):
     (tmp_path / "dir").mkdir()
     _write(tmp_path / "dir" / "train.jsonl", rows[:150])
     _write(tmp_path / "dir" / "test.jsonl", rows[150:])
-    assert [p["question"] for p in load_gsm8k_split(str(tmp_path / "dir"), "test")] == \
-        [r["question"] for r in rows[150:]]
+    assert [p["question"] for p in load_gsm8k_split(str(tmp_path / "dir"), "test")] == [
+        r["question"] for r in rows[150:]
+    ]
     # a *train* file next to its *test* sibling: the file trains, the sibling tests
     _write(tmp_path / "gsm8k_train.jsonl", rows[:150])
     _write(tmp_path / "gsm8k_test.jsonl", rows[150:160])
@@ -91,6 +92,10 @@ def test_splits_of_a_source_never_overlap(tmp_path):
     test = load_gsm8k_split(str(tmp_path / "all.jsonl"), "test")
     assert [p["question"] for p in test] == [r["question"] for r in rows[180:]]
     assert all(split_of(p["question"]) == "train" for p in train)
-    assert len(train) + len(test) == 200 and test and not {p["question"] for p in train} & {p["question"] for p in test}
+    assert (
+        len(train) + len(test) == 200
+        and test
+        and not {p["question"] for p in train} & {p["question"] for p in test}
+    )
     with pytest.raises(ValueError, match="split"):
         load_gsm8k_split(str(tmp_path / "all.jsonl"), "validation")

@@ -75,7 +75,9 @@ def test_unreadable_sources_name_the_problem(tmp_path):
         load_rows({"prompt": "x"})
     with pytest.raises(DatasetError, match="got int"):
         load_rows(3)
-    with pytest.raises(DatasetError, match=r"a pandas Series; pass a DataFrame, e.g. series.to_frame\('prompt'\)"):
+    with pytest.raises(
+        DatasetError, match=r"a pandas Series; pass a DataFrame, e.g. series.to_frame\('prompt'\)"
+    ):
         load_rows(pd.DataFrame(ROWS)["prompt"])
     with pytest.raises(DatasetError, match="row 1 cannot be written as JSON"):
         write_jsonl([{"a": 1}, {"a": object()}], tmp_path / "x.jsonl")
@@ -120,7 +122,9 @@ def test_a_module_function_name_gives_the_rows_it_returns():
     from areal_nb.data.tool_task import test_rows
 
     assert load_rows("areal_nb.data.tool_task:test_rows") == test_rows()
-    with pytest.raises(DatasetError, match=r"'tests.data.test_rows:missing': cannot import it \(AttributeError"):
+    with pytest.raises(
+        DatasetError, match=r"'tests.data.test_rows:missing': cannot import it \(AttributeError"
+    ):
         load_rows("tests.data.test_rows:missing")
     with pytest.raises(DatasetError, match="cannot import it .ModuleNotFoundError"):
         load_rows("no_such_module:rows")
@@ -132,26 +136,34 @@ def test_a_module_function_name_gives_the_rows_it_returns():
 
 
 def test_a_dataframe_of_rows_with_different_keys_gives_none_for_the_gaps():
-    rows = [{"prompt": "What is 2 + 3?", "target": "5"},
-            {"messages": [{"role": "user", "content": "What is 7 - 4?"}], "target": "3"}]
+    rows = [
+        {"prompt": "What is 2 + 3?", "target": "5"},
+        {"messages": [{"role": "user", "content": "What is 7 - 4?"}], "target": "3"},
+    ]
     assert pd.DataFrame(rows)["messages"].isna()[0]  # pandas fills the gap with NaN ...
-    assert load_rows(pd.DataFrame(rows)) == [{"prompt": "What is 2 + 3?", "target": "5", "messages": None},
-                                             {"prompt": None, "target": "3", "messages": rows[1]["messages"]}]
+    assert load_rows(pd.DataFrame(rows)) == [
+        {"prompt": "What is 2 + 3?", "target": "5", "messages": None},
+        {"prompt": None, "target": "3", "messages": rows[1]["messages"]},
+    ]
 
 
 def test_empty_csv_and_tsv_cells_are_none_and_a_tsv_is_read_by_tabs(tmp_path):
     (tmp_path / "rows.csv").write_text("prompt,target,note\nWhat is 2 + 3?,5,\nWhat is 7 - 4?,3,easy\n")
     (tmp_path / "rows.tsv").write_text("prompt\ttarget\tnote\nWhat is 2 + 3?\t5\t\nWhat is 7 - 4?\t3\teasy\n")
-    expected = [{"prompt": "What is 2 + 3?", "target": 5, "note": None},
-                {"prompt": "What is 7 - 4?", "target": 3, "note": "easy"}]
+    expected = [
+        {"prompt": "What is 2 + 3?", "target": 5, "note": None},
+        {"prompt": "What is 7 - 4?", "target": 3, "note": "easy"},
+    ]
     for name in ("rows.csv", "rows.tsv"):
         rows = load_rows(tmp_path / name)
         assert rows == expected and type(rows[0]["target"]) is int
 
 
 def test_parquet_list_and_struct_columns_come_back_as_lists_and_dicts(tmp_path):
-    rows = [{"messages": [{"role": "user", "content": "hi"}], "tags": ["a", "b"], "score": 0.5, "ok": True},
-            {"messages": [{"role": "user", "content": "yo"}], "tags": [], "score": None, "ok": False}]
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}], "tags": ["a", "b"], "score": 0.5, "ok": True},
+        {"messages": [{"role": "user", "content": "yo"}], "tags": [], "score": None, "ok": False},
+    ]
     pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
     loaded = load_rows(tmp_path / "rows.parquet")
     assert loaded == rows  # not numpy arrays: the rows pickle, print and save as JSON like the originals

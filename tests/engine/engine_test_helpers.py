@@ -10,7 +10,9 @@ import torch
 from areal_nb.testing import ServedStub  # noqa: F401 - the engine tests import it from here
 
 
-def teacher_forced_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> torch.Tensor:
+def teacher_forced_logprobs(
+    model, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> torch.Tensor:
     """log_softmax(logits / T) of each output token, from one unpadded forward over prompt + output."""
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + output])).logits[0].float()

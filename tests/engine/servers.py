@@ -66,8 +66,9 @@ class ServerUnderTest:
             time.sleep(0.01)
 
 
-def start_engine_server(tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server",
-                        weights_dir: Path | None = None) -> ServerProcess:
+def start_engine_server(
+    tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server", weights_dir: Path | None = None
+) -> ServerProcess:
     port = free_port()
     weights = weights_dir or tmp_dir / "weights"
     weights.mkdir(parents=True, exist_ok=True)
@@ -86,8 +87,14 @@ def engine_server_under_test(tmp_dir: Path) -> ServerUnderTest:
 
     proc = start_engine_server(tmp_dir)
     return ServerUnderTest(
-        name="engine-server", url=proc.url, api_key=API_KEY, weights_dir=tmp_dir / "weights",
-        model_path=str(resolve_model_path("tiny-math")), logprob_tol=1e-4, long_tokens=480, process=proc,
+        name="engine-server",
+        url=proc.url,
+        api_key=API_KEY,
+        weights_dir=tmp_dir / "weights",
+        model_path=str(resolve_model_path("tiny-math")),
+        logprob_tol=1e-4,
+        long_tokens=480,
+        process=proc,
     )
 
 
@@ -96,8 +103,11 @@ def sglang_under_test() -> ServerUnderTest | None:
     if not url:
         return None
     return ServerUnderTest(
-        name="sglang", url=url.rstrip("/"), api_key=os.environ.get("AREAL_NB_SGLANG_API_KEY") or None,
-        weights_dir=Path(os.environ["AREAL_NB_SGLANG_WEIGHTS_DIR"]), model_path=os.environ["AREAL_NB_SGLANG_MODEL"],
+        name="sglang",
+        url=url.rstrip("/"),
+        api_key=os.environ.get("AREAL_NB_SGLANG_API_KEY") or None,
+        weights_dir=Path(os.environ["AREAL_NB_SGLANG_WEIGHTS_DIR"]),
+        model_path=os.environ["AREAL_NB_SGLANG_MODEL"],
         logprob_tol=float(os.environ.get("AREAL_NB_SGLANG_LOGPROB_TOL", "0.1")),
         long_tokens=int(os.environ.get("AREAL_NB_SGLANG_LONG_TOKENS", "16000")),
     )

@@ -43,7 +43,9 @@ class _Tokenizer:
 def install_stubs(site: str) -> None:
     import torch
 
-    spec = importlib.util.spec_from_file_location("_sglang_platform_stubs", f"{site}/sglang/_platform_stubs.py")
+    spec = importlib.util.spec_from_file_location(
+        "_sglang_platform_stubs", f"{site}/sglang/_platform_stubs.py"
+    )
     stubs = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = stubs  # dataclasses look their module up while the file runs
     spec.loader.exec_module(stubs)
@@ -76,8 +78,20 @@ def main(site: str) -> None:
         except SystemExit:
             lines = err.getvalue().strip().splitlines()  # argparse: the usage, then "prog: error: ..."
             return {"error": lines[-1] if lines else "argparse exited"}
-        keys = ("model_path", "host", "port", "tp_size", "dp_size", "api_key", "weight_version",
-                "max_running_requests", "mem_fraction_static", "dtype", "base_gpu_id", "random_seed")
+        keys = (
+            "model_path",
+            "host",
+            "port",
+            "tp_size",
+            "dp_size",
+            "api_key",
+            "weight_version",
+            "max_running_requests",
+            "mem_fraction_static",
+            "dtype",
+            "base_gpu_id",
+            "random_seed",
+        )
         return {"error": None, "args": {k: getattr(args, k, None) for k in keys}}
 
     def generate(q):
@@ -111,9 +125,13 @@ def main(site: str) -> None:
             return {"error": "no error.message"}
         return {"error": None, "message": decoded.error.message, "code": decoded.error.code}
 
-    ops = {"server_args": server_args, "generate": generate, "abort": abort,
-           "error_body": error_body,
-           "version": lambda q: {"error": None, "version": __version__}}
+    ops = {
+        "server_args": server_args,
+        "generate": generate,
+        "abort": abort,
+        "error_body": error_body,
+        "version": lambda q: {"error": None, "version": __version__},
+    }
     print(json.dumps({"ready": __version__}), file=answers, flush=True)
     for line in sys.stdin:
         question = json.loads(line)

@@ -54,13 +54,30 @@ def unpacked_wheel(fetch: bool = True) -> Path:
     download.mkdir(parents=True, exist_ok=True)
     wheels = [w for w in download.glob(f"sglang-{version}-*.whl") if _fits(w)]
     if not wheels:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                               "-q", f"sglang=={version}", "-d", str(download)],
-                              capture_output=True, text=True, timeout=900, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                f"sglang=={version}",
+                "-d",
+                str(download),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
         wheels = [w for w in download.glob(f"sglang-{version}-*.whl") if _fits(w)]
         if done.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download sglang=={version} failed (exit {done.returncode}): "
-                               f"{(done.stderr or done.stdout).strip()[-600:]}")
+            raise RuntimeError(
+                f"pip download sglang=={version} failed (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-600:]}"
+            )
     partial = site.with_name(site.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with zipfile.ZipFile(wheels[0]) as wheel:

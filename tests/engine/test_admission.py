@@ -8,13 +8,13 @@ import time
 
 import httpx
 import pytest
+from engine_test_helpers import ServedStub
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
 from areal_nb.engine.admission import AdmissionWindow
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.proxy.server import ProxyServer
-from engine_test_helpers import ServedStub
 
 
 def test_a_burst_at_an_idle_engine_is_released_together_after_the_last_arrival():
@@ -118,8 +118,13 @@ class Counting(ServedStub):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         self.started.append(req.rid)
         await asyncio.sleep(0.05)
-        return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[7], output_logprobs=[-1.0],
-                             output_versions=[0], stop_reason="length")
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=[7],
+            output_logprobs=[-1.0],
+            output_versions=[0],
+            stop_reason="length",
+        )
 
 
 @pytest.mark.server
@@ -130,8 +135,12 @@ def test_engine_server_holds_a_burst_back_and_reports_it():
     client = SGLangEngine([server.url], eos_token_ids=[2])
 
     async def burst(n: int) -> list[ModelResponse]:
-        return await asyncio.gather(*(client.agenerate(ModelRequest(input_ids=[5, 6],
-                                      gconfig=GenerationConfig(max_new_tokens=1))) for _ in range(n)))
+        return await asyncio.gather(
+            *(
+                client.agenerate(ModelRequest(input_ids=[5, 6], gconfig=GenerationConfig(max_new_tokens=1)))
+                for _ in range(n)
+            )
+        )
 
     try:
         assert [r.output_tokens for r in asyncio.run(burst(4))] == [[7]] * 4
@@ -147,10 +156,19 @@ def test_engine_server_holds_a_burst_back_and_reports_it():
 @pytest.mark.server
 def test_a_request_aborted_while_held_answers_abort_without_reaching_the_engine():
     engine = Counting()
-    server = ProxyServer(create_engine_app(engine, EngineServerSettings(admission_gap=1.0, admission_max_wait=1.0))).start()
+    server = ProxyServer(
+        create_engine_app(engine, EngineServerSettings(admission_gap=1.0, admission_max_wait=1.0))
+    ).start()
     result: list[httpx.Response] = []
-    body = {"input_ids": [5, 6], "rid": "held-1", "return_logprob": True, "sampling_params": {"max_new_tokens": 4}}
-    thread = threading.Thread(target=lambda: result.append(httpx.post(f"{server.url}/generate", json=body, timeout=60)))
+    body = {
+        "input_ids": [5, 6],
+        "rid": "held-1",
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 4},
+    }
+    thread = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/generate", json=body, timeout=60))
+    )
     try:
         thread.start()
         while thread.is_alive():  # an abort for a rid not yet held is ignored: repeat it

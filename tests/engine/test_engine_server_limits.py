@@ -19,7 +19,10 @@ pytestmark = pytest.mark.server
 
 LIMIT = 64 * 1024
 BODY_TIMEOUT = 1.0
-OK = {"input_ids": [5, 17, 42], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}}
+OK = {
+    "input_ids": [5, 17, 42],
+    "sampling_params": {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,9 @@ def test_an_oversized_body_is_a_413_declared_or_streamed(client, path):
     big = {**OK, "pad": "x" * LIMIT}
     reply = client.post(path, json=big)
     assert reply.status_code == 413 and f"the limit is {LIMIT} bytes" in reply.json()["error"]["message"]
-    chunked = client.post(path, content=iter([json.dumps(big).encode()]), headers={"content-type": "application/json"})
+    chunked = client.post(
+        path, content=iter([json.dumps(big).encode()]), headers={"content-type": "application/json"}
+    )
     assert chunked.status_code == 413, chunked.text
     _still_serving(client)
 
@@ -53,7 +58,9 @@ def test_an_oversized_body_is_a_413_declared_or_streamed(client, path):
 def test_a_body_that_does_not_arrive_in_time_is_a_408_and_others_are_served_meanwhile(server, client):
     host, port = server.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{")
+    sock.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"
+    )
     started = time.monotonic()
     _still_serving(client)
     assert time.monotonic() - started < BODY_TIMEOUT
@@ -68,13 +75,23 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_others_are_served_mean
     assert time.monotonic() - started >= BODY_TIMEOUT * 0.9
 
 
-@pytest.mark.parametrize("body,needle", [
-    ({**OK, "sampling_params": {"max_new_tokens": 3, "temperature": True}}, "temperature"),
-    ({**OK, "sampling_params": {"max_new_tokens": 3, "top_p": "0.5"}}, "top_p"),
-    ({**OK, "return_logprob": "yes"}, "return_logprob"),
-    ({**OK, "stream": 1}, "stream"),
-    ({**OK, "logprob_start_len": "-1"}, "logprob_start_len"),
-], ids=["temperature-true", "top_p-string", "return_logprob-string", "stream-int", "logprob_start_len-string"])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({**OK, "sampling_params": {"max_new_tokens": 3, "temperature": True}}, "temperature"),
+        ({**OK, "sampling_params": {"max_new_tokens": 3, "top_p": "0.5"}}, "top_p"),
+        ({**OK, "return_logprob": "yes"}, "return_logprob"),
+        ({**OK, "stream": 1}, "stream"),
+        ({**OK, "logprob_start_len": "-1"}, "logprob_start_len"),
+    ],
+    ids=[
+        "temperature-true",
+        "top_p-string",
+        "return_logprob-string",
+        "stream-int",
+        "logprob_start_len-string",
+    ],
+)
 def test_wrong_types_are_400s_not_coerced(client, body, needle):
     reply = client.post("/generate", json=body)
     assert reply.status_code == 400 and needle in reply.json()["error"]["message"], reply.text
@@ -88,10 +105,13 @@ def test_top_logprobs_are_refused_not_silently_missing(client):
     assert reply.status_code == 200 and len(reply.json()["meta_info"]["output_token_logprobs"]) == 3
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/update_weight_version", {"new_version": "-5"}),
-    ("/update_weights_from_disk", {"model_path": "x", "weight_version": "-1"}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/update_weight_version", {"new_version": "-5"}),
+        ("/update_weights_from_disk", {"model_path": "x", "weight_version": "-1"}),
+    ],
+)
 def test_a_negative_weight_version_is_refused(local_engine, client, path, body):
     before = local_engine.get_version()
     reply = client.post(path, json=body)
@@ -131,11 +151,15 @@ class _HoldingEngine:
 def test_a_client_that_leaves_has_its_generation_aborted(local_engine):
     engine = _HoldingEngine(local_engine)
     with ProxyServer(create_engine_app(engine, EngineServerSettings())) as served:
-        body = json.dumps({"input_ids": [[7, 1], [7, 2]], "rid": "gone", "sampling_params": {"max_new_tokens": 3}}).encode()
+        body = json.dumps(
+            {"input_ids": [[7, 1], [7, 2]], "rid": "gone", "sampling_params": {"max_new_tokens": 3}}
+        ).encode()
         host, port = served.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            sock.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
             _wait(lambda: engine.held == 2)
         _wait(lambda: engine.cancelled == 2)
         assert sorted(engine.aborted) == ["gone_0", "gone_1"]

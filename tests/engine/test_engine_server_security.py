@@ -19,7 +19,10 @@ from areal_nb.engine.weight_sync import write_weights
 pytestmark = pytest.mark.slow
 
 PROMPT = [5, 17, 42, 99, 7, 31]
-GREEDY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}}
+GREEDY = {
+    "input_ids": PROMPT,
+    "sampling_params": {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,13 @@ def _still_serving(proc) -> None:
 def test_every_route_but_health_needs_the_key(served, key):
     proc, _ = served
     with _client(proc, key) as client:
-        for method, path, body in [("POST", "/generate", GREEDY), ("GET", "/model_info", None),
-                                   ("POST", "/pause_generation", {}), ("POST", "/abort_request", {"abort_all": True}),
-                                   ("POST", "/update_weights_from_disk", {"model_path": "/etc"})]:
+        for method, path, body in [
+            ("POST", "/generate", GREEDY),
+            ("GET", "/model_info", None),
+            ("POST", "/pause_generation", {}),
+            ("POST", "/abort_request", {"abort_all": True}),
+            ("POST", "/update_weights_from_disk", {"model_path": "/etc"}),
+        ]:
             reply = client.request(method, path, json=body)
             assert (reply.status_code, reply.json()) == (401, {"error": "Unauthorized"}), path
         assert client.get("/health").status_code == 200
@@ -64,8 +71,14 @@ def test_weights_load_only_from_under_the_weights_dir(served, tmp_path):
     linked_files.mkdir()
     for f in outside.iterdir():
         os.symlink(f, linked_files / f.name)
-    attempts = [str(outside), str(weights_dir / ".." / ".." / outside.relative_to(outside.anchor)),
-                "escape", str(weights_dir / "escape"), str(linked_files), "/etc"]
+    attempts = [
+        str(outside),
+        str(weights_dir / ".." / ".." / outside.relative_to(outside.anchor)),
+        "escape",
+        str(weights_dir / "escape"),
+        str(linked_files),
+        "/etc",
+    ]
     with _client(proc) as client:
         for path in attempts:
             reply = client.post("/update_weights_from_disk", json={"model_path": path, "weight_version": "7"})
@@ -73,7 +86,9 @@ def test_weights_load_only_from_under_the_weights_dir(served, tmp_path):
             assert "outside the allowed weights directory" in reply.json()["message"], path
         assert client.get("/model_info").json()["weight_version"] == "0"
         inside = write_weights(weights_dir, 1, model)
-        reply = client.post("/update_weights_from_disk", json={"model_path": inside.name, "weight_version": "1"})
+        reply = client.post(
+            "/update_weights_from_disk", json={"model_path": inside.name, "weight_version": "1"}
+        )
         assert reply.status_code == 200 and reply.json()["success"] is True
         assert client.get("/model_info").json()["weight_version"] == "1"
     _still_serving(proc)
@@ -82,14 +97,23 @@ def test_weights_load_only_from_under_the_weights_dir(served, tmp_path):
 def test_malformed_bodies_are_400_and_the_server_keeps_serving(served):
     proc, _ = served
     with _client(proc) as client:
-        assert client.post("/generate", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+        assert (
+            client.post(
+                "/generate", content=b"{not json", headers={"content-type": "application/json"}
+            ).status_code
+            == 400
+        )
         assert client.post("/generate", json=[1, 2]).status_code == 400
         assert client.post("/generate", json={"input_ids": PROMPT, "stream": True}).status_code == 400
         assert client.post("/pause_generation", json={"mode": "sideways"}).status_code == 400
         assert client.post("/update_weights_from_disk", json={}).status_code == 400
-        reply = client.post("/update_weights_from_disk", json={"model_path": "version-1", "weight_version": "v2"})
+        reply = client.post(
+            "/update_weights_from_disk", json={"model_path": "version-1", "weight_version": "v2"}
+        )
         assert reply.status_code == 400 and "integer" in reply.json()["message"]
-        reply = client.post("/generate", json={"input_ids": PROMPT, "rid": ["a", "a"]} | {"input_ids": [PROMPT, PROMPT]})
+        reply = client.post(
+            "/generate", json={"input_ids": PROMPT, "rid": ["a", "a"]} | {"input_ids": [PROMPT, PROMPT]}
+        )
         assert reply.status_code == 400 and "Duplicate" in reply.json()["error"]["message"]
     _still_serving(proc)
 
@@ -100,10 +124,13 @@ def test_the_key_is_required_off_loopback(capsys, monkeypatch):
     assert "an API key is required" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, error", [
-    (["--api-key", "k" * 16, "--api-key-file", "/nonexistent"], "not both"),
-    (["--api-key-file", "/nonexistent/key"], "cannot read --api-key-file"),
-])
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["--api-key", "k" * 16, "--api-key-file", "/nonexistent"], "not both"),
+        (["--api-key-file", "/nonexistent/key"], "cannot read --api-key-file"),
+    ],
+)
 def test_bad_key_options_are_refused(args, error, capsys):
     assert engine_server_main(["--port", "0", *args]) == 2
     assert error in capsys.readouterr().err

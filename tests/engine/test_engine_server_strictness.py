@@ -38,11 +38,21 @@ from areal_nb.proxy.server import ProxyServer
 pytestmark = pytest.mark.server
 
 PROMPT = [5, 17, 42, 99, 7, 31]
-GREEDY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}}
+GREEDY = {
+    "input_ids": PROMPT,
+    "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True},
+}
 
 # one value of each JSON type
-JSON_VALUES = {"null": None, "boolean": True, "integer": 7, "number": 0.5, "string": "yes",
-               "array": [1], "object": {"a": 1}}
+JSON_VALUES = {
+    "null": None,
+    "boolean": True,
+    "integer": 7,
+    "number": 0.5,
+    "string": "yes",
+    "array": [1],
+    "object": {"a": 1},
+}
 ITEM_VALUES = {"integer": 7, "number": 0.5, "string": "yes", "boolean": True, "object": {"a": 1}}
 
 
@@ -79,8 +89,11 @@ def _wrong_values(model) -> list[tuple[str, object]]:
             kinds.add("null")  # null is the field's default there (as in SGLang)
         cases += [(field, value) for kind, value in JSON_VALUES.items() if kind not in kinds]
         if items is not None and items != set(JSON_VALUES):
-            cases += [(field, [value]) for kind, value in ITEM_VALUES.items()
-                      if kind not in items and not (kind == "integer" and "number" in items)]
+            cases += [
+                (field, [value])
+                for kind, value in ITEM_VALUES.items()
+                if kind not in items and not (kind == "integer" and "number" in items)
+            ]
     return cases
 
 
@@ -91,7 +104,12 @@ ROUTES = [
     ("/abort_request", {"rid": "nobody"}, AbortRequest, None),
     ("/pause_generation", {"mode": "abort"}, PauseRequest, None),
     ("/update_weights_from_disk", {"model_path": "version-1"}, UpdateWeightsFromDiskRequest, None),
-    ("/update_weight_version", {"new_version": "0", "abort_all_requests": False}, UpdateWeightVersionRequest, None),
+    (
+        "/update_weight_version",
+        {"new_version": "0", "abort_all_requests": False},
+        UpdateWeightVersionRequest,
+        None,
+    ),
 ]
 
 
@@ -103,7 +121,11 @@ def _cases() -> list:
                 body = {**base, field: value}
             else:
                 body = {**base, where: {**base[where], field: value}}
-            cases.append(pytest.param(route, body, field, id=f"{route[1:]}-{where + '.' if where else ''}{field}={value!r}"))
+            cases.append(
+                pytest.param(
+                    route, body, field, id=f"{route[1:]}-{where + '.' if where else ''}{field}={value!r}"
+                )
+            )
     for route in {r[0] for r in ROUTES} | {"/continue_generation"}:
         for kind in ("array", "string", "integer", "null"):  # a body that is not an object at all
             cases.append(pytest.param(route, JSON_VALUES[kind], "body", id=f"{route[1:]}-body={kind}"))
@@ -136,20 +158,29 @@ def test_a_wrong_json_type_is_a_4xx_naming_the_field(served, route, body, field)
     client, engine, _, expected = served
     reply = client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
     assert 400 <= reply.status_code < 500, (reply.status_code, reply.text)
-    error = reply.json().get("message") if route == "/update_weights_from_disk" and "success" in reply.json() \
+    error = (
+        reply.json().get("message")
+        if route == "/update_weights_from_disk" and "success" in reply.json()
         else reply.json()["error"]["message"]
+    )
     assert field in error or (field == "body" and "JSON object" in error), error
     _serves_as_before(client, engine, expected)
 
 
 def test_the_sweep_covers_every_flag_and_count():
     bodies = [(c.values[0], c.values[1]) for c in _cases() if isinstance(c.values[1], dict)]
-    for route, flag in [("/abort_request", "abort_all"), ("/update_weights_from_disk", "abort_all_requests"),
-                        ("/update_weights_from_disk", "flush_cache"), ("/update_weights_from_disk", "keep_pause"),
-                        ("/update_weight_version", "abort_all_requests")]:
+    for route, flag in [
+        ("/abort_request", "abort_all"),
+        ("/update_weights_from_disk", "abort_all_requests"),
+        ("/update_weights_from_disk", "flush_cache"),
+        ("/update_weights_from_disk", "keep_pause"),
+        ("/update_weight_version", "abort_all_requests"),
+    ]:
         assert any(r == route and b.get(flag) == "yes" for r, b in bodies), (route, flag)
-    assert any(isinstance(b.get("sampling_params"), dict) and b["sampling_params"].get("max_new_tokens") == 0.5
-               for _, b in bodies)  # a count that is not an integer
+    assert any(
+        isinstance(b.get("sampling_params"), dict) and b["sampling_params"].get("max_new_tokens") == 0.5
+        for _, b in bodies
+    )  # a count that is not an integer
 
 
 def _weight_folders(root, reference_model) -> dict[str, str]:
@@ -165,10 +196,12 @@ def _weight_folders(root, reference_model) -> dict[str, str]:
     shapes["a-file"] = str(good / "config.json")
     shapes["missing"] = str(root / "version-404")
     size = (good / "model.safetensors").stat().st_size
-    for name, damage in [("truncated", lambda f: f.write_bytes(f.read_bytes()[: size // 2])),
-                         ("empty", lambda f: f.write_bytes(b"")),
-                         ("random", lambda f: f.write_bytes(os.urandom(4096))),
-                         ("header-only", lambda f: f.write_bytes(f.read_bytes()[:64]))]:
+    for name, damage in [
+        ("truncated", lambda f: f.write_bytes(f.read_bytes()[: size // 2])),
+        ("empty", lambda f: f.write_bytes(b"")),
+        ("random", lambda f: f.write_bytes(os.urandom(4096))),
+        ("header-only", lambda f: f.write_bytes(f.read_bytes()[:64])),
+    ]:
         folder = root / f"damaged-{name}"
         shutil.copytree(good, folder)
         damage(folder / "model.safetensors")
@@ -196,7 +229,9 @@ def test_every_refused_weights_path_is_a_4xx_and_keeps_the_weights(served, refer
     shapes = _weight_folders(weights, reference_model)
     for name, path in shapes.items():
         body = json.dumps({"model_path": path, "weight_version": "5"})  # json.dumps keeps the NUL as \u0000
-        reply = client.post("/update_weights_from_disk", content=body, headers={"content-type": "application/json"})
+        reply = client.post(
+            "/update_weights_from_disk", content=body, headers={"content-type": "application/json"}
+        )
         assert 400 <= reply.status_code < 500, (name, reply.status_code, reply.text[:300])
         answer = reply.json()
         assert answer["success"] is False and answer["message"], (name, answer)
@@ -207,7 +242,9 @@ def test_every_refused_weights_path_is_a_4xx_and_keeps_the_weights(served, refer
     assert not (weights / "pwned").exists()
 
 
-def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(served, reference_model, caplog, monkeypatch):
+def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(
+    served, reference_model, caplog, monkeypatch
+):
     client, engine, weights, expected = served
     path = write_weights(weights, 60, reference_model)
 
@@ -218,14 +255,18 @@ def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(served, 
     server_log = logging.getLogger("uvicorn.error")  # where the server logs a route's exception
     server_log.addHandler(caplog.handler)
     try:
-        reply = client.post("/update_weights_from_disk", json={"model_path": str(path), "weight_version": "1"})
+        reply = client.post(
+            "/update_weights_from_disk", json={"model_path": str(path), "weight_version": "1"}
+        )
         # the server logs the traceback just after it has answered
         deadline = time.monotonic() + 30
         while "an engine bug" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
         server_log.removeHandler(caplog.handler)
-    assert reply.status_code == 500 and reply.json() == {"error": {"message": "Internal Server Error", "code": 500}}
+    assert reply.status_code == 500 and reply.json() == {
+        "error": {"message": "Internal Server Error", "code": 500}
+    }
     assert "an engine bug" in caplog.text  # the traceback went to the log, not to the client
     monkeypatch.undo()
     _serves_as_before(client, engine, expected)
@@ -236,9 +277,20 @@ def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(served, 
 
 def test_null_is_a_fields_default_as_in_sglang(served):
     client, _, _, expected = served
-    body = {"input_ids": PROMPT, "stream": None, "return_logprob": None, "top_logprobs_num": None,
-            "sampling_params": {**GREEDY["sampling_params"], "top_p": None, "top_k": None, "n": None,
-                                "skip_special_tokens": None, "min_new_tokens": None}}
+    body = {
+        "input_ids": PROMPT,
+        "stream": None,
+        "return_logprob": None,
+        "top_logprobs_num": None,
+        "sampling_params": {
+            **GREEDY["sampling_params"],
+            "top_p": None,
+            "top_k": None,
+            "n": None,
+            "skip_special_tokens": None,
+            "min_new_tokens": None,
+        },
+    }
     reply = client.post("/generate", json=body)
     assert reply.status_code == 200 and reply.json()["output_ids"] == expected, reply.text
     assert "output_token_logprobs" not in reply.json()["meta_info"]  # return_logprob null: its default, false

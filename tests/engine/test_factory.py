@@ -11,8 +11,9 @@ from areal_nb.engine import create_engine
 
 
 def spec(**kw):
-    return SimpleNamespace(**{"type": "remote", "max_batch_size": 8, "seed": 0, "addresses": [], "api_key": None,
-                              **kw})
+    return SimpleNamespace(
+        **{"type": "remote", "max_batch_size": 8, "seed": 0, "addresses": [], "api_key": None, **kw}
+    )
 
 
 def test_remote_without_addresses_is_refused():

@@ -24,7 +24,6 @@ def test_every_row_lands_in_exactly_one_group():
         assert min(lengths[i] for i in group) >= 0.75 * max(lengths[i] for i in group)
 
 
-
 def _check_and_step(batch, reference_model, rows):
     """`check(logits)`: each row's logits equal a plain forward over its own tokens (1e-4);
     `step(logits)`: append each row's argmax and decode one step. Both read `rows` as it is at
@@ -44,7 +43,10 @@ def _check_and_step(batch, reference_model, rows):
 
     return check, step
 
-def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(tiny_model_path, reference_model):
+
+def test_batch_logits_equal_unpadded_forwards_across_growth_leaving_and_joining(
+    tiny_model_path, reference_model
+):
     """Rows that decode past the spare columns, leave (trimming padding) and join a running batch
     get the logits of a plain forward over their own unpadded sequence, at every step."""
     import torch
@@ -110,7 +112,9 @@ def test_compact_order_moves_only_rows_beyond_the_kept_count_into_the_holes():
     assert compact_order([0, 1, 2]) == [0, 1, 2]
 
 
-def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(tiny_model_path, reference_model):
+def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(
+    tiny_model_path, reference_model
+):
     """Rows leave (the last row moves into a freed slot), then new rows join in the freed slots of
     the same buffers (no copy of the running rows), in packed forwards of a few tokens each: every
     row keeps the logits of a plain forward over its own sequence. The freed slots are filled with
@@ -145,8 +149,10 @@ def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(
         joined = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (25, 3, 25)]
         joined[2] = list(joined[0])  # a repeated prompt: computed once, copied to its row
         new_logits = batch.prefill([list(r) for r in joined])
-        assert batch.relayouts == 0 and all(layer._k is k and layer._v is v  # the same buffers
-                                            for layer, (k, v) in zip(batch.cache.layers, buffers, strict=True))
+        assert batch.relayouts == 0 and all(
+            layer._k is k and layer._v is v  # the same buffers
+            for layer, (k, v) in zip(batch.cache.layers, buffers, strict=True)
+        )
         rows += joined
         logits = torch.cat([logits, new_logits])
         check(logits)

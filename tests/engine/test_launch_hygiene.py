@@ -52,10 +52,20 @@ def test_a_server_started_under_torchrun_gets_none_of_torchruns_variables(tmp_pa
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    env = {k: v for k, v in env.items() if k not in TORCHRUN_VARIABLES and not k.startswith(TORCHRUN_PREFIXES)}
-    subprocess.run([torchrun, "--nproc-per-node", "1", "--master-port", "0", str(script), str(tmp_path)],
-                   env=env, check=True, timeout=180, capture_output=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+    }
+    env = {
+        k: v for k, v in env.items() if k not in TORCHRUN_VARIABLES and not k.startswith(TORCHRUN_PREFIXES)
+    }
+    subprocess.run(
+        [torchrun, "--nproc-per-node", "1", "--master-port", "0", str(script), str(tmp_path)],
+        env=env,
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
     rank = json.loads((tmp_path / "rank.json").read_text())
     server = json.loads((tmp_path / "server.json").read_text())
     added_by_torchrun = {k for k in rank if k not in env or rank[k] != env[k]}
@@ -67,9 +77,14 @@ def test_a_server_started_under_torchrun_gets_none_of_torchruns_variables(tmp_pa
 
 
 def test_server_environment_keeps_what_the_caller_gives():
-    env = server_environment({"RANK": "3", "TORCHELASTIC_RUN_ID": "x", "PATH": "/bin", "OMP_NUM_THREADS": "4"},
-                             {"RANK": "0"})
-    assert env == {"PATH": "/bin", "OMP_NUM_THREADS": "4", "RANK": "0"}  # an explicit env entry is the caller's choice
+    env = server_environment(
+        {"RANK": "3", "TORCHELASTIC_RUN_ID": "x", "PATH": "/bin", "OMP_NUM_THREADS": "4"}, {"RANK": "0"}
+    )
+    assert env == {
+        "PATH": "/bin",
+        "OMP_NUM_THREADS": "4",
+        "RANK": "0",
+    }  # an explicit env entry is the caller's choice
 
 
 def test_no_server_rid_is_a_prefix_of_another():
@@ -88,8 +103,9 @@ def test_no_server_rid_is_a_prefix_of_another():
 def test_max_batch_size_and_threading_reach_the_servers_command_lines():
     sglang = _command("sglang", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, 48, 64)
     assert sglang[sglang.index("--max-running-requests") + 1] == "48"
-    mine = _command("sglang", "/m", "127.0.0.1", 30000, 1, 1, None, None, None,
-                    ["--max-running-requests", "7"], 1, 48, 64)
+    mine = _command(
+        "sglang", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, ["--max-running-requests", "7"], 1, 48, 64
+    )
     assert mine.count("--max-running-requests") == 1 and mine[mine.index("--max-running-requests") + 1] == "7"
     cpu = _command("engine-server", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, 48, 64)
     assert cpu[cpu.index("--max-batch-size") + 1] == "48"

@@ -58,8 +58,12 @@ def wait_for_line(lines: list[str], prefix: str, proc: ServerProcess) -> str:
 def test_engine_server_launch_health_log_and_stop_leaves_no_process(tmp_path):
     port = free_port()
     lines: list[str] = []
-    proc = ServerProcess(engine_server_command("tiny-math", port=port), f"http://127.0.0.1:{port}",
-                         log_path=tmp_path / "server.log", on_log=lines.append)
+    proc = ServerProcess(
+        engine_server_command("tiny-math", port=port),
+        f"http://127.0.0.1:{port}",
+        log_path=tmp_path / "server.log",
+        on_log=lines.append,
+    )
     proc.start()
     proc.wait_ready(timeout=300)
     assert httpx.get(f"{proc.url}/model_info").json()["weight_version"] == "0"
@@ -101,8 +105,9 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored():
 
 def test_interpreter_exit_stops_servers_it_started(tmp_path):
     script = tmp_path / "leaves_a_server.py"
-    script.write_text(textwrap.dedent(
-        f"""
+    script.write_text(
+        textwrap.dedent(
+            f"""
         import sys, time
         from areal_nb.engine.launcher import ServerProcess
         lines = []
@@ -112,27 +117,60 @@ def test_interpreter_exit_stops_servers_it_started(tmp_path):
         print(proc.pid, lines[0].split()[1], flush=True)
         # exits without stop(): the atexit hook must clean up
         """
-    ))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
     assert out.returncode == 0, out.stderr
     leader, child = (int(x) for x in out.stdout.split())
     assert not alive(leader) and not alive(child)
 
 
 def test_sglang_command_uses_the_contract_flags():
-    cmd = sglang_command("/models/m", host="0.0.0.0", port=31000, tp_size=2, dp_size=1,
-                         mem_fraction_static=0.6, api_key="k", python="python")
-    assert cmd == ["python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--host", "0.0.0.0",
-                   "--port", "31000", "--tp-size", "2", "--dp-size", "1", "--weight-version", "0",
-                   "--mem-fraction-static", "0.6", "--api-key", "k"]
+    cmd = sglang_command(
+        "/models/m",
+        host="0.0.0.0",
+        port=31000,
+        tp_size=2,
+        dp_size=1,
+        mem_fraction_static=0.6,
+        api_key="k",
+        python="python",
+    )
+    assert cmd == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/m",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31000",
+        "--tp-size",
+        "2",
+        "--dp-size",
+        "1",
+        "--weight-version",
+        "0",
+        "--mem-fraction-static",
+        "0.6",
+        "--api-key",
+        "k",
+    ]
 
 
 def test_a_server_gets_sigterm_when_its_parent_is_killed(tmp_path):
     """The kernel died without atexit (SIGKILL): PR_SET_PDEATHSIG still stops the server."""
     script = tmp_path / "killed_parent.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import sys, time
         from areal_nb.engine.launcher import ServerProcess
         cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
@@ -143,9 +181,14 @@ def test_a_server_gets_sigterm_when_its_parent_is_killed(tmp_path):
         print(proc.pid, flush=True)
         time.sleep(600)
         """
-    ))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        )
+    )
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
     server = int(parent.stdout.readline())
     assert alive(server)
     parent.kill()
@@ -164,9 +207,15 @@ def test_launch_remote_engine_with_engine_servers_serves_and_close_leaves_no_pro
     from areal_nb.engine.remote_launch import launch_remote_engine
 
     lines: list[tuple[int, str]] = []
-    engine = launch_remote_engine("tiny-math", server="engine-server", n_servers=2, api_key="k",
-                                  weights_dir=tmp_path / "weights", log_dir=tmp_path / "logs",
-                                  on_log=lambda i, line: lines.append((i, line)))
+    engine = launch_remote_engine(
+        "tiny-math",
+        server="engine-server",
+        n_servers=2,
+        api_key="k",
+        weights_dir=tmp_path / "weights",
+        log_dir=tmp_path / "logs",
+        on_log=lambda i, line: lines.append((i, line)),
+    )
     pids = [p.pid for p in engine.owned_processes]
     try:
         request = ModelRequest([5, 6, 7], GenerationConfig(max_new_tokens=4, ignore_eos=True))
@@ -189,6 +238,11 @@ def test_launch_remote_engine_stops_every_server_when_one_never_gets_healthy():
     pids: list[int] = []
     never_healthy = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
     with pytest.raises(ServerLaunchError, match="not healthy"):
-        launch_remote_engine("m", server=never_healthy, n_servers=2, ready_timeout=3.0,
-                             on_log=lambda i, line: pids.append(int(line)))
+        launch_remote_engine(
+            "m",
+            server=never_healthy,
+            n_servers=2,
+            ready_timeout=3.0,
+            on_log=lambda i, line: pids.append(int(line)),
+        )
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)

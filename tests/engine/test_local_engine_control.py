@@ -163,7 +163,9 @@ def test_cancelling_the_caller_aborts_the_request(engine):
         ({}, [5, 10_000], "outside the vocabulary"),
     ],
 )
-def test_bad_input_is_rejected_clearly_while_others_keep_running(engine, reference_model, gconfig, prompt, message):
+def test_bad_input_is_rejected_clearly_while_others_keep_running(
+    engine, reference_model, gconfig, prompt, message
+):
     async def run():
         good = asyncio.create_task(engine.agenerate(_long(60)))
         await wait_until(lambda: engine.stats.decode_steps >= 2)
@@ -183,7 +185,10 @@ def test_many_event_loops_in_many_threads(engine, reference_model):
 
     def worker(i: int) -> None:
         async def run():
-            reqs = [ModelRequest([5 + i, 6, 7 + j], GenerationConfig(max_new_tokens=10 + j, ignore_eos=True)) for j in range(3)]
+            reqs = [
+                ModelRequest([5 + i, 6, 7 + j], GenerationConfig(max_new_tokens=10 + j, ignore_eos=True))
+                for j in range(3)
+            ]
             return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
 
         results[i] = asyncio.run(run())

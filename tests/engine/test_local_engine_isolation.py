@@ -94,7 +94,10 @@ def shared_engine(tiny_model_path):
 
 
 @given(
-    st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 2 * MIN_TEMPERATURE, allow_subnormal=True)),
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(0, 2 * MIN_TEMPERATURE, allow_subnormal=True),
+    ),
     st.one_of(st.floats(allow_nan=True), st.floats(0, 1)),
     st.booleans(),
 )

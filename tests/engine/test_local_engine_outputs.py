@@ -78,7 +78,10 @@ def test_greedy_equals_model_generate(engine, reference_model, tiny_tokenizer):
         for q in ["What is 3+4?", "Tom has 5 apples and buys 2 more. How many apples?", "What is 9+0?", "Hi"]
     ]
     prompt_ids = [tiny_tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    reqs = [ModelRequest(input_ids=ids, gconfig=GenerationConfig(greedy=True, max_new_tokens=40)) for ids in prompt_ids]
+    reqs = [
+        ModelRequest(input_ids=ids, gconfig=GenerationConfig(greedy=True, max_new_tokens=40))
+        for ids in prompt_ids
+    ]
 
     async def run():
         return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
@@ -99,7 +102,9 @@ def test_greedy_equals_model_generate(engine, reference_model, tiny_tokenizer):
 
 def test_top_k_one_samples_the_argmax_and_reports_the_temperature_logprob(engine, reference_model):
     prompt = [5, 17, 42, 99, 7]
-    greedy = engine.generate(ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=20, ignore_eos=True)))
+    greedy = engine.generate(
+        ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=20, ignore_eos=True))
+    )
     sampled = engine.generate(
         ModelRequest(prompt, GenerationConfig(temperature=0.7, top_k=1, max_new_tokens=20, ignore_eos=True))
     )
@@ -125,11 +130,16 @@ def test_same_seed_and_arrival_order_give_the_same_samples(tiny_model_path):
 def test_stop_token_ids_end_the_output_and_are_kept(engine, tiny_tokenizer):
     # a chat prompt: the reply has distinct tokens (random ids can make the model repeat one)
     prompt = tiny_tokenizer.encode("<|im_start|>user\nWhat is 3+5?<|im_end|>\n<|im_start|>assistant\n")
-    free = engine.generate(ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=30, ignore_eos=True)))
+    free = engine.generate(
+        ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=30, ignore_eos=True))
+    )
     tokens = free.output_tokens
     cut = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])
     stopped = engine.generate(
-        ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=30, stop_token_ids=[tokens[cut]], ignore_eos=True))
+        ModelRequest(
+            prompt,
+            GenerationConfig(greedy=True, max_new_tokens=30, stop_token_ids=[tokens[cut]], ignore_eos=True),
+        )
     )
     assert stopped.output_tokens == tokens[: cut + 1]
     assert stopped.stop_reason == "stop"
@@ -137,8 +147,13 @@ def test_stop_token_ids_end_the_output_and_are_kept(engine, tiny_tokenizer):
 
 def test_stop_strings_end_the_output_at_the_token_that_completes_them(engine, tiny_tokenizer):
     prompt = tiny_tokenizer.encode("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
-    free = engine.generate(ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=40, ignore_eos=True)))
-    text = [tiny_tokenizer.decode(free.output_tokens[: i + 1], skip_special_tokens=False) for i in range(free.output_len)]
+    free = engine.generate(
+        ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=40, ignore_eos=True))
+    )
+    text = [
+        tiny_tokenizer.decode(free.output_tokens[: i + 1], skip_special_tokens=False)
+        for i in range(free.output_len)
+    ]
     # a stop string that first appears at output token k (k > 1)
     k = next(i for i in range(2, free.output_len) if text[i][-2:] not in text[i - 1])
     stop = text[k][-2:]
@@ -151,7 +166,9 @@ def test_stop_strings_end_the_output_at_the_token_that_completes_them(engine, ti
 
 
 def test_max_tokens_and_model_context_cap_the_output(engine):
-    short = engine.generate(ModelRequest([4, 5, 6], GenerationConfig(max_tokens=8, max_new_tokens=50, ignore_eos=True)))
+    short = engine.generate(
+        ModelRequest([4, 5, 6], GenerationConfig(max_tokens=8, max_new_tokens=50, ignore_eos=True))
+    )
     assert (short.output_len, short.stop_reason) == (5, "length")
     near_full = [7] * (engine.max_context - 3)
     capped = engine.generate(ModelRequest(near_full, GenerationConfig(max_new_tokens=50, ignore_eos=True)))
@@ -164,7 +181,9 @@ def test_min_new_tokens_blocks_eos_until_reached(engine, tiny_tokenizer):
     if free.stop_reason != "stop":
         pytest.skip("tiny-math did not emit EOS for this prompt")
     longer = engine.generate(
-        ModelRequest(prompt, GenerationConfig(greedy=True, max_new_tokens=60, min_new_tokens=free.output_len + 3))
+        ModelRequest(
+            prompt, GenerationConfig(greedy=True, max_new_tokens=60, min_new_tokens=free.output_len + 3)
+        )
     )
     assert longer.output_len >= free.output_len + 3
     assert tiny_tokenizer.eos_token_id not in longer.output_tokens[: free.output_len + 2]
@@ -194,11 +213,14 @@ def test_one_token_prompts_and_mixed_lengths_in_one_admission_are_token_consiste
     rng = random.Random(7)
     lengths = [1, 1, 60, 2, 45, 30, 1, 59, 8]
     reqs = [
-        ModelRequest(input_ids=[rng.randrange(3, engine.vocab_size) for _ in range(n)],
-                     gconfig=GenerationConfig(max_new_tokens=6, ignore_eos=True))
+        ModelRequest(
+            input_ids=[rng.randrange(3, engine.vocab_size) for _ in range(n)],
+            gconfig=GenerationConfig(max_new_tokens=6, ignore_eos=True),
+        )
         for n in lengths
     ]
     engine.pause()  # all of them queue, then are admitted together
+
     async def run():
         tasks = [asyncio.create_task(engine.agenerate(r)) for r in reqs]
         await asyncio.sleep(0.05)
@@ -218,8 +240,13 @@ def test_small_decoding_steps_run_on_one_thread_and_keep_token_consistency(tiny_
     from areal_nb.engine import LocalEngine
 
     rng = random.Random(11)
-    reqs = [ModelRequest(input_ids=[rng.randrange(3, 500) for _ in range(rng.randint(2, 30))],
-                         gconfig=GenerationConfig(max_new_tokens=n, ignore_eos=True)) for n in range(1, 9)]
+    reqs = [
+        ModelRequest(
+            input_ids=[rng.randrange(3, 500) for _ in range(rng.randint(2, 30))],
+            gconfig=GenerationConfig(max_new_tokens=n, ignore_eos=True),
+        )
+        for n in range(1, 9)
+    ]
     caller_threads = torch.get_num_threads()
     with LocalEngine(tiny_model_path, single_thread_rows=4) as eng:
         seen: list[tuple[int, int]] = []  # (rows, threads) per decoding step

@@ -77,7 +77,9 @@ def test_a_continuation_replaces_the_entry_it_continued():
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-forward", "stock-forward"])
-def test_rows_with_and_without_cached_prefixes_in_one_prefill_get_unpadded_logits(tiny_model_path, reference_model, fast):
+def test_rows_with_and_without_cached_prefixes_in_one_prefill_get_unpadded_logits(
+    tiny_model_path, reference_model, fast
+):
     """Cached rows (of several cached lengths) and fresh rows (long and short) join a running batch in
     one prefill call, across several length groups; every row then decodes with the logits of a
     plain forward over its own sequence."""
@@ -130,7 +132,9 @@ def test_rows_with_and_without_cached_prefixes_in_one_prefill_get_unpadded_logit
 # ---------------------------------------------------------------- the engine
 
 
-def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(tiny_model_path, reference_model):
+def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(
+    tiny_model_path, reference_model
+):
     """Turn 2 of several conversations, submitted together with fresh prompts: the continuations hit
     the cache, every log-prob equals a teacher-forced pass (<= 1e-4), and greedy tokens equal those of
     an engine without the cache."""
@@ -141,7 +145,9 @@ def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(tin
 
             async def conversation(first, engine=engine):
                 turn1 = await engine.agenerate(_req(first, 10, temperature=0.0))
-                return turn1, await engine.agenerate(_req(_next_turn(turn1, [2, 11, 12]), 10, temperature=0.0))
+                return turn1, await engine.agenerate(
+                    _req(_next_turn(turn1, [2, 11, 12]), 10, temperature=0.0)
+                )
 
             async def run(engine=engine):
                 fresh = [engine.agenerate(_req([70 + i, 71, 72], 10, temperature=0.0)) for i in range(3)]
@@ -153,7 +159,7 @@ def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(tin
     assert stats.prefix_cache_hits == 3 and stats_off.prefix_cache_hits == 0
     assert stats.prefix_cache_tokens == sum(len(t1.input_tokens) + 9 for t1, _ in turns)
     assert stats.prefill_positions < stats_off.prefill_positions
-    for (t1, t2), (u1, u2) in zip(turns, turns_off, strict=True):
+    for (t1, t2), (_u1, u2) in zip(turns, turns_off, strict=True):
         for resp in (t1, t2):
             assert max_logprob_error(reference_model, resp) <= 1e-4
         assert t2.input_tokens == u2.input_tokens and t2.output_tokens == u2.output_tokens
@@ -163,8 +169,10 @@ def test_a_next_turn_reuses_its_history_with_the_log_probs_of_a_full_prefill(tin
 def test_a_weight_update_empties_the_cache_and_the_next_turn_sees_only_new_weights(engine, reference_model):
     turn1 = engine.generate(_req(PROMPT, 12))
     assert len(engine.prefix_cache) == 1
-    new = {k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
-           for k, v in reference_model.state_dict().items()}
+    new = {
+        k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
+        for k, v in reference_model.state_dict().items()
+    }
     engine.update_weights(new, version=1)
     assert len(engine.prefix_cache) == 0
     turn2 = engine.generate(_req(_next_turn(turn1, [2, 11]), 12))

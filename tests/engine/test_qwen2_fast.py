@@ -20,8 +20,9 @@ def test_single_query_attention_equals_sdpa(n_kv):
     padding = (torch.arange(5)[None] < pads[:, None])[:, None, None, :]  # [3, 1, 1, 5]
     mask = torch.zeros(padding.shape).masked_fill_(padding, float("-inf"))
     mask = mask.expand(3, n_kv, 1, 5).reshape(3 * n_kv, 1, 5)  # the decoding step's layout
-    expected = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=~padding, scale=1.0,
-                                              enable_gqa=n_kv != 4)
+    expected = F.scaled_dot_product_attention(
+        q[:, :, None], k, v, attn_mask=~padding, scale=1.0, enable_gqa=n_kv != 4
+    )
     assert torch.allclose(_single_query_attention(q, k, v, mask), expected.reshape(3, 4 * 8), atol=1e-6)
 
 

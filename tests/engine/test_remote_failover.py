@@ -46,11 +46,15 @@ def test_conversations_stick_to_their_server_and_new_ones_spread(two_servers):
         seen.append(assigned())
         # the next turn extends the first conversation's exact tokens: same server, although the
         # other one has served fewer requests
-        turn2 = await engine.agenerate(ModelRequest(first.input_tokens + first.output_tokens + [3, 4],
-                                                    GenerationConfig(max_new_tokens=4)))
+        turn2 = await engine.agenerate(
+            ModelRequest(
+                first.input_tokens + first.output_tokens + [3, 4], GenerationConfig(max_new_tokens=4)
+            )
+        )
         seen.append(assigned())
-        await engine.agenerate(ModelRequest(turn2.input_tokens + turn2.output_tokens + [5],
-                                            GenerationConfig(max_new_tokens=4)))
+        await engine.agenerate(
+            ModelRequest(turn2.input_tokens + turn2.output_tokens + [5], GenerationConfig(max_new_tokens=4))
+        )
         seen.append(assigned())
         # new conversations (the same first prompt, as in a GRPO group) go to the least-loaded server
         await asyncio.gather(*(engine.agenerate(_req(0, 6)) for _ in range(4)))

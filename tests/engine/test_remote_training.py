@@ -29,8 +29,9 @@ def remote(request, tmp_path):
         found = sglang_under_test()
         if found is None:
             pytest.skip("set AREAL_NB_SGLANG_URL (benchmarks/gpu_check.sh does) to run against real SGLang")
-        engine = SGLangEngine([found.url], api_key=found.api_key, weights_dir=found.weights_dir,
-                              config_source=found.model_path)
+        engine = SGLangEngine(
+            [found.url], api_key=found.api_key, weights_dir=found.weights_dir, config_source=found.model_path
+        )
         yield engine, found.model_path, found.logprob_tol
         engine.close()
         return
@@ -39,8 +40,13 @@ def remote(request, tmp_path):
     shared = tmp_path / "shared-weights"
     procs = [start_engine_server(tmp_path / n, name=n, weights_dir=shared) for n in ("a", "b")]
     model_path = str(resolve_model_path("tiny-math"))
-    engine = SGLangEngine([p.url for p in procs], api_key=API_KEY, weights_dir=shared, config_source=model_path,
-                          owned_processes=procs)
+    engine = SGLangEngine(
+        [p.url for p in procs],
+        api_key=API_KEY,
+        weights_dir=shared,
+        config_source=model_path,
+        owned_processes=procs,
+    )
     yield engine, model_path, 1e-4
     engine.close()  # stops the servers it owns
 
@@ -53,8 +59,9 @@ def rollout(engine, n_samples: int = 4):
 
 def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):
     engine, model_path, tol = remote
-    actor = Actor(load_reference(model_path), GRPOConfig(lr=1e-2, temperature=TEMPERATURE),
-                  version=engine.get_version())
+    actor = Actor(
+        load_reference(model_path), GRPOConfig(lr=1e-2, temperature=TEMPERATURE), version=engine.get_version()
+    )
     start = engine.get_version()
     # earlier tests may have left other weights on the servers: start from the trainer's own
     actor.push_weights(engine, start)

@@ -82,12 +82,16 @@ def test_same_seed_same_draws():
 
 def test_sampled_frequencies_follow_the_distribution():
     logits = PROBS.log().repeat(20000, 1)
-    tokens, _ = sample_next_tokens(logits, [SamplingParams(greedy=False)] * 20000, torch.Generator().manual_seed(5))
+    tokens, _ = sample_next_tokens(
+        logits, [SamplingParams(greedy=False)] * 20000, torch.Generator().manual_seed(5)
+    )
     freq = torch.bincount(tokens, minlength=4).float() / 20000
     assert torch.allclose(freq, PROBS, atol=0.015), freq  # 4.5 standard errors of the largest share
 
 
 def test_zero_probability_ids_at_the_edges_are_never_drawn():
     logits = torch.tensor([[float("-inf"), 0.0, 0.0, float("-inf")]]).repeat(5000, 1)
-    tokens, _ = sample_next_tokens(logits, [SamplingParams(greedy=False)] * 5000, torch.Generator().manual_seed(0))
+    tokens, _ = sample_next_tokens(
+        logits, [SamplingParams(greedy=False)] * 5000, torch.Generator().manual_seed(0)
+    )
     assert set(tokens.tolist()) == {1, 2}

@@ -75,8 +75,9 @@ def _engine(server: ServerUnderTest, **kw) -> SGLangEngine:
 
 
 def test_generate_returns_tokens_logprobs_and_the_weight_version(server, weights):
-    response = _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(8, ignore_eos=True),
-                                  "return_logprob": True})
+    response = _generate(
+        server, {"input_ids": PROMPT, "sampling_params": _greedy(8, ignore_eos=True), "return_logprob": True}
+    )
     assert response.status_code == 200, response.text
     out = response.json()
     meta = out["meta_info"]
@@ -92,19 +93,33 @@ def test_generate_returns_tokens_logprobs_and_the_weight_version(server, weights
     reference = teacher_forced(weights["model"], PROMPT, out["output_ids"])
     assert (reference - torch.tensor([t[0] for t in triples])).abs().max().item() < server.logprob_tol
     # a batch answers a list in input order, each item its own rid
-    batch = _generate(server, {"input_ids": [PROMPT, PROMPT[:3]], "rid": ["b0", "b1"],
-                               "sampling_params": _greedy(4, ignore_eos=True), "return_logprob": True}).json()
+    batch = _generate(
+        server,
+        {
+            "input_ids": [PROMPT, PROMPT[:3]],
+            "rid": ["b0", "b1"],
+            "sampling_params": _greedy(4, ignore_eos=True),
+            "return_logprob": True,
+        },
+    ).json()
     assert [item["meta_info"]["id"] for item in batch] == ["b0", "b1"]
     assert batch[0]["output_ids"] == out["output_ids"][:4]
 
 
 def test_stop_reasons_and_the_stop_token_is_kept(server):
-    free = _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(12, ignore_eos=True),
-                              "return_logprob": True}).json()["output_ids"]
+    free = _generate(
+        server, {"input_ids": PROMPT, "sampling_params": _greedy(12, ignore_eos=True), "return_logprob": True}
+    ).json()["output_ids"]
     # the last token seen for the first time (a random-init model may repeat one token: then k = 0)
     k = max(i for i in range(len(free)) if free[i] not in free[:i])
-    stopped = _generate(server, {"input_ids": PROMPT, "return_logprob": True,
-                                 "sampling_params": _greedy(12, ignore_eos=True, stop_token_ids=[free[k]])}).json()
+    stopped = _generate(
+        server,
+        {
+            "input_ids": PROMPT,
+            "return_logprob": True,
+            "sampling_params": _greedy(12, ignore_eos=True, stop_token_ids=[free[k]]),
+        },
+    ).json()
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": free[k]}
     assert stopped["output_ids"] == free[: k + 1]  # output runs "through stop"
 
@@ -121,8 +136,12 @@ def test_stop_reasons_and_the_stop_token_is_kept(server):
 
 def test_abort_request_returns_partial_output(server):
     rid = uuid.uuid4().hex
-    body = {"input_ids": PROMPT, "rid": rid, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": server.long_tokens, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "rid": rid,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": server.long_tokens, "ignore_eos": True},
+    }
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(r=_generate(server, body)))
     thread.start()
@@ -156,10 +175,15 @@ def test_client_abort_returns_stop_reason_abort(server):
 
 
 def test_pause_aborts_in_flight_holds_new_requests_and_continue_releases_them(server):
-    long_body = {"input_ids": PROMPT, "return_logprob": True,
-                 "sampling_params": {"max_new_tokens": server.long_tokens, "ignore_eos": True}}
+    long_body = {
+        "input_ids": PROMPT,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": server.long_tokens, "ignore_eos": True},
+    }
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(_generate(server, long_body))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(_generate(server, long_body))) for _ in range(4)
+    ]
     before = server.admitted_prompt_tokens()
     for t in threads:
         t.start()
@@ -172,8 +196,11 @@ def test_pause_aborts_in_flight_holds_new_requests_and_continue_releases_them(se
         assert all(len(r.json()["output_ids"]) < server.long_tokens for r in results)
 
         held: list = []
-        waiter = threading.Thread(target=lambda: held.append(
-            _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(4, ignore_eos=True)})))
+        waiter = threading.Thread(
+            target=lambda: held.append(
+                _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(4, ignore_eos=True)})
+            )
+        )
         waiter.start()
         waiter.join(1.0)
         assert waiter.is_alive() and not held  # a new request waits while paused
@@ -190,13 +217,16 @@ def test_update_weights_from_disk_sets_the_version_in_model_info_and_tokens(serv
     new_model = perturbed_copy(weights["model"], seed=version)
     path = write_new_version(server, new_model, version)
     with server.client() as client:
-        reply = client.post("/update_weights_from_disk",
-                            json={"model_path": str(path), "weight_version": str(version), "flush_cache": True})
+        reply = client.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(path), "weight_version": str(version), "flush_cache": True},
+        )
         assert reply.status_code == 200 and reply.json()["success"] is True, reply.text
         assert client.get("/model_info").json()["weight_version"] == str(version)
     weights["model"] = new_model
-    out = _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(16, ignore_eos=True),
-                             "return_logprob": True}).json()
+    out = _generate(
+        server, {"input_ids": PROMPT, "sampling_params": _greedy(16, ignore_eos=True), "return_logprob": True}
+    ).json()
     assert out["meta_info"]["weight_version"] == str(version)
     if "weight_versions" in out["meta_info"]:
         assert out["meta_info"]["weight_versions"] == [{"version": str(version), "start": 0, "end": 16}]
@@ -212,8 +242,12 @@ def test_a_generation_spanning_an_update_shows_both_versions_and_exact_logprobs(
     new_version = old_version + 1
     new_model = perturbed_copy(old_model, seed=new_version)
     n_new = min(server.long_tokens, 400)
-    reqs = [ModelRequest(PROMPT + [10 + i], GenerationConfig(max_new_tokens=n_new, temperature=1.0, ignore_eos=True))
-            for i in range(4)]
+    reqs = [
+        ModelRequest(
+            PROMPT + [10 + i], GenerationConfig(max_new_tokens=n_new, temperature=1.0, ignore_eos=True)
+        )
+        for i in range(4)
+    ]
 
     async def run():
         tasks = [asyncio.ensure_future(engine.agenerate(r)) for r in reqs]
@@ -230,7 +264,10 @@ def test_a_generation_spanning_an_update_shows_both_versions_and_exact_logprobs(
     spanning = 0
     for r in responses:
         assert r.stop_reason == "length" and r.output_len == n_new
-        assert r.output_versions == sorted(r.output_versions) and set(r.output_versions) <= {old_version, new_version}
+        assert r.output_versions == sorted(r.output_versions) and set(r.output_versions) <= {
+            old_version,
+            new_version,
+        }
         switch = r.output_versions.index(new_version) if new_version in r.output_versions else n_new
         spanning += 0 < switch < n_new
         got = torch.tensor(r.output_logprobs)
@@ -250,7 +287,10 @@ def test_a_generation_spanning_an_update_shows_both_versions_and_exact_logprobs(
         ({"input_ids": PROMPT, "sampling_params": {"max_tokens": 4}}, "max_tokens"),
         # SGLang's decoder names the wrong value, not the field (serde's text): "invalid type:
         # floating point `4.0`, expected i64"; engine-server says the same after the field's name
-        ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4.0}}, "invalid type: floating point `4.0`"),
+        (
+            {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4.0}},
+            "invalid type: floating point `4.0`",
+        ),
         ({"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "empty"),
     ],
     ids=["unknown-sampling-key", "float-max-new-tokens", "empty-input-ids"],
@@ -266,8 +306,10 @@ def test_bad_generate_requests_are_400_and_the_server_keeps_serving(server, body
 def test_a_failed_weight_update_is_400_and_changes_nothing(server):
     before = server.version()
     with server.client() as client:
-        reply = client.post("/update_weights_from_disk",
-                            json={"model_path": str(server.weights_dir / "no-such-version"), "weight_version": "999"})
+        reply = client.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(server.weights_dir / "no-such-version"), "weight_version": "999"},
+        )
         assert reply.status_code == 400 and reply.json()["success"] is False
         assert client.get("/model_info").json()["weight_version"] == before
     assert _generate(server, {"input_ids": PROMPT, "sampling_params": _greedy(2)}).status_code == 200
@@ -278,7 +320,9 @@ def test_client_turns_a_400_into_value_error(server):
     try:
         with pytest.raises(ValueError, match="rejected"):
             asyncio.run(engine.agenerate(ModelRequest([], GenerationConfig(max_new_tokens=4))))
-        ok = asyncio.run(engine.agenerate(ModelRequest(list(PROMPT), GenerationConfig(max_new_tokens=3, ignore_eos=True))))
+        ok = asyncio.run(
+            engine.agenerate(ModelRequest(list(PROMPT), GenerationConfig(max_new_tokens=3, ignore_eos=True)))
+        )
     finally:
         engine.close()
     assert ok.output_len == 3

@@ -23,8 +23,13 @@ from areal_nb.train.logprobs import compute_token_logprobs
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
-SMALL = dict(rollout__batch_size=2, rollout__group_size=2, logging__progress=False, rollout__prefetch=False,
-             total_steps=3)
+SMALL = dict(
+    rollout__batch_size=2,
+    rollout__group_size=2,
+    logging__progress=False,
+    rollout__prefetch=False,
+    total_steps=3,
+)
 
 
 def config(tmp_path: Path, **kw):
@@ -50,8 +55,15 @@ def two_servers(tmp_path):
 
 
 def launch_config(tmp_path: Path, n_servers: int = 2):
-    return config(tmp_path, **{"engine.type": "sglang", "engine.launch.command": "engine-server",
-                               "engine.launch.n_servers": n_servers, "engine.api_key": "launch-key"})
+    return config(
+        tmp_path,
+        **{
+            "engine.type": "sglang",
+            "engine.launch.command": "engine-server",
+            "engine.launch.n_servers": n_servers,
+            "engine.api_key": "launch-key",
+        },
+    )
 
 
 def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_path):
@@ -71,6 +83,7 @@ def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_
             assert "engine-server listening on" in text
             assert any(line.startswith(f"[server {i}] ") and "listening on" in line for line in log.lines)
         assert log.widget().value.splitlines()[-1] == log.lines[-1]
+
         # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving.
         # The interrupt comes once requests are in flight (not after a fixed delay: a fast
         # machine could finish the rollout first and the signal would hit the test itself).
@@ -122,8 +135,12 @@ def recomputed_logprobs_match(session, batch) -> float:
     """Largest |recorded - recomputed| over the trained tokens, the trainer's model teacher-forced."""
     t = batch.to_tensors()
     with torch.no_grad():
-        ours = compute_token_logprobs(session.actor.model, t["input_ids"], t["attention_mask"],
-                                      temperature=session.config.actor.temperature)
+        ours = compute_token_logprobs(
+            session.actor.model,
+            t["input_ids"],
+            t["attention_mask"],
+            temperature=session.config.actor.temperature,
+        )
     mask = t["loss_mask"].bool()
     assert mask.any()
     return float((ours - t["logprobs"]).abs()[mask].max())
@@ -131,8 +148,15 @@ def recomputed_logprobs_match(session, batch) -> float:
 
 def test_demo_config_trains_through_remote_servers_with_exact_logprobs(tmp_path, two_servers):
     procs, shared = two_servers
-    cfg = config(tmp_path, **{"engine.type": "remote", "engine.addresses": [p.url for p in procs],
-                              "engine.api_key": API_KEY, "engine.weights_dir": str(shared)})
+    cfg = config(
+        tmp_path,
+        **{
+            "engine.type": "remote",
+            "engine.addresses": [p.url for p in procs],
+            "engine.api_key": API_KEY,
+            "engine.weights_dir": str(shared),
+        },
+    )
     with Session(cfg) as session:
         assert session.version == 0 and session.engine.get_version() == 0
         history = session.run(3)
@@ -176,8 +200,10 @@ class KillAfterFirstTurnAgent:
             if self.killed.is_set():
                 break
             await asyncio.sleep(0.05)
-        messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                     {"role": "user", "content": "Again."}]
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": "Again."},
+        ]
         await client.chat.completions.create(model="any", messages=messages, max_completion_tokens=4)
         return 1.0
 
@@ -186,10 +212,20 @@ def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish
     procs, shared = two_servers
     dead = procs[0]
     agent = KillAfterFirstTurnAgent(dead.pid, episodes=8)
-    cfg = config(tmp_path, **{"engine.type": "remote", "engine.addresses": [p.url for p in procs],
-                              "engine.api_key": API_KEY, "engine.weights_dir": str(shared),
-                              "rollout.batch_size": 4, "rollout.group_size": 2, "agent.workflow": agent,
-                              "agent.workflow_kwargs": {}, "agent.agent_timeout": 120})
+    cfg = config(
+        tmp_path,
+        **{
+            "engine.type": "remote",
+            "engine.addresses": [p.url for p in procs],
+            "engine.api_key": API_KEY,
+            "engine.weights_dir": str(shared),
+            "rollout.batch_size": 4,
+            "rollout.group_size": 2,
+            "agent.workflow": agent,
+            "agent.workflow_kwargs": {},
+            "agent.agent_timeout": 120,
+        },
+    )
     with Session(cfg) as session:
         # the first turns spread over both servers; each second turn goes where its first was
         batch = session._runtime.call(session.arollout(), timeout=300)  # a hang guard, not a timing
@@ -221,8 +257,13 @@ def test_kernel_exit_without_close_stops_the_servers(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", KERNEL, str(CONFIG), str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL, str(CONFIG), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PIDS")]
     pids = [int(p) for p in line.split()[1:]]

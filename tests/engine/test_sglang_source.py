@@ -46,9 +46,13 @@ class SGLang:
     """The checker child process: `ask(op, **fields)` → its answer."""
 
     def __init__(self, site: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sglang_checker.py")), str(site)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("sglang_checker.py")), str(site)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._stderr: list[str] = []
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
         first = self.proc.stdout.readline()
@@ -93,7 +97,7 @@ def _parses(sglang: SGLang, argv: list[str]) -> dict:
 def _launch_args(cmd: list[str]) -> list[str]:
     i = cmd.index("sglang.launch_server")
     assert cmd[i - 1] == "-m"
-    return cmd[i + 1:]
+    return cmd[i + 1 :]
 
 
 # ---------------------------------------------------------------------- launch commands
@@ -122,11 +126,19 @@ def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
             pass
 
     monkeypatch.setattr(remote_launch, "ServerProcess", Recorder)
-    cfg = load_config(ROOT / "configs" / "multi_turn_math_qwen1.5b.yaml",
-                      overrides={"engine.launch.n_servers": 2, "engine.launch.tp_size": 2,
-                                 "engine.api_key": "secret", "engine.launch.extra_args": ["--random-seed", "0"]})
+    cfg = load_config(
+        ROOT / "configs" / "multi_turn_math_qwen1.5b.yaml",
+        overrides={
+            "engine.launch.n_servers": 2,
+            "engine.launch.tp_size": 2,
+            "engine.api_key": "secret",
+            "engine.launch.extra_args": ["--random-seed", "0"],
+        },
+    )
     with pytest.raises(_Captured):
-        create_engine(cfg.engine, None, None, model_path=str(tmp_path / "model"), weights_dir=str(tmp_path / "w"))
+        create_engine(
+            cfg.engine, None, None, model_path=str(tmp_path / "model"), weights_dir=str(tmp_path / "w")
+        )
     assert len(commands) == 2
     for cmd in commands:
         args = _parses(sglang, _launch_args(cmd))
@@ -141,8 +153,10 @@ def _sbatch_sglang_argv() -> list[str]:
     text = (ROOT / "areal_nb/export/templates/job.sbatch").read_text()
     match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n', text, re.DOTALL)
     assert match, "job.sbatch has no sglang.launch_server command"
-    script = ('PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1\n'
-              f'server=({match.group(1)})\nprintf "%s\\0" "${{server[@]}}"')
+    script = (
+        "PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1\n"
+        f'server=({match.group(1)})\nprintf "%s\\0" "${{server[@]}}"'
+    )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     return out.rstrip("\0").split("\0")
 
@@ -154,8 +168,16 @@ def test_the_job_sbatch_launch_command_parses(sglang):
 
 def _benchmark_sglang_commands() -> list[tuple[str, list[str]]]:
     """Every `sglang_command(...)` call in benchmarks/, with sample values for what it computes."""
-    samples = {"port": 30002, "api_key": "k", "mem_fraction_static": 0.5, "host": "127.0.0.1", "tp_size": 1,
-               "dp_size": 1, "weight_version": 0, "max_running_requests": 16}
+    samples = {
+        "port": 30002,
+        "api_key": "k",
+        "mem_fraction_static": 0.5,
+        "host": "127.0.0.1",
+        "tp_size": 1,
+        "dp_size": 1,
+        "weight_version": 0,
+        "max_running_requests": 16,
+    }
     found = []
     for path in sorted((ROOT / "benchmarks").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -173,7 +195,7 @@ def _benchmark_sglang_commands() -> list[tuple[str, list[str]]]:
 
 def test_the_benchmarks_launch_commands_parse(sglang):
     commands = _benchmark_sglang_commands()
-    for where, cmd in commands:
+    for _where, cmd in commands:
         _parses(sglang, _launch_args(cmd))
     if not commands:
         pytest.skip("no benchmark launches SGLang with sglang_command")
@@ -206,18 +228,26 @@ GCONFIGS = {
 @pytest.mark.parametrize("name", list(GCONFIGS))
 def test_every_generate_payload_passes_sglangs_contract(sglang, name, produced):
     g = GCONFIGS[name]
-    payload = _generate_payload(list(range(3, 40)) + [7] * produced, g.max_new_tokens - produced, g, produced,
-                                server_rid("0" * 32, 12345))
+    payload = _generate_payload(
+        list(range(3, 40)) + [7] * produced,
+        g.max_new_tokens - produced,
+        g,
+        produced,
+        server_rid("0" * 32, 12345),
+    )
     answer = sglang.ask("generate", body=payload, vocab_size=QWEN_VOCAB)
     assert answer["error"] is None, (payload, answer["error"])
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ({"max_tokens": 4}, "unknown field `max_tokens`"),
-    ({"max_new_tokens": 4.0}, "invalid type: floating point `4.0`"),
-    ({"temperature": -1.0}, "temperature must be a non-negative"),
-    ({"top_p": 0.0}, "top_p"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"max_tokens": 4}, "unknown field `max_tokens`"),
+        ({"max_new_tokens": 4.0}, "invalid type: floating point `4.0`"),
+        ({"temperature": -1.0}, "temperature must be a non-negative"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
 def test_a_wrong_payload_is_refused(sglang, change, expected):
     payload = _generate_payload([1, 2, 3], 8, GenerationConfig(), 0, "r")
     payload["sampling_params"].update(change)
@@ -267,8 +297,13 @@ class _Failing(ServedStub):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         if req.input_ids[0] == 99:
             raise RuntimeError("an engine bug")
-        return ModelResponse(input_tokens=list(req.input_ids), output_tokens=[5], output_logprobs=[-1.0],
-                             output_versions=[0], stop_reason="length")
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=[5],
+            output_logprobs=[-1.0],
+            output_versions=[0],
+            stop_reason="length",
+        )
 
 
 def test_engine_server_error_bodies_have_sglangs_shape(sglang):

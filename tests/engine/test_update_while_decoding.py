@@ -25,13 +25,20 @@ def test_requests_joining_a_running_batch_after_an_update_use_only_the_new_weigh
     new_model.load_state_dict(new_weights)
 
     async def run():
-        long = asyncio.create_task(engine.agenerate(ModelRequest(list(PROMPTS[0]), GenerationConfig(
-            max_new_tokens=200, ignore_eos=True))))
+        long = asyncio.create_task(
+            engine.agenerate(
+                ModelRequest(list(PROMPTS[0]), GenerationConfig(max_new_tokens=200, ignore_eos=True))
+            )
+        )
         await wait_until(lambda: engine.stats.decode_steps >= 3)
         await asyncio.to_thread(engine.update_weights, new_weights, 7)
         # two requests that arrive together (one packed prefill) while the long row still decodes
-        joining = [asyncio.create_task(engine.agenerate(ModelRequest(list(p), GenerationConfig(
-            max_new_tokens=12, ignore_eos=True)))) for p in PROMPTS[1:]]
+        joining = [
+            asyncio.create_task(
+                engine.agenerate(ModelRequest(list(p), GenerationConfig(max_new_tokens=12, ignore_eos=True)))
+            )
+            for p in PROMPTS[1:]
+        ]
         done = await asyncio.gather(*joining)
         assert not long.done()  # they shared decoding steps with the row from before the update
         return done, await long

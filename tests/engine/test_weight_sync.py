@@ -55,4 +55,3 @@ def test_a_failed_write_leaves_no_partial_directory(tmp_path):
     with pytest.raises(TypeError, match="PreTrainedModel or a state dict"):
         write_weights(tmp_path, 5, [1, 2, 3])
     assert list(tmp_path.iterdir()) == []
-

@@ -19,9 +19,16 @@ HERE = pathlib.Path(__file__).parent
 rng = random.Random(3)
 ROWS = [{"a": rng.randint(1, 9), "b": rng.randint(1, 9), "id": i} for i in range(16)]
 HELD_OUT = [{"a": rng.randint(1, 9), "b": rng.randint(1, 9), "id": 100 + i} for i in range(4)]
-SMALL = {"rollout__batch_size": 2, "rollout__group_size": 2, "rollout__max_concurrent_rollouts": 8,
-         "logging__progress": False, "rollout__prefetch": False, "model__path": "tiny-math",
-         "model__dtype": "float32", "rollout__max_new_tokens": 24}
+SMALL = {
+    "rollout__batch_size": 2,
+    "rollout__group_size": 2,
+    "rollout__max_concurrent_rollouts": 8,
+    "logging__progress": False,
+    "rollout__prefetch": False,
+    "model__path": "tiny-math",
+    "model__dtype": "float32",
+    "rollout__max_new_tokens": 24,
+}
 
 
 def text_env() -> OpenEnvServer:
@@ -39,7 +46,9 @@ def env_module():
 
 def test_an_unreachable_server_is_a_clear_error_before_any_model_call():
     agent = OpenEnvAgent("http://127.0.0.1:9", message_timeout=5)  # port 9 (discard): nothing listens
-    with pytest.raises(EnvironmentServerError, match=r"cannot reach the OpenEnv server at ws://127\.0\.0\.1:9/ws"):
+    with pytest.raises(
+        EnvironmentServerError, match=r"cannot reach the OpenEnv server at ws://127\.0\.0\.1:9/ws"
+    ):
         asyncio.run(agent.run({"a": 1, "b": 2}, base_url="http://127.0.0.1:9/v1", api_key="k"))
 
 
@@ -88,8 +97,9 @@ def test_an_openenv_text_environment_trains_two_steps_with_its_rewards():
         result = s.evaluate()
         assert result.n == len(HELD_OUT) and result.rejected == 0
         assert [ep.data for ep in result.batch.episodes] == HELD_OUT
-        assert result.reward_mean == sum(result.batch.episode_return(i)
-                                         for i in range(len(HELD_OUT))) / len(HELD_OUT)
+        assert result.reward_mean == sum(result.batch.episode_return(i) for i in range(len(HELD_OUT))) / len(
+            HELD_OUT
+        )
         process = server.process
         assert process is not None and process.poll() is None
     assert server.process is None and process.poll() is not None  # the Session's close stopped the server

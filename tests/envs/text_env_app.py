@@ -49,8 +49,9 @@ class SumEnvironment(Environment):
         reward = score(action.message, self.answer)
         done = reward > 0 or self._state.step_count >= MAX_TRIES
         # The reply quoted back: the tests compare it with the tokens the proxy recorded.
-        return TextObservation(prompt=f"{QUOTE}{action.message}\nThat is not right. Try again.", done=done,
-                               reward=reward)
+        return TextObservation(
+            prompt=f"{QUOTE}{action.message}\nThat is not right. Try again.", done=done, reward=reward
+        )
 
     @property
     def state(self) -> State:

@@ -19,7 +19,7 @@ from areal_nb.config import dump_config, load_config
 from areal_nb.export import ExportError
 from areal_nb.export.capture import capture_workflow, check_imports
 
-AGENT_CELLS = '''
+AGENT_CELLS = """
 import re, threading
 import statistics as stats
 from areal_nb import Session
@@ -46,7 +46,7 @@ class Agent:
         return last_number_reward(data["text"], data["answer"]) + stats.mean([self.bonus])
 
 print("a cell with side effects")
-'''
+"""
 
 
 @pytest.fixture
@@ -77,8 +77,14 @@ def test_a_class_from_cells_becomes_agent_py_with_what_it_uses(as_main, tmp_path
     captured = capture_workflow(main.Agent)
     assert captured.workflow == "agent.Agent" and captured.workflow_kwargs is None
     source = captured.source
-    for needed in ("import re", "import statistics as stats", "NUMBER = re.compile('-?\\\\d+')",
-                   "SCALE = {'right': 1.0, 'wrong': 0.0}", "def last_number_reward", "class Agent:"):
+    for needed in (
+        "import re",
+        "import statistics as stats",
+        "NUMBER = re.compile('-?\\\\d+')",
+        "SCALE = {'right': 1.0, 'wrong': 0.0}",
+        "def last_number_reward",
+        "class Agent:",
+    ):
         assert needed in source, needed
     for unused in ("threading", "Session", "def unrelated", "print(", "\nsession ="):
         assert unused not in source, unused
@@ -91,7 +97,7 @@ def test_a_class_from_cells_becomes_agent_py_with_what_it_uses(as_main, tmp_path
 
 
 def test_a_lambda_closing_over_a_live_object_fails_naming_it(as_main):
-    main = as_main('''
+    main = as_main("""
         import threading
 
         def make_reward(lock):
@@ -102,13 +108,13 @@ def test_a_lambda_closing_over_a_live_object_fails_naming_it(as_main):
         class Agent:
             async def run(self, data, **kwargs):
                 return reward(data["text"])
-        ''')
+        """)
     with pytest.raises(ExportError, match=r"'reward' \(used by 'Agent'\) closes over 'lock' \(lock\)"):
         capture_workflow(main.Agent)
 
 
 def test_a_global_holding_a_live_object_fails_naming_it(as_main):
-    main = as_main('''
+    main = as_main("""
         import threading
         LOCK = threading.Lock()
         reward = lambda completion: float(LOCK.locked())
@@ -116,17 +122,17 @@ def test_a_global_holding_a_live_object_fails_naming_it(as_main):
         class Agent:
             async def run(self, data, **kwargs):
                 return reward(data["text"])
-        ''')
+        """)
     with pytest.raises(ExportError, match=r"'reward' uses the global 'LOCK', a live lock object"):
         capture_workflow(main.Agent)
 
 
 def test_a_name_the_cells_never_define_fails_naming_it(as_main):
-    main = as_main('''
+    main = as_main("""
         class Agent:
             async def run(self, data, **kwargs):
                 return helper(data)
-        ''')
+        """)
     with pytest.raises(ExportError, match=r"'Agent' uses 'helper', which is not defined"):
         capture_workflow(main.Agent)
 
@@ -142,7 +148,7 @@ def test_importable_agents_travel_by_import_path():
 
 
 def test_an_instance_whose_arguments_are_not_plain_data_is_refused(as_main):
-    main = as_main('''
+    main = as_main("""
         import threading
         class Agent:
             def __init__(self, lock):
@@ -150,7 +156,7 @@ def test_an_instance_whose_arguments_are_not_plain_data_is_refused(as_main):
             async def run(self, data, **kwargs):
                 return 0.0
         agent = Agent(threading.Lock())
-        ''')
+        """)
     with pytest.raises(ExportError, match=r"instance of Agent whose argument 'lock'.*pass the class"):
         capture_workflow(main.agent)
 
@@ -158,7 +164,9 @@ def test_an_instance_whose_arguments_are_not_plain_data_is_refused(as_main):
 def test_the_users_own_module_is_copied_not_required_installed(tmp_path, monkeypatch):
     """`%%writefile my_task_agent.py` beside the notebook, then `from my_task_agent import Agent`:
     the module is the user's, not installed, so the run folder gets a copy."""
-    (tmp_path / "my_task_agent.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    (tmp_path / "my_task_agent.py").write_text(
+        "class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("my_task_agent")
     captured = capture_workflow(module.Agent)
@@ -170,14 +178,14 @@ def test_the_users_own_module_is_copied_not_required_installed(tmp_path, monkeyp
 
 
 def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py(as_main, tmp_path):
-    main = as_main('''
+    main = as_main("""
         from areal_nb.agents.chat_agent import ChatAgent
 
         def exact(row, reply):
             return float(reply.strip() == row["answer"])
 
         agent = ChatAgent(reward_fn=exact, max_turns=2)
-        ''')
+        """)
     captured = capture_workflow(main.agent)
     assert captured.workflow == "agent.AGENT" and captured.workflow_kwargs == {}
     assert "from areal_nb.agents.chat_agent import ChatAgent" in captured.source
@@ -192,7 +200,7 @@ def test_an_agent_built_with_a_reward_function_from_cells_is_rebuilt_in_agent_py
 def test_a_decorated_reward_from_cells_is_written_with_its_decorator(as_main, tmp_path):
     """`functools.wraps` leaves a closure on the function: agent.py re-runs the decorated def,
     so that closure is rebuilt, not refused."""
-    main = as_main('''
+    main = as_main("""
         import functools
         from areal_nb.agents.chat_agent import ChatAgent
 
@@ -207,7 +215,7 @@ def test_a_decorated_reward_from_cells_is_written_with_its_decorator(as_main, tm
             return float(reply.strip() == row["answer"])
 
         agent = ChatAgent(reward_fn=exact)
-        ''')
+        """)
     captured = capture_workflow(main.agent)
     assert "@doubled\ndef exact(row, reply):" in captured.source and "def doubled(fn):" in captured.source
     module = load_agent_py(tmp_path, captured.source)
@@ -215,7 +223,7 @@ def test_a_decorated_reward_from_cells_is_written_with_its_decorator(as_main, tm
 
 
 def test_an_instance_keeps_what_a_subclass_passes_on_through_kwargs(as_main):
-    main = as_main('''
+    main = as_main("""
         from areal_nb.agents.chat_agent import ChatAgent
 
         def exact(row, reply):
@@ -229,14 +237,14 @@ def test_an_instance_keeps_what_a_subclass_passes_on_through_kwargs(as_main):
         agent = Strict(bonus=0.7, max_turns=3)
         agent.retry_prompt = "Once more."   # a ChatAgent argument, set after the agent was made
         agent.calls = 12                    # state, not configuration
-        ''')
+        """)
     captured = capture_workflow(main.agent)
     assert captured.workflow == "agent.Strict"
     assert captured.workflow_kwargs == {"bonus": 0.7, "max_turns": 3, "retry_prompt": "Once more."}
 
 
 def test_an_instance_whose_configuration_cannot_be_rebuilt_fails_naming_it(as_main):
-    main = as_main('''
+    main = as_main("""
         class Agent:
             def __init__(self, turns=1, temperature=1.0):
                 self.turns = turns
@@ -251,13 +259,13 @@ def test_an_instance_whose_configuration_cannot_be_rebuilt_fails_naming_it(as_ma
 
         agent = Hot()
         agent.temperature = 0.3
-        ''')
+        """)
     with pytest.raises(ExportError, match=r"instance of Hot, holds temperature=0.3 \(rebuilt: 1.0\)"):
         capture_workflow(main.agent)
 
 
 def test_a_tool_agent_with_tools_from_cells_is_rebuilt_in_agent_py(as_main, tmp_path):
-    main = as_main('''
+    main = as_main("""
         from areal_nb.agents.tool_agent import ToolAgent
 
         SCHEMA = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
@@ -269,10 +277,13 @@ def test_a_tool_agent_with_tools_from_cells_is_rebuilt_in_agent_py(as_main, tmp_
             return reply == row["answer"]
 
         agent = ToolAgent(reward_fn=exact, tools={"lookup": (SCHEMA, lookup)}, max_turns=2)
-        ''')
+        """)
     captured = capture_workflow(main.agent)
     assert captured.workflow == "agent.AGENT"
-    assert "AGENT = ToolAgent(reward_fn=exact, max_turns=2, tools={'lookup': ({'type': 'function'" in captured.source
+    assert (
+        "AGENT = ToolAgent(reward_fn=exact, max_turns=2, tools={'lookup': ({'type': 'function'"
+        in captured.source
+    )
     assert captured.source.rstrip().endswith("lookup)})")
     module = load_agent_py(tmp_path, captured.source)
     assert module.AGENT.call_tool("lookup", '{"city": "Oslo"}') == '{"city": "Oslo"}'
@@ -280,11 +291,11 @@ def test_a_tool_agent_with_tools_from_cells_is_rebuilt_in_agent_py(as_main, tmp_
 
 
 def test_the_built_in_tool_agent_exports_with_its_calculator_imported(as_main, tmp_path):
-    main = as_main('''
+    main = as_main("""
         from areal_nb.agents.tool_agent import ToolAgent
 
         agent = ToolAgent(max_turns=2)
-        ''')
+        """)
     captured = capture_workflow(main.agent)
     assert "from areal_nb.data.tool_task import calculator" in captured.source
     module = load_agent_py(tmp_path, captured.source)

@@ -20,28 +20,58 @@ CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
 
 def areal_nb(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "areal_nb.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "areal_nb.cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_export_writes_a_folder_whose_config_and_scripts_hold_every_override(tmp_path):
     out = tmp_path / "run"
-    overrides = ["total_steps=7", "actor.lr=2e-5", "cluster.nodes=3", "cluster.infer_nodes=1",
-                 "cluster.gpus_per_node=8", "cluster.servers_per_node=2", "cluster.gpus_per_server=4",
-                 "cluster.partition=gpu", "cluster.time=02:00:00"]
+    overrides = [
+        "total_steps=7",
+        "actor.lr=2e-5",
+        "cluster.nodes=3",
+        "cluster.infer_nodes=1",
+        "cluster.gpus_per_node=8",
+        "cluster.servers_per_node=2",
+        "cluster.gpus_per_server=4",
+        "cluster.partition=gpu",
+        "cluster.time=02:00:00",
+    ]
     # overrides may come before and after the options
     result = areal_nb("export", CONFIG, *overrides[:5], "--nproc", 8, "--out", out, *overrides[5:])
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "job.sbatch", "launch_local.sh",
-                                                      "requirements.txt", "train.py"]  # no agent.py, no checkpoint
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.yaml",
+        "job.sbatch",
+        "launch_local.sh",
+        "requirements.txt",
+        "train.py",
+    ]  # no agent.py, no checkpoint
     exported = load_config(out / "config.yaml")  # the normal loader reads it back
     expected = load_config(CONFIG, [*overrides, "cluster.nproc_per_node=8"])
     assert exported.model_dump() == expected.model_dump()
 
     sbatch = (out / "job.sbatch").read_text()
-    for line in ("#SBATCH --nodes=3", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
-                 "#SBATCH --time=02:00:00", "INFER_NODES=1", "SERVERS_PER_NODE=2", "GPUS_PER_SERVER=4",
-                 "NPROC_PER_NODE=8", "-m sglang.launch_server", "torchrun --nnodes", "--rdzv-backend=c10d"):
+    for line in (
+        "#SBATCH --nodes=3",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=02:00:00",
+        "INFER_NODES=1",
+        "SERVERS_PER_NODE=2",
+        "GPUS_PER_SERVER=4",
+        "NPROC_PER_NODE=8",
+        "-m sglang.launch_server",
+        "torchrun --nnodes",
+        "--rdzv-backend=c10d",
+    ):
         assert line in sbatch, line
     assert "#SBATCH --account" not in sbatch and "@" not in sbatch.replace("$@", "").replace("[@]", "")
     assert 'NPROC="${NPROC:-8}"' in (out / "launch_local.sh").read_text()
@@ -63,16 +93,19 @@ def test_a_cpu_job_uses_engine_server_and_drops_unset_sbatch_lines(tmp_path):
     assert "--gpus-per-node" not in sbatch.split("set -euo")[0] and "#SBATCH --partition" not in sbatch
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["rollout.batch_sise=3"], "did you mean 'rollout.batch_size'"),
-    (["agent.workflow=no_such_module.Agent"], "does not import in a fresh process"),
-    (["cluster.nodes=1", "cluster.infer_nodes=1"], "must leave at least one"),
-    (["--nproc", "0"], "cluster.nproc_per_node must be >= 1"),  # not silently the config's value
-    (["cluster.time=1 hour"], "is not a Slurm time limit"),  # sbatch would refuse it, later, elsewhere
-    (["cluster.time=2:00:00"], "quote it in YAML"),  # YAML's base-60 number 7200
-    (["cluster.partition=gpu queue"], "is not a Slurm name"),
-    (["data.source=no_such_rows.jsonl"], "data.source 'no_such_rows.jsonl' is not a file"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["rollout.batch_sise=3"], "did you mean 'rollout.batch_size'"),
+        (["agent.workflow=no_such_module.Agent"], "does not import in a fresh process"),
+        (["cluster.nodes=1", "cluster.infer_nodes=1"], "must leave at least one"),
+        (["--nproc", "0"], "cluster.nproc_per_node must be >= 1"),  # not silently the config's value
+        (["cluster.time=1 hour"], "is not a Slurm time limit"),  # sbatch would refuse it, later, elsewhere
+        (["cluster.time=2:00:00"], "quote it in YAML"),  # YAML's base-60 number 7200
+        (["cluster.partition=gpu queue"], "is not a Slurm name"),
+        (["data.source=no_such_rows.jsonl"], "data.source 'no_such_rows.jsonl' is not a file"),
+    ],
+)
 def test_bad_input_exits_2_naming_it_and_writes_nothing(tmp_path, args, message):
     result = areal_nb("export", CONFIG, *args, "--out", tmp_path / "run")
     assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -84,10 +117,14 @@ def test_an_existing_folder_is_not_overwritten_unless_asked(tmp_path):
     (tmp_path / "run" / "notes.txt").write_text("mine")
     result = areal_nb("export", CONFIG, "--out", tmp_path / "run")
     assert result.returncode == 2 and "is not empty" in result.stderr
-    assert areal_nb("export", CONFIG, "--out", tmp_path / "run", "--overwrite").returncode == 2  # not an export
+    assert (
+        areal_nb("export", CONFIG, "--out", tmp_path / "run", "--overwrite").returncode == 2
+    )  # not an export
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
     assert areal_nb("export", CONFIG, "--out", tmp_path / "new").returncode == 0
-    assert areal_nb("export", CONFIG, "total_steps=3", "--out", tmp_path / "new", "--overwrite").returncode == 0
+    assert (
+        areal_nb("export", CONFIG, "total_steps=3", "--out", tmp_path / "new", "--overwrite").returncode == 0
+    )
     assert load_config(tmp_path / "new" / "config.yaml").total_steps == 3
 
 
@@ -128,7 +165,9 @@ def test_names_and_paths_with_spaces_and_quotes_reach_the_scripts_intact(tmp_pat
     sbatch = (out / "job.sbatch").read_text()
     assert '#SBATCH --job-name="my _best_ run"' in sbatch
     model_line = next(line for line in sbatch.splitlines() if line.startswith("MODEL="))
-    echoed = subprocess.run(["bash", "-c", f'{model_line}\nprintf %s "$MODEL"'], capture_output=True, text=True)
+    echoed = subprocess.run(
+        ["bash", "-c", f'{model_line}\nprintf %s "$MODEL"'], capture_output=True, text=True
+    )
     assert echoed.stdout == str(model)
     for script in ("job.sbatch", "launch_local.sh"):
         assert subprocess.run(["bash", "-n", out / script]).returncode == 0, script

@@ -23,13 +23,17 @@ ROWS = [{"prompt": f"{i} + 1 =", "target": str(i + 1)} for i in range(5)]
 def test_python_rows_and_local_files_are_written_into_the_folder(tmp_path):
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]))
-    config = load_config(ROOT / "configs" / "multi_turn_math.yaml",
-                         {"data.source": ROWS, "data.eval_source": str(held_out)})
+    config = load_config(
+        ROOT / "configs" / "multi_turn_math.yaml", {"data.source": ROWS, "data.eval_source": str(held_out)}
+    )
     run = export_run(tmp_path / "run", config)
 
     exported = load_config(run / "config.yaml")
-    assert (exported.data.source, exported.data.eval_source, exported.data.format) == \
-        ("data/train.jsonl", "data/eval.jsonl", "rows")
+    assert (exported.data.source, exported.data.eval_source, exported.data.format) == (
+        "data/train.jsonl",
+        "data/eval.jsonl",
+        "rows",
+    )
     cwd = os.getcwd()
     os.chdir(run)  # as train.py does
     try:
@@ -44,18 +48,30 @@ def test_a_reward_and_a_row_factory_named_by_import_path_travel_with_their_modul
     modules (beside the notebook, not installed): the folder gets copies, checked to import."""
     home = tmp_path / "notebook"
     home.mkdir()
-    (home / "my_rewards.py").write_text("def exact(row, reply):\n    return float(reply.strip() == row['target'])\n")
+    (home / "my_rewards.py").write_text(
+        "def exact(row, reply):\n    return float(reply.strip() == row['target'])\n"
+    )
     (home / "my_rows.py").write_text(f"def make():\n    return {ROWS!r}\n")
     monkeypatch.chdir(home)
     monkeypatch.syspath_prepend(str(home))
-    config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {
-        "agent.workflow": "areal_nb.agents.chat_agent.ChatAgent", "agent.workflow_kwargs": {"reward_fn": "my_rewards:exact"},
-        "agent.chat_template_type": "hf", "agent.export_style": "individual", "data.source": "my_rows:make"})
+    config = load_config(
+        ROOT / "configs" / "multi_turn_math.yaml",
+        {
+            "agent.workflow": "areal_nb.agents.chat_agent.ChatAgent",
+            "agent.workflow_kwargs": {"reward_fn": "my_rewards:exact"},
+            "agent.chat_template_type": "hf",
+            "agent.export_style": "individual",
+            "data.source": "my_rows:make",
+        },
+    )
     run = export_run(tmp_path / "run", config)
     assert (run / "my_rewards.py").read_text() == (home / "my_rewards.py").read_text()
     assert (run / "my_rows.py").read_text() == (home / "my_rows.py").read_text()
     exported = load_config(run / "config.yaml")
-    assert exported.agent.workflow_kwargs == {"reward_fn": "my_rewards:exact"} and exported.data.source == "my_rows:make"
+    assert (
+        exported.agent.workflow_kwargs == {"reward_fn": "my_rewards:exact"}
+        and exported.data.source == "my_rows:make"
+    )
 
 
 def test_a_file_name_in_agent_kwargs_beside_a_same_named_module_is_not_an_import_path(tmp_path, monkeypatch):
@@ -66,13 +82,16 @@ def test_a_file_name_in_agent_kwargs_beside_a_same_named_module_is_not_an_import
     (home / "notes.py").write_text("HELPER = 1\n")
     (home / "my_agent.py").write_text(
         "class Agent:\n    def __init__(self, notes='none'):\n        self.notes = notes\n"
-        "    async def run(self, data, **kw):\n        return 1.0\n")
+        "    async def run(self, data, **kw):\n        return 1.0\n"
+    )
     monkeypatch.chdir(home)
     monkeypatch.syspath_prepend(str(home))
     for name in ("notes", "my_agent"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    config = load_config(ROOT / "configs" / "multi_turn_math.yaml",
-                         {"agent.workflow": "my_agent.Agent", "agent.workflow_kwargs": {"notes": "notes.txt"}})
+    config = load_config(
+        ROOT / "configs" / "multi_turn_math.yaml",
+        {"agent.workflow": "my_agent.Agent", "agent.workflow_kwargs": {"notes": "notes.txt"}},
+    )
     run = export_run(tmp_path / "run", config)
     assert (run / "my_agent.py").exists() and not (run / "notes.py").exists()
     assert load_config(run / "config.yaml").agent.workflow_kwargs == {"notes": "notes.txt"}
@@ -83,7 +102,9 @@ def test_an_exported_runs_agent_py_travels_when_that_run_is_exported_again(tmp_p
     exported again: the new folder carries agent.py too."""
     first = tmp_path / "first"
     first.mkdir()
-    (first / "agent.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    (first / "agent.py").write_text(
+        "class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n"
+    )
     monkeypatch.chdir(first)
     monkeypatch.syspath_prepend(str(first))
     monkeypatch.delitem(sys.modules, "agent", raising=False)
@@ -101,7 +122,9 @@ def test_a_data_file_that_is_not_there_fails_at_export_naming_it(tmp_path, sourc
 
 
 def test_a_user_module_named_like_the_folders_own_files_is_refused(tmp_path, monkeypatch):
-    (tmp_path / "train.py").write_text("class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n")
+    (tmp_path / "train.py").write_text(
+        "class Agent:\n    async def run(self, data, **kw):\n        return 1.0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "train", raising=False)
     config = load_config(ROOT / "configs" / "multi_turn_math.yaml", {"agent.workflow": "train.Agent"})

@@ -49,18 +49,45 @@ def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "PATH": f"{stubs}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{stubs}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     export = subprocess.run(
-        [sys.executable, "-m", "areal_nb.cli", "export", str(CONFIG), "total_steps=1", "rollout.batch_size=2",
-         "rollout.group_size=2", "logging.progress=false", "experiment_name=sbatch", f"cluster.nproc_per_node={NPROC}",
-         f"cluster.engine_port={free_port()}", f"cluster.rdzv_port={free_port()}", "--out", str(run)],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "areal_nb.cli",
+            "export",
+            str(CONFIG),
+            "total_steps=1",
+            "rollout.batch_size=2",
+            "rollout.group_size=2",
+            "logging.progress=false",
+            "experiment_name=sbatch",
+            f"cluster.nproc_per_node={NPROC}",
+            f"cluster.engine_port={free_port()}",
+            f"cluster.rdzv_port={free_port()}",
+            "--out",
+            str(run),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert export.returncode == 0, export.stderr
 
     slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(run)}
-    job = subprocess.run(["bash", str(run / "job.sbatch")], cwd=run, env={**env, **slurm},
-                         capture_output=True, text=True, timeout=600)
+    job = subprocess.run(
+        ["bash", str(run / "job.sbatch")],
+        cwd=run,
+        env={**env, **slurm},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     server_log = next((run / "logs" / "4242").glob("engine-localhost-0.log")).read_text()
     assert job.returncode == 0, job.stderr[-3000:] + server_log[-2000:]
     assert "areal-nb engine-server listening on" in server_log

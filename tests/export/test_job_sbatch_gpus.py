@@ -36,8 +36,14 @@ def run_job(tmp_path: Path, overrides: dict, visible: str | None) -> list[str]:
         (stubs / name).write_text("#!/bin/bash\n" + body)
         (stubs / name).chmod(0o755)
     log = tmp_path / "steps.log"
-    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "LOG": str(log),
-           "SLURM_JOB_NODELIST": "n1,n2", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(run)}
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+        "LOG": str(log),
+        "SLURM_JOB_NODELIST": "n1,n2",
+        "SLURM_JOB_ID": "7",
+        "SLURM_SUBMIT_DIR": str(run),
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible  # as Slurm sets it for the job's GPUs
@@ -46,8 +52,13 @@ def run_job(tmp_path: Path, overrides: dict, visible: str | None) -> list[str]:
     return sorted(log.read_text().splitlines())
 
 
-SHARED = {"cluster.nodes": 2, "cluster.gpus_per_node": 4, "cluster.servers_per_node": 1,
-          "cluster.gpus_per_server": 2, "cluster.nproc_per_node": 2}
+SHARED = {
+    "cluster.nodes": 2,
+    "cluster.gpus_per_node": 4,
+    "cluster.servers_per_node": 1,
+    "cluster.gpus_per_server": 2,
+    "cluster.nproc_per_node": 2,
+}
 
 
 @pytest.mark.parametrize(("visible", "trainer"), [("4,5,6,7", "6,7"), (None, "2,3")])
@@ -64,7 +75,10 @@ def test_trainer_nodes_without_servers_keep_every_gpu(tmp_path):
 
 
 def test_servers_and_trainer_that_do_not_fit_one_node_are_refused():
-    with pytest.raises(ConfigError, match=r"2 GPU\(s\) and cluster.nproc_per_node \(3\) .* exceed cluster.gpus_per_node \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"2 GPU\(s\) and cluster.nproc_per_node \(3\) .* exceed cluster.gpus_per_node \(4\)",
+    ):
         load_config(CONFIG, {**SHARED, "cluster.nproc_per_node": 3})
 
 
@@ -74,10 +88,20 @@ def test_a_job_submitted_without_the_environment_says_so_before_starting_anythin
     bare.mkdir()
     for name in ("bash", "dirname", "mkdir", "cat", "seq", "cut"):  # a shell, without the run's environment
         (bare / name).symlink_to(shutil.which(name))
-    env = {"PATH": str(bare), "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(run),
-           "PYTHON": shutil.which("python3") or sys.executable}
-    job = subprocess.run([str(bare / "bash"), "job.sbatch"], cwd=run, env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        "PATH": str(bare),
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_ID": "7",
+        "SLURM_SUBMIT_DIR": str(run),
+        "PYTHON": shutil.which("python3") or sys.executable,
+    }
+    job = subprocess.run(
+        [str(bare / "bash"), "job.sbatch"], cwd=run, env=env, capture_output=True, text=True, timeout=60
+    )
     assert job.returncode == 127 and "job.sbatch: torchrun is not on PATH" in job.stderr, job.stderr
-    local = subprocess.run([str(bare / "bash"), "launch_local.sh"], cwd=run, env=env, capture_output=True, text=True,
-                           timeout=60)
-    assert local.returncode == 127 and "launch_local.sh: torchrun is not on PATH" in local.stderr, local.stderr
+    local = subprocess.run(
+        [str(bare / "bash"), "launch_local.sh"], cwd=run, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert local.returncode == 127 and "launch_local.sh: torchrun is not on PATH" in local.stderr, (
+        local.stderr
+    )

@@ -19,8 +19,14 @@ from areal_nb import Session
 pytestmark = pytest.mark.server  # Sessions serve their proxy on loopback
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
-SMALL = dict(total_steps=2, logging__progress=False, rollout__batch_size=2, rollout__group_size=2,
-             data__eval_size=4, experiment_name="moved")
+SMALL = dict(
+    total_steps=2,
+    logging__progress=False,
+    rollout__batch_size=2,
+    rollout__group_size=2,
+    data__eval_size=4,
+    experiment_name="moved",
+)
 
 
 def test_an_exported_checkpoint_loads_after_the_folder_moves(tmp_path):
@@ -28,7 +34,10 @@ def test_an_exported_checkpoint_loads_after_the_folder_moves(tmp_path):
         notebook.train_step(notebook.rollout())
         run = notebook.export(tmp_path / "my runs" / "run", total_steps=5, cluster__nproc_per_node=2)
         weights = {k: v.clone() for k, v in notebook.actor.model.state_dict().items()}
-        assert (notebook.config.total_steps, notebook.config.cluster.nproc_per_node) == (2, 1)  # the job's only
+        assert (notebook.config.total_steps, notebook.config.cluster.nproc_per_node) == (
+            2,
+            1,
+        )  # the job's only
     saved = yaml.safe_load((run / "checkpoint" / "config.yaml").read_text())
     assert saved["model"]["path"] == str(run / "checkpoint" / "model")  # not the temporary folder
     job = yaml.safe_load((run / "config.yaml").read_text())

@@ -42,9 +42,19 @@ CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_export_after_step_k_then_one_step_equals_the_notebooks_next_step(tmp_path, nproc):
     k = 2
-    with Session(CONFIG, seed=11, total_steps=k + 1, experiment_name="parity", logging__progress=False,
-                 rollout__batch_size=3, rollout__group_size=1, rollout__max_concurrent_rollouts=1,
-                 rollout__prefetch=False, actor__reward_norm=None, actor__reward_bias=-0.5) as notebook:
+    with Session(
+        CONFIG,
+        seed=11,
+        total_steps=k + 1,
+        experiment_name="parity",
+        logging__progress=False,
+        rollout__batch_size=3,
+        rollout__group_size=1,
+        rollout__max_concurrent_rollouts=1,
+        rollout__prefetch=False,
+        actor__reward_norm=None,
+        actor__reward_bias=-0.5,
+    ) as notebook:
         for _ in range(k):
             notebook.train_step(notebook.rollout())
         run = notebook.export(tmp_path / "run")
@@ -53,11 +63,18 @@ def test_export_after_step_k_then_one_step_equals_the_notebooks_next_step(tmp_pa
         assert expected["grad_norm"] > 0
         weights = {name: p.detach().clone() for name, p in notebook.actor.model.state_dict().items()}
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NPROC": str(nproc),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # its torchrun
-    command = [sys.executable, str(run / "train.py")] if nproc == 1 else ["bash", str(run / "launch_local.sh")]
-    result = subprocess.run([*command, "logging.progress=false"], env=env, capture_output=True, text=True,
-                            timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "NPROC": str(nproc),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }  # its torchrun
+    command = (
+        [sys.executable, str(run / "train.py")] if nproc == 1 else ["bash", str(run / "launch_local.sh")]
+    )
+    result = subprocess.run(
+        [*command, "logging.progress=false"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"rank {nproc - 1} of {nproc}: done at step {k + 1}" in result.stdout
 

@@ -30,7 +30,9 @@ def session_headers(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def start_session(client: httpx.Client | TestClient, task_id: str = "t", admin_key: str = PROXY_ADMIN_KEY) -> tuple[str, str]:
+def start_session(
+    client: httpx.Client | TestClient, task_id: str = "t", admin_key: str = PROXY_ADMIN_KEY
+) -> tuple[str, str]:
     """Grant one slot and start a session; returns (session_id, session api_key)."""
     granted = client.post("/grant_capacity", headers=admin_headers(admin_key))
     assert granted.status_code == 200, granted.text
@@ -68,7 +70,9 @@ def scripted_server(tiny_tokenizer):
     from areal_nb.proxy import ProxyServer, ProxySettings, create_app
 
     app = create_app(
-        ScriptedEngine(tiny_tokenizer, SCRIPTED_REPLY), tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY)
+        ScriptedEngine(tiny_tokenizer, SCRIPTED_REPLY),
+        tiny_tokenizer,
+        ProxySettings(admin_api_key=PROXY_ADMIN_KEY),
     )
     with ProxyServer(app) as server:
         yield server
@@ -78,6 +82,8 @@ def scripted_server(tiny_tokenizer):
 def local_server(local_engine, tiny_tokenizer):
     from areal_nb.proxy import ProxyServer, ProxySettings, create_app
 
-    app = create_app(local_engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, model_name="tiny-math"))
+    app = create_app(
+        local_engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, model_name="tiny-math")
+    )
     with ProxyServer(app) as server:
         yield server

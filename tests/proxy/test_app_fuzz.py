@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.models import load_tokenizer
 from areal_nb.proxy import ProxySettings, create_app
 from areal_nb.proxy.limits import MAX_JSON_DEPTH
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import PROXY_ADMIN_KEY
 
 ADMIN_PATHS = ("/grant_capacity", "/rl/start_session", "/export_trajectories")
@@ -33,7 +33,9 @@ def _app():
     tokenizer = load_tokenizer("tiny-math")
     engine = ScriptedEngine(tokenizer, "The answer is 4")
     engine.max_context = 512  # as LocalEngine("tiny-math") reports
-    return create_app(engine, tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, export_wait_timeout=0.05))
+    return create_app(
+        engine, tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, export_wait_timeout=0.05)
+    )
 
 
 app = _app()
@@ -79,7 +81,11 @@ _SCALARS = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(st.characters(codec=None), max_size=40)
 )
-_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
 
 VALID = {
     "/v1/chat/completions": {
@@ -169,7 +175,11 @@ def test_mutated_bodies_never_cause_a_server_error(fuzz_client, case):
         if path == "/export_trajectories":  # an ended session with a call in it, to export
             state.grant_capacity()
             session = state.start_session("fuzz")
-            fuzz_client.post("/v1/chat/completions", headers={"x-api-key": session.api_key}, json={"messages": [{"role": "user", "content": "q"}], "max_tokens": 2})
+            fuzz_client.post(
+                "/v1/chat/completions",
+                headers={"x-api-key": session.api_key},
+                json={"messages": [{"role": "user", "content": "q"}], "max_tokens": 2},
+            )
             state.end_session(session)
             if isinstance(body, dict) and body.get("session_id") == "fuzz-0":
                 body = {**body, "session_id": session.session_id}
@@ -177,5 +187,7 @@ def test_mutated_bodies_never_cause_a_server_error(fuzz_client, case):
         state.grant_capacity()
         key = state.start_session("fuzz").api_key
     raw = json.dumps(body).encode()  # NaN/Infinity and \ud800 escapes as a careless client sends them
-    response = fuzz_client.post(path, headers={"Authorization": f"Bearer {key}", "content-type": "application/json"}, content=raw)
+    response = fuzz_client.post(
+        path, headers={"Authorization": f"Bearer {key}", "content-type": "application/json"}, content=raw
+    )
     _check(path, response.status_code, response.json())

@@ -12,10 +12,16 @@ import httpx
 import pytest
 
 from areal_nb.api import InvalidRequestError
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture.interaction import InteractionWithTokenLogpReward
 from areal_nb.proxy import ProxyServer
-from tests.proxy.conftest import PROXY_ADMIN_KEY, SCRIPTED_REPLY, admin_headers, session_headers, start_session
+from areal_nb.testing import ScriptedEngine
+from tests.proxy.conftest import (
+    PROXY_ADMIN_KEY,
+    SCRIPTED_REPLY,
+    admin_headers,
+    session_headers,
+    start_session,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 8}
 
@@ -33,12 +39,18 @@ class SpyTokenizer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
 
-    def apply_chat_template(self, conversation, tools=None, add_generation_prompt=False, tokenize=True, **kwargs):
+    def apply_chat_template(
+        self, conversation, tools=None, add_generation_prompt=False, tokenize=True, **kwargs
+    ):
         self.renders += 1
         self.entered.set()
         assert self.release.wait(30)
         return self._tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=tokenize, **kwargs
+            conversation,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=tokenize,
+            **kwargs,
         )
 
 
@@ -83,7 +95,10 @@ def test_a_prompt_too_large_for_the_context_is_never_rendered(tiny_tokenizer):
         _, key = start_session(client, admin_key="k" * 16)
         big = {"messages": [{"role": "user", "content": "7+" * 100_000}], "max_tokens": 4}
         r = client.post("/v1/chat/completions", headers=session_headers(key), json=big)
-        assert r.status_code == 400 and "could fit the model context of 512 tokens" in r.json()["error"]["message"]
+        assert (
+            r.status_code == 400
+            and "could fit the model context of 512 tokens" in r.json()["error"]["message"]
+        )
         assert spy.renders == 0
 
 
@@ -96,7 +111,9 @@ def fresh_log_filter(monkeypatch):
     monkeypatch.setattr(app_module.logger, "filters", [RepeatFilter()])
 
 
-def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(make_app, tiny_tokenizer, caplog, fresh_log_filter):
+def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(
+    make_app, tiny_tokenizer, caplog, fresh_log_filter
+):
     from fastapi.testclient import TestClient
 
     def script(req):
@@ -107,19 +124,42 @@ def test_our_own_faults_are_500s_with_a_traceback_input_errors_400s(make_app, ti
             raise InvalidRequestError("the engine found an input error")
         return SCRIPTED_REPLY
 
-    with TestClient(make_app(ScriptedEngine(tiny_tokenizer, script))) as client, caplog.at_level(logging.ERROR):
+    with (
+        TestClient(make_app(ScriptedEngine(tiny_tokenizer, script))) as client,
+        caplog.at_level(logging.ERROR),
+    ):
         _, key = start_session(client)
-        bug = client.post("/v1/chat/completions", headers=session_headers(key), json={**CHAT, "messages": [{"role": "user", "content": "TYPE"}]})
+        bug = client.post(
+            "/v1/chat/completions",
+            headers=session_headers(key),
+            json={**CHAT, "messages": [{"role": "user", "content": "TYPE"}]},
+        )
         assert bug.status_code == 500 and "TypeError: a bug in capture code" in bug.json()["error"]["message"]
         assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)  # traceback logged
-        bad = client.post("/v1/messages", headers=session_headers(key), json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "BAD"}]})
-        assert bad.status_code == 400 and bad.json()["error"] == {"type": "invalid_request_error", "message": "the engine found an input error"}
+        bad = client.post(
+            "/v1/messages",
+            headers=session_headers(key),
+            json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "BAD"}]},
+        )
+        assert bad.status_code == 400 and bad.json()["error"] == {
+            "type": "invalid_request_error",
+            "message": "the engine found an input error",
+        }
 
 
-def test_a_failed_export_leaves_the_session_exportable_with_the_same_result(app_client, monkeypatch, caplog, fresh_log_filter):
+def test_a_failed_export_leaves_the_session_exportable_with_the_same_result(
+    app_client, monkeypatch, caplog, fresh_log_filter
+):
     sid, key = start_session(app_client)
     first = app_client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).json()
-    follow = {**CHAT, "messages": [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "and 3+3?"}]}
+    follow = {
+        **CHAT,
+        "messages": [
+            *CHAT["messages"],
+            first["choices"][0]["message"],
+            {"role": "user", "content": "and 3+3?"},
+        ],
+    }
     second = app_client.post("/v1/chat/completions", headers=session_headers(key), json=follow).json()
     app_client.post("/rl/set_reward", headers=session_headers(key), json={"reward": 1.0})
     app_client.post("/rl/end_session", headers=session_headers(key))
@@ -162,24 +202,47 @@ def test_only_the_templates_own_variables_are_accepted(thinking_tokenizer):
     app = create_app(engine, thinking_tokenizer, ProxySettings(admin_api_key="k" * 16))
     with TestClient(app) as client:
         _, key = start_session(client, admin_key="k" * 16)
-        ok = client.post("/v1/chat/completions", headers=session_headers(key), json={**CHAT, "chat_template_kwargs": {"enable_thinking": True}})
+        ok = client.post(
+            "/v1/chat/completions",
+            headers=session_headers(key),
+            json={**CHAT, "chat_template_kwargs": {"enable_thinking": True}},
+        )
         assert ok.status_code == 200, ok.text
         assert thinking_tokenizer.decode(engine.requests[-1].input_ids).startswith("<think>")
-        for kwargs in ({"chat_template": "{{ 'x' }}"}, {"tokenize": False}, {"max_length": 3, "truncation": True}, {"bos_token": "x"}):
-            r = client.post("/v1/chat/completions", headers=session_headers(key), json={**CHAT, "chat_template_kwargs": kwargs})
-            assert r.status_code == 400 and "allowed keys: ['enable_thinking']" in r.json()["error"]["message"], r.text
+        for kwargs in (
+            {"chat_template": "{{ 'x' }}"},
+            {"tokenize": False},
+            {"max_length": 3, "truncation": True},
+            {"bos_token": "x"},
+        ):
+            r = client.post(
+                "/v1/chat/completions",
+                headers=session_headers(key),
+                json={**CHAT, "chat_template_kwargs": kwargs},
+            )
+            assert (
+                r.status_code == 400 and "allowed keys: ['enable_thinking']" in r.json()["error"]["message"]
+            ), r.text
         assert len(engine.requests) == 1
 
 
-def test_a_failure_repeated_on_every_request_is_logged_once_per_interval(make_app, tiny_tokenizer, caplog, fresh_log_filter):
+def test_a_failure_repeated_on_every_request_is_logged_once_per_interval(
+    make_app, tiny_tokenizer, caplog, fresh_log_filter
+):
     from fastapi.testclient import TestClient
 
     def broken(req):
         raise RuntimeError("CUDA out of memory (simulated)")
 
-    with TestClient(make_app(ScriptedEngine(tiny_tokenizer, broken))) as client, caplog.at_level(logging.ERROR):
+    with (
+        TestClient(make_app(ScriptedEngine(tiny_tokenizer, broken))) as client,
+        caplog.at_level(logging.ERROR),
+    ):
         _, key = start_session(client)
-        statuses = [client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).status_code for _ in range(20)]
+        statuses = [
+            client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT).status_code
+            for _ in range(20)
+        ]
     assert statuses == [500] * 20  # every request answered
     logged = [r for r in caplog.records if r.getMessage().startswith("generation failed")]
     assert len(logged) == 1 and logged[0].exc_info[0] is RuntimeError  # one traceback, 19 left out

@@ -15,7 +15,9 @@ CHAT = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 8}
 
 
 def _chat(client, key, messages):
-    r = client.post("/v1/chat/completions", headers=session_headers(key), json={"messages": messages, "max_tokens": 8})
+    r = client.post(
+        "/v1/chat/completions", headers=session_headers(key), json={"messages": messages, "max_tokens": 8}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -23,10 +25,20 @@ def _chat(client, key, messages):
 def test_no_capacity_is_429_and_each_session_uses_one_slot(app_client):
     r = app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"})
     assert r.status_code == 429 and "capacity" in r.json()["error"]["message"]
-    assert app_client.post("/grant_capacity", headers=admin_headers(), json={"count": 2}).json() == {"capacity": 2}
-    ids = [app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"}).json()["session_id"] for _ in range(2)]
+    assert app_client.post("/grant_capacity", headers=admin_headers(), json={"count": 2}).json() == {
+        "capacity": 2
+    }
+    ids = [
+        app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"}).json()[
+            "session_id"
+        ]
+        for _ in range(2)
+    ]
     assert ids == ["t-0", "t-1"]
-    assert app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"}).status_code == 429
+    assert (
+        app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"}).status_code
+        == 429
+    )
 
 
 def test_requested_keys(app_client):
@@ -58,7 +70,9 @@ def test_chat_after_end_is_409_rewards_still_allowed(app_client):
     r = app_client.post("/v1/chat/completions", headers=session_headers(key), json=CHAT)
     assert r.status_code == 409 and "has ended" in r.json()["error"]["message"]
     assert r.headers["x-should-retry"] == "false"
-    r = app_client.post("/rl/set_reward", headers=session_headers(key), json={"interaction_id": call, "reward": 2})
+    r = app_client.post(
+        "/rl/set_reward", headers=session_headers(key), json={"interaction_id": call, "reward": 2}
+    )
     assert r.status_code == 200
     assert app_client.post("/rl/end_session", headers=session_headers(key)).status_code == 200  # idempotent
 
@@ -67,13 +81,25 @@ def test_export_is_one_shot_and_gone_keys_answer_410(app_client):
     sid, key = start_session(app_client)
     _chat(app_client, key, CHAT["messages"])
     app_client.post("/rl/end_session", headers=session_headers(key))
-    assert app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid}).status_code == 200
+    assert (
+        app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid}).status_code
+        == 200
+    )
     again = app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid})
     assert again.status_code == 404 and "unknown session_id" in again.json()["error"]["message"]
-    for path, body in [("/rl/end_session", None), ("/rl/set_reward", {"reward": 1}), ("/v1/chat/completions", CHAT)]:
+    for path, body in [
+        ("/rl/end_session", None),
+        ("/rl/set_reward", {"reward": 1}),
+        ("/v1/chat/completions", CHAT),
+    ]:
         r = app_client.post(path, headers=session_headers(key), json=body)
         assert r.status_code == 410 and "was exported" in r.json()["error"]["message"], path
-    assert app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": "nope-0"}).status_code == 404
+    assert (
+        app_client.post(
+            "/export_trajectories", headers=admin_headers(), json={"session_id": "nope-0"}
+        ).status_code
+        == 404
+    )
 
 
 def test_export_waits_for_end_session_with_a_timeout(make_app):
@@ -85,7 +111,9 @@ def test_export_waits_for_end_session_with_a_timeout(make_app):
         assert r.status_code == 504 and "did not end within 0.2 s" in r.json()["error"]["message"]
         # still exportable once ended
         client.post("/rl/end_session", headers=session_headers(key))
-        r = client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "wait_timeout": 0.1})
+        r = client.post(
+            "/export_trajectories", headers=admin_headers(), json={"session_id": sid, "wait_timeout": 0.1}
+        )
         assert r.status_code == 200
 
 
@@ -105,10 +133,19 @@ def test_stale_sessions_are_swept(make_app):
 def test_set_reward_last_and_by_id_and_unknown(app_client):
     sid, key = start_session(app_client)
     first = _chat(app_client, key, CHAT["messages"])
-    second = _chat(app_client, key, [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "sure?"}])
+    second = _chat(
+        app_client,
+        key,
+        [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "sure?"}],
+    )
     h = session_headers(key)
     assert app_client.post("/rl/set_reward", headers=h, json={"reward": 1}).status_code == 200
-    assert app_client.post("/rl/set_reward", headers=h, json={"interaction_id": first["id"], "reward": 0.5}).status_code == 200
+    assert (
+        app_client.post(
+            "/rl/set_reward", headers=h, json={"interaction_id": first["id"], "reward": 0.5}
+        ).status_code
+        == 200
+    )
     r = app_client.post("/rl/set_reward", headers=h, json={"interaction_id": "chatcmpl-nope", "reward": 1})
     assert r.status_code == 400 and "chatcmpl-nope" in r.json()["error"]["message"]
     cache = app_client.app.state.proxy.sessions[sid].cache
@@ -120,14 +157,20 @@ def test_set_reward_last_and_by_id_and_unknown(app_client):
 def test_export_wire_round_trip_equals_server_tensors(app_client, mode, expected_first):
     sid, key = start_session(app_client)
     first = _chat(app_client, key, CHAT["messages"])
-    second = _chat(app_client, key, [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "sure?"}])
+    second = _chat(
+        app_client,
+        key,
+        [*CHAT["messages"], first["choices"][0]["message"], {"role": "user", "content": "sure?"}],
+    )
     h = session_headers(key)
     app_client.post("/rl/set_reward", headers=h, json={"interaction_id": first["id"], "reward": 0.5})
     app_client.post("/rl/set_reward", headers=h, json={"reward": 1.0})
     app_client.post("/rl/end_session", headers=h)
     cache = app_client.app.state.proxy.sessions[sid].cache
     r = app_client.post(
-        "/export_trajectories", headers=admin_headers(), json={"session_id": sid, "discount": 0.9, "discount_mode": mode}
+        "/export_trajectories",
+        headers=admin_headers(),
+        json={"session_id": sid, "discount": 0.9, "discount_mode": mode},
     )
     assert r.status_code == 200
     wire = r.json()["interactions"]
@@ -149,9 +192,13 @@ def test_concat_style_on_hf_interactions_is_400_and_loses_nothing(app_client):
     sid, key = start_session(app_client)
     _chat(app_client, key, CHAT["messages"])
     app_client.post("/rl/end_session", headers=session_headers(key))
-    r = app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "style": "concat"})
+    r = app_client.post(
+        "/export_trajectories", headers=admin_headers(), json={"session_id": sid, "style": "concat"}
+    )
     assert r.status_code == 400 and "concat" in r.json()["error"]["message"]
-    r = app_client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "style": "individual"})
+    r = app_client.post(
+        "/export_trajectories", headers=admin_headers(), json={"session_id": sid, "style": "individual"}
+    )
     assert r.status_code == 200 and len(r.json()["interactions"]) == 1
 
 
@@ -167,7 +214,11 @@ def test_engine_failure_is_500_and_nothing_half_recorded(make_app, tiny_tokenize
 
     with TestClient(make_app(ScriptedEngine(tiny_tokenizer, script))) as client:
         sid, key = start_session(client)
-        r = client.post("/v1/chat/completions", headers=session_headers(key), json={"messages": [{"role": "user", "content": "boom"}]})
+        r = client.post(
+            "/v1/chat/completions",
+            headers=session_headers(key),
+            json={"messages": [{"role": "user", "content": "boom"}]},
+        )
         assert r.status_code == 500 and "engine exploded" in r.json()["error"]["message"]
         assert len(client.app.state.proxy.sessions[sid].cache) == 0
         assert _chat(client, key, CHAT["messages"])["choices"][0]["message"]["content"] == "ok"

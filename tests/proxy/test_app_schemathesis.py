@@ -9,9 +9,9 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.models import load_tokenizer
 from areal_nb.proxy import ProxySettings, create_app
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.conftest import PROXY_ADMIN_KEY
 
 _tokenizer = load_tokenizer("tiny-math")
@@ -39,7 +39,9 @@ def _credentials(path: str) -> dict[str, str]:
 def test_no_server_errors(case):
     headers = {**(case.headers or {}), **_credentials(case.path)}
     response = case.call(headers=headers)
-    assert response.status_code < 500, f"{case.method} {case.path} → {response.status_code}: {response.text[:500]}"
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} → {response.status_code}: {response.text[:500]}"
+    )
     if response.status_code >= 400:
         body = response.json()
         assert body["error"]["message"], body

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers
-from tests.proxy.hostile import HOSTILE, check_answer, encode, new_session_key, send
+from tests.proxy.hostile import HOSTILE, check_answer, new_session_key, send
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,11 @@ async def _honest_session(client: httpx.AsyncClient, index: int) -> tuple[str, l
     ids = []
     for turn in range(TURNS):
         messages.append({"role": "user", "content": _honest_turn_content(index, turn)})
-        r = await client.post("/v1/chat/completions", headers=headers, json={"messages": messages, "max_tokens": 12, "temperature": 1.0})
+        r = await client.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"messages": messages, "max_tokens": 12, "temperature": 1.0},
+        )
         assert r.status_code == 200, r.text
         ids.append(r.json()["id"])
         messages.append(r.json()["choices"][0]["message"])
@@ -103,11 +107,20 @@ def _hostile_loop(url: str, stop: threading.Event, sent: list[str], wrong: list[
             # an export abandoned while it waits: the session must stay exportable
             sid, key = new_session_key(client, "abandon")
             try:
-                client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "wait_timeout": 30}, timeout=0.3)
+                client.post(
+                    "/export_trajectories",
+                    headers=admin_headers(),
+                    json={"session_id": sid, "wait_timeout": 30},
+                    timeout=0.3,
+                )
                 wrong.append("a waiting export returned before end_session")
             except httpx.ReadTimeout:
                 pass
-            client.post("/v1/chat/completions", headers={"x-api-key": key}, json={"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2})
+            client.post(
+                "/v1/chat/completions",
+                headers={"x-api-key": key},
+                json={"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2},
+            )
             client.post("/rl/set_reward", headers={"x-api-key": key}, json={"reward": 0.0})
             client.post("/rl/end_session", headers={"x-api-key": key})
             r = client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid})
@@ -132,12 +145,18 @@ def test_honest_sessions_survive_a_hostile_client(tmp_path):
         line = server.stdout.readline()
         assert f"listening on {url}" in line, line + log_path.read_text()
         stop_file = tmp_path / "stop"
-        probe = subprocess.Popen([sys.executable, "-c", PROBE, url, str(stop_file)], stdout=subprocess.PIPE, text=True, env=env)
+        probe = subprocess.Popen(
+            [sys.executable, "-c", PROBE, url, str(stop_file)], stdout=subprocess.PIPE, text=True, env=env
+        )
 
         # warm up (first template render, first generation) before measuring anything
         with httpx.Client(base_url=url, timeout=120) as warm:
             _, key = new_session_key(warm, "warm")
-            warm.post("/v1/chat/completions", headers={"x-api-key": key}, json={"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2})
+            warm.post(
+                "/v1/chat/completions",
+                headers={"x-api-key": key},
+                json={"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2},
+            )
 
         stop, sent, wrong = threading.Event(), [], []
         hostile = threading.Thread(target=_hostile_loop, args=(url, stop, sent, wrong), daemon=True)

@@ -51,7 +51,9 @@ def served(tiny_tokenizer):
     from areal_nb.proxy import ProxySettings, create_app
 
     engine = HoldingEngine(tiny_tokenizer)
-    with ProxyServer(create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))) as server:
+    with ProxyServer(
+        create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    ) as server:
         yield server, engine
 
 
@@ -71,8 +73,11 @@ def test_a_gone_client_cancels_its_generation_and_records_nothing(served, path):
         body = json.dumps(ROUTES[path]).encode()
         host, port = server.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             _wait_for(lambda: engine.held == held + 1)  # generating
         _wait_for(lambda: engine.cancelled == cancelled + 1)  # the client closed: the row is cancelled
         state = server.app.state.proxy
@@ -92,8 +97,11 @@ def test_a_flood_of_abandoned_requests_leaves_nothing_running(served):
         socks = []
         for _ in range(20):
             sock = socket.create_connection((host, int(port)))
-            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             socks.append(sock)
         _wait_for(lambda: engine.held - engine.cancelled >= 20)
         for sock in socks:
@@ -113,8 +121,11 @@ def test_a_gone_client_leaves_no_error_in_the_log(served, caplog):
         body = json.dumps(ROUTES["/v1/chat/completions"]).encode()
         host, port = server.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             _wait_for(lambda: engine.held == engine.cancelled + 1)
         _wait_for(lambda: engine.cancelled == cancelled + 1)
         time.sleep(0.2)  # the handler answers after the cancellation settles

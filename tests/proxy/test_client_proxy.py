@@ -8,8 +8,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
+from areal_nb.testing import ScriptedEngine
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
 pytestmark = pytest.mark.server  # real uvicorn servers on loopback

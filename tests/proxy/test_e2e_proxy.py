@@ -11,16 +11,18 @@ import asyncio
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
 pytestmark = pytest.mark.slow
 
-QUESTION = {"messages": [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples?"}],
-            "answer": "#### 7"}
+QUESTION = {
+    "messages": [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples?"}],
+    "answer": "#### 7",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,9 @@ def _check_tokens(interaction) -> None:
     assert len(resp.output_logprobs) == len(resp.output_versions) == resp.output_len
     row = interaction.to_tensor_dict()
     ids = row["input_ids"][0].tolist()
-    assert ids[-resp.output_len:] == resp.output_tokens
-    assert row["loss_mask"][0].tolist()[-resp.output_len:] == [1] * resp.output_len
-    assert row["logprobs"][0].tolist()[-resp.output_len:] == pytest.approx(resp.output_logprobs)
+    assert ids[-resp.output_len :] == resp.output_tokens
+    assert row["loss_mask"][0].tolist()[-resp.output_len :] == [1] * resp.output_len
+    assert row["logprobs"][0].tolist()[-resp.output_len :] == pytest.approx(resp.output_logprobs)
     assert all(lp <= 0.0 for lp in resp.output_logprobs)
 
 
@@ -187,7 +189,11 @@ def test_sessions_are_isolated(tiny_tokenizer):
             user = {"role": "user", "content": "q"}
             ca = await oa.chat.completions.create(model="m", messages=[user])
             # B replays A's conversation: it must not become a child of A's call.
-            follow = [user, ca.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "and?"}]
+            follow = [
+                user,
+                ca.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "and?"},
+            ]
             cb = await ob.chat.completions.create(model="m", messages=follow)
             with pytest.raises(ProxyRequestError) as cross_reward:
                 await a.set_reward(cb.id, 5.0)  # A cannot reward B's call

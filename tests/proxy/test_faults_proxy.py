@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
@@ -60,8 +60,14 @@ def test_agent_raises_mid_episode(proxy, caplog):
                 return await agents.RaisingAgent().run(data, **kw)
             return await agents.ChatAgent().run(data, **kw)
 
-    _reject_then_recover(proxy, _wf(proxy, Flaky()), {**OK, "fail": True}, "agent_error",
-                         "RuntimeError: agent bug after the first call", caplog)
+    _reject_then_recover(
+        proxy,
+        _wf(proxy, Flaky()),
+        {**OK, "fail": True},
+        "agent_error",
+        "RuntimeError: agent bug after the first call",
+        caplog,
+    )
 
 
 def test_agent_hangs_past_timeout_inline(proxy, caplog):
@@ -78,6 +84,7 @@ def test_agent_hangs_past_timeout_subproc(proxy, caplog):
     # Generous timeout: the worker must spawn and make its call on two busy cores before hanging.
     wf = _wf(proxy, agents.HangingAgent(), mode="subproc", subproc_max_workers=1, agent_timeout=12.0)
     try:
+
         async def hang():
             return await wf.arun_episode(None, OK)
 
@@ -97,7 +104,9 @@ def test_agent_hangs_past_timeout_subproc(proxy, caplog):
 
 def test_engine_error_during_a_call(proxy, caplog):
     bad = {"messages": [{"role": "user", "content": "ENGINE-FAIL please"}]}
-    _reject_then_recover(proxy, _wf(proxy, agents.ChatAgent()), bad, "agent_error", "InternalServerError", caplog)
+    _reject_then_recover(
+        proxy, _wf(proxy, agents.ChatAgent()), bad, "agent_error", "InternalServerError", caplog
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,8 +120,9 @@ def test_reward_function_crashes_pool_or_hangs(proxy, caplog, reward_fn, reason_
                 return await agents.RewardFnAgent().run(data, **kw)
             return await agents.ChatAgent().run(data, **kw)
 
-    _reject_then_recover(proxy, _wf(proxy, Agent()), {**OK, "reward_fn": reward_fn}, "agent_error",
-                         reason_part, caplog)
+    _reject_then_recover(
+        proxy, _wf(proxy, Agent()), {**OK, "reward_fn": reward_fn}, "agent_error", reason_part, caplog
+    )
 
 
 def test_episode_without_llm_call_is_rejected(proxy, caplog):
@@ -121,8 +131,9 @@ def test_episode_without_llm_call_is_rejected(proxy, caplog):
             agent = agents.NoCallAgent() if data.get("skip") else agents.ChatAgent()
             return await agent.run(data, **kw)
 
-    _reject_then_recover(proxy, _wf(proxy, Agent()), {**OK, "skip": True}, "no_interactions",
-                         "made no LLM call", caplog)
+    _reject_then_recover(
+        proxy, _wf(proxy, Agent()), {**OK, "skip": True}, "no_interactions", "made no LLM call", caplog
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,8 +151,9 @@ def test_episode_without_llm_call_is_rejected(proxy, caplog):
     ids=["bool", "none", "str", "list", "nan", "empty-dict", "unknown-id", "bool-in-dict"],
 )
 def test_invalid_agent_returns_are_rejected(proxy, caplog, ret, reason_part):
-    _reject_then_recover(proxy, _wf(proxy, agents.ChatAgent()), {**OK, "ret": ret}, "invalid_reward",
-                         reason_part, caplog)
+    _reject_then_recover(
+        proxy, _wf(proxy, agents.ChatAgent()), {**OK, "ret": ret}, "invalid_reward", reason_part, caplog
+    )
 
 
 def test_int_reward_is_accepted_for_the_last_call(proxy):
@@ -151,7 +163,9 @@ def test_int_reward_is_accepted_for_the_last_call(proxy):
 
 
 def test_unreachable_proxy_is_a_bounded_rejection(caplog):
-    wf = OpenAIProxyWorkflow(agent=agents.ChatAgent(), proxy_addr="http://127.0.0.1:9", admin_api_key=ADMIN_KEY)
+    wf = OpenAIProxyWorkflow(
+        agent=agents.ChatAgent(), proxy_addr="http://127.0.0.1:9", admin_api_key=ADMIN_KEY
+    )
     with caplog.at_level(logging.WARNING):
         assert asyncio.run(wf.arun_episode(None, OK)) is None
     assert wf.rejections == {"proxy_error": 1}

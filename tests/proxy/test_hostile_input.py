@@ -30,7 +30,11 @@ def client(local_server):
 
 
 def _post(client: httpx.Client, key: str, path: str, body) -> httpx.Response:
-    return client.post(path, headers={"Authorization": f"Bearer {key}", "content-type": "application/json"}, content=encode(body))
+    return client.post(
+        path,
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+        content=encode(body),
+    )
 
 
 def _ok(client: httpx.Client, key: str) -> None:
@@ -58,12 +62,21 @@ def test_errors_reach_the_sdks_as_bad_requests_without_retries(local_server):
         _, key = new_session_key(c)
     oai = openai.OpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=2)
     with pytest.raises(openai.BadRequestError, match=f"context is {CONTEXT} tokens"):
-        oai.chat.completions.create(model="tiny-math", messages=[{"role": "user", "content": "1+" * 3000}], max_tokens=4)
+        oai.chat.completions.create(
+            model="tiny-math", messages=[{"role": "user", "content": "1+" * 3000}], max_tokens=4
+        )
     with pytest.raises(openai.BadRequestError, match="frequency_penalty is not supported"):
-        oai.chat.completions.create(model="tiny-math", messages=[{"role": "user", "content": "hi"}], max_tokens=4, frequency_penalty=1)
+        oai.chat.completions.create(
+            model="tiny-math", messages=[{"role": "user", "content": "hi"}], max_tokens=4, frequency_penalty=1
+        )
     ant = anthropic.Anthropic(base_url=local_server.url, api_key=key, max_retries=2)
     with pytest.raises(anthropic.BadRequestError, match="temperature must be 0"):
-        ant.messages.create(model="tiny-math", max_tokens=4, extra_body={"temperature": 1e-300}, messages=[{"role": "user", "content": "hi"}])
+        ant.messages.create(
+            model="tiny-math",
+            max_tokens=4,
+            extra_body={"temperature": 1e-300},
+            messages=[{"role": "user", "content": "hi"}],
+        )
     state = local_server.app.state.proxy
     assert sum(len(s.cache) for s in state.sessions.values() if s.api_key == key) == 0
 
@@ -83,7 +96,11 @@ def test_prompt_length_either_fits_or_is_a_400_naming_the_context(client, tiny_t
     else:
         message = r.json()["error"]["message"]
         # over the character bound: refused before tokenizing; else after, by token count
-        assert r.status_code == 400 and f"context of {CONTEXT} tokens" in message or f"context is {CONTEXT} tokens" in message, r.text
+        assert (
+            r.status_code == 400
+            and f"context of {CONTEXT} tokens" in message
+            or f"context is {CONTEXT} tokens" in message
+        ), r.text
 
 
 # ---------------------------------------------------------------------------- class 3: nesting
@@ -106,13 +123,19 @@ def test_nesting_up_to_the_limit_is_served_deeper_is_a_400(client, depth, where)
     if where == "metadata":
         body = chat(metadata={"k": inner})
     elif where == "tools":
-        body = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": inner}}}])
+        body = chat(
+            tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": inner}}}
+            ]
+        )
     else:
         body = chat([{"type": "text", "text": "hi", "extra": inner}])
     _, key = new_session_key(client)
     r = _post(client, key, "/v1/chat/completions", body)
     if _depth(body) > MAX_JSON_DEPTH:
-        assert r.status_code == 400 and f"at most {MAX_JSON_DEPTH} levels" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400 and f"at most {MAX_JSON_DEPTH} levels" in r.json()["error"]["message"], (
+            r.text
+        )
     else:
         assert r.status_code == 200, r.text
 
@@ -168,8 +191,12 @@ def _temperature_status(t: float) -> int:
 )
 @PROPERTY
 def test_temperature_is_zero_or_in_range_on_every_route(client, t, path):
-    body = {"/v1/chat/completions": chat(temperature=t), "/v1/responses": {"input": "hi", "max_output_tokens": 4, "temperature": t}}.get(
-        path, {"model": "m", "max_tokens": 4, "temperature": t, "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "/v1/chat/completions": chat(temperature=t),
+        "/v1/responses": {"input": "hi", "max_output_tokens": 4, "temperature": t},
+    }.get(
+        path,
+        {"model": "m", "max_tokens": 4, "temperature": t, "messages": [{"role": "user", "content": "hi"}]},
     )
     _, key = new_session_key(client)
     r = _post(client, key, path, body)
@@ -184,7 +211,12 @@ def test_top_p_is_in_the_half_open_unit_interval(client, p):
     assert r.status_code == (200 if 0 < p <= 1 else 400), r.text
 
 
-@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=MAX_STOP_STRING_CHARS + 8), max_size=MAX_STOP_STRINGS + 3))
+@given(
+    st.lists(
+        st.text(st.characters(codec="utf-8"), max_size=MAX_STOP_STRING_CHARS + 8),
+        max_size=MAX_STOP_STRINGS + 3,
+    )
+)
 @PROPERTY
 def test_stop_strings_are_bounded_and_non_empty(client, stops):
     _, key = new_session_key(client)
@@ -201,11 +233,18 @@ def test_an_abandoned_waiting_export_leaves_the_session_exportable(client):
     first = _post(client, key, "/v1/chat/completions", chat())
     assert first.status_code == 200
     with pytest.raises(httpx.ReadTimeout):  # the client gives up on a waiting export
-        client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "wait_timeout": 30}, timeout=0.5)
+        client.post(
+            "/export_trajectories",
+            headers=admin_headers(),
+            json={"session_id": sid, "wait_timeout": 30},
+            timeout=0.5,
+        )
     # the server notices the disconnect (polled every 0.25 s) and stops waiting without claiming
     assert client.post("/rl/set_reward", headers={"x-api-key": key}, json={"reward": 1.0}).status_code == 200
     assert client.post("/rl/end_session", headers={"x-api-key": key}).status_code == 200
-    exported = client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid, "discount": 0.5})
+    exported = client.post(
+        "/export_trajectories", headers=admin_headers(), json={"session_id": sid, "discount": 0.5}
+    )
     assert exported.status_code == 200, exported.text
     wire = exported.json()["interactions"]
     assert list(wire) == [first.json()["id"]] and wire[first.json()["id"]]["reward"] == 1.0
@@ -218,14 +257,19 @@ def test_an_abandoned_waiting_export_leaves_the_session_exportable(client):
 _KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
-@given(st.text(st.characters(codec="utf-8"), max_size=20) | st.from_regex(r"[!-~][ -~]{6,18}[!-~]", fullmatch=True))
+@given(
+    st.text(st.characters(codec="utf-8"), max_size=20)
+    | st.from_regex(r"[!-~][ -~]{6,18}[!-~]", fullmatch=True)
+)
 @PROPERTY
 def test_a_requested_key_either_authenticates_or_is_refused(client, local_server, key):
     state = local_server.app.state.proxy
     assert client.post("/grant_capacity", headers=admin_headers()).status_code == 200
     capacity = state.capacity
     headers = {**admin_headers(), "content-type": "application/json"}
-    r = client.post("/rl/start_session", headers=headers, content=json.dumps({"task_id": "k", "api_key": key}).encode())
+    r = client.post(
+        "/rl/start_session", headers=headers, content=json.dumps({"task_id": "k", "api_key": key}).encode()
+    )
     if len(key) < 8:
         assert r.status_code == 422, r.text
     elif not _KEY.fullmatch(key):

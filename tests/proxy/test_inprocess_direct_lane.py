@@ -41,7 +41,9 @@ def lane_client(app: Any) -> httpx.AsyncClient:
 
 
 def asgi_client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url=BASE)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url=BASE
+    )
 
 
 async def session_key(client: httpx.AsyncClient, end: bool = False, prefix: str = "") -> str:
@@ -49,7 +51,9 @@ async def session_key(client: httpx.AsyncClient, end: bool = False, prefix: str 
     started = await client.post(f"{prefix}/rl/start_session", headers=ADMIN, json={"task_id": "t"})
     key = started.json()["api_key"]
     if end:
-        assert (await client.post(f"{prefix}/rl/end_session", headers={"Authorization": f"Bearer {key}"})).status_code == 200
+        assert (
+            await client.post(f"{prefix}/rl/end_session", headers={"Authorization": f"Bearer {key}"})
+        ).status_code == 200
     return key
 
 
@@ -57,8 +61,9 @@ def normalized(response: httpx.Response) -> tuple[int, dict[str, str], Any]:
     """Status, headers and body, with the per-call id and timestamp blanked."""
     text = response.text
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        body: Any = [json.loads(line[6:]) if line != "data: [DONE]" else line
-                     for line in text.split("\n\n") if line]
+        body: Any = [
+            json.loads(line[6:]) if line != "data: [DONE]" else line for line in text.split("\n\n") if line
+        ]
         for chunk in body:
             if isinstance(chunk, dict):
                 chunk.update(id="x", created=0)
@@ -83,6 +88,7 @@ def scripted(tokenizer: Any, script: Any = SCRIPTED_REPLY) -> ScriptedEngine:
 
 def both(make_app: Any, tokenizer: Any, send: Any, script: Any = SCRIPTED_REPLY) -> tuple[tuple, tuple, int]:
     """`send(client)` on a fresh app through the lane and on another through plain ASGI."""
+
     async def run(client: httpx.AsyncClient) -> httpx.Response:
         async with client:
             return await send(client)
@@ -94,12 +100,21 @@ def both(make_app: Any, tokenizer: Any, send: Any, script: Any = SCRIPTED_REPLY)
     return normalized(lane), normalized(plain), fallbacks
 
 
-def chat_request(body: Any, *, headers: dict[str, str] | None = None, end: bool = False, key: str | None = None,
-                 path: str = "/v1/chat/completions"):
+def chat_request(
+    body: Any,
+    *,
+    headers: dict[str, str] | None = None,
+    end: bool = False,
+    key: str | None = None,
+    path: str = "/v1/chat/completions",
+):
     async def send(client: httpx.AsyncClient) -> httpx.Response:
         token = key if key is not None else await session_key(client, end=end)
         sent = {"Authorization": f"Bearer {token}", "content-type": "application/json", **(headers or {})}
-        return await client.post(path, headers={k: v for k, v in sent.items() if v is not None}, content=encode(body))
+        return await client.post(
+            path, headers={k: v for k, v in sent.items() if v is not None}, content=encode(body)
+        )
+
     return send
 
 
@@ -156,14 +171,19 @@ def test_mounted_apps_get_their_lane_under_the_mount_path(make_app):
     """The Session's greedy twin at /eval: its sessions live in the twin's state."""
     root, twin = make_app(), make_app()
     root.mount("/eval", twin)
-    assert set(direct_routes(root)) == {"/v1/chat/completions", "/chat/completions",
-                                        "/eval/v1/chat/completions", "/eval/chat/completions"}
+    assert set(direct_routes(root)) == {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/eval/v1/chat/completions",
+        "/eval/chat/completions",
+    }
 
     async def main() -> httpx.Response:
         async with lane_client(root) as client:
             key = await session_key(client, prefix="/eval")
-            return await client.post("/eval/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                                     json=chat())
+            return await client.post(
+                "/eval/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=chat()
+            )
 
     CountingASGI.calls = 0
     response = asyncio.run(main())

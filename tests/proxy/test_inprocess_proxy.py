@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from areal_nb.proxy import ProxyRequestError
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.proxy.inprocess import InProcessProxyClient
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
@@ -33,8 +33,12 @@ def app(make_app):
     return make_app(admin_api_key=ADMIN_KEY)
 
 
-def in_process_workflow(app: Any, agent: Any, proxy_addr: str = UNREACHABLE, **kwargs: Any) -> OpenAIProxyWorkflow:
-    return OpenAIProxyWorkflow(agent=agent, proxy_addr=proxy_addr, admin_api_key=ADMIN_KEY, asgi_app=app, **kwargs)
+def in_process_workflow(
+    app: Any, agent: Any, proxy_addr: str = UNREACHABLE, **kwargs: Any
+) -> OpenAIProxyWorkflow:
+    return OpenAIProxyWorkflow(
+        agent=agent, proxy_addr=proxy_addr, admin_api_key=ADMIN_KEY, asgi_app=app, **kwargs
+    )
 
 
 async def run_episodes(wf: OpenAIProxyWorkflow, *data: dict[str, Any]) -> list[Any]:
@@ -52,7 +56,9 @@ class OwnClientAgent:
 
         client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], max_retries=0)
         try:
-            completion = await client.chat.completions.create(model="default", messages=data["messages"], max_tokens=8)
+            completion = await client.chat.completions.create(
+                model="default", messages=data["messages"], max_tokens=8
+            )
         finally:
             await client.close()
         return 1.0 if completion.choices[0].message.content else 0.0
@@ -82,8 +88,9 @@ def test_inline_episodes_run_concurrently_and_reject_like_http(app):
     assert live_sessions(app) == ({}, {})
 
 
-@pytest.mark.parametrize(("agent", "kind"), [(agents.NoCallAgent(), "no_interactions"),
-                                             (agents.RaisingAgent(), "agent_error")])
+@pytest.mark.parametrize(
+    ("agent", "kind"), [(agents.NoCallAgent(), "no_interactions"), (agents.RaisingAgent(), "agent_error")]
+)
 def test_rejected_in_process_episode_frees_its_session(app, agent, kind):
     wf = in_process_workflow(app, agent)
     assert asyncio.run(run_episodes(wf, QUESTION)) == [None]
@@ -134,7 +141,9 @@ def test_client_errors_carry_the_http_status(app):
             assert err.value.status == 400 and "no interactions" in err.value.detail
             from areal_nb.capture import InteractionWithTokenLogpReward
 
-            pending = InteractionWithTokenLogpReward(messages=[{"role": "user", "content": "q"}], _interaction_id="p")
+            pending = InteractionWithTokenLogpReward(
+                messages=[{"role": "user", "content": "q"}], _interaction_id="p"
+            )
             state.sessions[client.session_id].cache["p"] = pending  # a call still generating
             with pytest.raises(ProxyRequestError) as err:
                 await client.set_last_reward(1.0)
@@ -157,14 +166,21 @@ def test_client_errors_carry_the_http_status(app):
 
 def test_constructor_checks():
     with pytest.raises(TypeError, match="not a proxy app"):
-        OpenAIProxyWorkflow(agent=agents.ChatAgent(), proxy_addr=UNREACHABLE, admin_api_key="k", asgi_app=object())
+        OpenAIProxyWorkflow(
+            agent=agents.ChatAgent(), proxy_addr=UNREACHABLE, admin_api_key="k", asgi_app=object()
+        )
     with pytest.raises(TypeError, match="needs a ProxyState"):
         InProcessProxyClient(object(), "t")  # type: ignore[arg-type]
 
 
 def test_subproc_mode_ignores_the_app(app):
-    wf = OpenAIProxyWorkflow(agent=agents.SyncRunAgent(), mode="subproc", proxy_addr=UNREACHABLE,
-                             admin_api_key=ADMIN_KEY, asgi_app=app)
+    wf = OpenAIProxyWorkflow(
+        agent=agents.SyncRunAgent(),
+        mode="subproc",
+        proxy_addr=UNREACHABLE,
+        admin_api_key=ADMIN_KEY,
+        asgi_app=app,
+    )
     assert wf.asgi_app is None and wf.proxy_state is None  # external agents keep the HTTP path
 
 
@@ -188,10 +204,19 @@ def test_in_process_export_equals_http_export(tiny_tokenizer):
     """Same scripted engine, same agent: the two paths give the same training tensors."""
     with serve_proxy(ScriptedEngine(tiny_tokenizer, "The answer is 4"), tiny_tokenizer) as p:
         data = {**QUESTION, "ret": 1.0}
-        http = asyncio.run(run_episodes(OpenAIProxyWorkflow(agent=agents.ChatAgent(turns=3), proxy_addr=p.url,
-                                                            admin_api_key=ADMIN_KEY, discount=0.5), data))[0]
-        local = asyncio.run(run_episodes(in_process_workflow(p.app, agents.ChatAgent(turns=3), proxy_addr=p.url,
-                                                             discount=0.5), data))[0]
+        http = asyncio.run(
+            run_episodes(
+                OpenAIProxyWorkflow(
+                    agent=agents.ChatAgent(turns=3), proxy_addr=p.url, admin_api_key=ADMIN_KEY, discount=0.5
+                ),
+                data,
+            )
+        )[0]
+        local = asyncio.run(
+            run_episodes(
+                in_process_workflow(p.app, agents.ChatAgent(turns=3), proxy_addr=p.url, discount=0.5), data
+            )
+        )[0]
     assert len(http) == len(local) == 3
     for a, b in zip(_tensors(http), _tensors(local), strict=True):
         assert a.keys() == b.keys()
@@ -208,7 +233,9 @@ def test_real_engine_serves_both_loops_at_once(local_engine, tiny_tokenizer):
         external: list[Any] = []
 
         def external_agent() -> None:
-            wf = OpenAIProxyWorkflow(agent=agents.ChatAgent(turns=2), proxy_addr=p.url, admin_api_key=ADMIN_KEY)
+            wf = OpenAIProxyWorkflow(
+                agent=agents.ChatAgent(turns=2), proxy_addr=p.url, admin_api_key=ADMIN_KEY
+            )
             external.extend(asyncio.run(run_episodes(wf, *[{**QUESTION, "ret": 1.0}] * 4)))
 
         thread = threading.Thread(target=external_agent)
@@ -278,7 +305,9 @@ def test_in_process_client_keeps_cookies_and_skips_the_jar_for_responses_without
     jar_calls = []
 
     async def run() -> list[str]:
-        async with InProcessClient(transport=httpx.ASGITransport(app=app), base_url="http://x", cookies={"a": "1"}) as c:
+        async with InProcessClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://x", cookies={"a": "1"}
+        ) as c:
             jar = c.cookies.jar
             original = jar.extract_cookies
             jar.extract_cookies = lambda *a: jar_calls.append(1) or original(*a)

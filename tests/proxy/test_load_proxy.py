@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 

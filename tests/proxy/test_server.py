@@ -59,8 +59,11 @@ def test_two_apps_in_one_process_are_independent(make_app):
         assert a.port != b.port
         with httpx.Client(base_url=a.url) as ca, httpx.Client(base_url=b.url) as cb:
             _, key = start_session(ca)
-            r = cb.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            r = cb.post(
+                "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            )
             assert r.status_code == 401  # a key of app A means nothing to app B
             assert cb.get("/health").json()["active_sessions"] == 0
 
@@ -100,8 +103,11 @@ def test_astart_inside_a_running_loop(make_app):
         async with ProxyServer(make_app()) as server:
             async with httpx.AsyncClient(base_url=server.url) as client:
                 sid, key = await asyncio.to_thread(start_session, httpx.Client(base_url=server.url))
-                r = await client.post("/v1/chat/completions", headers={"x-api-key": key},
-                                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+                r = await client.post(
+                    "/v1/chat/completions",
+                    headers={"x-api-key": key},
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                )
                 assert r.status_code == 200
             port = server.port
         assert not server.running  # stopped on exit
@@ -111,8 +117,8 @@ def test_astart_inside_a_running_loop(make_app):
 
 
 def test_default_admin_key_refused_off_loopback(tiny_tokenizer, monkeypatch):
-    from areal_nb.testing import ScriptedEngine
     from areal_nb.proxy import ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
 
     app = create_app(ScriptedEngine(tiny_tokenizer, "x"), tiny_tokenizer, ProxySettings())
     monkeypatch.delenv("AREAL_ALLOW_DEFAULT_ADMIN_KEY", raising=False)
@@ -133,9 +139,28 @@ def _free_port() -> int:
 def _launch(port: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "areal_nb.cli", "proxy", "--model", "tiny-math", "--host", "127.0.0.1",
-         "--port", str(port), "--admin-key", PROXY_ADMIN_KEY, "--device", "cpu", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "areal_nb.cli",
+            "proxy",
+            "--model",
+            "tiny-math",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--admin-key",
+            PROXY_ADMIN_KEY,
+            "--device",
+            "cpu",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
 
 
@@ -151,10 +176,14 @@ def test_cli_serves_the_sdk_and_stops_on_signal(sig):
             assert client.get("/v1/models").json()["data"][0]["id"] == "tiny-math"
             sid, key = start_session(client, "cli")
             sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
-            completion = sdk.chat.completions.create(model="tiny-math", messages=[{"role": "user", "content": "1+1?"}], max_tokens=8)
+            completion = sdk.chat.completions.create(
+                model="tiny-math", messages=[{"role": "user", "content": "1+1?"}], max_tokens=8
+            )
             assert completion.usage.completion_tokens > 0
             client.post("/rl/end_session", headers={"x-api-key": key})
-            wire = client.post("/export_trajectories", headers=admin_headers(), json={"session_id": sid}).json()["interactions"]
+            wire = client.post(
+                "/export_trajectories", headers=admin_headers(), json={"session_id": sid}
+            ).json()["interactions"]
             assert wire[completion.id]["chat_template_type"] == "concat"
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 0
@@ -169,6 +198,12 @@ def test_cli_serves_the_sdk_and_stops_on_signal(sig):
 def test_cli_refuses_default_key_off_loopback():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("AREAL_ALLOW_DEFAULT_ADMIN_KEY", None)
-    out = subprocess.run([sys.executable, "-m", "areal_nb.cli", "proxy", "--host", "0.0.0.0", "--port", "0"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_nb.cli", "proxy", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert out.returncode == 2 and "default admin key" in out.stderr

@@ -20,9 +20,23 @@ from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
 
 pytestmark = pytest.mark.server  # real uvicorn servers on loopback
 
-OPENAI_TOOLS = [{"type": "function", "function": {"name": "add", "description": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
-ANTHROPIC_TOOLS = [{"name": "add", "description": "add", "input_schema": OPENAI_TOOLS[0]["function"]["parameters"]}]
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+ANTHROPIC_TOOLS = [
+    {"name": "add", "description": "add", "input_schema": OPENAI_TOOLS[0]["function"]["parameters"]}
+]
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
 
@@ -55,7 +69,9 @@ def tool_server(tiny_tokenizer):
         prompt = tiny_tokenizer.decode(req.input_ids)
         return "The sum is 3" if "<tool_response>" in prompt else TOOL_CALL_TEXT
 
-    app = create_app(ScriptedEngine(tiny_tokenizer, reply), tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    app = create_app(
+        ScriptedEngine(tiny_tokenizer, reply), tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY)
+    )
     with ProxyServer(app) as server:
         yield server
 
@@ -66,10 +82,15 @@ async def _openai_two_turns(url: str, key: str, stream: bool, tools: bool) -> li
     messages: list = [{"role": "user", "content": "What is 1 + 2?"}]
     ids = []
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as client:
-        for turn in range(2):
+        for _turn in range(2):
             if stream:
                 s = await client.chat.completions.create(
-                    model="tiny-math", messages=messages, max_completion_tokens=48, temperature=0.0, stream=True, **extra
+                    model="tiny-math",
+                    messages=messages,
+                    max_completion_tokens=48,
+                    temperature=0.0,
+                    stream=True,
+                    **extra,
                 )
                 chunks = [c async for c in s]
                 text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -80,7 +101,12 @@ async def _openai_two_turns(url: str, key: str, stream: bool, tools: bool) -> li
                 message = {"role": "assistant", "content": text}
                 if calls:
                     message["tool_calls"] = [
-                        {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.function.name, "arguments": c.function.arguments},
+                        }
+                        for c in calls
                     ]
             else:
                 completion = await client.chat.completions.create(
@@ -94,7 +120,13 @@ async def _openai_two_turns(url: str, key: str, stream: bool, tools: bool) -> li
             messages.append(message)
             if calls:
                 assert finish == "tool_calls"
-                messages.append({"role": "tool", "tool_call_id": calls[0]["id"] if isinstance(calls[0], dict) else calls[0].id, "content": "3"})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": calls[0]["id"] if isinstance(calls[0], dict) else calls[0].id,
+                        "content": "3",
+                    }
+                )
             else:
                 assert finish in ("stop", "length")
                 messages.append({"role": "user", "content": "Are you sure?"})
@@ -146,11 +178,18 @@ async def _anthropic_two_turns(url: str, key: str, stream: bool, tools: bool):
                 )
             assert message.model == "tiny-math" and message.usage.output_tokens > 0
             results.append(message)
-            messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+            messages.append(
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]}
+            )
             tool_uses = [b for b in message.content if b.type == "tool_use"]
             if tool_uses:
                 assert message.stop_reason == "tool_use"
-                messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_uses[0].id, "content": "3"}]})
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": tool_uses[0].id, "content": "3"}],
+                    }
+                )
             else:
                 assert message.stop_reason in ("end_turn", "max_tokens")
                 messages.append({"role": "user", "content": "Are you sure?"})
@@ -193,8 +232,12 @@ def test_anthropic_stop_sequence_on_tiny_model(local_server, tiny_tokenizer, str
 
     async def run():
         async with anthropic.AsyncAnthropic(base_url=local_server.url, api_key=key, max_retries=0) as client:
-            request = {"model": "m", "max_tokens": 24, "stop_sequences": stops,
-                       "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+            request = {
+                "model": "m",
+                "max_tokens": 24,
+                "stop_sequences": stops,
+                "messages": [{"role": "user", "content": "What is 2 + 3?"}],
+            }
             if stream:
                 async with client.messages.stream(**request) as s:
                     return await s.get_final_message()
@@ -214,7 +257,9 @@ def test_anthropic_set_reward_by_message_id(local_server):
     sid, key = _session(local_server.url, "ant-reward")
     first, _ = asyncio.run(_anthropic_two_turns(local_server.url, key, False, tools=False))
     with httpx.Client(base_url=local_server.url) as client:
-        r = client.post("/rl/set_reward", headers={"x-api-key": key}, json={"interaction_id": first.id, "reward": 1.0})
+        r = client.post(
+            "/rl/set_reward", headers={"x-api-key": key}, json={"interaction_id": first.id, "reward": 1.0}
+        )
         assert r.status_code == 200
     wire = _export(local_server.url, sid, key)
     assert wire[first.id]["reward"] == 1.0
@@ -225,21 +270,47 @@ def test_responses_function_call_round_trip_scripted(tool_server):
     sid, key = _session(tool_server.url, "resp-tool")
 
     async def run():
-        async with openai.AsyncOpenAI(base_url=tool_server.url, api_key=key, max_retries=0) as client:  # no /v1
-            first = await client.responses.create(model="m", input="What is 1 + 2?", tools=[
-                {"type": "function", "name": "add", "parameters": OPENAI_TOOLS[0]["function"]["parameters"]}], max_output_tokens=48)
+        async with openai.AsyncOpenAI(
+            base_url=tool_server.url, api_key=key, max_retries=0
+        ) as client:  # no /v1
+            first = await client.responses.create(
+                model="m",
+                input="What is 1 + 2?",
+                tools=[
+                    {
+                        "type": "function",
+                        "name": "add",
+                        "parameters": OPENAI_TOOLS[0]["function"]["parameters"],
+                    }
+                ],
+                max_output_tokens=48,
+            )
             call = first.output[0]
-            assert call.type == "function_call" and call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2}
-            second = await client.responses.create(model="m", input=[
-                {"role": "user", "content": "What is 1 + 2?"}, call.model_dump(exclude_none=True),
-                {"type": "function_call_output", "call_id": call.call_id, "output": "3"}], max_output_tokens=48)
+            assert (
+                call.type == "function_call"
+                and call.name == "add"
+                and json.loads(call.arguments) == {"a": 1, "b": 2}
+            )
+            second = await client.responses.create(
+                model="m",
+                input=[
+                    {"role": "user", "content": "What is 1 + 2?"},
+                    call.model_dump(exclude_none=True),
+                    {"type": "function_call_output", "call_id": call.call_id, "output": "3"},
+                ],
+                max_output_tokens=48,
+            )
             return first, second
 
     first, second = asyncio.run(run())
     assert second.output_text == "The sum is 3"
     wire = _export(tool_server.url, sid, key)
     assert list(wire) == [first.id, second.id]
-    assert wire[second.id]["messages"][-1] == {"role": "tool", "content": "3", "tool_call_id": first.output[0].call_id}
+    assert wire[second.id]["messages"][-1] == {
+        "role": "tool",
+        "content": "3",
+        "tool_call_id": first.output[0].call_id,
+    }
 
 
 def test_responses_previous_response_id_scripted(tool_server):
@@ -250,11 +321,23 @@ def test_responses_previous_response_id_scripted(tool_server):
 
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=key, max_retries=0) as client:
-            first = await client.responses.create(model="m", input="What is 1 + 2?", tools=tools, max_output_tokens=48)
-            second = await client.responses.create(model="m", previous_response_id=first.id, tools=tools, max_output_tokens=48,
-                                                   input=[{"type": "function_call_output", "call_id": first.output[0].call_id, "output": "3"}])
-            with pytest.raises(openai.BadRequestError, match="previous_response_id 'resp-gone' is not a response of this session"):
-                await client.responses.create(model="m", previous_response_id="resp-gone", input="hi", max_output_tokens=4)
+            first = await client.responses.create(
+                model="m", input="What is 1 + 2?", tools=tools, max_output_tokens=48
+            )
+            second = await client.responses.create(
+                model="m",
+                previous_response_id=first.id,
+                tools=tools,
+                max_output_tokens=48,
+                input=[{"type": "function_call_output", "call_id": first.output[0].call_id, "output": "3"}],
+            )
+            with pytest.raises(
+                openai.BadRequestError,
+                match="previous_response_id 'resp-gone' is not a response of this session",
+            ):
+                await client.responses.create(
+                    model="m", previous_response_id="resp-gone", input="hi", max_output_tokens=4
+                )
             return first, second
 
     first, second = asyncio.run(run())
@@ -262,17 +345,30 @@ def test_responses_previous_response_id_scripted(tool_server):
     wire = _export(tool_server.url, sid, key)
     assert list(wire) == [first.id, second.id] and wire[second.id]["parent_id"] == first.id
     assert wire[second.id]["messages"][0] == {"role": "user", "content": "What is 1 + 2?"}
-    assert wire[second.id]["messages"][-1] == {"role": "tool", "content": "3", "tool_call_id": first.output[0].call_id}
+    assert wire[second.id]["messages"][-1] == {
+        "role": "tool",
+        "content": "3",
+        "tool_call_id": first.output[0].call_id,
+    }
 
 
 def test_responses_previous_response_id_on_tiny_model(local_server, tiny_tokenizer):
     sid, key = _session(local_server.url, "resp-prev-real")
 
     async def run():
-        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
-            first = await client.responses.create(model="m", input="What is 1 + 2?", max_output_tokens=8, temperature=0)
-            second = await client.responses.create(model="m", previous_response_id=first.id, input="Are you sure?",
-                                                   max_output_tokens=8, temperature=0)
+        async with openai.AsyncOpenAI(
+            base_url=f"{local_server.url}/v1", api_key=key, max_retries=0
+        ) as client:
+            first = await client.responses.create(
+                model="m", input="What is 1 + 2?", max_output_tokens=8, temperature=0
+            )
+            second = await client.responses.create(
+                model="m",
+                previous_response_id=first.id,
+                input="Are you sure?",
+                max_output_tokens=8,
+                temperature=0,
+            )
             return first, second
 
     first, second = asyncio.run(run())
@@ -280,16 +376,23 @@ def test_responses_previous_response_id_on_tiny_model(local_server, tiny_tokeniz
     _check_tokens(wire[second.id])
     assert wire[second.id]["parent_id"] == first.id
     prompt = tiny_tokenizer.decode(wire[second.id]["model_response"]["input_tokens"])
-    assert prompt == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n" + first.output_text
-                      + "<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt == (
+        "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+        + first.output_text
+        + "<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_responses_on_tiny_model(local_server):
     sid, key = _session(local_server.url, "resp-real")
 
     async def run():
-        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
-            return await client.responses.create(model="m", input="What is 1 + 2?", instructions="Add.", max_output_tokens=10)
+        async with openai.AsyncOpenAI(
+            base_url=f"{local_server.url}/v1", api_key=key, max_retries=0
+        ) as client:
+            return await client.responses.create(
+                model="m", input="What is 1 + 2?", instructions="Add.", max_output_tokens=10
+            )
 
     response = asyncio.run(run())
     assert response.usage.output_tokens > 0
@@ -305,9 +408,16 @@ def test_openai_n_choices_on_tiny_model(local_server, stream):
     sid, key = _session(local_server.url, f"oai-n-{stream}")
 
     async def run():
-        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
-            request = {"model": "m", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "n": 3,
-                       "max_completion_tokens": 8, "temperature": 1.0}
+        async with openai.AsyncOpenAI(
+            base_url=f"{local_server.url}/v1", api_key=key, max_retries=0
+        ) as client:
+            request = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "What is 1 + 2?"}],
+                "n": 3,
+                "max_completion_tokens": 8,
+                "temperature": 1.0,
+            }
             if not stream:
                 completion = await client.chat.completions.create(**request)
                 return completion.id, [c.message.content for c in completion.choices], completion.usage
@@ -343,8 +453,13 @@ def test_agents_sdk_streamed_run_on_the_responses_api_scripted(tool_server):
 
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key=key, max_retries=0) as client:
-            agent = Agent(name="adder", instructions="Use the add tool.", tools=[add],
-                          model=OpenAIResponsesModel(model="m", openai_client=client), model_settings=ModelSettings(max_tokens=48))
+            agent = Agent(
+                name="adder",
+                instructions="Use the add tool.",
+                tools=[add],
+                model=OpenAIResponsesModel(model="m", openai_client=client),
+                model_settings=ModelSettings(max_tokens=48),
+            )
             result = Runner.run_streamed(agent, "What is 1 + 2?")
             kinds = [event.type async for event in result.stream_events()]
             return result.final_output, kinds
@@ -361,8 +476,12 @@ def test_responses_stream_on_tiny_model(local_server):
     sid, key = _session(local_server.url, "resp-stream-real")
 
     async def run():
-        async with openai.AsyncOpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0) as client:
-            async with client.responses.stream(model="m", input="What is 1 + 2?", max_output_tokens=8) as stream:
+        async with openai.AsyncOpenAI(
+            base_url=f"{local_server.url}/v1", api_key=key, max_retries=0
+        ) as client:
+            async with client.responses.stream(
+                model="m", input="What is 1 + 2?", max_output_tokens=8
+            ) as stream:
                 deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
                 return "".join(deltas), await stream.get_final_response()
 
@@ -376,10 +495,14 @@ def test_responses_stream_on_tiny_model(local_server):
 
 def test_sdk_sees_errors_in_its_dialect(scripted_server):
     async def run():
-        async with openai.AsyncOpenAI(base_url=f"{scripted_server.url}/v1", api_key="bogus-key-123", max_retries=0) as c:
+        async with openai.AsyncOpenAI(
+            base_url=f"{scripted_server.url}/v1", api_key="bogus-key-123", max_retries=0
+        ) as c:
             with pytest.raises(openai.AuthenticationError, match="invalid or expired session API key"):
                 await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        async with anthropic.AsyncAnthropic(base_url=scripted_server.url, api_key="bogus-key-123", max_retries=0) as c:
+        async with anthropic.AsyncAnthropic(
+            base_url=scripted_server.url, api_key="bogus-key-123", max_retries=0
+        ) as c:
             with pytest.raises(anthropic.AuthenticationError, match="invalid or expired session API key"):
                 await c.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
 

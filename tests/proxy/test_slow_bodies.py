@@ -22,10 +22,11 @@ BODY_TIMEOUT = 1.0
 @pytest.fixture(scope="module")
 def slow_server(local_engine, tiny_tokenizer):
     from areal_nb.proxy import ProxySettings, create_app
-
     from tests.proxy.conftest import PROXY_ADMIN_KEY
 
-    app = create_app(local_engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, body_timeout=BODY_TIMEOUT))
+    app = create_app(
+        local_engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY, body_timeout=BODY_TIMEOUT)
+    )
     with ProxyServer(app) as server:
         yield server
 
@@ -33,8 +34,10 @@ def slow_server(local_engine, tiny_tokenizer):
 def _loris(server, key: str, sent: bytes, length: int) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
     sock.sendall(head + sent)
     return sock
 

@@ -29,16 +29,26 @@ CALL_TEXT = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12
 
 
 async def chat_door(url: str, key: str) -> list[str]:
-    tools = [{"type": "function", "function": {"name": "calculator", "description": DESCRIPTION,
-                                               "parameters": PARAMETERS}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "calculator", "description": DESCRIPTION, "parameters": PARAMETERS},
+        }
+    ]
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as client:
         messages = [{"role": "user", "content": QUESTION}]
-        first = await client.chat.completions.create(model="m", messages=messages, tools=tools, max_completion_tokens=64)
+        first = await client.chat.completions.create(
+            model="m", messages=messages, tools=tools, max_completion_tokens=64
+        )
         call = first.choices[0].message.tool_calls[0]
         assert json.loads(call.function.arguments) == {"expression": "12*34"}
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "408"}]
-        second = await client.chat.completions.create(model="m", messages=messages, tools=tools, max_completion_tokens=64)
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "408"},
+        ]
+        second = await client.chat.completions.create(
+            model="m", messages=messages, tools=tools, max_completion_tokens=64
+        )
         assert second.choices[0].message.content == "The answer is 408."
         return [first.id, second.id]
 
@@ -50,8 +60,10 @@ async def responses_door(url: str, key: str) -> list[str]:
         first = await client.responses.create(model="m", input=items, tools=tools, max_output_tokens=64)
         call = next(o for o in first.output if o.type == "function_call")
         assert json.loads(call.arguments) == {"expression": "12*34"}
-        items += [call.model_dump(exclude_none=True),
-                  {"type": "function_call_output", "call_id": call.call_id, "output": "408"}]
+        items += [
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "408"},
+        ]
         second = await client.responses.create(model="m", input=items, tools=tools, max_output_tokens=64)
         assert second.output_text == "The answer is 408."
         return [first.id, second.id]
@@ -64,8 +76,10 @@ async def messages_door(url: str, key: str) -> list[str]:
         first = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
         use = next(b for b in first.content if b.type == "tool_use")
         assert use.input == {"expression": "12*34"} and first.stop_reason == "tool_use"
-        messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "408"}]}]
+        messages += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "408"}]},
+        ]
         second = await client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
         assert "".join(b.text for b in second.content if b.type == "text") == "The answer is 408."
         return [first.id, second.id]
@@ -79,7 +93,9 @@ def calculator_server(tiny_tokenizer):
     from areal_nb.proxy import ProxyServer, ProxySettings, create_app
 
     def reply(req):
-        return "The answer is 408." if "<tool_response>" in tiny_tokenizer.decode(req.input_ids) else CALL_TEXT
+        return (
+            "The answer is 408." if "<tool_response>" in tiny_tokenizer.decode(req.input_ids) else CALL_TEXT
+        )
 
     engine = ScriptedEngine(tiny_tokenizer, reply)
     app = create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
@@ -97,7 +113,9 @@ def run_door(server, door: str) -> tuple[list[str], dict]:
         return ids, exported.json()["interactions"]
 
 
-def test_the_same_tool_puts_the_same_prompt_before_the_model_through_every_door(calculator_server, tiny_tokenizer):
+def test_the_same_tool_puts_the_same_prompt_before_the_model_through_every_door(
+    calculator_server, tiny_tokenizer
+):
     server, engine = calculator_server
     prompts = {}
     for door in DOORS:
@@ -107,8 +125,14 @@ def test_the_same_tool_puts_the_same_prompt_before_the_model_through_every_door(
         assert len(prompts[door]) == 2
         # the answer is the tool call's child, and its prompt ends with the tool's result
         assert wire[ids[1]]["parent_id"] == ids[0]
-        assert wire[ids[1]]["messages"][-1]["role"] == "tool" and wire[ids[1]]["messages"][-1]["content"] == "408"
+        assert (
+            wire[ids[1]]["messages"][-1]["role"] == "tool"
+            and wire[ids[1]]["messages"][-1]["content"] == "408"
+        )
     first_prompt = tiny_tokenizer.decode(prompts["chat"][0])
-    assert '{"name": "calculator", "description": "Evaluate an arithmetic expression.", "parameters"' in first_prompt
+    assert (
+        '{"name": "calculator", "description": "Evaluate an arithmetic expression.", "parameters"'
+        in first_prompt
+    )
     assert prompts["responses"] == prompts["chat"]
     assert prompts["messages"] == prompts["chat"]

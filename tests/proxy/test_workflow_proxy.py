@@ -16,13 +16,13 @@ import pytest
 
 from areal_nb.api import NotSerializableError
 from areal_nb.api.by_value import dumps_by_value
-from areal_nb.testing import ScriptedEngine
 from areal_nb.rollout.workflow import (
     EpisodeRejected,
     OpenAIProxyWorkflow,
     _run_agent_in_subprocess,
     parse_agent_rewards,
 )
+from areal_nb.testing import ScriptedEngine
 from tests.proxy import agents
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
@@ -32,8 +32,14 @@ OK = {"messages": [{"role": "user", "content": "q"}]}
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(1, 1.0), (0, 0.0), (-2.5, -2.5), (np.float32(0.5), 0.5), (np.int64(3), 3.0),
-     ({"a": 1, "b": 0.25}, {"a": 1.0, "b": 0.25})],
+    [
+        (1, 1.0),
+        (0, 0.0),
+        (-2.5, -2.5),
+        (np.float32(0.5), 0.5),
+        (np.int64(3), 3.0),
+        ({"a": 1, "b": 0.25}, {"a": 1.0, "b": 0.25}),
+    ],
 )
 def test_valid_rewards(value, expected):
     out = parse_agent_rewards(value)
@@ -42,8 +48,22 @@ def test_valid_rewards(value, expected):
 
 @pytest.mark.parametrize(
     "value",
-    [True, False, np.bool_(True), None, "1", [1.0], (1.0,), math.inf, -math.nan, {}, {1: 1.0}, {"a": None},
-     {"a": math.inf}, {"a": True}],
+    [
+        True,
+        False,
+        np.bool_(True),
+        None,
+        "1",
+        [1.0],
+        (1.0,),
+        math.inf,
+        -math.nan,
+        {},
+        {1: 1.0},
+        {"a": None},
+        {"a": math.inf},
+        {"a": True},
+    ],
 )
 def test_invalid_rewards(value):
     with pytest.raises(EpisodeRejected) as err:
@@ -99,8 +119,12 @@ class _SocketAgent:
 def test_subproc_agent_that_cannot_travel_is_refused_naming_the_attribute():
     agent = _SocketAgent()
     try:
-        with pytest.raises(NotSerializableError, match=r"agent '_SocketAgent instance'.*attribute 'conn' \(socket\)"):
-            OpenAIProxyWorkflow(mode="subproc", agent=agent, proxy_addr="http://127.0.0.1:1", admin_api_key="k")
+        with pytest.raises(
+            NotSerializableError, match=r"agent '_SocketAgent instance'.*attribute 'conn' \(socket\)"
+        ):
+            OpenAIProxyWorkflow(
+                mode="subproc", agent=agent, proxy_addr="http://127.0.0.1:1", admin_api_key="k"
+            )
     finally:
         agent.conn.close()
 
@@ -139,8 +163,13 @@ if __name__ == "__main__":  # spawn re-imports a script's main module (a noteboo
 def test_subproc_agent_defined_in_main_runs_through_the_proxy(proxy, tmp_path):
     script = tmp_path / "cell_like.py"
     script.write_text(MAIN_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), proxy.url, ADMIN_KEY], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(script), proxy.url, ADMIN_KEY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "None 0.75"
 

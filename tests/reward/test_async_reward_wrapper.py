@@ -163,7 +163,9 @@ def test_close_leaves_no_child_processes():
 
 def test_function_closing_over_a_lock_is_refused_naming_it():
     lock = threading.Lock()
-    with pytest.raises(NotSerializableError, match=r"reward function '.*<lambda>'.*closure variable 'lock' \(lock\)"):
+    with pytest.raises(
+        NotSerializableError, match=r"reward function '.*<lambda>'.*closure variable 'lock' \(lock\)"
+    ):
         AsyncRewardWrapper(lambda **kw: 1.0 if lock else 0.0)
 
 
@@ -205,8 +207,13 @@ def test_reward_functions_defined_in_main_run_in_workers(tmp_path):
     by a spawned worker; they travel by value. Sync and async both."""
     script = tmp_path / "cell_like.py"
     script.write_text(MAIN_SCRIPT)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["2.0 0.0 1.5 0.5", "2.0 True"]
 

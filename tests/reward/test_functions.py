@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from areal_nb.agents.chat_agent import ChatAgent
-
 from areal_nb.reward import RewardValueError, compute_reward, resolve_reward
 from areal_nb.reward.functions import math_answer
 
@@ -44,11 +43,22 @@ def test_a_reward_that_is_not_a_finite_number_is_an_error(value):
         asyncio.run(compute_reward(lambda row, c: value, ROW, ""))
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (True, 1.0), (False, 0.0), (np.bool_(True), 1.0), (np.float32(0.5), 0.5), (np.int64(2), 2.0),
-    (np.array(0.25), 0.25), (np.array([0.75]), 0.75), (torch.tensor(1.5), 1.5), (torch.tensor([True]), 1.0),
-    (Fraction(1, 4), 0.25), (-3, -3.0),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, 1.0),
+        (False, 0.0),
+        (np.bool_(True), 1.0),
+        (np.float32(0.5), 0.5),
+        (np.int64(2), 2.0),
+        (np.array(0.25), 0.25),
+        (np.array([0.75]), 0.75),
+        (torch.tensor(1.5), 1.5),
+        (torch.tensor([True]), 1.0),
+        (Fraction(1, 4), 0.25),
+        (-3, -3.0),
+    ],
+)
 def test_bools_and_numpy_or_torch_scalars_are_rewards(value, expected):
     # `return reply == row["target"]` or `np.mean(...)` / `torch.tensor(...)` results are what
     # people write; they are read as plain floats

@@ -56,9 +56,19 @@ class CannedJudge:
         @app.post("/v1/chat/completions")
         async def complete(body: dict):
             self.requests.append(body)
-            return {"id": f"c{len(self.requests)}", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": self.answer}}]}
+            return {
+                "id": f"c{len(self.requests)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": self.answer},
+                    }
+                ],
+            }
 
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -85,7 +95,9 @@ def test_a_pointwise_judge_scores_once_per_trajectory():
             return [await score(ROW, "It is 5."), await score(ROW, "It is 5."), await score(ROW, "It is 6.")]
 
         assert asyncio.run(go()) == [0.9, 0.9, 0.9]
-    assert len(canned.requests) == 2 and score.calls == 2  # the repeated (rubric, trajectory) came from the cache
+    assert (
+        len(canned.requests) == 2 and score.calls == 2
+    )  # the repeated (rubric, trajectory) came from the cache
     prompt = canned.requests[0]["messages"][-1]["content"]
     assert RUBRIC in prompt and ROW["prompt"] in prompt and "It is 5." in prompt
     assert canned.requests[0]["model"] == "grader" and canned.requests[0]["temperature"] == 0.0
@@ -93,8 +105,10 @@ def test_a_pointwise_judge_scores_once_per_trajectory():
 
 @pytest.mark.server
 def test_an_unparsable_answer_is_a_reward_error_quoting_it():
-    with (CannedJudge("I would rather not say.") as url,
-          pytest.raises(JudgeError, match=r"no 'SCORE: <number>': 'I would rather not say.'")):
+    with (
+        CannedJudge("I would rather not say.") as url,
+        pytest.raises(JudgeError, match=r"no 'SCORE: <number>': 'I would rather not say.'"),
+    ):
         asyncio.run(judge(RUBRIC, base_url=url)(ROW, "It is 5."))
 
 
@@ -161,16 +175,28 @@ def test_a_judge_on_the_sessions_frozen_initial_policy_trains_two_steps_and_is_n
     from areal_nb.agents.chat_agent import ChatAgent
     from areal_nb.data import generate_problems
 
-    rows = [{"prompt": p["question"], "target": p["answer_value"]} for p in generate_problems(16, seed=5, split="train")]
+    rows = [
+        {"prompt": p["question"], "target": p["answer_value"]}
+        for p in generate_problems(16, seed=5, split="train")
+    ]
 
     def has_answer_line(answer: str) -> float:  # the tiny model writes GSM8K-style answers, not 'SCORE: x'
         return 1.0 if "####" in answer else 0.0
 
     grader = judge(RUBRIC, engine="initial", max_tokens=24, parse=has_answer_line)
     agent = ChatAgent(reward_fn=grader)
-    with Session(dataset=rows, agent__workflow=agent, rollout__batch_size=2, rollout__group_size=2,
-                 rollout__max_concurrent_rollouts=8, rollout__prefetch=False, rollout__max_new_tokens=24,
-                 logging__progress=False, model__path="tiny-math", model__dtype="float32") as s:
+    with Session(
+        dataset=rows,
+        agent__workflow=agent,
+        rollout__batch_size=2,
+        rollout__group_size=2,
+        rollout__max_concurrent_rollouts=8,
+        rollout__prefetch=False,
+        rollout__max_new_tokens=24,
+        logging__progress=False,
+        model__path="tiny-math",
+        model__dtype="float32",
+    ) as s:
         assert grader.engine is not None and grader.engine is not s.engine  # an engine of its own
         history = s.run(2)
         assert history["step"].tolist() == [1, 2] and s.version == 2
@@ -185,9 +211,17 @@ def test_a_judge_on_the_sessions_frozen_initial_policy_trains_two_steps_and_is_n
             # the reward is the frozen judge's verdict on this reply (greedy: the same answer again)
             reply = calls[0].completion.choices[0].message.content
             task = episode.data["prompt"]
-            answer = s._runtime.call(grader._generate([
-                {"role": "system", "content": POINTWISE_SYSTEM},
-                {"role": "user", "content": f"Rubric:\n{RUBRIC}\n\nTask:\n{task}\n\nResponse:\n{reply}"}]))
+            answer = s._runtime.call(
+                grader._generate(
+                    [
+                        {"role": "system", "content": POINTWISE_SYSTEM},
+                        {
+                            "role": "user",
+                            "content": f"Rubric:\n{RUBRIC}\n\nTask:\n{task}\n\nResponse:\n{reply}",
+                        },
+                    ]
+                )
+            )
             assert calls[0].raw_reward == has_answer_line(answer)
         # no exported row carries the judge's prompt
         rows_out = batch.rows()
@@ -208,10 +242,18 @@ def test_a_group_judge_scores_each_grpo_group_in_one_call_and_trains():
     canned = CannedJudge("[1]: 0.25\n[2]: 1.0")  # the first reply of each group worse than the second
     with canned as url:
         grader = judge(RUBRIC, base_url=url, mode="group", group_size=2, group_wait=2.0)
-        with Session(dataset=rows, agent__workflow=ChatAgent(reward_fn=grader), rollout__batch_size=2,
-                     rollout__group_size=2, rollout__max_concurrent_rollouts=8, rollout__prefetch=False,
-                     rollout__max_new_tokens=16, logging__progress=False, model__path="tiny-math",
-                     model__dtype="float32") as s:
+        with Session(
+            dataset=rows,
+            agent__workflow=ChatAgent(reward_fn=grader),
+            rollout__batch_size=2,
+            rollout__group_size=2,
+            rollout__max_concurrent_rollouts=8,
+            rollout__prefetch=False,
+            rollout__max_new_tokens=16,
+            logging__progress=False,
+            model__path="tiny-math",
+            model__dtype="float32",
+        ) as s:
             history = s.run(2)
             assert history["step"].tolist() == [1, 2] and s.version == 2
             batch = s.last_batch

@@ -16,11 +16,21 @@ EOS = 1
 
 def call(iid, messages, prompt, output, parent, template, reward, version):
     return InteractionWithTokenLogpReward(
-        model_response=ModelResponse(input_tokens=prompt, output_tokens=output,
-                                     output_logprobs=[-0.1 * (i + 1) for i in range(len(output))],
-                                     output_versions=[version] * len(output), stop_reason="stop", eos_token_ids=[EOS]),
-        reward=reward, parent=parent, chat_template_type=template, messages=messages,
-        output_message_list=[{"role": "assistant", "content": iid}], _interaction_id=iid)
+        model_response=ModelResponse(
+            input_tokens=prompt,
+            output_tokens=output,
+            output_logprobs=[-0.1 * (i + 1) for i in range(len(output))],
+            output_versions=[version] * len(output),
+            stop_reason="stop",
+            eos_token_ids=[EOS],
+        ),
+        reward=reward,
+        parent=parent,
+        chat_template_type=template,
+        messages=messages,
+        output_message_list=[{"role": "assistant", "content": iid}],
+        _interaction_id=iid,
+    )
 
 
 def episode(name, rewards, group_id, sample_id, template):
@@ -41,8 +51,9 @@ def reference(batch: RolloutBatch) -> dict[str, torch.Tensor]:
     for row in batch.rows():
         d = dict(row.interaction.to_tensor_dict())
         d["rewards"] = torch.tensor([row.reward], dtype=torch.float32)
-        d["turn_returns"] = torch.tensor([row.interaction.turn_returns(batch.discounted(row.episode_index))],
-                                         dtype=torch.float32)
+        d["turn_returns"] = torch.tensor(
+            [row.interaction.turn_returns(batch.discounted(row.episode_index))], dtype=torch.float32
+        )
         dicts.append(d)
     out = concat_padded_tensors(dicts)
     out["group_ids"] = torch.tensor([r.group_id for r in batch.rows()], dtype=torch.long)
@@ -50,18 +61,28 @@ def reference(batch: RolloutBatch) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize(("template", "style"), [("concat", "concat"), ("concat", "individual"), ("hf", "individual")])
+@pytest.mark.parametrize(
+    ("template", "style"), [("concat", "concat"), ("concat", "individual"), ("hf", "individual")]
+)
 @pytest.mark.parametrize("discount", [1.0, 0.5])
 def test_to_tensors_equals_the_padded_rows(template, style, discount):
-    episodes = [episode("a", [0.0, 1.0, None], 0, 0, template), episode("b", [1.0], 0, 1, template),
-                episode("c", [0.5, 0.0], 1, 0, template), episode("d", [0.25, 1.0], 1, 1, template)]
-    episodes.insert(2, Episode(data={}, group_id=0, sample_id=2, version_submitted=0, rejection_reason="agent_error"))
+    episodes = [
+        episode("a", [0.0, 1.0, None], 0, 0, template),
+        episode("b", [1.0], 0, 1, template),
+        episode("c", [0.5, 0.0], 1, 0, template),
+        episode("d", [0.25, 1.0], 1, 1, template),
+    ]
+    episodes.insert(
+        2, Episode(data={}, group_id=0, sample_id=2, version_submitted=0, rejection_reason="agent_error")
+    )
     batch = RolloutBatch(episodes, style=style, discount=discount)
     got, want = batch.to_tensors(), reference(batch)
     assert list(got) == list(want)
     for key in want:
         assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
-    assert got["attention_mask"].sum(1).tolist() != [got["attention_mask"].shape[1]] * len(got["attention_mask"])
+    assert got["attention_mask"].sum(1).tolist() != [got["attention_mask"].shape[1]] * len(
+        got["attention_mask"]
+    )
 
 
 def test_a_batch_without_accepted_episodes_is_refused():

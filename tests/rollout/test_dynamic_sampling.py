@@ -33,8 +33,10 @@ def test_constant_groups_are_dropped_and_refilled_from_new_rollouts():
     out = refill_informative(first, rollout, max_rounds=3)
     assert asked == [2, 1]  # exactly the missing groups, each time
     assert len(out.groups) == 4
-    assert all(len({out.episode_return(i) for i, ep in enumerate(out.episodes) if ep.group_id == g}) > 1
-               for g in out.groups)
+    assert all(
+        len({out.episode_return(i) for i, ep in enumerate(out.episodes) if ep.group_id == g}) > 1
+        for g in out.groups
+    )
     assert out.stats["dynamic_sampling_dropped_groups"] == 3 and out.stats["dynamic_sampling_rounds"] == 2
     assert out.stats["dynamic_sampling_exhausted"] == 0.0 and out.stats["rollout_s"] == 1.0
     assert out.to_tensors()["input_ids"].shape[0] == 8
@@ -59,4 +61,6 @@ def test_nothing_informative_trains_the_last_rollout_as_it_is():
     last = batch_of(group([0, 0]))
     out = refill_informative(batch_of(group([1, 1])), lambda n: last, max_rounds=1)
     assert [ep.group_id for ep in out.episodes] == [ep.group_id for ep in last.episodes]
-    assert out.stats["dynamic_sampling_dropped_groups"] == 2 and out.stats["dynamic_sampling_exhausted"] == 1.0
+    assert (
+        out.stats["dynamic_sampling_dropped_groups"] == 2 and out.stats["dynamic_sampling_exhausted"] == 1.0
+    )

@@ -185,6 +185,7 @@ async def _settle():
 def test_rejected_episodes_use_the_staleness_budget():
     """A rejected episode still fills its slot of a training batch (groups are handed out whole),
     so it must hold budget: otherwise every rejection lets one more group run ahead."""
+
     async def main():
         eng = VersionEngine()
         wf = EchoWorkflow()
@@ -208,6 +209,7 @@ def test_rejected_episodes_use_the_staleness_budget():
 def test_staleness_bound_after_resuming_at_a_later_version():
     """An executor that starts at version 5 (Session.load, engine servers that served updates)
     must not count versions 0-4 as budget (AReaL's capacity inflation after recovery)."""
+
     async def main():
         eng = VersionEngine()
         eng.version = 5
@@ -224,6 +226,7 @@ def test_staleness_bound_after_resuming_at_a_later_version():
 def test_versions_moved_by_small_explicit_batches_do_not_inflate_the_budget():
     """A notebook trains a few steps on rollout(1) of a 2-prompt batch size, then run()s with
     prefetch: the versions those steps moved consumed 2 episodes each, not a whole batch."""
+
     async def main():
         eng = VersionEngine()
         wf = EchoWorkflow()
@@ -245,6 +248,7 @@ def test_versions_moved_by_small_explicit_batches_do_not_inflate_the_budget():
 def test_trained_tokens_stay_within_the_bound_with_rejections_and_a_late_start():
     """End to end on the executor: steps hand out batches in order and move the version; every
     group's start version is within max_head_offpolicyness of the version that trains it."""
+
     async def main():
         for max_off in (0, 1, 2):
             eng = VersionEngine()
@@ -268,6 +272,7 @@ def test_a_feeder_failing_as_an_episode_ends_reaches_the_caller():
     """The data iterator raising when a finished episode frees a slot (concurrency-bound async
     RL): the episode is still counted and its group handed out, and the error reaches the next
     wait_groups instead of dying in the episode's task."""
+
     def feeder():
         yield {"i": 0}
         raise RuntimeError("dataset file vanished")
@@ -284,7 +289,6 @@ def test_a_feeder_failing_as_an_episode_ends_reaches_the_caller():
         assert [ep.data["i"] for ep in g0] == [0, 0] and all(ep.accepted for ep in g0)
 
     asyncio.run(main())
-
 
 
 def test_a_batch_handed_out_and_never_trained_gives_its_budget_back_at_the_next_version_step():

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from areal_nb.api import RolloutWorkflow
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.rollout import (
     GroupedRolloutWorkflow,
     GroupedTensors,
@@ -18,6 +17,7 @@ from areal_nb.rollout import (
     requires_proxy,
     resolve_workflow,
 )
+from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from tests.proxy import agents
 
 PROXY = {"proxy_addr": "http://127.0.0.1:1", "admin_api_key": "admin"}
@@ -56,7 +56,9 @@ def test_import_errors_are_clear():
 
 
 def test_agent_class_and_instance_are_wrapped_with_proxy_settings():
-    wf = resolve_workflow(agents.ChatAgent, None, **PROXY, discount=0.9, export_style="concat", agent_timeout=5)
+    wf = resolve_workflow(
+        agents.ChatAgent, None, **PROXY, discount=0.9, export_style="concat", agent_timeout=5
+    )
     assert isinstance(wf, OpenAIProxyWorkflow)
     assert (wf.mode, wf.discount, wf.export_style, wf.agent_timeout) == ("inline", 0.9, "concat", 5)
     assert isinstance(wf.agent, agents.ChatAgent) and wf.agent.turns == 1
@@ -138,10 +140,16 @@ def test_group_all_rejected_is_none_and_duplicate_ids_are_an_error():
 
 
 def test_group_concatenates_tensor_dicts_with_row_members():
-    first = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.bool),
-             "rewards": torch.tensor([1.0])}
-    second = {"input_ids": torch.tensor([[4], [5]]), "attention_mask": torch.ones(2, 1, dtype=torch.bool),
-              "rewards": torch.tensor([0.0, 0.5])}
+    first = {
+        "input_ids": torch.tensor([[1, 2, 3]]),
+        "attention_mask": torch.ones(1, 3, dtype=torch.bool),
+        "rewards": torch.tensor([1.0]),
+    }
+    second = {
+        "input_ids": torch.tensor([[4], [5]]),
+        "attention_mask": torch.ones(2, 1, dtype=torch.bool),
+        "rewards": torch.tensor([0.0, 0.5]),
+    }
     out = asyncio.run(GroupedRolloutWorkflow(_Scripted([first, None, second]), 3).arun_episode(None, {}))
     assert isinstance(out, GroupedTensors)
     assert out["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0], [5, 0, 0]]

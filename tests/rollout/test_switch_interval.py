@@ -76,8 +76,15 @@ class Engine:
 
 
 def make(workflow, interval=2e-4):
-    return RolloutExecutor(workflow, Engine(), group_size=2, batch_size=2, max_head_offpolicyness=4,
-                           max_concurrent=8, switch_interval=interval)
+    return RolloutExecutor(
+        workflow,
+        Engine(),
+        group_size=2,
+        batch_size=2,
+        max_head_offpolicyness=4,
+        max_concurrent=8,
+        switch_interval=interval,
+    )
 
 
 def test_executor_holds_the_interval_only_while_episodes_run_even_when_they_fail(caller_interval):

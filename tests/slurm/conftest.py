@@ -23,8 +23,10 @@ from single_node_slurm import SlurmCluster, missing_programs  # noqa: E402
 def _unavailable() -> str | None:
     missing = missing_programs()
     if missing:
-        return (f"Slurm is not installed (missing {', '.join(missing)}): "
-                "apt-get install slurm-wlm munge (make test does this as root)")
+        return (
+            f"Slurm is not installed (missing {', '.join(missing)}): "
+            "apt-get install slurm-wlm munge (make test does this as root)"
+        )
     if os.geteuid() != 0:
         return "the single-node Slurm runs slurmd, which must be root to start job steps"
     return None

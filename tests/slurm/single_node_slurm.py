@@ -27,8 +27,17 @@ from pathlib import Path
 # Debian installs the daemons in /usr/sbin, which a non-login PATH may lack.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def missing_programs() -> list[str]:
@@ -52,8 +61,9 @@ def _free_port() -> int:
 
 def _node_hardware() -> str:
     """`slurmd -C`'s own view of this machine (CPUs, sockets, cores, threads, memory) for NodeName."""
-    out = subprocess.run([shutil.which("slurmd", path=SEARCH_PATH), "-C"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [shutil.which("slurmd", path=SEARCH_PATH), "-C"], capture_output=True, text=True, check=True
+    ).stdout
     line = next(line for line in out.splitlines() if line.startswith("NodeName="))
     return " ".join(field for field in line.split()[1:] if not field.startswith("UpTime"))
 
@@ -83,10 +93,15 @@ class SlurmCluster:
         key.chmod(0o400)
         self._write_conf()
         try:
-            self._spawn("munged", "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
-                        f"--pid-file={self.root / 'munge' / 'munged.pid'}",
-                        f"--seed-file={self.root / 'munge' / 'munged.seed'}",
-                        f"--log-file={self.root / 'log' / 'munged.log'}")
+            self._spawn(
+                "munged",
+                "-F",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+            )
             self._wait_for(lambda: self.munge_socket.exists(), "munged's socket", timeout)
             self._spawn("slurmctld", "-D", "-f", str(self.conf))
             self._spawn("slurmd", "-D", "-N", "localhost", "-f", str(self.conf))
@@ -99,8 +114,12 @@ class SlurmCluster:
     def stop(self, timeout: float = 20.0) -> None:
         """Cancel what still runs, stop the daemons, and kill anything of this cluster left over."""
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
-            subprocess.run([shutil.which("scancel", path=SEARCH_PATH), "--full", f"--partition={self.partition}"],
-                           env=self.env(), capture_output=True, timeout=timeout)
+            subprocess.run(
+                [shutil.which("scancel", path=SEARCH_PATH), "--full", f"--partition={self.partition}"],
+                env=self.env(),
+                capture_output=True,
+                timeout=timeout,
+            )
         # slurmd first (it owns the job steps), the controller next, munged last (both use it).
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self._procs.get(name)
@@ -133,11 +152,18 @@ class SlurmCluster:
         """The environment the client commands (and, by sbatch's default --export=ALL, jobs) get."""
         return {**os.environ, "PATH": SEARCH_PATH, "SLURM_CONF": str(self.conf), **(extra or {})}
 
-    def submit(self, script: Path, *args: str, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> str:
+    def submit(
+        self, script: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> str:
         """`sbatch --parsable [args] script`; returns the job id."""
-        done = subprocess.run([shutil.which("sbatch", path=SEARCH_PATH), "--parsable", *args, str(script)],
-                              cwd=cwd, env=self.env(env), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [shutil.which("sbatch", path=SEARCH_PATH), "--parsable", *args, str(script)],
+            cwd=cwd,
+            env=self.env(env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"sbatch {script} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout.strip().split(";")[0]
@@ -230,14 +256,26 @@ PartitionName={self.partition} Nodes=localhost Default=YES MaxTime=INFINITE Stat
     def _spawn(self, name: str, *args: str) -> None:
         log = open(self.root / "log" / f"{name}.out", "wb")
         self._logs.append(log)
-        self._procs[name] = subprocess.Popen([shutil.which(name, path=SEARCH_PATH), *args], env=self.env(),
-                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._procs[name] = subprocess.Popen(
+            [shutil.which(name, path=SEARCH_PATH), *args],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def _run(self, program: str, *args: str) -> str:
-        done = subprocess.run([shutil.which(program, path=SEARCH_PATH), *args], env=self.env(),
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [shutil.which(program, path=SEARCH_PATH), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"{program} {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+            raise RuntimeError(
+                f"{program} {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}"
+            )
         return done.stdout
 
     def _node_idle(self) -> bool:
@@ -252,9 +290,13 @@ PartitionName={self.partition} Nodes=localhost Default=YES MaxTime=INFINITE Stat
             for name, proc in self._procs.items():
                 if proc.poll() is not None:
                     out = (self.root / "log" / f"{name}.out").read_text(errors="replace")
-                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}:\n"
-                                       f"{out[-2000:]}{self.log(name)[-2000:]}")
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode} while waiting for {what}:\n"
+                        f"{out[-2000:]}{self.log(name)[-2000:]}"
+                    )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {what} after {timeout:.0f} s; slurmctld log:\n{self.log('slurmctld')[-2000:]}"
-                                   f"\nslurmd log:\n{self.log('slurmd')[-2000:]}")
+                raise TimeoutError(
+                    f"no {what} after {timeout:.0f} s; slurmctld log:\n{self.log('slurmctld')[-2000:]}"
+                    f"\nslurmd log:\n{self.log('slurmd')[-2000:]}"
+                )
             time.sleep(0.2)

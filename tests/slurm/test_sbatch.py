@@ -20,8 +20,13 @@ pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
 # Two GRPO steps on tiny batches: the test is about the job running, not about learning.
-SHORT = ["total_steps=2", "rollout.batch_size=2", "rollout.group_size=2", "data.eval_size=4",
-         "logging.progress=false"]
+SHORT = [
+    "total_steps=2",
+    "rollout.batch_size=2",
+    "rollout.group_size=2",
+    "data.eval_size=4",
+    "logging.progress=false",
+]
 
 
 def _free_port() -> int:
@@ -43,28 +48,48 @@ def _export(run_dir: Path) -> Path:
     """`areal-nb export` (in this process) of the short run, 2 trainer ranks, on free ports."""
     from areal_nb.cli import main as areal_nb
 
-    assert areal_nb(["export", str(CONFIG), *SHORT, "experiment_name=on-slurm", f"cluster.engine_port={_free_port()}",
-                     f"cluster.rdzv_port={_free_port()}", "--nproc", "2", "--out", str(run_dir)]) == 0
+    assert (
+        areal_nb(
+            [
+                "export",
+                str(CONFIG),
+                *SHORT,
+                "experiment_name=on-slurm",
+                f"cluster.engine_port={_free_port()}",
+                f"cluster.rdzv_port={_free_port()}",
+                "--nproc",
+                "2",
+                "--out",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     return run_dir
 
 
 def _submit(cluster, run_dir: Path) -> str:
     """`sbatch job.sbatch` from the run folder, as a user who activated this venv would: its
     python, areal-nb and torchrun first on PATH."""
-    return cluster.submit(run_dir / "job.sbatch", cwd=run_dir,
-                          env={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    return cluster.submit(
+        run_dir / "job.sbatch",
+        cwd=run_dir,
+        env={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+    )
 
 
 def test_a_batch_job_with_steps_completes(slurm_cluster, tmp_path):
     script = tmp_path / "hello.sbatch"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --job-name=hello
         #SBATCH --output={tmp_path}/hello-%j.out
         #SBATCH --cpus-per-task=2
         srun --ntasks=1 --overlap bash -c 'echo "step on $(hostname) as task $SLURM_PROCID"'
         echo "batch on $SLURM_JOB_NODELIST"
-        """))
+        """)
+    )
     job_id = slurm_cluster.submit(script, cwd=tmp_path)
     result = slurm_cluster.wait(job_id, timeout=60)
     output = (tmp_path / f"hello-{job_id}.out").read_text()
@@ -85,10 +110,28 @@ def test_sbatch_accepts_job_sbatch_whatever_the_names_and_paths(slurm_cluster, t
     from areal_nb.cli import main as areal_nb
 
     run_dir = tmp_path / "my runs" / "run 1"
-    assert areal_nb(["export", str(CONFIG), "experiment_name=Bob's \"best\" run", "cluster.partition=debug",
-                     "cluster.time=1-00:00:00", "--out", str(run_dir)]) == 0
-    done = subprocess.run(["sbatch", "--test-only", "job.sbatch"], cwd=run_dir, env=slurm_cluster.env(),
-                          capture_output=True, text=True, timeout=60)
+    assert (
+        areal_nb(
+            [
+                "export",
+                str(CONFIG),
+                'experiment_name=Bob\'s "best" run',
+                "cluster.partition=debug",
+                "cluster.time=1-00:00:00",
+                "--out",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
+    done = subprocess.run(
+        ["sbatch", "--test-only", "job.sbatch"],
+        cwd=run_dir,
+        env=slurm_cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
 
 

@@ -31,8 +31,13 @@ CASES: dict[str, dict] = {
     "minibatches_micro_padded": {"ppo_n_minibatches": 2, "micro_batch_size": 1, "pack": False},
     # one row per optimizer step: in every minibatch one of the two ranks has no row to train
     "one_row_minibatches": {"ppo_n_minibatches": 5},
-    "decoupled_recompute_kl": {"use_decoupled_loss": True, "skip_redundant_recompute": False,
-                               "kl_ctl": 0.1, "adv_norm": "batch", "micro_batch_size": 2},
+    "decoupled_recompute_kl": {
+        "use_decoupled_loss": True,
+        "skip_redundant_recompute": False,
+        "kl_ctl": 0.1,
+        "adv_norm": "batch",
+        "micro_batch_size": 2,
+    },
 }
 
 
@@ -77,9 +82,14 @@ def train_case(case: str, parallel: DataParallel | None, mode: str = "ddp") -> d
     before = {k: v.clone() for k, v in actor.weights().items()}  # (fsdp: gathered from the shards)
     stats = actor.train_step(fixed_batch(model.config.vocab_size), GROUPS, inspect=True)
     moments = [full_state_dict(actor.optimizer.state[p]["exp_avg"]).clone() for p in actor.params]
-    return {"before": before, "after": {k: v.clone() for k, v in actor.weights().items()},
-            "exp_avg": moments, "stats": stats, "advantages": actor.last_inspection.advantages,
-            "contribution": actor.last_inspection.contribution}
+    return {
+        "before": before,
+        "after": {k: v.clone() for k, v in actor.weights().items()},
+        "exp_avg": moments,
+        "stats": stats,
+        "advantages": actor.last_inspection.advantages,
+        "contribution": actor.last_inspection.contribution,
+    }
 
 
 def one_process_step(case: str) -> dict:

@@ -62,13 +62,17 @@ def train_case(case: str, parallel: DataParallel | None) -> dict:
     ref_params = list(actor.ref_model.parameters())
     trained = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
     return {
-        "ref_logprobs": seen["ref_logprobs"], "stats": stats,
+        "ref_logprobs": seen["ref_logprobs"],
+        "stats": stats,
         # after the no-grad passes every reference parameter is its shard again (the root too)
         "ref_all_sharded": all(isinstance(p, DTensor) for p in ref_params) if parallel is not None else None,
-        "ref_held_numel": sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in ref_params),
+        "ref_held_numel": sum(
+            p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in ref_params
+        ),
         # the memory behind those shards (not views of a full copy that stayed allocated)
-        "ref_held_bytes": sum((p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes()
-                              for p in ref_params),
+        "ref_held_bytes": sum(
+            (p.to_local() if isinstance(p, DTensor) else p).untyped_storage().nbytes() for p in ref_params
+        ),
         "ref_numel": sum(p.numel() for p in ref_params),
         "ref_requires_grad": any(p.requires_grad for p in ref_params),
         "ref_in_optimizer": any(id(p) in trained for p in ref_params),
@@ -95,8 +99,11 @@ def round_trip(actor: Actor, parallel: DataParallel, folder: Path) -> dict:
     before = fresh.ref_weights()
     fresh.load_ref_weights(torch.load(folder / "ref.pt", weights_only=True))
     after = fresh.ref_weights()
-    return {"differed_before": any(not torch.equal(before[k], saved[k]) for k in saved),
-            "restored_equal": all(torch.equal(after[k], saved[k]) for k in saved) and after.keys() == saved.keys()}
+    return {
+        "differed_before": any(not torch.equal(before[k], saved[k]) for k in saved),
+        "restored_equal": all(torch.equal(after[k], saved[k]) for k in saved)
+        and after.keys() == saved.keys(),
+    }
 
 
 def main(out: str) -> None:
@@ -106,8 +113,9 @@ def main(out: str) -> None:
     results["round_trip"] = round_trip(results["packed"]["actor"], parallel, Path(out).parent)
     for case in CASES:
         del results[case]["actor"]
-    results["held_by_rank"] = parallel.all_gather({case: (results[case]["ref_held_numel"], results[case]["ref_held_bytes"])
-                                                   for case in CASES})
+    results["held_by_rank"] = parallel.all_gather(
+        {case: (results[case]["ref_held_numel"], results[case]["ref_held_bytes"]) for case in CASES}
+    )
     results["world_size"] = parallel.world_size
     if parallel.is_leader:
         torch.save(results, out)

@@ -171,8 +171,13 @@ def test_learning_rate_schedules():
     # warm-up 1/2, then 1 → 0.2 over the 4 steps after it, then 0.2 for good
     assert [round(linear.lr_at(s), 6) for s in range(7)] == [0.5, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2]
     cosine = GRPOConfig(lr=2.0, lr_schedule="cosine", lr_decay_steps=4)
-    assert [round(cosine.lr_at(s), 6) for s in range(5)] == [2.0, round(1 + math.sqrt(0.5), 6), 1.0,
-                                                             round(1 - math.sqrt(0.5), 6), 0.0]
+    assert [round(cosine.lr_at(s), 6) for s in range(5)] == [
+        2.0,
+        round(1 + math.sqrt(0.5), 6),
+        1.0,
+        round(1 - math.sqrt(0.5), 6),
+        0.0,
+    ]
     with pytest.raises(ValueError, match="needs lr_decay_steps"):
         GRPOConfig(lr_schedule="linear").lr_at(0)
 

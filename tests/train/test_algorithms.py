@@ -27,7 +27,7 @@ def fixed_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     mask = torch.zeros(len(LENGTHS), WIDTH)
     for i, n in enumerate(LENGTHS):
-        mask[i, 2:2 + n] = 1
+        mask[i, 2 : 2 + n] = 1
     logp = -torch.rand(len(LENGTHS), WIDTH, generator=g) * 2 - 0.1  # π_θ
     prox = logp + (torch.rand(logp.shape, generator=g) - 0.5) * 0.6  # π_prox (no gradient)
     old = prox + (torch.rand(logp.shape, generator=g) - 0.5) * 0.4  # π_behave
@@ -44,7 +44,7 @@ def rows_of(mask):
 def adv_batch():
     mask = torch.zeros(len(LENGTHS), WIDTH)
     for i, n in enumerate(LENGTHS):
-        mask[i, 2:2 + n] = 1
+        mask[i, 2 : 2 + n] = 1
     return {"rewards": torch.tensor(REWARDS), "loss_mask": mask, "group_ids": torch.tensor(GROUPS)}
 
 
@@ -72,20 +72,22 @@ def test_group_estimators_match_their_formulas(estimator):
     out = compute_advantages(adv_batch(), GRPOConfig(adv_estimator=estimator))
     for i, n in enumerate(LENGTHS):
         expected = transcribe_advantage(estimator, i)
-        assert out["advantages"][i, 2:2 + n].tolist() == pytest.approx([expected] * n, abs=TOL)
-        assert float(out["advantages"][i, 2 + n:].abs().sum()) == 0.0
+        assert out["advantages"][i, 2 : 2 + n].tolist() == pytest.approx([expected] * n, abs=TOL)
+        assert float(out["advantages"][i, 2 + n :].abs().sum()) == 0.0
     # the group whose rewards are all equal teaches nothing under any group baseline
     assert float(out["advantages"][3:].abs().max()) == 0.0
 
 
 def test_reinforce_pp_normalises_returns_over_the_batch_tokens():
     out = compute_advantages(adv_batch(), GRPOConfig(algorithm="reinforce_pp"))
-    returns = [REWARDS[i] for i, n in enumerate(LENGTHS) for _ in range(n)]  # γ = 1: every token's return-to-go
+    returns = [
+        REWARDS[i] for i, n in enumerate(LENGTHS) for _ in range(n)
+    ]  # γ = 1: every token's return-to-go
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((g - mean) ** 2 for g in returns) / (len(returns) - 1))
     for i, n in enumerate(LENGTHS):
         expected = (REWARDS[i] - mean) / (std + 1e-5)
-        assert out["advantages"][i, 2:2 + n].tolist() == pytest.approx([expected] * n, abs=TOL)
+        assert out["advantages"][i, 2 : 2 + n].tolist() == pytest.approx([expected] * n, abs=TOL)
 
 
 def test_grpo_estimator_is_todays_group_normalisation_bit_for_bit():
@@ -101,7 +103,9 @@ def test_turn_credit_runs_under_every_estimator_with_its_pools():
     batch["turn_returns"] = batch["rewards"][:, None] * batch["loss_mask"]
     for estimator in ("grpo", "dr_grpo", "rloo"):
         leaf = compute_advantages(batch, GRPOConfig(adv_estimator=estimator, credit_norm="episode"))
-        turn = compute_advantages(batch, GRPOConfig(adv_estimator=estimator, credit="turn", credit_norm="episode"))
+        turn = compute_advantages(
+            batch, GRPOConfig(adv_estimator=estimator, credit="turn", credit_norm="episode")
+        )
         # one turn per row: the turn rule pools exactly as the leaf rule does
         assert torch.allclose(leaf["advantages"], turn["advantages"], atol=TOL)
 
@@ -116,8 +120,13 @@ def ppo_token_loss(logp, anchor, a, eps_low, eps_high):
 def test_aggregations_match_their_formulas(agg):
     mask, logp, _, old, adv = fixed_batch()
     rows = rows_of(mask)
-    per_token = [[ppo_token_loss(float(logp[i, t].detach()), float(old[i, t]), float(adv[i, t]), 0.2, 0.2) for t in row]
-                 for i, row in enumerate(rows)]
+    per_token = [
+        [
+            ppo_token_loss(float(logp[i, t].detach()), float(old[i, t]), float(adv[i, t]), 0.2, 0.2)
+            for t in row
+        ]
+        for i, row in enumerate(rows)
+    ]
     if agg == "token_mean":  # Σ ℓ / N (DAPO)
         expected = sum(map(sum, per_token)) / sum(map(len, per_token))
     elif agg == "seq_mean_token_mean":  # mean over rows of each row's mean (GRPO paper)
@@ -131,8 +140,12 @@ def test_aggregations_match_their_formulas(agg):
 
 def test_seq_sum_norm_takes_an_explicit_constant():
     mask, logp, _, old, adv = fixed_batch()
-    a = policy_loss_terms(logp, old, adv, mask, normalizer=loss_normalizer(mask, torch.arange(6), "seq_sum_norm", 10))
-    b = policy_loss_terms(logp, old, adv, mask, normalizer=loss_normalizer(mask, torch.arange(6), "seq_sum_norm"))
+    a = policy_loss_terms(
+        logp, old, adv, mask, normalizer=loss_normalizer(mask, torch.arange(6), "seq_sum_norm", 10)
+    )
+    b = policy_loss_terms(
+        logp, old, adv, mask, normalizer=loss_normalizer(mask, torch.arange(6), "seq_sum_norm")
+    )
     assert float(a.loss) * 10 == pytest.approx(float(b.loss) * max(LENGTHS), abs=TOL)
 
 
@@ -158,19 +171,29 @@ def test_gspo_loss_and_gradient_match_the_sequence_objective():
         ours_logp = logp0.clone().requires_grad_(True)
         ref_logp = logp0.clone().requires_grad_(True)
         normalizer = loss_normalizer(mask, torch.arange(6), "seq_mean_token_mean")
-        terms = policy_loss_terms(ours_logp, old, adv, mask, importance_level="sequence", eps_clip=eps[0],
-                                  eps_clip_higher=eps[1], normalizer=normalizer)
+        terms = policy_loss_terms(
+            ours_logp,
+            old,
+            adv,
+            mask,
+            importance_level="sequence",
+            eps_clip=eps[0],
+            eps_clip_higher=eps[1],
+            normalizer=normalizer,
+        )
         expected = gspo_reference(ref_logp, old, adv, mask, *eps)
         terms.loss.backward()
         expected.backward()
         assert float(terms.loss.detach()) == pytest.approx(float(expected.detach()), abs=TOL)
         assert torch.allclose(ours_logp.grad, ref_logp.grad, atol=TOL)
     assert bool(terms.clipped.any()) is False  # wide range: nothing clipped; the narrow one clipped some
-    narrow = policy_loss_terms(logp0, old, adv, mask, importance_level="sequence", eps_clip=3e-4, eps_clip_higher=4e-4)
+    narrow = policy_loss_terms(
+        logp0, old, adv, mask, importance_level="sequence", eps_clip=3e-4, eps_clip_higher=4e-4
+    )
     row_clipped = [bool(narrow.clipped[i, 2]) for i in range(6)]
     assert any(row_clipped) and not all(row_clipped)
     for i, n in enumerate(LENGTHS):  # clipping is decided per sequence
-        assert narrow.clipped[i, 2:2 + n].tolist() == [row_clipped[i]] * n
+        assert narrow.clipped[i, 2 : 2 + n].tolist() == [row_clipped[i]] * n
 
 
 def cispo_reference(logp, old, adv, mask, eps_low, eps_high):
@@ -192,8 +215,15 @@ def test_cispo_loss_and_gradient_match_its_formula():
     old[0, 2] = logp0[0, 2] - 2.0  # r = e^2 = 7.39 > 1 + 4: the weight is truncated at 5
     ours_logp = logp0.clone().requires_grad_(True)
     ref_logp = logp0.clone().requires_grad_(True)
-    terms = policy_loss_terms(ours_logp, old, adv, mask, policy_loss="cispo", eps_clip=cfg.eps_clip,
-                              eps_clip_higher=cfg.eps_clip_higher)
+    terms = policy_loss_terms(
+        ours_logp,
+        old,
+        adv,
+        mask,
+        policy_loss="cispo",
+        eps_clip=cfg.eps_clip,
+        eps_clip_higher=cfg.eps_clip_higher,
+    )
     expected = cispo_reference(ref_logp, old, adv, mask, cfg.eps_clip, cfg.eps_clip_higher)
     terms.loss.backward()
     expected.backward()
@@ -209,9 +239,17 @@ def test_variants_apply_the_behaviour_weight_and_cap_on_stale_tokens():
     mask, logp0, prox, old, adv = fixed_batch()
     cap = 5.0
     ours_logp = logp0.clone().requires_grad_(True)
-    terms = policy_loss_terms(ours_logp, old, adv, mask, importance_level="sequence", eps_clip=0.2,
-                              prox_logprobs=prox, behave_imp_weight_cap=cap,
-                              normalizer=loss_normalizer(mask, torch.arange(6), "seq_mean_token_mean"))
+    terms = policy_loss_terms(
+        ours_logp,
+        old,
+        adv,
+        mask,
+        importance_level="sequence",
+        eps_clip=0.2,
+        prox_logprobs=prox,
+        behave_imp_weight_cap=cap,
+        normalizer=loss_normalizer(mask, torch.arange(6), "seq_mean_token_mean"),
+    )
     ref_logp = logp0.clone().requires_grad_(True)
     total = 0.0
     rows = rows_of(mask)
@@ -238,8 +276,18 @@ def test_token_ppo_without_correction_is_todays_loss_exactly():
     from areal_nb.train.loss import ppo_loss_terms
 
     mask, logp, prox, old, adv = fixed_batch()
-    a = policy_loss_terms(logp, old, adv, mask, eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0, prox_logprobs=prox,
-                          behave_imp_weight_cap=5.0, normalizer=17)
+    a = policy_loss_terms(
+        logp,
+        old,
+        adv,
+        mask,
+        eps_clip=0.2,
+        eps_clip_higher=0.28,
+        c_clip=3.0,
+        prox_logprobs=prox,
+        behave_imp_weight_cap=5.0,
+        normalizer=17,
+    )
     b = ppo_loss_terms(logp, old, adv, mask, 0.2, 0.28, 3.0, prox, 5.0, None, 17)
     assert torch.equal(a.loss, b.loss) and a.stats == b.stats
 
@@ -277,7 +325,9 @@ def test_sequence_tis_and_mis_bound_the_product_of_a_rows_weights():
     mis = mismatch_weights(trainer, engine, mask, "mis", "sequence", 2.0)
     for i in range(3):
         on = mask[i].bool()
-        assert torch.allclose(tis.weight[i][on], torch.full((int(on.sum()),), min(float(seq[i]), 2.0)), atol=TOL)
+        assert torch.allclose(
+            tis.weight[i][on], torch.full((int(on.sum()),), min(float(seq[i]), 2.0)), atol=TOL
+        )
         expected_mis = 0.0 if seq[i] > 2.0 else float(seq[i])
         assert torch.allclose(mis.weight[i][on], torch.full((int(on.sum()),), expected_mis), atol=TOL)
     assert mis.masked.sum(1).tolist() == [3, 4, 0]
@@ -296,7 +346,11 @@ def test_mismatch_weight_multiplies_each_tokens_loss_term():
             w = math.exp(float(delta[i, t]))
             if w > 2.0:
                 w = 2.0 if correction == "tis" else 0.0
-            expected += w * ppo_token_loss(float(logp[i, t].detach()), float(trainer[i, t]), float(adv[i, t]), 0.2, 0.2) / n
+            expected += (
+                w
+                * ppo_token_loss(float(logp[i, t].detach()), float(trainer[i, t]), float(adv[i, t]), 0.2, 0.2)
+                / n
+            )
         assert float(terms.loss.detach()) == pytest.approx(expected, abs=TOL)
 
 
@@ -307,7 +361,9 @@ def test_mismatch_report_gives_the_metrics_every_step_and_the_fractions_with_a_c
     assert plain["mismatch_logp_abs_diff"] == pytest.approx(float(d.abs().mean()), abs=TOL)
     assert plain["mismatch_kl_k3"] == pytest.approx(float((d.exp() - 1 - d).mean()), abs=TOL)
     assert plain["mismatch_masked_frac"] == 0.0 and plain["mismatch_truncated_frac"] == 0.0
-    mis = mismatch_report(GRPOConfig(mismatch_correction="mis", mismatch_level="sequence"), trainer, engine, mask)
+    mis = mismatch_report(
+        GRPOConfig(mismatch_correction="mis", mismatch_level="sequence"), trainer, engine, mask
+    )
     assert mis["mismatch_masked_frac"] == pytest.approx(7 / 9)
 
 
@@ -332,7 +388,12 @@ def test_every_preset_resolves_and_explicit_knobs_win():
         cfg = GRPOConfig(algorithm=name)
         assert {k: getattr(cfg, k) for k in PRESETS[name]} == PRESETS[name]
     cfg = GRPOConfig(algorithm="gspo", eps_clip=0.1, loss_agg="token_mean")
-    assert (cfg.eps_clip, cfg.eps_clip_higher, cfg.loss_agg, cfg.importance_level) == (0.1, 4e-4, "token_mean", "sequence")
+    assert (cfg.eps_clip, cfg.eps_clip_higher, cfg.loss_agg, cfg.importance_level) == (
+        0.1,
+        4e-4,
+        "token_mean",
+        "sequence",
+    )
 
 
 def test_configure_switches_preset_keeping_other_knobs():
@@ -344,14 +405,17 @@ def test_configure_switches_preset_keeping_other_knobs():
         configure(base, "gspo", eps_clipp=0.1)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"algorithm": "ppo2"}, "algorithm must be one of"),
-    ({"loss_agg": "mean"}, "loss_agg must be one of"),
-    ({"mismatch_correction": "tis", "use_decoupled_loss": True}, "decoupled loss already weights"),
-    ({"mismatch_correction": "tis", "recompute_logprob": False}, "recompute_logprob=true"),
-    ({"overlong_buffer": 3}, "overlong_buffer"),
-    ({"mismatch_threshold": 1.0}, "mismatch_threshold"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"algorithm": "ppo2"}, "algorithm must be one of"),
+        ({"loss_agg": "mean"}, "loss_agg must be one of"),
+        ({"mismatch_correction": "tis", "use_decoupled_loss": True}, "decoupled loss already weights"),
+        ({"mismatch_correction": "tis", "recompute_logprob": False}, "recompute_logprob=true"),
+        ({"overlong_buffer": 3}, "overlong_buffer"),
+        ({"mismatch_threshold": 1.0}, "mismatch_threshold"),
+    ],
+)
 def test_bad_algorithm_knobs_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GRPOConfig(**kwargs)

@@ -20,10 +20,17 @@ GROUPS = [0, 0, 1, 1]
 def todays_loss_terms(cfg, logprobs, old, adv, mask, prox, engine, entropy, normalizer):
     """The trainer's loss call as it was written before the presets (one objective, token mean)."""
     terms = ppo_loss_terms(
-        logprobs, old, adv, mask, eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
+        logprobs,
+        old,
+        adv,
+        mask,
+        eps_clip=cfg.eps_clip,
+        eps_clip_higher=cfg.eps_clip_higher,
+        c_clip=cfg.c_clip,
         prox_logprobs=prox if cfg.use_decoupled_loss else None,
         behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
-        entropy=entropy, normalizer=normalizer,
+        entropy=entropy,
+        normalizer=normalizer,
     )
     return terms, None
 
@@ -42,11 +49,14 @@ def train_and_record(actor, batch, steps=2):
     return losses, grads, {k: v.clone() for k, v in actor.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("kwargs", [
-    {},
-    {"use_decoupled_loss": True, "eps_clip_higher": 0.28, "c_clip": 3.0, "ppo_n_minibatches": 2},
-    {"micro_batch_size": 1, "pack": False},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"use_decoupled_loss": True, "eps_clip_higher": 0.28, "c_clip": 3.0, "ppo_n_minibatches": 2},
+        {"micro_batch_size": 1, "pack": False},
+    ],
+)
 def test_grpo_preset_is_bit_identical_to_the_trainer_before_presets(monkeypatch, kwargs):
     batch = make_batch(make_tiny_qwen2(), versions=[0, 0, 0, 0])
     batch["logprobs"] = batch["logprobs"] + 0.05 * batch["loss_mask"]  # an engine that differs a little
@@ -75,7 +85,9 @@ def test_mismatch_metrics_come_with_every_step_and_mis_masks_the_planted_tokens(
     batch = make_batch(model)
     mask = batch["loss_mask"].bool()
     planted = torch.zeros_like(batch["logprobs"])
-    planted[0, 3] = 2.0  # the engine recorded this token 2 nats less likely than the trainer computes: w = e^2
+    planted[0, 3] = (
+        2.0  # the engine recorded this token 2 nats less likely than the trainer computes: w = e^2
+    )
     batch["logprobs"] = batch["logprobs"] - planted
     plain = Actor(copy.deepcopy(model), GRPOConfig()).train_step(batch, GROUPS)
     n = int(mask.sum())
@@ -84,8 +96,7 @@ def test_mismatch_metrics_come_with_every_step_and_mis_masks_the_planted_tokens(
     actor = Actor(copy.deepcopy(model), GRPOConfig(mismatch_correction="mis", mismatch_threshold=2.0))
     stats = actor.train_step(batch, GROUPS, inspect=True)
     assert stats["mismatch_masked_frac"] == pytest.approx(1 / n)
-    assert stats["mismatch_kl_k3"] == pytest.approx((float(torch.tensor(2.0).exp()) - 1 - 2.0) / n,
-                                                    abs=1e-4)
+    assert stats["mismatch_kl_k3"] == pytest.approx((float(torch.tensor(2.0).exp()) - 1 - 2.0) / n, abs=1e-4)
     # the masked token adds nothing to the loss
     assert float(actor.last_inspection.contribution[0, 3]) == 0.0
     assert float(actor.last_inspection.contribution[0, 4]) != 0.0

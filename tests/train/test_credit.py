@@ -22,17 +22,32 @@ EOS = 1  # the tiny Qwen2's eos id
 
 def _call(iid, messages, prompt, output, parent=None, template="concat", reward=None, logprob=-0.5):
     return InteractionWithTokenLogpReward(
-        model_response=ModelResponse(input_tokens=prompt, output_tokens=output, output_logprobs=[logprob] * len(output),
-                                     output_versions=[0] * len(output), stop_reason="stop", eos_token_ids=[EOS, 0]),
-        reward=reward, parent=parent, chat_template_type=template, messages=messages,
-        output_message_list=[{"role": "assistant", "content": iid}], _interaction_id=iid)
+        model_response=ModelResponse(
+            input_tokens=prompt,
+            output_tokens=output,
+            output_logprobs=[logprob] * len(output),
+            output_versions=[0] * len(output),
+            stop_reason="stop",
+            eos_token_ids=[EOS, 0],
+        ),
+        reward=reward,
+        parent=parent,
+        chat_template_type=template,
+        messages=messages,
+        output_message_list=[{"role": "assistant", "content": iid}],
+        _interaction_id=iid,
+    )
 
 
 def episode(name, rewards, group_id, sample_id, template="concat"):
     """The math agent's episode: a reply per turn, the correction prompt between them."""
     messages, prompt, calls, parent = [{"role": "user", "content": "q"}], [2, 3, 4], {}, None
     for turn, reward in enumerate(rewards):
-        output = [10 + 5 * turn + sample_id, 11 + 5 * turn, EOS] if turn % 2 == 0 else [12 + 5 * turn + sample_id, EOS]
+        output = (
+            [10 + 5 * turn + sample_id, 11 + 5 * turn, EOS]
+            if turn % 2 == 0
+            else [12 + 5 * turn + sample_id, EOS]
+        )
         iid = f"{name}-{turn}"
         call = _call(iid, list(messages), list(prompt), output, parent, template, reward)
         calls[iid] = call
@@ -44,15 +59,23 @@ def episode(name, rewards, group_id, sample_id, template="concat"):
 
 def demo_batch(template="concat", **kwargs) -> RolloutBatch:
     """Two groups of math-agent episodes: wrong-then-fixed, right at once, wrong twice."""
-    specs = [("e0", [0.0, 1.0], 0, 0), ("e1", [1.0], 0, 1), ("e2", [0.0, 0.0], 0, 2),
-             ("e3", [0.0, 1.0], 1, 0), ("e4", [1.0], 1, 1), ("e5", [0.0, 1.0], 1, 2)]
+    specs = [
+        ("e0", [0.0, 1.0], 0, 0),
+        ("e1", [1.0], 0, 1),
+        ("e2", [0.0, 0.0], 0, 2),
+        ("e3", [0.0, 1.0], 1, 0),
+        ("e4", [1.0], 1, 1),
+        ("e5", [0.0, 1.0], 1, 2),
+    ]
     episodes = [episode(*spec, template=template) for spec in specs]
     return RolloutBatch(episodes, **{"style": "concat", "discount": 0.9, **kwargs})
 
 
 # ------------------------------------------------------------------ leaf = today, exactly
 LEAF_CONFIGS = {
-    "demo": dict(reward_norm="group", reward_scaling=10.0, reward_bias=-0.5, eps_clip=0.4, use_decoupled_loss=True),
+    "demo": dict(
+        reward_norm="group", reward_scaling=10.0, reward_bias=-0.5, eps_clip=0.4, use_decoupled_loss=True
+    ),
     "batch-norms-kl": dict(reward_norm="batch", adv_norm="batch", kl_ctl=0.1, kl_estimator="k3"),
     "minibatches": dict(reward_norm="group", ppo_n_minibatches=2, micro_batch_size=2, c_clip=3.0),
     "no-norm": dict(reward_norm=None, reward_clip=0.7),
@@ -63,7 +86,9 @@ LEAF_CONFIGS = {
 @pytest.mark.parametrize("style", ["concat", "individual"])
 def test_leaf_credit_advantages_equal_the_pre_credit_trainer(name, style):
     tensors = demo_batch(style=style).to_tensors()
-    tensors["ref_logprobs"] = torch.linspace(-2.0, -0.5, tensors["logprobs"].numel()).reshape(tensors["logprobs"].shape)
+    tensors["ref_logprobs"] = torch.linspace(-2.0, -0.5, tensors["logprobs"].numel()).reshape(
+        tensors["logprobs"].shape
+    )
     cfg = GRPOConfig(**LEAF_CONFIGS[name])
     old_inputs = {k: v for k, v in tensors.items() if k != "turn_returns"}  # the batch as it was before
     new = compute_advantages(tensors, cfg)
@@ -82,12 +107,19 @@ def test_leaf_credit_loss_and_gradients_equal_the_pre_credit_trainer(name, monke
 
     import areal_nb.train.actor as actor_module
 
-    monkeypatch.setattr(actor_module, "compute_advantages",
-                        lambda batch, c, g, credit=None: leaf_reference.compute_advantages(batch, c, g))
+    monkeypatch.setattr(
+        actor_module,
+        "compute_advantages",
+        lambda batch, c, g, credit=None: leaf_reference.compute_advantages(batch, c, g),
+    )
     old_actor = Actor(make_tiny_qwen2(0), cfg, ref_model=ref)
-    old_stats = old_actor.train_step({k: v for k, v in tensors.items() if k != "turn_returns"}, tensors["group_ids"])
+    old_stats = old_actor.train_step(
+        {k: v for k, v in tensors.items() if k != "turn_returns"}, tensors["group_ids"]
+    )
     assert new_stats["loss"] == old_stats["loss"] and new_stats["grad_norm"] == old_stats["grad_norm"]
-    for (name_a, a), (_, b) in zip(new_actor.model.named_parameters(), old_actor.model.named_parameters(), strict=True):
+    for (name_a, a), (_, b) in zip(
+        new_actor.model.named_parameters(), old_actor.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name_a  # same gradients → the same AdamW update, bit for bit
 
 
@@ -102,14 +134,19 @@ def test_two_turn_row_rewards_0_then_1_with_discount_0_9():
     turn = compute_advantages(tensors, plain, credit="turn")["advantages"][0][gen]
     assert leaf.tolist() == [1.0] * 5
     assert turn.tolist() == [pytest.approx(0.9)] * 3 + [1.0, 1.0]  # own 0 + 0.9 × child 1; own 1
-    assert compute_advantages(tensors, GRPOConfig(reward_norm=None, credit="turn"))["advantages"].tolist() \
+    assert (
+        compute_advantages(tensors, GRPOConfig(reward_norm=None, credit="turn"))["advantages"].tolist()
         == compute_advantages(tensors, plain, credit="turn")["advantages"].tolist()
+    )
 
 
 def test_turn_level_group_normalisation_by_hand():
     # group 0: e0 (0 then 1), e1 (1), e2 (0 then 0); γ = 0.9 → turn returns e0 (0.9, 1), e1 (1), e2 (0, 0)
-    batch = RolloutBatch([episode("e0", [0.0, 1.0], 0, 0), episode("e1", [1.0], 0, 1),
-                          episode("e2", [0.0, 0.0], 0, 2)], style="concat", discount=0.9)
+    batch = RolloutBatch(
+        [episode("e0", [0.0, 1.0], 0, 0), episode("e1", [1.0], 0, 1), episode("e2", [0.0, 0.0], 0, 2)],
+        style="concat",
+        discount=0.9,
+    )
     tensors = batch.to_tensors()
     cfg = GRPOConfig(reward_norm="group", norm_eps=0.0, credit="turn")
     adv = compute_advantages(tensors, cfg)["advantages"]
@@ -119,31 +156,45 @@ def test_turn_level_group_normalisation_by_hand():
         return (x - mean) / math.sqrt(sum((p - mean) ** 2 for p in pool) / (len(pool) - 1))
 
     first, second = [0.9, 1.0, 0.0], [1.0, 0.0]  # turn 0 of the three samples; turn 1 of e0 and e2
-    expected = [[z(0.9, first)] * 3 + [z(1.0, second)] * 2, [z(1.0, first)] * 3, [z(0.0, first)] * 3 + [z(0.0, second)] * 2]
+    expected = [
+        [z(0.9, first)] * 3 + [z(1.0, second)] * 2,
+        [z(1.0, first)] * 3,
+        [z(0.0, first)] * 3 + [z(0.0, second)] * 2,
+    ]
     for row, want in enumerate(expected):
         got = adv[row][tensors["loss_mask"][row].bool()].tolist()
         assert got == pytest.approx(want, abs=1e-6)
     # whole-episode variant: all five (sample, turn) returns of the group in one pool
     pool = [0.9, 1.0, 1.0, 0.0, 0.0]
-    ep = compute_advantages(tensors, GRPOConfig(reward_norm="group", norm_eps=0.0, credit="turn", credit_norm="episode"))
+    ep = compute_advantages(
+        tensors, GRPOConfig(reward_norm="group", norm_eps=0.0, credit="turn", credit_norm="episode")
+    )
     assert ep["advantages"][0][tensors["loss_mask"][0].bool()].tolist() == pytest.approx(
-        [z(0.9, pool)] * 3 + [z(1.0, pool)] * 2, abs=1e-6)
+        [z(0.9, pool)] * 3 + [z(1.0, pool)] * 2, abs=1e-6
+    )
     assert ep["scores"].tolist() == pytest.approx([z(v, pool) for v in pool], abs=1e-6)  # pairs, row-major
 
 
 def test_individual_hf_rows_with_episode_pool_equal_leaf_credit():
     # one call per row: each row is one turn, so pooling a group's turns is pooling its rows
     tensors = demo_batch(template="hf", style="individual").to_tensors()
-    for cfg in (GRPOConfig(reward_scaling=10.0, reward_bias=-0.5), GRPOConfig(reward_norm="batch", adv_norm="batch")):
+    for cfg in (
+        GRPOConfig(reward_scaling=10.0, reward_bias=-0.5),
+        GRPOConfig(reward_norm="batch", adv_norm="batch"),
+    ):
         leaf = compute_advantages(tensors, cfg, credit="leaf")["advantages"]
-        turn = compute_advantages(tensors, GRPOConfig(**{**vars(cfg), "credit_norm": "episode"}), credit="turn")
+        turn = compute_advantages(
+            tensors, GRPOConfig(**{**vars(cfg), "credit_norm": "episode"}), credit="turn"
+        )
         assert torch.allclose(turn["advantages"], leaf, atol=1e-6, rtol=0)
 
 
 def test_turn_credit_kl_penalty_is_a_return_to_go():
     batch = RolloutBatch([episode("e", [0.0, 1.0], 0, 0)], style="concat", discount=0.9)
     tensors = batch.to_tensors()
-    tensors["ref_logprobs"] = tensors["logprobs"] - 0.1 * tensors["loss_mask"]  # log r = 0.1 per generated token
+    tensors["ref_logprobs"] = (
+        tensors["logprobs"] - 0.1 * tensors["loss_mask"]
+    )  # log r = 0.1 per generated token
     out = compute_advantages(tensors, GRPOConfig(reward_norm=None, kl_ctl=1.0, credit="turn"))
     gen = tensors["loss_mask"][0].bool()
     kl_to_go = [-0.1 * k for k in (5, 4, 3, 2, 1)]
@@ -161,7 +212,9 @@ def test_turn_credit_actor_step_raises_the_fixing_turn_and_reports_it(tiny_qwen2
 def test_turn_credit_errors():
     tensors = demo_batch().to_tensors()
     with pytest.raises(ValueError, match=r"credit='turn' needs batch\['turn_returns'\]"):
-        compute_advantages({k: v for k, v in tensors.items() if k != "turn_returns"}, GRPOConfig(credit="turn"))
+        compute_advantages(
+            {k: v for k, v in tensors.items() if k != "turn_returns"}, GRPOConfig(credit="turn")
+        )
     broken = dict(tensors, turn_ids=torch.where(tensors["loss_mask"].bool(), -1, tensors["turn_ids"]))
     with pytest.raises(ValueError, match="has turn_id -1"):
         compute_advantages(broken, GRPOConfig(credit="turn"))
@@ -181,9 +234,16 @@ def test_config_section_and_batch_reexport_carry_the_credit():
     assert load_config("configs/multi_turn_math.yaml").actor.credit == "leaf"
     batch = demo_batch()
     turn = batch.reexport(credit="turn", discount=0.5)
-    assert (batch.credit, turn.credit, turn.discount, turn.episodes is batch.episodes) == ("leaf", "turn", 0.5, True)
+    assert (batch.credit, turn.credit, turn.discount, turn.episodes is batch.episodes) == (
+        "leaf",
+        "turn",
+        0.5,
+        True,
+    )
     # the same tensors for both credits (both inputs travel); the discount changes the turn returns
-    assert torch.equal(batch.reexport(credit="turn").to_tensors()["turn_returns"], batch.to_tensors()["turn_returns"])
+    assert torch.equal(
+        batch.reexport(credit="turn").to_tensors()["turn_returns"], batch.to_tensors()["turn_returns"]
+    )
     gen = batch.to_tensors()["loss_mask"][0].bool()
     assert turn.to_tensors()["turn_returns"][0][gen].tolist() == [0.5] * 3 + [1.0] * 2
     with pytest.raises(ValueError, match="credit must be one of"):

@@ -18,11 +18,16 @@ from . import ddp_step
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, timeout: float = 300,
-             group_timeout_s: int = 120) -> subprocess.CompletedProcess:
+def torchrun(
+    args: list[str], tmp_path: Path, nproc: int = 2, timeout: float = 300, group_timeout_s: int = 120
+) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc-per-node N ...` as a subprocess, with this tree's code."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "AREAL_NB_DIST_TIMEOUT_S": str(group_timeout_s)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "AREAL_NB_DIST_TIMEOUT_S": str(group_timeout_s),
+    }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     return result
@@ -74,14 +79,21 @@ def test_two_ranks_give_the_one_process_step(tmp_path, mode):
         assert weights < 1e-5, case
         # the gradient itself (Adam's first moment after one step is 0.1·g), to float rounding
         g_max = max(float(g.abs().max()) for g in one["exp_avg"])
-        g_diff = max(float((a - b).abs().max()) for a, b in zip(one["exp_avg"], ranks["exp_avg"], strict=True))
+        g_diff = max(
+            float((a - b).abs().max()) for a, b in zip(one["exp_avg"], ranks["exp_avg"], strict=True)
+        )
         assert g_diff <= 1e-5 * g_max, case
         # advantages normalised once on the whole batch; stats over the whole batch on rank 0. With
         # the KL penalty they carry the reference's log-probs, to float rounding under fsdp: there
         # the reference is sharded, and its packed passes run one group's trie each, like the policy's
         if mode == "fsdp" and "kl_ref" in one["stats"]:
-            torch.testing.assert_close(ranks["advantages"], one["advantages"], atol=1e-6, rtol=0,
-                                       msg=lambda m: f"{case}: {m}")
+            torch.testing.assert_close(
+                ranks["advantages"],
+                one["advantages"],
+                atol=1e-6,
+                rtol=0,
+                msg=lambda m, case=case: f"{case}: {m}",
+            )
         else:
             assert torch.equal(one["advantages"], ranks["advantages"]), case
         # inspect=True: every row's per-token loss share, assembled from both ranks
@@ -96,7 +108,9 @@ def test_two_ranks_give_the_one_process_step(tmp_path, mode):
 def test_a_stalled_rank_0_ends_the_job_at_the_group_timeout(tmp_path):
     # rank 0 sleeps 120 s; rank 1's wait ends at the 5 s timeout and torchrun stops the job (the
     # subprocess timeout, 90 s, would fire if rank 0 were left running)
-    result = torchrun([str(Path(__file__).with_name("ddp_stall.py"))], tmp_path, timeout=90, group_timeout_s=5)
+    result = torchrun(
+        [str(Path(__file__).with_name("ddp_stall.py"))], tmp_path, timeout=90, group_timeout_s=5
+    )
     assert result.returncode != 0
     assert "[rank1]: RuntimeError" in result.stderr and "Timed out waiting 5000ms" in result.stderr
 
@@ -114,8 +128,13 @@ def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
         one, ranks = fsdp_ref.one_process_step(case), two[case]
         # the reference log-probs the KL penalty used, on every token of the batch, and what follows
         assert one["ref_logprobs"].abs().max() > 0.1, case
-        torch.testing.assert_close(ranks["ref_logprobs"], one["ref_logprobs"], atol=1e-5, rtol=0,
-                                   msg=lambda m: f"{case}: {m}")
+        torch.testing.assert_close(
+            ranks["ref_logprobs"],
+            one["ref_logprobs"],
+            atol=1e-5,
+            rtol=0,
+            msg=lambda m, case=case: f"{case}: {m}",
+        )
         for key in ("loss", "kl_ref", "grad_norm"):
             assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
         assert abs(one["stats"]["kl_ref"]) > 1e-3, case  # the reference differs from the policy
@@ -123,12 +142,21 @@ def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
         # root too), with no gradient and no optimizer state; one process holds all of it
         assert ranks["ref_all_sharded"] and one["ref_held_numel"] == one["ref_numel"] == ranks["ref_numel"]
         held = [by_rank[case][0] for by_rank in two["held_by_rank"]]
-        assert sum(held) == ranks["ref_numel"] and all(0.45 < h / ranks["ref_numel"] < 0.55 for h in held), held
-        held_bytes = [by_rank[case][1] for by_rank in two["held_by_rank"]]  # fp32; shards padded to equal size
-        assert all(b <= 4 * (ranks["ref_numel"] // 2 + 4096) for b in held_bytes), (held_bytes, ranks["ref_numel"])
+        assert sum(held) == ranks["ref_numel"] and all(0.45 < h / ranks["ref_numel"] < 0.55 for h in held), (
+            held
+        )
+        held_bytes = [
+            by_rank[case][1] for by_rank in two["held_by_rank"]
+        ]  # fp32; shards padded to equal size
+        assert all(b <= 4 * (ranks["ref_numel"] // 2 + 4096) for b in held_bytes), (
+            held_bytes,
+            ranks["ref_numel"],
+        )
         for r in (one, ranks):
             assert not (r["ref_requires_grad"] or r["ref_in_optimizer"] or r["ref_has_grad"]), case
         # the step left the reference where it was (gathered from the shards: the one-process weights)
-        assert all(torch.equal(ranks["ref_weights"][k], one["ref_weights"][k]) for k in one["ref_weights"]), case
+        assert all(torch.equal(ranks["ref_weights"][k], one["ref_weights"][k]) for k in one["ref_weights"]), (
+            case
+        )
     # saved (gathered on every rank) and loaded into another sharded actor: the same reference
     assert two["round_trip"] == {"differed_before": True, "restored_equal": True}

@@ -17,7 +17,9 @@ def rollout(engine, n_samples=3, temperature=1.0):
     """Sample n completions per prompt as one training batch (the capture layer's tensor layout)."""
     gconfig = GenerationConfig(max_new_tokens=6, temperature=temperature)
     # any deterministic rule that varies between samples will do: the mean output token id
-    return sample_batch(engine, PROMPTS, gconfig, lambda r: sum(r.output_tokens) / max(r.output_len, 1), n_samples)
+    return sample_batch(
+        engine, PROMPTS, gconfig, lambda r: sum(r.output_tokens) / max(r.output_len, 1), n_samples
+    )
 
 
 @pytest.fixture

@@ -35,7 +35,9 @@ def test_ratios_clipping_and_contributions_follow_the_formulas(tiny_qwen2):
     mask = ins.loss_mask
     assert torch.allclose(ins.ratio[mask], torch.exp(ins.logprobs - ins.old_logprobs)[mask], atol=1e-6)
     assert torch.allclose(ins.ratio[mask], torch.full_like(ins.ratio[mask], math.exp(-0.5)), atol=1e-5)
-    expected_clipped = mask & (((ins.ratio < 0.8) & (ins.advantages < 0)) | ((ins.ratio > 1.2) & (ins.advantages > 0)))
+    expected_clipped = mask & (
+        ((ins.ratio < 0.8) & (ins.advantages < 0)) | ((ins.ratio > 1.2) & (ins.advantages > 0))
+    )
     assert torch.equal(ins.clipped, expected_clipped)
     assert [bool(ins.clipped[i][mask[i]].all()) for i in range(4)] == [False, True, False, True]
     # per token: max(-A r, -A clip(r)) / number of trained tokens; they sum to the loss
@@ -53,7 +55,9 @@ def test_ratios_clipping_and_contributions_follow_the_formulas(tiny_qwen2):
 def test_capped_behaviour_weights_are_marked_and_contribute_nothing(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
     batch["logprobs"][0] = batch["logprobs"][0] - 3.0 * batch["loss_mask"][0]  # w = e^3 > cap 5 on row 0
-    actor = Actor(tiny_qwen2, GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0, ppo_n_minibatches=2))
+    actor = Actor(
+        tiny_qwen2, GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0, ppo_n_minibatches=2)
+    )
     stats = actor.train_step(batch, [0, 0, 0, 0], inspect=True)
     ins = actor.last_inspection
     mask = ins.loss_mask
@@ -61,7 +65,9 @@ def test_capped_behaviour_weights_are_marked_and_contribute_nothing(tiny_qwen2):
     assert torch.allclose(ins.behave_weight[0][mask[0]], torch.full((4,), math.exp(3.0)), rtol=1e-5)
     assert (ins.contribution[0] == 0).all() and (ins.contribution[2][mask[2]] != 0).all()
     assert ins.minibatch.tolist() == [0, 0, 1, 1]
-    assert torch.allclose(ins.behave_weight[mask], torch.exp(ins.prox_logprobs - ins.old_logprobs)[mask], rtol=1e-5)
+    assert torch.allclose(
+        ins.behave_weight[mask], torch.exp(ins.prox_logprobs - ins.old_logprobs)[mask], rtol=1e-5
+    )
     assert stats["behave_masked_frac"] == pytest.approx(4 / 14)
     with pytest.raises(IndexError, match="out of range"):
         ins.row(4)

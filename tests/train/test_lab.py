@@ -15,13 +15,21 @@ from .conftest import make_tiny_qwen2
 from .test_actor import make_batch
 
 GROUPS = [0, 0, 1, 1]
-VARIANTS = {"grpo": {}, "dr_grpo": {}, "gspo": {"recompute_logprob": False}, "cispo": {},
-            "rloo": {}, "tis": {"algorithm": "grpo", "mismatch_correction": "mis", "mismatch_threshold": 1.5}}
+VARIANTS = {
+    "grpo": {},
+    "dr_grpo": {},
+    "gspo": {"recompute_logprob": False},
+    "cispo": {},
+    "rloo": {},
+    "tis": {"algorithm": "grpo", "mismatch_correction": "mis", "mismatch_threshold": 1.5},
+}
 
 
 def stale_batch(model):
     batch = make_batch(model, rewards=(1.0, 0.0, 0.5, 0.0))
-    batch["logprobs"] = batch["logprobs"] + 0.3 * batch["loss_mask"] * torch.tensor([[1.0], [-2.0], [0.5], [2.0]])
+    batch["logprobs"] = batch["logprobs"] + 0.3 * batch["loss_mask"] * torch.tensor(
+        [[1.0], [-2.0], [0.5], [2.0]]
+    )
     return batch
 
 
@@ -66,16 +74,25 @@ def test_cosines_and_table():
     model = make_tiny_qwen2()
     actor = Actor(model, GRPOConfig())
     batch = stale_batch(model)
-    results = compare_variants(actor, batch, variant_configs(actor.cfg, {"a": {}, "b": {"lr": 1.0}, "rloo": {}}), GROUPS)
+    results = compare_variants(
+        actor, batch, variant_configs(actor.cfg, {"a": {}, "b": {"lr": 1.0}, "rloo": {}}), GROUPS
+    )
     cos = cosine_matrix(results)
     assert cos[0, 1] == pytest.approx(1.0, abs=1e-6)  # the learning rate does not change the gradient
     g0, g2 = results[0].grad.double(), results[2].grad.double()
     assert cos[0, 2] == pytest.approx(float(g0 @ g2 / (g0.norm() * g2.norm())), abs=1e-6)
-    comparison = Comparison({r.name: r for r in results}, batch["input_ids"], batch["attention_mask"].bool(),
-                            batch["loss_mask"].bool(), batch["rewards"])
+    comparison = Comparison(
+        {r.name: r for r in results},
+        batch["input_ids"],
+        batch["attention_mask"].bool(),
+        batch["loss_mask"].bool(),
+        batch["rewards"],
+    )
     table = comparison.table
     assert list(table.index) == ["a", "b", "rloo"]
-    assert table.loc["a", "loss"] == results[0].loss and table.loc["rloo", "cos_a"] == pytest.approx(float(cos[2, 0]))
+    assert table.loc["a", "loss"] == results[0].loss and table.loc["rloo", "cos_a"] == pytest.approx(
+        float(cos[2, 0])
+    )
     assert {"clipped_frac", "masked_frac", "grad_norm"} <= set(table.columns)
 
 

@@ -156,7 +156,9 @@ def test_packed_step_has_the_loss_and_gradients_of_padded_rows(cfg_kwargs):
     rows, groups = rows_and_masks()
     batch = make_batch(model, rows)
     # the engine was a little off on some tokens, so ratios and clipping are exercised
-    batch["logprobs"] = batch["logprobs"] - 0.3 * batch["loss_mask"] * (torch.arange(batch["logprobs"].shape[1]) % 2)
+    batch["logprobs"] = batch["logprobs"] - 0.3 * batch["loss_mask"] * (
+        torch.arange(batch["logprobs"].shape[1]) % 2
+    )
     padded, padded_grads = grads_after_step({**cfg_kwargs, "pack": False}, batch, groups)
     packed, packed_grads = grads_after_step({**cfg_kwargs, "pack": True}, batch, groups)
     assert abs(packed["loss"] - padded["loss"]) < TOL and padded["loss"] != 0
@@ -169,4 +171,7 @@ def test_packed_step_has_the_loss_and_gradients_of_padded_rows(cfg_kwargs):
     if "micro_batch_size" not in cfg_kwargs:
         assert padded["train_positions"] == batch["input_ids"].numel() == 16 * 12
     # (micro-batches of 5 rows split group 0, which then shares its prompt less)
-    assert packed["train_positions"] < (0.7 if "micro_batch_size" in cfg_kwargs else 0.6) * padded["train_positions"]
+    assert (
+        packed["train_positions"]
+        < (0.7 if "micro_batch_size" in cfg_kwargs else 0.6) * padded["train_positions"]
+    )

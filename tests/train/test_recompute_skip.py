@@ -47,8 +47,15 @@ def assert_same_step(a, b, keys):
     assert max(float(x.abs().max()) for x in update_a) > 1e-3  # the step moved the weights
 
 
-KEYS = ("loss", "grad_norm", "importance_weight_mean", "importance_weight_max", "clip_frac",
-        "logprob_abs_diff_max", "entropy")
+KEYS = (
+    "loss",
+    "grad_norm",
+    "importance_weight_mean",
+    "importance_weight_max",
+    "clip_frac",
+    "logprob_abs_diff_max",
+    "entropy",
+)
 
 
 @pytest.mark.parametrize("decoupled", [True, False], ids=["decoupled", "plain"])
@@ -56,7 +63,9 @@ KEYS = ("loss", "grad_norm", "importance_weight_mean", "importance_weight_max", 
 def test_skipping_gives_the_recomputing_step_on_policy(engine_batch, decoupled, pack):
     model, batch, group_ids = engine_batch
     skipped = step(model, batch, group_ids, use_decoupled_loss=decoupled, pack=pack)
-    recomputed = step(model, batch, group_ids, use_decoupled_loss=decoupled, pack=pack, skip_redundant_recompute=False)
+    recomputed = step(
+        model, batch, group_ids, use_decoupled_loss=decoupled, pack=pack, skip_redundant_recompute=False
+    )
     assert skipped[0]["recompute_skipped"] == 1.0 and recomputed[0]["recompute_skipped"] == 0.0
     # the engine's record equals the teacher-forced pass of the same weights
     assert skipped[0]["logprob_abs_diff_max"] < 1e-5
@@ -76,8 +85,9 @@ def test_skipping_stays_exact_off_policy(engine_batch):
     recomputed = step(model, batch, group_ids, **kw, skip_redundant_recompute=False)
     assert skipped[0]["recompute_skipped"] == 1.0
     assert 0 < skipped[0]["behave_masked_frac"] < 1 and skipped[0]["behave_imp_weight_max"] > 1.3
-    assert_same_step(skipped, recomputed, KEYS + ("behave_imp_weight_mean", "behave_masked_frac",
-                                                  "logprob_abs_diff_mean"))
+    assert_same_step(
+        skipped, recomputed, KEYS + ("behave_imp_weight_mean", "behave_masked_frac", "logprob_abs_diff_mean")
+    )
 
 
 @pytest.mark.parametrize(

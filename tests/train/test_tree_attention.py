@@ -73,8 +73,8 @@ def test_a_plan_for_some_queries_equals_those_rows_of_the_dense_attention():
     runs, queries = [], []
     for path in paths:
         for lo in range(1, len(path), 4):
-            new = [node for node in path[lo:lo + 2] if node not in queries]
-            if new == path[lo:lo + len(new)] and new:
+            new = [node for node in path[lo : lo + 2] if node not in queries]
+            if new == path[lo : lo + len(new)] and new:
                 runs.append((path, lo, lo + len(new)))
                 queries += new
     assert len(runs) >= 3 and len(queries) > len(runs)
@@ -85,12 +85,17 @@ def test_a_plan_for_some_queries_equals_those_rows_of_the_dense_attention():
     k, v = (torch.randn(1, 2, n, 8, generator=gen, requires_grad=True) for _ in range(2))
     q_some = q[:, :, queries].clone().requires_grad_(True)
     got, _ = tree_attention_forward(None, q_some, k, v, plan, scaling=0.3)  # [1, Q, H, D]
-    want = F.scaled_dot_product_attention(q_some, k, v, attn_mask=ancestors[queries], scale=0.3, enable_gqa=True)
+    want = F.scaled_dot_product_attention(
+        q_some, k, v, attn_mask=ancestors[queries], scale=0.3, enable_gqa=True
+    )
     want = want.transpose(1, 2)
     assert got.shape == (1, len(queries), 4, 8) and (got - want).abs().max() < 1e-6
     weights = torch.randn(got.shape, generator=gen)
-    for a, b in zip(torch.autograd.grad((got * weights).sum(), (q_some, k, v)),
-                    torch.autograd.grad((want * weights).sum(), (q_some, k, v)), strict=True):
+    for a, b in zip(
+        torch.autograd.grad((got * weights).sum(), (q_some, k, v)),
+        torch.autograd.grad((want * weights).sum(), (q_some, k, v)),
+        strict=True,
+    ):
         assert (a - b).abs().max() < 1e-5
     with pytest.raises(ValueError, match="queries"):
         plan_tree_attention(runs, n, queries=queries[:-1])
@@ -98,8 +103,15 @@ def test_a_plan_for_some_queries_equals_those_rows_of_the_dense_attention():
 
 def tiny_llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -111,8 +123,10 @@ def test_the_last_layer_runs_at_the_heads_only(make_model):
     ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"].bool()
     packed = pack_rows(ids, attention, groups, flat=True)
     mlp_rows = []  # rows each layer's MLP computed
-    hooks = [layer.mlp.register_forward_hook(lambda _m, inputs, _o: mlp_rows.append(inputs[0].numel() // 32))
-             for layer in model.model.layers]
+    hooks = [
+        layer.mlp.register_forward_hook(lambda _m, inputs, _o: mlp_rows.append(inputs[0].numel() // 32))
+        for layer in model.model.layers
+    ]
     with torch.no_grad():
         want_lp, _ = compute_token_logprobs_and_entropy(model, ids, attention)
         mlp_rows.clear()
@@ -134,7 +148,10 @@ def test_flat_layout_is_one_trie_of_all_rows():
     assert packed.n_nodes == count_unique_tokens(ids, attention) == 6 and packed.tree_mask is None
     # each row's new nodes are one segment, keyed by the row's path (the duplicate row adds none)
     assert _segments([build_trie([[2, 3, 4], [2, 3, 5, 6], [7], [2, 3, 4]])], [0, 6]) == [
-        ([0, 1, 2], 0), ([0, 1, 3, 4], 2), ([5], 0)]
+        ([0, 1, 2], 0),
+        ([0, 1, 3, 4], 2),
+        ([5], 0),
+    ]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -150,12 +167,16 @@ def test_flat_logprobs_equal_the_padded_rows_and_skip_unasked_positions(temperat
     with torch.no_grad():
         want_lp, want_ent = compute_token_logprobs_and_entropy(model, ids, attention, temperature)
         got_lp, got_ent = packed_token_logprobs_and_entropy(model, packed, temperature)
-        masked_lp, masked_ent = packed_token_logprobs_and_entropy(model, packed, temperature, positions=loss_mask)
+        masked_lp, masked_ent = packed_token_logprobs_and_entropy(
+            model, packed, temperature, positions=loss_mask
+        )
     hook.remove()
     assert (got_lp[~attention] == 0).all() and (got_lp[:, 0] == 0).all()
     assert (got_lp - want_lp)[attention].abs().max() < TOL
     assert (got_ent - want_ent)[attention].abs().max() < TOL
-    assert (masked_lp - want_lp)[loss_mask].abs().max() < TOL and (masked_ent - want_ent)[loss_mask].abs().max() < TOL
+    assert (masked_lp - want_lp)[loss_mask].abs().max() < TOL and (masked_ent - want_ent)[
+        loss_mask
+    ].abs().max() < TOL
     assert (masked_lp[~loss_mask] == 0).all() and (masked_ent[~loss_mask] == 0).all()
     # the padded rows' forward computes every position; the flat one each node with a child, and
     # with the loss mask only the parents of generated tokens
@@ -170,9 +191,13 @@ def test_both_layouts_step_like_the_padded_rows(tree_attention):
     model = make_tiny_qwen2()
     rows, groups = rows_and_masks()
     batch = make_batch(model, rows)
-    batch["logprobs"] = batch["logprobs"] - 0.3 * batch["loss_mask"] * (torch.arange(batch["logprobs"].shape[1]) % 2)
+    batch["logprobs"] = batch["logprobs"] - 0.3 * batch["loss_mask"] * (
+        torch.arange(batch["logprobs"].shape[1]) % 2
+    )
     padded, padded_grads = grads_after_step({"use_decoupled_loss": True, "pack": False}, batch, groups)
-    packed, packed_grads = grads_after_step({"use_decoupled_loss": True, "tree_attention": tree_attention}, batch, groups)
+    packed, packed_grads = grads_after_step(
+        {"use_decoupled_loss": True, "tree_attention": tree_attention}, batch, groups
+    )
     assert abs(packed["loss"] - padded["loss"]) < TOL and padded["loss"] != 0
     assert max(float((a - b).abs().max()) for a, b in zip(packed_grads, padded_grads, strict=True)) < TOL
     for key in ("entropy", "clip_frac", "logprob_abs_diff_max", "behave_imp_weight_mean"):
@@ -182,9 +207,19 @@ def test_both_layouts_step_like_the_padded_rows(tree_attention):
 
 
 def test_models_without_the_attention_interface_use_the_dense_layout():
-    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
-                                           sliding_window=4, max_window_layers=0))
+    sliding = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=48,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=0,
+        )
+    )
     assert supports_tree_attention(make_tiny_qwen2()) and not supports_tree_attention(sliding)
     assert not supports_tree_attention(torch.nn.Linear(2, 2))
     # a sliding-window model still trains, packed densely

@@ -40,7 +40,7 @@ print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episod
 # An off-policy copy of the batch (rewards 1 and 0; the engine 0.5 nats surer than the policy):
 # r = e^-0.5 < 1 - eps_clip, so the negative-advantage row is clipped. A copy of the policy
 # trains on it, so the session's own step (and the dashboard) are unaffected.
-LOSS_CELL = '''\
+LOSS_CELL = """\
 import copy, dataclasses, torch
 from areal_nb.train import Actor
 from areal_nb.widgets import show_loss
@@ -52,17 +52,17 @@ probe = Actor(copy.deepcopy(session.actor.model), cfg)
 probe.train_step(t, t["group_ids"], inspect=True)
 print("clipped tokens", int(probe.last_inspection.clipped.sum()))
 loss_view = show_loss(probe.last_inspection, tokenizer=session.tokenizer)
-loss_view'''
+loss_view"""
 
 # The lab: the same off-policy copy under three variants (no step); PPO's clip acts where the
 # engine's record is 0.5 nats off, CISPO's weight does not clip there, so the lanes disagree.
-COMPARE_CELL = '''\
+COMPARE_CELL = """\
 cmp = session.compare(t, {"grpo": {"use_decoupled_loss": False, "recompute_logprob": False, "eps_clip": 0.2},
                           "cispo": {"use_decoupled_loss": False, "recompute_logprob": False},
                           "dr_grpo": {}})
 compare_view = cmp.view(row=1)  # the negative-advantage row, where PPO clips
 print("lab lanes", len(cmp.variants), "disagree", compare_view.model.n_disagree)
-compare_view'''
+compare_view"""
 
 CELLS = [
     SETUP,

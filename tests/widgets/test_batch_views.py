@@ -16,8 +16,12 @@ def test_batch_views_are_the_widgets_views(captured, tiny_tokenizer):
     from areal_nb.rollout import RolloutBatch
 
     a, b = captured.concat_a, captured.concat_b
-    batch = RolloutBatch([episode(a, 0, 0), episode(b, 0, 1)], style="concat", tokenizer=tiny_tokenizer,
-                         viewer=widgets.view_batch)
+    batch = RolloutBatch(
+        [episode(a, 0, 0), episode(b, 0, 1)],
+        style="concat",
+        tokenizer=tiny_tokenizer,
+        viewer=widgets.view_batch,
+    )
     assert isinstance(batch.show_tree(1), widgets.TreeView)
     assert isinstance(batch.show_tokens(0), widgets.TokenView)
     assert isinstance(batch.show_rewards(0), widgets.RewardView)
@@ -31,7 +35,9 @@ def test_a_batch_without_a_viewer_says_how_to_get_one(captured):
     from areal_nb.rollout import RolloutBatch
 
     batch = RolloutBatch([episode(captured.concat_a)])
-    with pytest.raises(RuntimeError, match=r"batch.show_tree\(\) needs the widgets.*areal_nb.widgets.view_batch"):
+    with pytest.raises(
+        RuntimeError, match=r"batch.show_tree\(\) needs the widgets.*areal_nb.widgets.view_batch"
+    ):
         batch.show_tree(0)
 
 

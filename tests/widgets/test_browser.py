@@ -30,8 +30,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROME_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 SETTINGS = Path(__file__).parent / "jupyterlab_settings"
 
 
@@ -45,8 +53,10 @@ def _free_port() -> int:
 def jupyterlab(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="playwright is needed for the browser test")
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (CI does, in "
-                    ".ci/run) or point CHROMIUM_PATH at one")
+        pytest.skip(
+            f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (CI does, in "
+            ".ci/run) or point CHROMIUM_PATH at one"
+        )
     try:
         import areal_nb.session  # noqa: F401
     except ImportError as e:  # the notebook drives a Session; nothing else may skip this test
@@ -58,13 +68,31 @@ def jupyterlab(tmp_path):
     shutil.copytree(SETTINGS, settings)  # silences the news / update toasts
     token = secrets.token_urlsafe(16)
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        OMP_NUM_THREADS="1",
+    )
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=root,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -74,7 +102,9 @@ def jupyterlab(tmp_path):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text())
+                    raise RuntimeError(
+                        "JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()
+                    ) from None
                 time.sleep(0.3)
         yield f"http://127.0.0.1:{port}/lab/tree/widgets.ipynb?token={token}"
     finally:
@@ -88,7 +118,9 @@ def jupyterlab(tmp_path):
 
 
 def _ints(page, selector: str, attr: str) -> list[int]:
-    return [int(v) for v in page.eval_on_selector_all(selector, f"els => els.map(e => e.getAttribute('{attr}'))")]
+    return [
+        int(v) for v in page.eval_on_selector_all(selector, f"els => els.map(e => e.getAttribute('{attr}'))")
+    ]
 
 
 def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
@@ -96,9 +128,13 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(str(tmp_path / "chromium"), executable_path=CHROMIUM,
-                                                       headless=True, args=CHROME_ARGS,
-                                                       viewport={"width": 1400, "height": 1000})
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROME_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             page = browser.new_page()
             page.goto(jupyterlab)
@@ -112,11 +148,14 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             page.click("text=Run", timeout=10_000)
             page.click("text=Run All Cells", timeout=10_000)
             # the last cell prints once the session trained a step
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                                  has_text="Traceback")
+            errors = page.locator(
+                ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+            )
             deadline = time.monotonic() + 240
             while page.locator("text=trained step 1").count() == 0:  # the last cell prints after a step
-                assert errors.count() == 0, "a notebook cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:]
+                assert errors.count() == 0, (
+                    "a notebook cell failed:\n" + "\n".join(errors.all_inner_texts())[-3000:]
+                )
                 assert time.monotonic() < deadline, "the notebook did not finish its training step"
                 page.wait_for_timeout(500)
             page.screenshot(path=str(SHOTS / "notebook.png"), full_page=True)
@@ -133,8 +172,9 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             tokens = page.locator(".anb-token-view .anb-row[data-style='concat']").first
             assert tokens.locator(".anb-chip.anb-loss").count() > 0
             assert tokens.locator(".anb-chip.anb-noloss").count() > 0
-            assert sorted(set(_ints(page, ".anb-token-view .anb-row[data-style='concat'] .anb-band", "data-turn"))
-                          ) == [-1, 0, 1]
+            assert sorted(
+                set(_ints(page, ".anb-token-view .anb-row[data-style='concat'] .anb-band", "data-turn"))
+            ) == [-1, 0, 1]
             page.locator(".anb-token-view").first.screenshot(path=str(SHOTS / "tokens.png"))
 
             # 3. rewards: moving the discount slider changes the first turn's reward
@@ -178,8 +218,11 @@ def test_widgets_in_jupyterlab(jupyterlab, tmp_path):
             assert lab.locator(".anb-compare-token.anb-disagree").count() == int(printed[-1]) > 0
             lab.screenshot(path=str(SHOTS / "compare.png"))
             lab.locator("select").last.select_option(["grpo", "cispo"])
-            page.wait_for_function("document.querySelectorAll('.anb-compare-view .anb-lane[data-variant=\"dr_grpo\"]')"
-                                   ".length === 0", timeout=20_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.anb-compare-view .anb-lane[data-variant=\"dr_grpo\"]')"
+                ".length === 0",
+                timeout=20_000,
+            )
             assert lab.locator(".anb-lane").count() == 2 * n_tokens
 
             # 6. dashboard: one point per step; a new step adds one without re-running its cell

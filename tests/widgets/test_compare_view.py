@@ -20,16 +20,32 @@ def result(name, weights, clipped=(), masked=()):
         c[pos] = True
     for pos in masked:
         m[pos] = True
-    return VariantResult(name=name, cfg=None, loss=0.0, stats={}, advantages=w.sign(), token_weight=w, clipped=c,
-                         masked=m, mismatch_weight=torch.ones(2, 5), grad_norm=1.0, grad=torch.ones(3))
+    return VariantResult(
+        name=name,
+        cfg=None,
+        loss=0.0,
+        stats={},
+        advantages=w.sign(),
+        token_weight=w,
+        clipped=c,
+        masked=m,
+        mismatch_weight=torch.ones(2, 5),
+        grad_norm=1.0,
+        grad=torch.ones(3),
+    )
 
 
 def comparison():
     a = result("a", [0.5, 0.25, -0.5, 0.1, 0.1, 0.1])
     b = result("b", [0.5, -0.25, -0.5, 0.1, 0.1, 0.1], clipped=[(0, 3)])
     c = result("c", [0.4, 0.25, -0.5, 0.1, 0.2, 0.1], masked=[(1, 4)])
-    return Comparison({"a": a, "b": b, "c": c}, torch.arange(10).reshape(2, 5), torch.ones(2, 5, dtype=torch.bool),
-                      MASK, torch.tensor([1.0, 0.0]))
+    return Comparison(
+        {"a": a, "b": b, "c": c},
+        torch.arange(10).reshape(2, 5),
+        torch.ones(2, 5, dtype=torch.bool),
+        MASK,
+        torch.tensor([1.0, 0.0]),
+    )
 
 
 def test_lanes_and_disagreements():

@@ -73,7 +73,9 @@ def test_clipped_filter_keeps_the_clipped_rows_and_marks_the_tokens(inspected, t
 
 def test_capped_tokens_are_struck_and_contribute_nothing(inspected, tiny_tokenizer):
     ins = inspected.capped
-    model = build_loss_view(SimpleNamespace(last_inspection=ins, tokenizer=tiny_tokenizer), loss_filter="capped")
+    model = build_loss_view(
+        SimpleNamespace(last_inspection=ins, tokenizer=tiny_tokenizer), loss_filter="capped"
+    )
     assert [r.index for r in model.rows] == [0]
     row = model.rows[0]
     assert row.n_capped == int(ins.behave_capped[0].sum()) == 4 and row.contribution == 0.0

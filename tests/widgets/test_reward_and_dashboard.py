@@ -30,21 +30,26 @@ def test_concat_group_states_for_two_discounts(captured):
     half = reward_state(src, 0.5, "tree")
     assert half.style == "concat" and half.focus == 0
     assert [(n.id, n.raw, n.discounted, n.exported) for n in half.nodes] == [
-        (a1.interaction_id, 0.0, 0.5, False), (a2.interaction_id, 1.0, 1.0, True),
-        (b1.interaction_id, 0.5, 0.5, False), (b2.interaction_id, 0.0, 0.0, True),
+        (a1.interaction_id, 0.0, 0.5, False),
+        (a2.interaction_id, 1.0, 1.0, True),
+        (b1.interaction_id, 0.5, 0.5, False),
+        (b2.interaction_id, 0.0, 0.0, True),
     ]
     # concat rows are the leaves: rewards 1 and 0 → ±0.5 / (unbiased std √0.5 + eps)
     adv = 0.5 / (math.sqrt(0.5) + EPS)
     assert [(r.interaction_id, r.sample_id, r.reward) for r in half.rows] == [
-        (a2.interaction_id, 0, 1.0), (b2.interaction_id, 1, 0.0)]
+        (a2.interaction_id, 0, 1.0),
+        (b2.interaction_id, 1, 0.0),
+    ]
     assert [r.advantage for r in half.rows] == pytest.approx([adv, -adv], abs=1e-6)
     zero = reward_state(src, 0.0, "tree", style="individual")
     assert [n.discounted for n in zero.nodes] == [0.0, 1.0, 0.5, 0.0]
     assert len(zero.rows) == 4
     mean = 0.375
     std = math.sqrt(sum((r - mean) ** 2 for r in [0.0, 1.0, 0.5, 0.0]) / 3)
-    assert [r.advantage for r in zero.rows] == pytest.approx([(r - mean) / (std + EPS) for r in [0.0, 1.0, 0.5, 0.0]],
-                                                             abs=1e-6)
+    assert [r.advantage for r in zero.rows] == pytest.approx(
+        [(r - mean) / (std + EPS) for r in [0.0, 1.0, 0.5, 0.0]], abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("mode", ["tree", "linear"])
@@ -90,10 +95,12 @@ def test_reward_widget_recomputes_when_slider_moves(captured):
 
 
 def test_dashboard_series_skip_unmeasured_points():
-    history = pd.DataFrame([
-        {"step": 1, "reward_mean": 0.25, "eval_accuracy": float("nan"), "loss": 0.5},
-        {"step": 2, "reward_mean": 0.5, "eval_accuracy": 0.1, "loss": 0.25},
-    ])
+    history = pd.DataFrame(
+        [
+            {"step": 1, "reward_mean": 0.25, "eval_accuracy": float("nan"), "loss": 0.5},
+            {"step": 2, "reward_mean": 0.5, "eval_accuracy": 0.1, "loss": 0.25},
+        ]
+    )
     series = {s.column: s for s in history_series(history)}
     assert set(series) == {"reward_mean", "eval_accuracy", "loss"}
     assert series["reward_mean"].points == [(1, 0.25), (2, 0.5)]

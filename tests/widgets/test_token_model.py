@@ -87,7 +87,7 @@ def test_drift_highlights_first_differing_position(tiny_tokenizer):
     assert d.rendered[4] == visible_text(tiny_tokenizer.decode([rendered[4]]))
     assert [c.position for c in row.chips if c.drift] == [4]
     html = token_view_html(build_token_view(call))
-    assert 'data-drift="4"' in html and html.count("anb-drift\"") + html.count("anb-drift ") >= 1
+    assert 'data-drift="4"' in html and html.count('anb-drift"') + html.count("anb-drift ") >= 1
 
 
 def test_tensor_dict_row_and_heat_scale(captured, tiny_tokenizer):

@@ -69,15 +69,20 @@ def test_discounted_episode_shows_reward_as_set_and_after(captured):
 def test_pending_call_is_drawn_and_fills_in(tiny_tokenizer):
     cache = InteractionCache()
     root = InteractionWithTokenLogpReward(
-        model_response=ModelResponse([1, 5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], [3, 4, 4], tokenizer=tiny_tokenizer),
+        model_response=ModelResponse(
+            [1, 5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], [3, 4, 4], tokenizer=tiny_tokenizer
+        ),
         messages=[{"role": "user", "content": "hi"}],
         output_message_list=[{"role": "assistant", "content": "hello there"}],
         _interaction_id="root",
     )
     cache["root"] = root
     in_flight = InteractionWithTokenLogpReward(
-        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"},
-                  {"role": "user", "content": "more"}],
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello there"},
+            {"role": "user", "content": "more"},
+        ],
         _interaction_id="child",
     )
     cache["child"] = in_flight
@@ -87,7 +92,9 @@ def test_pending_call_is_drawn_and_fills_in(tiny_tokenizer):
     assert child.tokens_in is None and child.tokens_out is None and tree.n_pending == 1
     assert tree.node("root").versions == "v3–4" and tree.node("root").preview == "hello there"
     assert 'data-pending="1"' in tree_svg(tree) and "stroke-dasharray" in tree_svg(tree)
-    in_flight.model_response = ModelResponse([1, 5, 6, 7, 8, 2, 9], [10, 2], [-1.0, -0.5], [5, 5], tokenizer=tiny_tokenizer)
+    in_flight.model_response = ModelResponse(
+        [1, 5, 6, 7, 8, 2, 9], [10, 2], [-1.0, -0.5], [5, 5], tokenizer=tiny_tokenizer
+    )
     in_flight.output_message_list = [{"role": "assistant", "content": "ok"}]
     child = build_tree(cache).node("child")
     assert not child.pending and (child.tokens_in, child.tokens_out, child.versions) == (7, 2, "v5")
