@@ -16,17 +16,29 @@ import re
 import shlex
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from areal_nb.api import MAX_TEMPERATURE, MIN_TEMPERATURE
 from areal_nb.api.vocabulary import ChatTemplateType, DiscountMode, ExportStyle, check_export_style
 from areal_nb.data import TaskConfig
-from areal_nb.engine.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
+from areal_nb.engine.defaults import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_PREFIX_CACHE_TOKENS,
+    DEFAULT_SINGLE_THREAD_ROWS,
+)
 from areal_nb.errors import ConfigError  # noqa: F401 (re-exported)
 from areal_nb.train import GRPOConfig
 
@@ -64,7 +76,9 @@ class LaunchConfig(_Section):
     @model_validator(mode="after")
     def _ports_match(self) -> LaunchConfig:
         if self.ports is not None and len(self.ports) != self.n_servers:
-            raise ValueError(f"engine.launch.ports lists {len(self.ports)} ports for n_servers={self.n_servers}")
+            raise ValueError(
+                f"engine.launch.ports lists {len(self.ports)} ports for n_servers={self.n_servers}"
+            )
         return self
 
 
@@ -91,10 +105,14 @@ class EngineConfig(_Section):
     @model_validator(mode="after")
     def _addresses(self) -> EngineConfig:
         if self.type == "remote" and not self.addresses:
-            raise ValueError("engine.type=remote needs engine.addresses (the servers' base URLs, "
-                             "e.g. ['http://127.0.0.1:30000'])")
+            raise ValueError(
+                "engine.type=remote needs engine.addresses (the servers' base URLs, "
+                "e.g. ['http://127.0.0.1:30000'])"
+            )
         if self.type != "remote" and self.addresses:
-            raise ValueError(f"engine.addresses is only read with engine.type=remote (engine.type is {self.type!r})")
+            raise ValueError(
+                f"engine.addresses is only read with engine.type=remote (engine.type is {self.type!r})"
+            )
         return self
 
 
@@ -198,8 +216,10 @@ class ClusterConfig(_Section):
     @classmethod
     def _time_as_text(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):  # YAML reads 2:00:00 as 7200 (base 60)
-            raise ValueError(f"cluster.time must be text, got the number {value}: quote it in YAML "
-                             f"(time: \"02:00:00\"), since YAML reads an unquoted 2:00:00 as seconds")
+            raise ValueError(
+                f"cluster.time must be text, got the number {value}: quote it in YAML "
+                f'(time: "02:00:00"), since YAML reads an unquoted 2:00:00 as seconds'
+            )
         return value
 
     @field_validator("time")
@@ -207,8 +227,10 @@ class ClusterConfig(_Section):
     def _slurm_time(cls, value: str) -> str:
         # checked here, not by sbatch when the job is submitted (on another machine, later)
         if not _SLURM_TIME.fullmatch(value):
-            raise ValueError(f"cluster.time {value!r} is not a Slurm time limit: minutes, MM:SS, HH:MM:SS, "
-                             f"D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 01:30:00 or 2-00:00:00)")
+            raise ValueError(
+                f"cluster.time {value!r} is not a Slurm time limit: minutes, MM:SS, HH:MM:SS, "
+                f"D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 01:30:00 or 2-00:00:00)"
+            )
         return value
 
     @field_validator("partition", "account")
@@ -217,24 +239,36 @@ class ClusterConfig(_Section):
         # an #SBATCH line is not shell: a space or quote there makes sbatch reject the script
         several = info.field_name == "partition"
         if value is not None and not (_SLURM_NAMES if several else _SLURM_NAME).fullmatch(value):
-            raise ValueError(f"cluster.{info.field_name} {value!r} is not a Slurm name (letters, digits, "
-                             f"'_', '-', '.'{', comma-separated' if several else ''})")
+            raise ValueError(
+                f"cluster.{info.field_name} {value!r} is not a Slurm name (letters, digits, "
+                f"'_', '-', '.'{', comma-separated' if several else ''})"
+            )
         return value
 
     @model_validator(mode="after")
     def _trainer_nodes(self) -> ClusterConfig:
         if self.infer_nodes >= self.nodes:
-            raise ValueError(f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
-                             f"cluster.nodes ({self.nodes}) for the trainer")
+            raise ValueError(
+                f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
+                f"cluster.nodes ({self.nodes}) for the trainer"
+            )
         servers = self.servers_per_node * self.gpus_per_server
         if self.gpus_per_node and servers > self.gpus_per_node:
-            raise ValueError(f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
-                             f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})")
-        if self.gpus_per_node and self.infer_nodes == 0 and servers + self.nproc_per_node > self.gpus_per_node:
-            raise ValueError(f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
-                             f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
-                             f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
-                             f"set infer_nodes")
+            raise ValueError(
+                f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
+                f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})"
+            )
+        if (
+            self.gpus_per_node
+            and self.infer_nodes == 0
+            and servers + self.nproc_per_node > self.gpus_per_node
+        ):
+            raise ValueError(
+                f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
+                f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
+                f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
+                f"set infer_nodes"
+            )
         return self
 
 
@@ -254,7 +288,9 @@ class SessionConfig(_Section):
 
     @model_validator(mode="after")
     def _combinations(self) -> SessionConfig:
-        check_export_style(self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type})
+        check_export_style(
+            self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type}
+        )
         if self.actor.temperature != self.rollout.temperature:
             raise ValueError(
                 f"actor.temperature ({self.actor.temperature}) must equal rollout.temperature "
@@ -302,13 +338,20 @@ def _field_types(node: Any) -> dict[str, Any]:
 
 
 _TYPE_WORDS = {
-    "int": "an integer", "float": "a number", "bool": "true/false", "string": "a string",
-    "dict": "a mapping", "list": "a list", "tuple": "a list", "dataclass": "a mapping",
-    "model": "a mapping", "none": "null",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true/false",
+    "string": "a string",
+    "dict": "a mapping",
+    "list": "a list",
+    "tuple": "a list",
+    "dataclass": "a mapping",
+    "model": "a mapping",
+    "none": "null",
 }
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     """One pydantic error as `key: what is wrong`, in the words of the config file."""
     loc = tuple(p for p in error["loc"] if not str(p).startswith("function-"))
     # pydantic adds the union member or dataclass name as a location step; drop those
@@ -366,14 +409,18 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor.lr=1e-5)")
     path, raw = item.split("=", 1)
     if not path.strip() or any(not part.strip() for part in path.strip().split(".")):
-        raise ConfigError(f"override {_shorten(item)!r}: {_shorten(path)!r} is not a dotted config key (e.g. actor.lr)")
+        raise ConfigError(
+            f"override {_shorten(item)!r}: {_shorten(path)!r} is not a dotted config key (e.g. actor.lr)"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except (yaml.YAMLError, RecursionError, ValueError) as exc:
         # YAML reserves @ ` % * & ! [ { " ' at the start of a value: quote such a text value
         shown = raw if len(raw) <= 80 else raw[:80] + "..."
-        raise ConfigError(f"override {_shorten(item)!r}: YAML cannot read the value {shown!r} ({_yaml_problem(exc)}); "
-                          f"to pass it as text, quote it: {_quoted(path, raw)}") from None
+        raise ConfigError(
+            f"override {_shorten(item)!r}: YAML cannot read the value {shown!r} ({_yaml_problem(exc)}); "
+            f"to pass it as text, quote it: {_quoted(path, raw)}"
+        ) from None
     # YAML 1.1 reads "1e-5" as a string; accept the forms people type for numbers.
     if isinstance(value, str):
         try:
@@ -418,8 +465,9 @@ def apply_overrides(data: dict, overrides: Iterable[str] | dict[str, Any]) -> di
     return data
 
 
-def load_config(source: str | Path | dict | SessionConfig | None = None,
-                overrides: Iterable[str] | dict[str, Any] = ()) -> SessionConfig:
+def load_config(
+    source: str | Path | dict | SessionConfig | None = None, overrides: Iterable[str] | dict[str, Any] = ()
+) -> SessionConfig:
     """A validated SessionConfig from a YAML path, a dict, an existing config, or defaults."""
     where = ""
     if isinstance(source, SessionConfig):
@@ -453,7 +501,11 @@ def load_config(source: str | Path | dict | SessionConfig | None = None,
 
 def _numeric(annotation: Any) -> bool:
     """An int or float field (optional or not), not a bool one."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    args = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else ()
+    )
     kinds = set(args) - {type(None)} if args else {annotation}
     return bool(kinds) and kinds <= {int, float}
 
@@ -469,10 +521,14 @@ def _refuse_bools_as_numbers(data: Any, node: Any, prefix: str) -> None:
         annotation = fields[key]
         if isinstance(value, bool) and _numeric(annotation):
             count = annotation is int or int in typing.get_args(annotation)
-            raise ConfigError(f"{prefix}{key}: expected {'an integer' if count else 'a number'}, got "
-                              f"{str(value).lower()} (a boolean is not a {'count' if count else 'number'})")
-        if isinstance(value, dict) and (isinstance(annotation, type) and (
-                issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation))):
+            raise ConfigError(
+                f"{prefix}{key}: expected {'an integer' if count else 'a number'}, got "
+                f"{str(value).lower()} (a boolean is not a {'count' if count else 'number'})"
+            )
+        if isinstance(value, dict) and (
+            isinstance(annotation, type)
+            and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation))
+        ):
             _refuse_bools_as_numbers(value, annotation, f"{prefix}{key}.")
 
 

@@ -43,6 +43,10 @@ The tree:
     ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
     ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
     ├── RolloutRejectedError (RuntimeError) every episode of several batches in a row was rejected
+    ├── TaskAbandoned                       awaited code ignored its cancellation and was left running
+    ├── CheckpointError (ValueError)        a checkpoint cannot be written there, or is damaged (names the file)
+    ├── SessionClosedError (RuntimeError)   a method of a closed Session was called
+    ├── SessionBusyError (RuntimeError)     a Session method called while another thread's call runs
     └── LeaderFailed (RuntimeError)         rank 0 failed (raised on the other ranks)
 
     ArealWarning (UserWarning)              what areal_nb warns about (`warnings.warn`), never raises
@@ -297,6 +301,23 @@ class RolloutRejectedError(ArealError, RuntimeError):
     """Every episode of `MAX_EMPTY_BATCHES` batches in a row was rejected; the message lists why and where."""
 
 
+class TaskAbandoned(ArealError):
+    """The awaited code ignored its cancellation for the grace period; it was left running."""
+
+
+class CheckpointError(ArealError, ValueError):
+    """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
+    file and what is wrong with it."""
+
+
+class SessionClosedError(ArealError, RuntimeError):
+    """Every method of a closed Session raises this (`close()` itself excepted)."""
+
+
+class SessionBusyError(ArealError, RuntimeError):
+    """A Session method was called from one thread while another thread's call was running."""
+
+
 class LeaderFailed(ArealError, RuntimeError):
     """Rank 0 failed; raised on the other ranks with rank 0's error message."""
 
@@ -381,6 +402,10 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
 
 
 __all__ = [
+    "SessionBusyError",
+    "SessionClosedError",
+    "CheckpointError",
+    "TaskAbandoned",
     "DIALECTS",
     "AnthropicRequestError",
     "ArealError",

@@ -45,7 +45,6 @@ import random
 import shlex
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -55,11 +54,15 @@ from areal_nb.api import GenerationConfig, ModelRequest
 from areal_nb.engine import LocalEngine
 from areal_nb.models import resolve_model_path
 
-
 BENCH_QWEN2 = "qwen2-6.4m"
 # 6.39 M parameters with the tiny-math tokenizer (518 ids): the size the vLLM comparison uses.
-BENCH_QWEN2_SHAPE = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
-                         max_position_embeddings=512)
+BENCH_QWEN2_SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+)
 HERE = Path(__file__).resolve().parent
 
 
@@ -85,8 +88,16 @@ def build_bench_qwen2(out_dir: Path) -> Path:
 class VllmWorker:
     """`vllm_offline_worker.py` running in another interpreter; one LLM, many timed generate calls."""
 
-    def __init__(self, python: str, model_dir: str, max_num_seqs: int, logprobs: bool, eager: bool,
-                 omp_wait_policy: str | None = None, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        python: str,
+        model_dir: str,
+        max_num_seqs: int,
+        logprobs: bool,
+        eager: bool,
+        omp_wait_policy: str | None = None,
+        dtype: str = "float32",
+    ) -> None:
         env = dict(os.environ)
         if omp_wait_policy:  # vLLM's own, apart from ours (its engine core and worker are two processes)
             env["OMP_WAIT_POLICY"] = omp_wait_policy
@@ -95,13 +106,25 @@ class VllmWorker:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         preload = [_tcmalloc_path(), _venv_lib(python, "libiomp5.so")]
         env["LD_PRELOAD"] = ":".join(p for p in preload if p)
-        self.tuning = {k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD", "OMP_WAIT_POLICY")}
+        self.tuning = {
+            k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD", "OMP_WAIT_POLICY")
+        }
         self.proc = subprocess.Popen(
-            [python, str(HERE / "vllm_offline_worker.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, text=True,
+            [python, str(HERE / "vllm_offline_worker.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
         )
-        self._send({"model": model_dir, "max_num_seqs": max_num_seqs, "logprobs": logprobs, "enforce_eager": eager,
-                    "dtype": dtype})
+        self._send(
+            {
+                "model": model_dir,
+                "max_num_seqs": max_num_seqs,
+                "logprobs": logprobs,
+                "enforce_eager": eager,
+                "dtype": dtype,
+            }
+        )
         self.version = self._receive()["version"]
 
     def _send(self, obj: dict) -> None:
@@ -115,7 +138,12 @@ class VllmWorker:
         raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its stderr is above")
 
     def run(self, reqs: list[ModelRequest]) -> tuple[float, int]:
-        self._send({"prompts": [r.input_ids for r in reqs], "max_new_tokens": [r.gconfig.max_new_tokens for r in reqs]})
+        self._send(
+            {
+                "prompts": [r.input_ids for r in reqs],
+                "max_new_tokens": [r.gconfig.max_new_tokens for r in reqs],
+            }
+        )
         answer = self._receive()
         return answer["seconds"], answer["tokens"]
 
@@ -125,7 +153,10 @@ class VllmWorker:
 
 
 def _tcmalloc_path() -> str | None:
-    for path in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"):
+    for path in (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+    ):
         if Path(path).exists():
             return path
     print("  (tcmalloc not found: apt-get install libtcmalloc-minimal4 for vLLM's advised setup)")
@@ -146,7 +177,9 @@ def make_requests(n: int, vocab: int, rng: random.Random, args) -> list[ModelReq
         ModelRequest(
             input_ids=[rng.randrange(3, vocab) for _ in range(rng.randint(args.min_prompt, args.max_prompt))],
             gconfig=GenerationConfig(
-                max_new_tokens=args.new_tokens or rng.randint(args.min_new, args.max_new), temperature=1.0, ignore_eos=True
+                max_new_tokens=args.new_tokens or rng.randint(args.min_new, args.max_new),
+                temperature=1.0,
+                ignore_eos=True,
             ),
         )
         for _ in range(n)
@@ -215,10 +248,19 @@ def start_remote(args):
     from areal_nb.engine.remote import SGLangEngine
 
     port = free_port()
-    cmd = engine_server_command(args.model_dir, port=port, extra_args=[
-        "--max-batch-size", str(args.max_batch_size), "--seed", str(args.seed),
-        "--torch-threads", str(torch.get_num_threads()),  # as many as the embedded engine
-        *shlex.split(args.server_args)])
+    cmd = engine_server_command(
+        args.model_dir,
+        port=port,
+        extra_args=[
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--seed",
+            str(args.seed),
+            "--torch-threads",
+            str(torch.get_num_threads()),  # as many as the embedded engine
+            *shlex.split(args.server_args),
+        ],
+    )
     proc = ServerProcess(cmd, f"http://127.0.0.1:{port}").start()
     proc.wait_ready(timeout=600)
     return proc, SGLangEngine([proc.url], owned_processes=[proc])
@@ -226,7 +268,9 @@ def start_remote(args):
 
 def _sampling_kwargs(n_new: int) -> dict:
     # min_new_tokens = max_new_tokens: EOS cannot end a row early (the ignore_eos of generate)
-    return dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n_new, min_new_tokens=n_new)
+    return dict(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n_new, min_new_tokens=n_new
+    )
 
 
 @torch.inference_mode()
@@ -257,33 +301,63 @@ def run_static_batch(model, reqs: list[ModelRequest], pad_id: int) -> tuple[floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-math", help=f"a name, a folder, or {BENCH_QWEN2!r} (built here)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default="tiny-math", help=f"a name, a folder, or {BENCH_QWEN2!r} (built here)"
+    )
     parser.add_argument("--requests", type=int, nargs="+", default=[32, 128])
-    parser.add_argument("--new-tokens", type=int, default=0, help="every request asks exactly this many tokens")
+    parser.add_argument(
+        "--new-tokens", type=int, default=0, help="every request asks exactly this many tokens"
+    )
     parser.add_argument("--min-new", type=int, default=8)
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--min-prompt", type=int, default=8)
     parser.add_argument("--max-prompt", type=int, default=64)
     parser.add_argument("--max-batch-size", type=int, default=128)
-    parser.add_argument("--single-thread-rows", type=int, default=None,
-                        help="LocalEngine(single_thread_rows=N): steps of at most N rows on one torch thread "
-                             "(0: never; default: the engine's)")
+    parser.add_argument(
+        "--single-thread-rows",
+        type=int,
+        default=None,
+        help="LocalEngine(single_thread_rows=N): steps of at most N rows on one torch thread "
+        "(0: never; default: the engine's)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
-    parser.add_argument("--server-args", default="",
-                        help="more engine-server flags for --remote, e.g. '--admission-gap 0.004'")
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more engine-server flags for --remote, e.g. '--admission-gap 0.004'",
+    )
     parser.add_argument("--only", nargs="+", default=None, help="subset of ways to run, e.g. engine remote")
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="torch threads here and in the engine-server (default: torch's, one per core)")
-    parser.add_argument("--baselines", nargs="*", default=["one_by_one", "static"], choices=["one_by_one", "static"],
-                        help="transformers baselines to run (none: only engine and vLLM)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch threads here and in the engine-server (default: torch's, one per core)",
+    )
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        default=["one_by_one", "static"],
+        choices=["one_by_one", "static"],
+        help="transformers baselines to run (none: only engine and vLLM)",
+    )
     parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu: adds the vLLM column")
-    parser.add_argument("--vllm-no-logprobs", action="store_true", help="vLLM skips the sampled-token log-probs")
-    parser.add_argument("--vllm-omp-wait-policy", choices=("PASSIVE", "ACTIVE"), default=None,
-                        help="OMP_WAIT_POLICY for the vLLM worker only (default: inherited)")
-    parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)")
+    parser.add_argument(
+        "--vllm-no-logprobs", action="store_true", help="vLLM skips the sampled-token log-probs"
+    )
+    parser.add_argument(
+        "--vllm-omp-wait-policy",
+        choices=("PASSIVE", "ACTIVE"),
+        default=None,
+        help="OMP_WAIT_POLICY for the vLLM worker only (default: inherited)",
+    )
+    parser.add_argument(
+        "--vllm-eager", action="store_true", help="vLLM with enforce_eager (no torch.compile)"
+    )
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -301,10 +375,13 @@ def main() -> None:
     # The baselines use the engine's own weights, so all serve the same model.
     model, pad_id = engine.model, engine.tokenizer.pad_token_id or 0
     rng = random.Random(args.seed)
-    print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-          f"torch threads {torch.get_num_threads()} (one at steps of <= {engine.single_thread_rows} rows), "
-          f"device {engine.device}, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load average {_load()}", flush=True)
+    print(
+        f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
+        f"torch threads {torch.get_num_threads()} (one at steps of <= {engine.single_thread_rows} rows), "
+        f"device {engine.device}, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load average {_load()}",
+        flush=True,
+    )
 
     vllm = None
     if args.vllm_python:
@@ -312,12 +389,20 @@ def main() -> None:
             print(f"  vLLM column skipped: {args.vllm_python} does not exist")
         else:
             start = time.perf_counter()
-            vllm = VllmWorker(args.vllm_python, model_name, max(max(args.requests), args.max_batch_size),
-                              logprobs=not args.vllm_no_logprobs, eager=args.vllm_eager,
-                              omp_wait_policy=args.vllm_omp_wait_policy)
-            print(f"  vLLM {vllm.version} ready in {time.perf_counter() - start:.0f} s "
-                  f"({'eager' if args.vllm_eager else 'compiled'}, "
-                  f"{'no ' if args.vllm_no_logprobs else ''}log-probs, {vllm.tuning})", flush=True)
+            vllm = VllmWorker(
+                args.vllm_python,
+                model_name,
+                max(max(args.requests), args.max_batch_size),
+                logprobs=not args.vllm_no_logprobs,
+                eager=args.vllm_eager,
+                omp_wait_policy=args.vllm_omp_wait_policy,
+            )
+            print(
+                f"  vLLM {vllm.version} ready in {time.perf_counter() - start:.0f} s "
+                f"({'eager' if args.vllm_eager else 'compiled'}, "
+                f"{'no ' if args.vllm_no_logprobs else ''}log-probs, {vllm.tuning})",
+                flush=True,
+            )
     else:
         print("  vLLM column skipped (give --vllm-python PATH of a venv with vllm-cpu to add it)")
 
@@ -350,15 +435,23 @@ def main() -> None:
         reqs = make_requests(n, engine.vocab_size, rng, args)
         before = (engine.stats.decode_steps, engine.stats.max_active)
         engine.stats.max_active = 0
-        row: dict[str, float | int] = {"requests": n, "output_tokens": sum(r.gconfig.max_new_tokens for r in reqs)}
+        row: dict[str, float | int] = {
+            "requests": n,
+            "output_tokens": sum(r.gconfig.max_new_tokens for r in reqs),
+        }
         best: dict[str, tuple[float, int]] = {}
         runs: dict[str, list] = {name: [] for name in ways}
         for repeat in range(args.repeats):
-            for name, fn in (list(ways.items()) if repeat % 2 == 0 else list(ways.items())[::-1]):
+            for name, fn in list(ways.items()) if repeat % 2 == 0 else list(ways.items())[::-1]:
                 elapsed, tokens = fn(reqs)
-                runs[name].append({"s": round(elapsed, 3), "tok_s": round(tokens / elapsed, 1),
-                                   **{k: round(v, 3) for k, v in CPU_SECONDS.items() if k.startswith(name)},
-                                   **SCHEDULING.get(name, {})})
+                runs[name].append(
+                    {
+                        "s": round(elapsed, 3),
+                        "tok_s": round(tokens / elapsed, 1),
+                        **{k: round(v, 3) for k, v in CPU_SECONDS.items() if k.startswith(name)},
+                        **SCHEDULING.get(name, {}),
+                    }
+                )
                 if name not in best or elapsed < best[name][0]:
                     best[name] = (elapsed, tokens)
                     for key, value in CPU_SECONDS.items():
@@ -367,14 +460,23 @@ def main() -> None:
         for name, (elapsed, tokens) in best.items():
             row[f"{name}_s"] = round(elapsed, 3)
             row[f"{name}_tok_s"] = round(tokens / elapsed, 1)
-            print(f"  N={n:4d} {name:<11s} {tokens:6d} tokens in {elapsed:7.2f} s = {tokens / elapsed:9.1f} tok/s "
-                  f"(best of {args.repeats})", flush=True)
+            print(
+                f"  N={n:4d} {name:<11s} {tokens:6d} tokens in {elapsed:7.2f} s = {tokens / elapsed:9.1f} tok/s "
+                f"(best of {args.repeats})",
+                flush=True,
+            )
         for name in ("engine", "remote"):
             if name in runs and runs[name] and name in SCHEDULING:
                 row[f"{name}_runs"] = runs[name]
-                print(f"  N={n:4d} {name:<11s} per run: " + "; ".join(
-                    f"{r['tok_s']:.0f} tok/s, {r['prefills']} prefills, {r['joined_running_batch']} joined, "
-                    f"{r['decode_steps']} steps" for r in runs[name]), flush=True)
+                print(
+                    f"  N={n:4d} {name:<11s} per run: "
+                    + "; ".join(
+                        f"{r['tok_s']:.0f} tok/s, {r['prefills']} prefills, {r['joined_running_batch']} joined, "
+                        f"{r['decode_steps']} steps"
+                        for r in runs[name]
+                    ),
+                    flush=True,
+                )
         row["engine_decode_steps"] = (engine.stats.decode_steps - before[0]) // args.repeats
         row["engine_max_active"] = engine.stats.max_active
         summary = []
@@ -384,17 +486,23 @@ def main() -> None:
                 summary.append(f"engine/{name} = {row[key]:.2f}x")
         if "remote" in best and "engine" in best:
             # each repeat's pair ran back to back: the median of their ratios is the headline
-            row["ratio_remote_runs"] = [round(r["tok_s"] / e["tok_s"], 2)
-                                        for r, e in zip(runs["remote"], runs["engine"], strict=True)]
+            row["ratio_remote_runs"] = [
+                round(r["tok_s"] / e["tok_s"], 2) for r, e in zip(runs["remote"], runs["engine"], strict=True)
+            ]
             row["ratio_remote"] = round(statistics.median(row["ratio_remote_runs"]), 2)
             row["ratio_remote_best"] = round(row["remote_tok_s"] / row["engine_tok_s"], 2)
             # CPU the server spent on the same tokens vs the embedded engine (client CPU reported apart)
             row["ratio_remote_cpu"] = round(row["engine_cpu_s"] / row["remote_server_cpu_s"], 2)
-            summary.append(f"remote/engine = {row['ratio_remote']:.2f}x median of per-repeat "
-                           f"{row['ratio_remote_runs']} (best/best {row['ratio_remote_best']:.2f}x)")
+            summary.append(
+                f"remote/engine = {row['ratio_remote']:.2f}x median of per-repeat "
+                f"{row['ratio_remote_runs']} (best/best {row['ratio_remote_best']:.2f}x)"
+            )
         row["load_average"] = _load()
-        print(f"  N={n:4d} {', '.join(summary)} ({row['engine_decode_steps']} decode steps, "
-              f"up to {row['engine_max_active']} rows per step; load average {row['load_average']})", flush=True)
+        print(
+            f"  N={n:4d} {', '.join(summary)} ({row['engine_decode_steps']} decode steps, "
+            f"up to {row['engine_max_active']} rows per step; load average {row['load_average']})",
+            flush=True,
+        )
         results[str(n)] = row
     engine.close()
     if vllm is not None:
@@ -403,9 +511,16 @@ def main() -> None:
         remote.close()  # stops the engine-server it owns
 
     first = results[str(args.requests[0])]
-    summary = {k: first[k] for k in ("ratio", "ratio_static", "ratio_remote", "ratio_remote_best", "ratio_remote_cpu")
-               if k in first}
-    print(json.dumps({"model": args.model, **summary, "vllm": vllm.version if vllm else None, "by_requests": results}))
+    summary = {
+        k: first[k]
+        for k in ("ratio", "ratio_static", "ratio_remote", "ratio_remote_best", "ratio_remote_cpu")
+        if k in first
+    }
+    print(
+        json.dumps(
+            {"model": args.model, **summary, "vllm": vllm.version if vllm else None, "by_requests": results}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import os
 import sys
 import time
 
-
 ANSWER = "@vllm-answer "  # answers are the only stdout lines that start with this
 _answers = None
 
@@ -55,8 +54,15 @@ def main() -> None:
         job = json.loads(line)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
         params = [
-            SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, min_tokens=n, ignore_eos=True,
-                           logprobs=want_logprobs)
+            SamplingParams(
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=n,
+                min_tokens=n,
+                ignore_eos=True,
+                logprobs=want_logprobs,
+            )
             for n in job["max_new_tokens"]
         ]
         start = time.perf_counter()

@@ -19,11 +19,23 @@ pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
 SMALL = ["rollout.batch_size=2", "rollout.group_size=2", "logging.progress=false", "rollout.prefetch=false"]
-ANSWER = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999}},
-          "required": ["answer"], "additionalProperties": False}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 # one call per episode, the sampling taking turns: top_k=2, top_p=0.7, a JSON schema
-SAMPLINGS = [{"extra_body": {"top_k": 2}}, {"top_p": 0.7},
-             {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER, "strict": True}}}]
+SAMPLINGS = [
+    {"extra_body": {"top_k": 2}},
+    {"top_p": 0.7},
+    {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": ANSWER, "strict": True},
+        }
+    },
+]
 
 
 class SampledAgent:
@@ -35,8 +47,9 @@ class SampledAgent:
 
         kind = next(self.turn) % len(SAMPLINGS)
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        reply = await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=24,
-                                                     temperature=1.0, **SAMPLINGS[kind])
+        reply = await client.chat.completions.create(
+            model="m", messages=data["messages"], max_tokens=24, temperature=1.0, **SAMPLINGS[kind]
+        )
         text = reply.choices[0].message.content or ""
         if kind == 2 and reply.choices[0].finish_reason == "stop":
             json.loads(text)  # a complete reply under the schema parses
@@ -65,9 +78,16 @@ def test_replay_matches_the_sampled_distribution_and_trains():
         actor.cfg.replay_sampling_masks = False
         full = actor._logprobs_no_grad(actor.model, actor._prepare(tensors, tensors["group_ids"])).cpu()
         actor.cfg.replay_sampling_masks = True
-        top_k_rows = [b for b, row in enumerate(tensors["sampling_spans"])
-                      if any(span.masks.constraint is None and all(k is None or len(k) <= 2 for k in span.masks.kept)
-                             and any(k is not None and len(k) == 2 for k in span.masks.kept) for span in row)]
+        top_k_rows = [
+            b
+            for b, row in enumerate(tensors["sampling_spans"])
+            if any(
+                span.masks.constraint is None
+                and all(k is None or len(k) <= 2 for k in span.masks.kept)
+                and any(k is not None and len(k) == 2 for k in span.masks.kept)
+                for span in row
+            )
+        ]
         assert top_k_rows
         top_k_gap = (full - tensors["sampling_logprobs"]).abs()[top_k_rows][masked[top_k_rows]]
         assert float(top_k_gap.mean()) > 1e-3 and float(top_k_gap.mean()) > 100 * float(gap[masked].mean())

@@ -58,11 +58,22 @@ class OutputConstraint:
     name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in (("kind", self.kind), ("schema", self.schema), ("pattern", self.pattern), ("name", self.name)) if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("kind", self.kind),
+                ("schema", self.schema),
+                ("pattern", self.pattern),
+                ("name", self.name),
+            )
+            if v is not None
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutputConstraint:
-        return cls(kind=data["kind"], schema=data.get("schema"), pattern=data.get("pattern"), name=data.get("name"))
+        return cls(
+            kind=data["kind"], schema=data.get("schema"), pattern=data.get("pattern"), name=data.get("name")
+        )
 
     def grammar(self, tokenizer: Any = None) -> str:
         """The llguidance grammar text of this constraint (`tokenizer`: the one it will run with)."""
@@ -82,15 +93,23 @@ class OutputConstraint:
             open_tag, close_tag = (_tag(t, tokenizer) for t in TOOL_CALL_TAGS)
             lark = f"start: {open_tag} {json.dumps(head)} args {json.dumps(tail)} {close_tag}\nargs: %json {json.dumps(schema)}\n"
             return llguidance.LLMatcher.grammar_from_lark(lark)
-        raise InvalidRequestError(f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}")
+        raise InvalidRequestError(
+            f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}"
+        )
 
     def check(self) -> OutputConstraint:
         """Raise `InvalidRequestError` naming what the grammar library cannot do; return self."""
         import llguidance
 
         if self.kind not in CONSTRAINT_KINDS:
-            raise InvalidRequestError(f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}")
-        if self.kind in ("json_schema", "tool_call") and self.schema is not None and not isinstance(self.schema, dict):
+            raise InvalidRequestError(
+                f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}"
+            )
+        if (
+            self.kind in ("json_schema", "tool_call")
+            and self.schema is not None
+            and not isinstance(self.schema, dict)
+        ):
             raise InvalidRequestError(f"a JSON schema must be an object, got {type(self.schema).__name__}")
         if self.kind == "regex" and not isinstance(self.pattern, str):
             raise InvalidRequestError("a regex constraint needs a pattern string")
@@ -101,7 +120,12 @@ class OutputConstraint:
         except (ValueError, TypeError) as exc:
             error = str(exc)
         if error and not error.startswith("WARNING"):
-            what = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "tool_call": "tool parameters schema"}[self.kind]
+            what = {
+                "json_schema": "JSON schema",
+                "json_object": "JSON object",
+                "regex": "regex",
+                "tool_call": "tool parameters schema",
+            }[self.kind]
             raise InvalidRequestError(f"the {what} cannot be enforced by constrained decoding: {error[:300]}")
         return self
 
@@ -122,9 +146,13 @@ class TokenGrammar:
         import torch
 
         self.vocab_size = vocab_size
-        self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size), constraint.grammar(tokenizer), log_level=0)
+        self._matcher = llguidance.LLMatcher(
+            _ll_tokenizer(tokenizer, vocab_size), constraint.grammar(tokenizer), log_level=0
+        )
         if self._matcher.is_error():
-            raise InvalidRequestError(f"the output constraint cannot be compiled: {self._matcher.get_error()[:300]}")
+            raise InvalidRequestError(
+                f"the output constraint cannot be compiled: {self._matcher.get_error()[:300]}"
+            )
         self._bits = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
 
     def allowed(self) -> torch.Tensor:
@@ -143,7 +171,9 @@ class TokenGrammar:
         return bool(self._matcher.is_stopped())
 
 
-def allowed_masks(constraint: OutputConstraint, tokens: list[int], tokenizer: Any, vocab_size: int) -> torch.Tensor:
+def allowed_masks(
+    constraint: OutputConstraint, tokens: list[int], tokenizer: Any, vocab_size: int
+) -> torch.Tensor:
     """bool [len(tokens), vocab_size]: the grammar's allowed set before each of `tokens`, replayed."""
     import torch
 
@@ -201,4 +231,8 @@ class SamplingSpan:
 
     def positions(self, row_len: int) -> list[tuple[int, int]]:
         """(output index, row position) of the span's masked tokens that lie in a row of `row_len`."""
-        return [(i, self.start + i) for i in range(len(self.tokens)) if self.start + i < row_len and self.masks.masked(i)]
+        return [
+            (i, self.start + i)
+            for i in range(len(self.tokens))
+            if self.start + i < row_len and self.masks.masked(i)
+        ]

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from areal_nb.errors import TaskAbandoned
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -25,12 +27,9 @@ CANCEL_GRACE_S = 5.0  # how long cancelled code may take to stop before it is ab
 _ABANDONED: set[asyncio.Future[Any]] = set()
 
 
-class TaskAbandoned(Exception):
-    """The awaited code ignored its cancellation for the grace period; it was left running."""
-
-
-async def run_within(awaitable: Awaitable[T], timeout: float | None, *, grace: float = CANCEL_GRACE_S,
-                     what: str = "the task") -> T:
+async def run_within(
+    awaitable: Awaitable[T], timeout: float | None, *, grace: float = CANCEL_GRACE_S, what: str = "the task"
+) -> T:
     """`await awaitable` for at most `timeout` seconds (None: no deadline): TimeoutError when it
     stopped on cancellation, TaskAbandoned when it did not within `grace`. Cancelling the caller
     cancels it too, bounded the same way."""
@@ -44,8 +43,10 @@ async def run_within(awaitable: Awaitable[T], timeout: float | None, *, grace: f
         return task.result()
     if await stop(task, grace, what):
         raise TimeoutError(f"{what} did not finish within {timeout} s")
-    raise TaskAbandoned(f"{what} did not finish within {timeout} s and ignored its cancellation for {grace} s "
-                        f"(does it catch CancelledError, e.g. with a bare `except:`?); abandoned, still running")
+    raise TaskAbandoned(
+        f"{what} did not finish within {timeout} s and ignored its cancellation for {grace} s "
+        f"(does it catch CancelledError, e.g. with a bare `except:`?); abandoned, still running"
+    )
 
 
 async def stop(task: asyncio.Future[Any], grace: float = CANCEL_GRACE_S, what: str = "the task") -> bool:

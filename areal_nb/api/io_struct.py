@@ -71,7 +71,11 @@ class GenerationConfig:
         a config that passed (`checked`)."""
         t = self.temperature
         if not self.greedy:
-            if not isinstance(t, int | float) or not math.isfinite(t) or (t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            if (
+                not isinstance(t, int | float)
+                or not math.isfinite(t)
+                or (t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE)
+            ):
                 raise InvalidRequestError(
                     f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {t!r}"
                 )
@@ -84,10 +88,14 @@ class GenerationConfig:
         if self.min_new_tokens < 0:
             raise InvalidRequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.frequency_penalty:
-            raise InvalidRequestError(f"frequency_penalty is not supported (got {self.frequency_penalty}); send 0 or omit it")
+            raise InvalidRequestError(
+                f"frequency_penalty is not supported (got {self.frequency_penalty}); send 0 or omit it"
+            )
         stops = self.stop or []
         if len(stops) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}"
+            )
         for s in stops:
             if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
                 raise InvalidRequestError(

@@ -23,9 +23,11 @@ from pathlib import Path
 _lock = threading.Lock()
 _hidden = {"depth": 0, "file": None}
 
-_PREPARE = ("import pickle, sys\n"
-            "from multiprocessing import spawn\n"
-            "spawn.prepare(pickle.loads(sys.stdin.buffer.read()))\n")
+_PREPARE = (
+    "import pickle, sys\n"
+    "from multiprocessing import spawn\n"
+    "spawn.prepare(pickle.loads(sys.stdin.buffer.read()))\n"
+)
 
 
 def _unimportable_main_file() -> str | None:
@@ -64,10 +66,13 @@ def why_spawn_fails(timeout: float = 120.0) -> str | None:
         data = spawn.get_preparation_data("areal-nb-spawn-probe")
     data.pop("authkey", None)  # (not picklable outside multiprocessing, and not needed to start)
     try:
-        done = subprocess.run([sys.executable, "-c", _PREPARE], input=pickle.dumps(data), capture_output=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-c", _PREPARE], input=pickle.dumps(data), capture_output=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return f"a worker interpreter did not start within {timeout} s"
     if done.returncode == 0:
         return None
-    return done.stderr.decode(errors="replace")[-4000:] or f"a worker interpreter exited with {done.returncode}"
+    return (
+        done.stderr.decode(errors="replace")[-4000:] or f"a worker interpreter exited with {done.returncode}"
+    )

@@ -92,25 +92,36 @@ class CompletionSettings:
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
-            raise ValueError(f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}")
+            raise ValueError(
+                f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}"
+            )
         if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {SUPPORTED_TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
+            raise ValueError(
+                f"tool_call_parser must be one of {SUPPORTED_TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
+            )
         if self.reasoning_parser not in SUPPORTED_REASONING_PARSERS:
-            raise ValueError(f"reasoning_parser must be one of {SUPPORTED_REASONING_PARSERS}, got {self.reasoning_parser!r}")
+            raise ValueError(
+                f"reasoning_parser must be one of {SUPPORTED_REASONING_PARSERS}, got {self.reasoning_parser!r}"
+            )
         if self.engine_max_tokens is not None:
             _check_positive_int("engine_max_tokens", self.engine_max_tokens, ValueError)
         if self.default_max_new_tokens is not None:
             _check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
         try:  # the same ranges as a request's (one rule: GenerationConfig.check)
-            GenerationConfig(greedy=self.default_temperature == 0, temperature=self.default_temperature,
-                             top_p=self.default_top_p).check()
+            GenerationConfig(
+                greedy=self.default_temperature == 0,
+                temperature=self.default_temperature,
+                top_p=self.default_top_p,
+            ).check()
         except InvalidRequestError as exc:
             raise ValueError(f"default_temperature / default_top_p: {exc}") from None
 
     def fill_sampling(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
         """The request's temperature and top_p, or these settings' defaults where it has none."""
-        return (self.default_temperature if temperature is None else temperature,
-                self.default_top_p if top_p is None else top_p)
+        return (
+            self.default_temperature if temperature is None else temperature,
+            self.default_top_p if top_p is None else top_p,
+        )
 
 
 def _check_positive_int(name: str, value: Any, error: type[Exception] = CompletionRequestError) -> int:
@@ -150,7 +161,11 @@ def resolve_token_budget(
         _check_positive_int("max_completion_tokens", max_completion_tokens)
     if max_total_tokens is not None:
         _check_positive_int("max_total_tokens", max_total_tokens)
-    limits = {k: v for k, v in (("max_total_tokens", max_total_tokens), ("engine_max_tokens", engine_max_tokens)) if v is not None}
+    limits = {
+        k: v
+        for k, v in (("max_total_tokens", max_total_tokens), ("engine_max_tokens", engine_max_tokens))
+        if v is not None
+    }
     max_new: int | None = None
     total: int | None = None
     if limits:
@@ -167,7 +182,9 @@ def resolve_token_budget(
             f"no max_tokens, max_completion_tokens or max_total_tokens given; generating at most {max_new} tokens",
             stacklevel=3,
         )
-    return TokenBudget(max_new_tokens=max_new, max_total_tokens=prompt_len + max_new if total is None else total)
+    return TokenBudget(
+        max_new_tokens=max_new, max_total_tokens=prompt_len + max_new if total is None else total
+    )
 
 
 def sampling_config(
@@ -187,7 +204,9 @@ def sampling_config(
     `tokenizer=None` checks the values only (no stop token ids): what the door check before
     rendering needs, without reading the tokenizer's special tokens twice per call."""
     if presence_penalty:
-        raise CompletionRequestError(f"presence_penalty is not supported (got {presence_penalty}); send 0 or omit it")
+        raise CompletionRequestError(
+            f"presence_penalty is not supported (got {presence_penalty}); send 0 or omit it"
+        )
     temp = 1.0 if temperature is None else temperature
     top = 1.0 if top_p is None else top_p
     for name, value in (("temperature", temp), ("top_p", top)):
@@ -232,7 +251,9 @@ def build_prompt_ids(
 ) -> list[int]:
     if settings.chat_template_type == "hf":
         return render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs)
-    remaining = messages if parent is None else messages[len(parent.messages) + len(parent.output_message_list) :]
+    remaining = (
+        messages if parent is None else messages[len(parent.messages) + len(parent.output_message_list) :]
+    )
     return concat_prompt_token_ids_with_parent(remaining, parent, tokenizer, tools, chat_template_kwargs)
 
 
@@ -292,9 +313,15 @@ async def generate_for_messages(
     chat_template_kwargs = check_chat_template_kwargs(chat_template_kwargs, tokenizer)
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
-    sampling_config(tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs)  # bad values fail before rendering
+    sampling_config(
+        tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs
+    )  # bad values fail before rendering
     parent = cache.find_parent(messages) if cache is not None else None
-    if parent is not None and settings.chat_template_type == "concat" and not _renders_like(parent, tools, chat_template_kwargs):
+    if (
+        parent is not None
+        and settings.chat_template_type == "concat"
+        and not _renders_like(parent, tools, chat_template_kwargs)
+    ):
         warnings.warn(
             f"this call continues interaction {parent.interaction_id}, but its tools or chat_template_kwargs "
             "differ from that call's, so the template renders the shared history differently and the "
@@ -307,13 +334,21 @@ async def generate_for_messages(
 
     # the schema is shown to the model where the prompt is rendered whole (a concat child reuses
     # its parent's tokens, which show it already)
-    shown = messages if parent is not None and settings.chat_template_type == "concat" else (
-        with_format_instruction(messages, sampling_kwargs.get("constraint")))
+    shown = (
+        messages
+        if parent is not None and settings.chat_template_type == "concat"
+        else (with_format_instruction(messages, sampling_kwargs.get("constraint")))
+    )
 
     def render() -> list[int]:
         check_prompt_size(shown, tools, tokenizer, context)
         return build_prompt_ids(
-            settings=settings, tokenizer=tokenizer, messages=shown, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
+            settings=settings,
+            tokenizer=tokenizer,
+            messages=shown,
+            parent=parent,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     # Rendering is work proportional to the input: a long conversation goes off the event loop,
@@ -322,11 +357,16 @@ async def generate_for_messages(
     long_input = text_chars(messages, tools) > INLINE_RENDER_CHARS
     prompt = await asyncio.to_thread(render) if long_input else render()
     budget = resolve_token_budget(
-        len(prompt), engine_max_tokens=settings.engine_max_tokens, default_max_new_tokens=settings.default_max_new_tokens, **budget_kwargs
+        len(prompt),
+        engine_max_tokens=settings.engine_max_tokens,
+        default_max_new_tokens=settings.default_max_new_tokens,
+        **budget_kwargs,
     )
     check_prompt_tokens(len(prompt), context)
     sampling = dict(sampling_kwargs)
-    sampling["temperature"], sampling["top_p"] = settings.fill_sampling(sampling.get("temperature"), sampling.get("top_p"))
+    sampling["temperature"], sampling["top_p"] = settings.fill_sampling(
+        sampling.get("temperature"), sampling.get("top_p")
+    )
     gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
     if metadata is not None and not isinstance(metadata, dict):
         raise CompletionRequestError(f"metadata must be a dict, got {type(metadata).__name__}")
@@ -341,7 +381,9 @@ async def generate_for_messages(
     )
     if cache is not None:
         cache.insert(interaction_id, interaction, resolve_parent=False)  # parent found above
-    request = ModelRequest(input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer)
+    request = ModelRequest(
+        input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer
+    )
     try:
         response = await engine.agenerate(request)
         _check_response(response, prompt)
@@ -357,7 +399,9 @@ async def generate_for_messages(
 
 def _renders_like(parent: InteractionWithTokenLogpReward, tools: Any, chat_template_kwargs: Any) -> bool:
     """Whether the template sees what it saw for `parent`: a concat child reuses the parent's tokens."""
-    return (parent.tools or None) == (tools or None) and (parent.chat_template_kwargs or None) == (chat_template_kwargs or None)
+    return (parent.tools or None) == (tools or None) and (parent.chat_template_kwargs or None) == (
+        chat_template_kwargs or None
+    )
 
 
 def decode_output(tokenizer: Any, response: ModelResponse) -> str:
@@ -415,8 +459,10 @@ async def create_chat_completion(
     n_choices = _check_choices(n)
     tools_list = _normalize_tools(tools)
     check_tools(tools_list, tool_choice)
-    constraint = request_constraint(constraint_of_format(response_format, "response_format"),
-                                    constraint_of_tool_choice(tools_list, tool_choice))
+    constraint = request_constraint(
+        constraint_of_format(response_format, "response_format"),
+        constraint_of_tool_choice(tools_list, tool_choice),
+    )
     record = cache if store is not False else None
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
     ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
@@ -429,9 +475,20 @@ async def create_chat_completion(
         messages=normalized,
         tools=tools_list,
         chat_template_kwargs=_chat_template_kwargs(extra_body),
-        budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
-        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop,
-                         "presence_penalty": presence_penalty, "top_k": top_k, "constraint": constraint},
+        budget_kwargs={
+            "max_tokens": max_tokens,
+            "max_completion_tokens": max_completion_tokens,
+            "max_total_tokens": max_total_tokens,
+        },
+        sampling_kwargs={
+            "temperature": temperature,
+            "top_p": top_p,
+            "frequency_penalty": frequency_penalty,
+            "stop": stop,
+            "presence_penalty": presence_penalty,
+            "top_k": top_k,
+            "constraint": constraint,
+        },
         metadata=metadata,
     )
     if n_choices == 1:
@@ -444,7 +501,11 @@ async def create_chat_completion(
         choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs, stop)
         choices.append(choice)
         interaction.completion = ChatCompletion(
-            id=interaction.interaction_id, choices=[choice], created=created, model=MODEL_NAME, object="chat.completion",
+            id=interaction.interaction_id,
+            choices=[choice],
+            created=created,
+            model=MODEL_NAME,
+            object="chat.completion",
             usage=_usage(response.input_len, response.output_len),
         )
         interaction.output_message_list = [choice.message.model_dump(exclude_none=True)]
@@ -457,7 +518,11 @@ async def create_chat_completion(
         return samples[0][0].completion
     prompt_len = samples[0][1].input_len
     return ChatCompletion(
-        id=completion_id, choices=choices, created=created, model=MODEL_NAME, object="chat.completion",
+        id=completion_id,
+        choices=choices,
+        created=created,
+        model=MODEL_NAME,
+        object="chat.completion",
         usage=_usage(prompt_len, sum(response.output_len for _, response in samples)),
     )
 
@@ -494,8 +559,16 @@ def _forget(cache: InteractionCache | None, ids: list[str]) -> None:
         cache.pop(iid, None)
 
 
-def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: CompletionSettings,
-            tools_list: list[dict[str, Any]] | None, tool_choice: Any, logprobs: bool | None, stop: Any) -> Any:
+def _choice(
+    index: int,
+    response: ModelResponse,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    tools_list: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    logprobs: bool | None,
+    stop: Any,
+) -> Any:
     """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason; a
     matched stop string is `choice.stop_reason` (an extra field, as vLLM's server reports it)."""
     from openai.types.chat import ChatCompletionMessage
@@ -503,7 +576,9 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
 
     whole = decode_output(tokenizer, response)
     text, matched_stop = cut_stop_string(whole, response, stop)
-    finish_reason = response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
+    finish_reason = (
+        response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
+    )
     tool_calls = None
     if tools_list and tool_choice != "none":
         calls, new_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
@@ -514,8 +589,12 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
             if finish_reason == "stop":
                 finish_reason = "tool_calls"
     message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
-    choice = Choice(index=index, finish_reason=finish_reason, message=message,
-                    logprobs=sampled_logprobs(tokenizer, response) if logprobs else None)
+    choice = Choice(
+        index=index,
+        finish_reason=finish_reason,
+        message=message,
+        logprobs=sampled_logprobs(tokenizer, response) if logprobs else None,
+    )
     if matched_stop is not None:
         choice.stop_reason = matched_stop
     return choice
@@ -524,7 +603,11 @@ def _choice(index: int, response: ModelResponse, tokenizer: Any, settings: Compl
 def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
     from openai.types.completion_usage import CompletionUsage
 
-    return CompletionUsage(completion_tokens=completion_tokens, prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion_tokens)
+    return CompletionUsage(
+        completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
 
 
 def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
@@ -538,7 +621,11 @@ def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
     content = []
     for token_id, logprob in zip(response.output_tokens, response.output_logprobs, strict=True):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
-        content.append(ChatCompletionTokenLogprob(token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]))
+        content.append(
+            ChatCompletionTokenLogprob(
+                token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]
+            )
+        )
     return ChoiceLogprobs(content=content)
 
 
@@ -553,7 +640,13 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
         ChoiceDeltaToolCallFunction,
     )
 
-    def chunk(index: int, delta: ChoiceDelta, finish_reason: str | None = None, usage: Any = None, logprobs: Any = None) -> ChatCompletionChunk:
+    def chunk(
+        index: int,
+        delta: ChoiceDelta,
+        finish_reason: str | None = None,
+        usage: Any = None,
+        logprobs: Any = None,
+    ) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=completion.id,
             choices=[Choice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
@@ -578,9 +671,18 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
                 index=j,
                 id=call.id,
                 type="function",
-                function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
+                function=ChoiceDeltaToolCallFunction(
+                    name=call.function.name, arguments=call.function.arguments
+                ),
             )
             chunks.append(chunk(i, ChoiceDelta(tool_calls=[delta_call])))
-        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason, logprobs=logprobs,
-                            usage=completion.usage if choice is completion.choices[last] else None))
+        chunks.append(
+            chunk(
+                i,
+                ChoiceDelta(),
+                finish_reason=choice.finish_reason,
+                logprobs=logprobs,
+                usage=completion.usage if choice is completion.choices[last] else None,
+            )
+        )
     return chunks

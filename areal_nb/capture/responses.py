@@ -42,7 +42,9 @@ def _content_text(content: Any, index: int) -> str:
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict):
-            raise CompletionRequestError(f"input[{index}].content[{j}] must be an object, got {type(part).__name__}")
+            raise CompletionRequestError(
+                f"input[{index}].content[{j}] must be an object, got {type(part).__name__}"
+            )
         if part.get("type") not in _TEXT_PART_TYPES:
             raise CompletionRequestError(
                 f"input[{index}].content[{j}] has unsupported type {part.get('type')!r}; only text parts are supported"
@@ -62,27 +64,43 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             if item.get("role") not in _ITEM_ROLES:
-                raise CompletionRequestError(f"input[{i}].role must be one of {list(_ITEM_ROLES)}, got {item.get('role')!r:.80}")
+                raise CompletionRequestError(
+                    f"input[{i}].role must be one of {list(_ITEM_ROLES)}, got {item.get('role')!r:.80}"
+                )
             messages.append({"role": item["role"], "content": _content_text(item.get("content", ""), i)})
         elif kind == "function_call":
             name, arguments = item.get("name"), item.get("arguments", "")
             if not isinstance(name, str) or not name:
-                raise CompletionRequestError(f"input[{i}] is a function_call without a name (a non-empty string)")
+                raise CompletionRequestError(
+                    f"input[{i}] is a function_call without a name (a non-empty string)"
+                )
             if not isinstance(arguments, str):
                 raise CompletionRequestError(f"input[{i}].arguments must be a JSON string")
             _require_call_id(item, i)
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": name, "arguments": arguments}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and previous_type in ("message", "function_call"):
+            if (
+                last is not None
+                and last["role"] == "assistant"
+                and previous_type in ("message", "function_call")
+            ):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
             _require_call_id(item, i)
-            messages.append({"role": "tool", "content": output if isinstance(output, str) else _content_text(output, i),
-                             "tool_call_id": item.get("call_id")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": output if isinstance(output, str) else _content_text(output, i),
+                    "tool_call_id": item.get("call_id"),
+                }
+            )
         else:
             raise CompletionRequestError(f"input[{i}] has unsupported item type {kind!r}")
         previous_type = kind
@@ -92,7 +110,9 @@ def response_items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, An
 def _require_call_id(item: dict[str, Any], index: int) -> None:
     """A call and its output are paired by `call_id`; without one the template cannot pair them."""
     if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-        raise CompletionRequestError(f"input[{index}] ({item.get('type')}) needs a call_id (a non-empty string)")
+        raise CompletionRequestError(
+            f"input[{index}] ({item.get('type')}) needs a call_id (a non-empty string)"
+        )
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -115,7 +135,9 @@ def _previous_conversation(cache: InteractionCache | None, previous_response_id:
     if previous_response_id is None:
         return []
     if not isinstance(previous_response_id, str):
-        raise CompletionRequestError(f"previous_response_id must be a string, got {type(previous_response_id).__name__}")
+        raise CompletionRequestError(
+            f"previous_response_id must be a string, got {type(previous_response_id).__name__}"
+        )
     previous = cache.get(previous_response_id) if cache is not None else None
     if previous is None or previous.response is None:
         raise CompletionRequestError(
@@ -126,7 +148,9 @@ def _previous_conversation(cache: InteractionCache | None, previous_response_id:
         raise CompletionRequestError(f"previous_response_id {previous_response_id!r} has not completed yet")
     had_instructions = previous.response.instructions is not None
     kept = previous.messages[1 if had_instructions else 0 :] + previous.output_message_list
-    return [normalize_message(m, i) for i, m in enumerate(kept)]  # copies: nothing shared with the earlier call
+    return [
+        normalize_message(m, i) for i, m in enumerate(kept)
+    ]  # copies: nothing shared with the earlier call
 
 
 def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
@@ -174,7 +198,9 @@ async def create_response(
     if include:
         raise CompletionRequestError("include is not supported")
     if ignored.get("conversation") is not None:
-        raise CompletionRequestError("conversation is not supported; send previous_response_id or the whole input")
+        raise CompletionRequestError(
+            "conversation is not supported; send previous_response_id or the whole input"
+        )
     history = _previous_conversation(cache, previous_response_id)
     if input is None:
         raise CompletionRequestError("input is required for Responses.create")
@@ -193,9 +219,13 @@ async def create_response(
     check_tools(chat_tools, tool_choice)
     text_options = ignored.get("text")
     if text_options is not None and not isinstance(text_options, dict):
-        raise CompletionRequestError(f"text must be an object like {{'format': {{...}}}}, got {text_options!r:.80}")
-    constraint = request_constraint(constraint_of_format((text_options or {}).get("format"), "text.format"),
-                                    constraint_of_tool_choice(chat_tools, tool_choice))
+        raise CompletionRequestError(
+            f"text must be an object like {{'format': {{...}}}}, got {text_options!r:.80}"
+        )
+    constraint = request_constraint(
+        constraint_of_format((text_options or {}).get("format"), "text.format"),
+        constraint_of_tool_choice(chat_tools, tool_choice),
+    )
     response_id = "resp-" + uuid.uuid4().hex[:29]
     interaction, model_response = await generate_for_messages(
         engine=engine,
@@ -207,8 +237,13 @@ async def create_response(
         tools=chat_tools,
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_completion_tokens": max_output_tokens},
-        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": None, "stop": ignored.get("stop"),
-                         "constraint": constraint},
+        sampling_kwargs={
+            "temperature": temperature,
+            "top_p": top_p,
+            "frequency_penalty": None,
+            "stop": ignored.get("stop"),
+            "constraint": constraint,
+        },
         metadata=metadata,
         input_data=input,
     )
@@ -220,15 +255,26 @@ async def create_response(
             text = parsed_text
     output: list[Any] = []
     if text or not calls:
-        output.append(ResponseOutputMessage(
-            id="msg-" + uuid.uuid4().hex[:29], type="message", role="assistant", status="completed",
-            content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
-        ))
+        output.append(
+            ResponseOutputMessage(
+                id="msg-" + uuid.uuid4().hex[:29],
+                type="message",
+                role="assistant",
+                status="completed",
+                content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+            )
+        )
     for c in calls:
-        output.append(ResponseFunctionToolCall(
-            type="function_call", id="fc-" + uuid.uuid4().hex[:24], call_id=c.id, name=c.name,
-            arguments=c.arguments, status="completed",
-        ))
+        output.append(
+            ResponseFunctionToolCall(
+                type="function_call",
+                id="fc-" + uuid.uuid4().hex[:24],
+                call_id=c.id,
+                name=c.name,
+                arguments=c.arguments,
+                status="completed",
+            )
+        )
     n_in, n_out = model_response.input_len, model_response.output_len
     response = Response(
         id=response_id,
@@ -249,12 +295,16 @@ async def create_response(
             input_tokens=n_in,
             input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
             output_tokens=n_out,
-            output_tokens_details=OutputTokensDetails(reasoning_tokens=count_reasoning_tokens(tokenizer, text)),
+            output_tokens_details=OutputTokensDetails(
+                reasoning_tokens=count_reasoning_tokens(tokenizer, text)
+            ),
             total_tokens=n_in + n_out,
         ),
     )
     interaction.response = response
-    interaction.output_message_list = response_items_to_messages([o.model_dump(exclude_none=True) for o in output])
+    interaction.output_message_list = response_items_to_messages(
+        [o.model_dump(exclude_none=True) for o in output]
+    )
     if cache is not None:
         cache.mark_completed(response_id)
     return response

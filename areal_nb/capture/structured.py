@@ -39,7 +39,9 @@ def constraint_of_format(fmt: Any, where: str) -> OutputConstraint | None:
     if fmt is None:
         return None
     if not isinstance(fmt, Mapping):
-        raise CompletionRequestError(f"{where} must be an object like {{'type': 'json_schema', ...}}, got {fmt!r:.80}")
+        raise CompletionRequestError(
+            f"{where} must be an object like {{'type': 'json_schema', ...}}, got {fmt!r:.80}"
+        )
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
@@ -51,10 +53,14 @@ def constraint_of_format(fmt: Any, where: str) -> OutputConstraint | None:
         if not isinstance(schema, Mapping):
             raise CompletionRequestError(f"{where} json_schema needs a 'schema' object")
         return _constraint_or_400(OutputConstraint("json_schema", schema=dict(schema)), where)
-    raise CompletionRequestError(f"{where} type {kind!r} is not supported: use 'text', 'json_object' or 'json_schema'")
+    raise CompletionRequestError(
+        f"{where} type {kind!r} is not supported: use 'text', 'json_object' or 'json_schema'"
+    )
 
 
-def constraint_of_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: Any) -> OutputConstraint | None:
+def constraint_of_tool_choice(
+    tools: list[dict[str, Any]] | None, tool_choice: Any
+) -> OutputConstraint | None:
     """A `tool_choice` naming one function (chat or Responses form; `check_tools` ran before)."""
     if not isinstance(tool_choice, Mapping) or not tools:
         return None
@@ -64,24 +70,36 @@ def constraint_of_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: A
         function = tool.get("function", {})
         if function.get("name") == name:
             parameters = function.get("parameters") or {"type": "object"}
-            return _constraint_or_400(OutputConstraint("tool_call", name=name, schema=dict(parameters)), "tool_choice parameters")
+            return _constraint_or_400(
+                OutputConstraint("tool_call", name=name, schema=dict(parameters)), "tool_choice parameters"
+            )
     return None
 
 
-def request_constraint(fmt: OutputConstraint | None, forced_tool: OutputConstraint | None) -> OutputConstraint | None:
+def request_constraint(
+    fmt: OutputConstraint | None, forced_tool: OutputConstraint | None
+) -> OutputConstraint | None:
     if fmt is not None and forced_tool is not None:
-        raise CompletionRequestError("a structured response format and a tool_choice naming a function cannot both "
-                                     "constrain one reply; send one of them")
+        raise CompletionRequestError(
+            "a structured response format and a tool_choice naming a function cannot both "
+            "constrain one reply; send one of them"
+        )
     return fmt or forced_tool
 
 
-def with_format_instruction(messages: list[dict[str, Any]], constraint: OutputConstraint | None) -> list[dict[str, Any]]:
+def with_format_instruction(
+    messages: list[dict[str, Any]], constraint: OutputConstraint | None
+) -> list[dict[str, Any]]:
     """The messages the template renders: the schema appended to the system message (one is
     added first if there is none, or if its content is not plain text)."""
     if constraint is None or constraint.kind != "json_schema":
         return messages
     instruction = FORMAT_INSTRUCTION + json.dumps(constraint.schema)
     first = messages[0] if messages else None
-    if first is not None and first.get("role") in ("system", "developer") and isinstance(first.get("content"), str):
+    if (
+        first is not None
+        and first.get("role") in ("system", "developer")
+        and isinstance(first.get("content"), str)
+    ):
         return [{**first, "content": f"{first['content']}\n\n{instruction}"}, *messages[1:]]
     return [{"role": "system", "content": instruction}, *messages]

@@ -41,8 +41,9 @@ def stack_token_rows(
     }
 
 
-def add_sampling_records(tensors: dict[str, Any], rows: Sequence[TokenRow],
-                         spans: Sequence[list[SamplingSpan]]) -> dict[str, Any]:
+def add_sampling_records(
+    tensors: dict[str, Any], rows: Sequence[TokenRow], spans: Sequence[list[SamplingSpan]]
+) -> dict[str, Any]:
     """Add what `actor.replay_sampling_masks` reads, when some row was sampled under a mask:
     `sampling_logprobs [B, L]` (the engine's log-prob under the distribution it sampled from at
     masked tokens, `logprobs` elsewhere), `sampling_masked` bool `[B, L]` and `sampling_spans`

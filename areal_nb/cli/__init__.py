@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(rest) or 0
     if command == "engine-server":
         from areal_nb.cli.engine_server import main as engine_server_main
+
         return engine_server_main(rest) or 0
     if command == "export":
         from areal_nb.cli.export import main as export_main

@@ -17,8 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="YAML config (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. total_steps=50 cluster.nodes=2")
     parser.add_argument("--out", required=True, help="the run folder to write (must not exist or be empty)")
-    parser.add_argument("--nproc", type=int, default=None, help="trainer processes per node "
-                        "(cluster.nproc_per_node)")
+    parser.add_argument(
+        "--nproc", type=int, default=None, help="trainer processes per node (cluster.nproc_per_node)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
     args = parser.parse_intermixed_args(argv)  # overrides may come after --out / --nproc
 
@@ -30,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides) + nproc
     try:
         config = load_config(args.config, overrides)
-        out = export_run(args.out, config, overwrite=args.overwrite,
-                         command="areal-nb export " + shlex.join(argv))
+        out = export_run(
+            args.out, config, overwrite=args.overwrite, command="areal-nb export " + shlex.join(argv)
+        )
     except (ConfigError, ExportError) as exc:
         print(f"areal-nb export: {exc}", file=sys.stderr)
         return 2

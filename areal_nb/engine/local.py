@@ -301,7 +301,9 @@ class LocalEngine:
     def set_rng_state(self, state: torch.Tensor) -> None:
         self._generator.set_state(state)
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | str | os.PathLike, version: int | None = None) -> None:
+    def update_weights(
+        self, weights: dict[str, torch.Tensor] | str | os.PathLike, version: int | None = None
+    ) -> None:
         """Load new weights between two decoding steps; tokens sampled afterwards carry `version`.
 
         `weights` is a (possibly partial) state dict or a directory written by `save_pretrained`.
@@ -369,11 +371,16 @@ class LocalEngine:
 
     def _submit(self, plan: RequestPlan, deliver: Delivery) -> _Row:
         row = _Row(plan=plan, deliver=deliver, submitted=time.perf_counter())
-        if plan.constraint is not None:  # compiled in the caller's thread: a bad grammar never reaches the worker
+        if (
+            plan.constraint is not None
+        ):  # compiled in the caller's thread: a bad grammar never reaches the worker
             row.grammar = TokenGrammar(plan.constraint, self.tokenizer, self.vocab_size)
         sampling = plan.sampling
-        row.masked = row.grammar is not None or sampling.truncates(self.vocab_size) or (
-            plan.min_new_tokens > 0 and not sampling.greedy)
+        row.masked = (
+            row.grammar is not None
+            or sampling.truncates(self.vocab_size)
+            or (plan.min_new_tokens > 0 and not sampling.greedy)
+        )
         with self._cond:
             if self._closed:
                 raise EngineClosedError("LocalEngine is closed")
@@ -526,8 +533,9 @@ class LocalEngine:
             for (_, row), kv in zip(kept, kvs, strict=True):
                 self.prefix_cache.insert(list(row.plan.prompt) + row.output[:-1], kv, replaces=row.prefix)
         except Exception:  # a cache fault must not fail the request: it only loses the reuse
-            self._errors.exception("LocalEngine could not keep the prefixes of requests %s",
-                                   [row.plan.rid for _, row in kept])
+            self._errors.exception(
+                "LocalEngine could not keep the prefixes of requests %s", [row.plan.rid for _, row in kept]
+            )
             self.prefix_cache.clear()
 
     def _fail_all(self, admitted: list[_Row], error: BaseException) -> None:
@@ -557,11 +565,16 @@ class LocalEngine:
             self._sample_masked_and_record(logits, rows, banned)
             return
         try:
-            tokens, logprobs = sample_next_tokens(logits, [r.plan.sampling for r in rows], self._generator, banned)
+            tokens, logprobs = sample_next_tokens(
+                logits, [r.plan.sampling for r in rows], self._generator, banned
+            )
             picked = list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
         except Exception:
             # A row whose sampling fails fails alone: sample row by row, the others go on.
-            picked = [self._sample_one(logits[i : i + 1], row, None if banned is None else [banned[i]]) for i, row in enumerate(rows)]
+            picked = [
+                self._sample_one(logits[i : i + 1], row, None if banned is None else [banned[i]])
+                for i, row in enumerate(rows)
+            ]
         version = self._version
         now = time.perf_counter()
         for row, choice in zip(rows, picked, strict=True):
@@ -576,7 +589,9 @@ class LocalEngine:
             row.stop_reason = self._stop_reason(row, token)
         self.stats.tokens += len(rows)
 
-    def _sample_masked_and_record(self, logits: torch.Tensor, rows: list[_Row], banned: list[list[int]] | None) -> None:
+    def _sample_masked_and_record(
+        self, logits: torch.Tensor, rows: list[_Row], banned: list[list[int]] | None
+    ) -> None:
         """Sampling where some row is masked: grammar masks first, then what each row's
         distribution was is recorded with its token (`SamplingMasks`)."""
         try:
@@ -590,7 +605,13 @@ class LocalEngine:
         version = self._version
         now = time.perf_counter()
         for i, (row, token, logprob, sampled) in enumerate(
-            zip(rows, choice.tokens.tolist(), choice.logprobs.tolist(), choice.sampled_logprobs.tolist(), strict=True)
+            zip(
+                rows,
+                choice.tokens.tolist(),
+                choice.logprobs.tolist(),
+                choice.sampled_logprobs.tolist(),
+                strict=True,
+            )
         ):
             row.output.append(token)
             row.logprobs.append(logprob)
@@ -601,12 +622,16 @@ class LocalEngine:
             if row.first_token_at is None:
                 row.first_token_at = now
             if row.grammar is not None and not row.grammar.advance(token):
-                row.error = RuntimeError(f"LocalEngine sampled token {token}, which its grammar did not allow")
+                row.error = RuntimeError(
+                    f"LocalEngine sampled token {token}, which its grammar did not allow"
+                )
                 continue
             row.stop_reason = self._stop_reason(row, token)
         self.stats.tokens += len(rows)
 
-    def _sample_one(self, logits: torch.Tensor, row: _Row, banned: list[list[int]] | None) -> tuple[int, float] | None:
+    def _sample_one(
+        self, logits: torch.Tensor, row: _Row, banned: list[list[int]] | None
+    ) -> tuple[int, float] | None:
         try:
             tokens, logprobs = sample_next_tokens(logits, [row.plan.sampling], self._generator, banned)
             return int(tokens[0]), float(logprobs[0])
@@ -664,7 +689,9 @@ class LocalEngine:
             ttft=(row.first_token_at or now) - row.submitted,
             tokenizer=self.tokenizer,
             eos_token_ids=list(self.eos_token_ids),
-            sampling_masks=SamplingMasks(row.plan.constraint, list(row.kept), list(row.sampled_logprobs)) if row.masked else None,
+            sampling_masks=SamplingMasks(row.plan.constraint, list(row.kept), list(row.sampled_logprobs))
+            if row.masked
+            else None,
         )
         self._deliver(row, response)
 

@@ -114,7 +114,8 @@ def refuse_constraint(g: GenerationConfig) -> None:
     if g.constraint is not None:
         raise InvalidRequestError(
             f"structured output ({g.constraint.kind}) needs engine.type: local: the remote engine's replies carry "
-            "no sampling masks, so the trainer could not score its tokens under the distribution they were sampled from")
+            "no sampling masks, so the trainer could not score its tokens under the distribution they were sampled from"
+        )
 
 
 class SGLangEngine:
@@ -153,13 +154,19 @@ class SGLangEngine:
         self.config_source = config_source
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
-        if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.eos_token_ids:
+        if (
+            tokenizer is not None
+            and tokenizer.eos_token_id is not None
+            and tokenizer.eos_token_id not in self.eos_token_ids
+        ):
             self.eos_token_ids.append(int(tokenizer.eos_token_id))
         self.owned_processes = list(owned_processes)
         self.max_context = max_context
         self._timeout = httpx.Timeout(connect=connect_timeout, read=request_timeout, write=60.0, pool=None)
         # the same limits for /generate, which goes to aiohttp directly (see _generate_on)
-        self._generate_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout, sock_read=request_timeout)
+        self._generate_timeout = aiohttp.ClientTimeout(
+            sock_connect=connect_timeout, sock_read=request_timeout
+        )
         self._generate_headers = {"Content-Type": "application/json"}
         if api_key:
             self._generate_headers["Authorization"] = f"Bearer {api_key}"
@@ -207,8 +214,9 @@ class SGLangEngine:
         # in engine-server: 300 s), so the client, not the server, closes an idle one: a request is
         # never sent on a connection the server is closing.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0))
-        return httpx.AsyncClient(transport=AiohttpTransport(client=self._session), timeout=self._timeout,
-                                 headers=headers)
+        return httpx.AsyncClient(
+            transport=AiohttpTransport(client=self._session), timeout=self._timeout, headers=headers
+        )
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if threading.current_thread() is self._thread:
@@ -334,7 +342,10 @@ class SGLangEngine:
     # ------------------------------------------------------------------ info
 
     def server_status(self) -> list[dict[str, Any]]:
-        return [{"url": s.url, "in_flight": s.in_flight, "assigned": s.assigned, "down": s.down} for s in self.servers]
+        return [
+            {"url": s.url, "in_flight": s.in_flight, "assigned": s.assigned, "down": s.down}
+            for s in self.servers
+        ]
 
     def model_info(self) -> list[dict[str, Any]]:
         """`/model_info` of every live server (falls back to `/get_model_info` on a 404)."""
@@ -390,11 +401,16 @@ class SGLangEngine:
             path = os.path.abspath(weights)
         else:
             if self.weights_dir is None:
-                raise ValueError("SGLangEngine.update_weights with tensors needs weights_dir (a directory the servers share)")
+                raise ValueError(
+                    "SGLangEngine.update_weights with tensors needs weights_dir (a directory the servers share)"
+                )
             target = self._version + 1 if version is None else int(version)
             # written in a worker thread: serialising weights must not stall the engine loop
-            path = str(await asyncio.to_thread(write_weights, self.weights_dir, target, weights,
-                                               config_source=self.config_source))
+            path = str(
+                await asyncio.to_thread(
+                    write_weights, self.weights_dir, target, weights, config_source=self.config_source
+                )
+            )
         await self._on_loop(self._aupdate_from_disk(path, version))
 
     async def _aupdate_from_disk(self, path: str, version: int | None) -> None:
@@ -431,7 +447,8 @@ class SGLangEngine:
                 if left <= 0:
                     raise EngineServerError(
                         f"engine server {server.url} refused the weights at {body['model_path']} "
-                        f"{attempts} time(s) over {self.weights_wait:g} s; last answer: {exc}") from exc
+                        f"{attempts} time(s) over {self.weights_wait:g} s; last answer: {exc}"
+                    ) from exc
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 8.0)
 
@@ -453,8 +470,10 @@ class SGLangEngine:
         prompt = list(req.input_ids)
         budget = min(g.max_new_tokens, g.max_tokens - len(prompt))
         if budget <= 0:
-            raise ValueError(f"no room to generate: max_new_tokens={g.max_new_tokens}, max_tokens={g.max_tokens}, "
-                             f"prompt of {len(prompt)} tokens")
+            raise ValueError(
+                f"no room to generate: max_new_tokens={g.max_new_tokens}, max_tokens={g.max_tokens}, "
+                f"prompt of {len(prompt)} tokens"
+            )
         start = time.perf_counter()
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -467,8 +486,13 @@ class SGLangEngine:
                 if server.down is not None:
                     server = self._route(prompt + tokens)
                 epoch = self._pause_epoch
-                payload = _generate_payload(prompt + tokens, budget - len(tokens), g, len(tokens),
-                                            server_rid(self._rid_prefix, next(self._rid_counter)))
+                payload = _generate_payload(
+                    prompt + tokens,
+                    budget - len(tokens),
+                    g,
+                    len(tokens),
+                    server_rid(self._rid_prefix, next(self._rid_counter)),
+                )
                 self._attempts[req.rid] = (server, payload["rid"])
                 out = await self._generate_on(server, payload)
                 meta = out.get("meta_info") or {}
@@ -477,8 +501,10 @@ class SGLangEngine:
                 logprobs += new_logprobs
                 versions += versions_from_meta(meta, len(new_tokens), self._parse_version)
                 reason = _stop_reason(meta, server.url)
-                interrupted = reason == "abort" and req.rid not in self._user_aborted and (
-                    epoch != self._pause_epoch or not self._resumed.is_set()
+                interrupted = (
+                    reason == "abort"
+                    and req.rid not in self._user_aborted
+                    and (epoch != self._pause_epoch or not self._resumed.is_set())
                 )
                 if not interrupted or len(tokens) >= budget:
                     if interrupted:
@@ -525,8 +551,12 @@ class SGLangEngine:
             # other call), with an orjson body: that halved the client's CPU per /generate
             # (0.57 -> 0.28 ms), which is what spaces the requests of a burst apart on the wire.
             with map_aiohttp_exceptions():
-                async with self._session.post(f"{server.url}/generate", data=orjson.dumps(payload),
-                                              headers=self._generate_headers, timeout=self._generate_timeout) as reply:
+                async with self._session.post(
+                    f"{server.url}/generate",
+                    data=orjson.dumps(payload),
+                    headers=self._generate_headers,
+                    timeout=self._generate_timeout,
+                ) as reply:
                     status, body = reply.status, await reply.read()
         except httpx.TransportError as exc:
             reason = _transport_reason(exc)
@@ -534,10 +564,14 @@ class SGLangEngine:
             # it was reused; measured once in a 60-step run): only a server that also fails
             # /health is taken out. Either way this request failed.
             if await self._answers_health(server):
-                raise EngineServerError(f"engine server {server.url}: request failed ({reason}); "
-                                        "the server is up and stays in use") from exc
+                raise EngineServerError(
+                    f"engine server {server.url}: request failed ({reason}); "
+                    "the server is up and stays in use"
+                ) from exc
             self._mark_down(server, reason)
-            raise ServerDownError(f"engine server {server.url} is down ({server.down}); request failed") from exc
+            raise ServerDownError(
+                f"engine server {server.url} is down ({server.down}); request failed"
+            ) from exc
         except asyncio.CancelledError:
             if self._closed:
                 raise EngineServerError("SGLangEngine was closed before the request finished") from None
@@ -648,8 +682,9 @@ def _copy_outcome(fut: concurrent.futures.Future, task: asyncio.Task) -> None:
         fut.set_result(task.result())
 
 
-def _cancel_task_from_any_thread(loop: asyncio.AbstractEventLoop, task: asyncio.Task,
-                                 fut: concurrent.futures.Future) -> None:
+def _cancel_task_from_any_thread(
+    loop: asyncio.AbstractEventLoop, task: asyncio.Task, fut: concurrent.futures.Future
+) -> None:
     if fut.cancelled() and not task.done():
         try:
             loop.call_soon_threadsafe(task.cancel)
@@ -672,7 +707,9 @@ def _normalize_url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
 
-def _generate_payload(input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str) -> dict[str, Any]:
+def _generate_payload(
+    input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str
+) -> dict[str, Any]:
     """The /generate body: only keys of the closed sampling_params set.
 
     The set: docs/reference/sglang-api.md, "Generate".
@@ -692,7 +729,13 @@ def _generate_payload(input_ids: list[int], max_new: int, g: GenerationConfig, p
         params["stop"] = list(g.stop)
     if g.frequency_penalty:
         params["frequency_penalty"] = float(g.frequency_penalty)
-    return {"input_ids": input_ids, "rid": rid, "sampling_params": params, "return_logprob": True, "stream": False}
+    return {
+        "input_ids": input_ids,
+        "rid": rid,
+        "sampling_params": params,
+        "return_logprob": True,
+        "stream": False,
+    }
 
 
 def _transport_reason(exc: httpx.TransportError) -> str:
@@ -716,13 +759,17 @@ def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
     if response.status_code == 400:
         raise ValueError(f"engine server {url}{path} rejected the request: {_error_message(response)}")
     if response.status_code != 200:
-        raise EngineServerError(f"engine server {url}{path} answered {response.status_code}: {_error_message(response)}")
+        raise EngineServerError(
+            f"engine server {url}{path} answered {response.status_code}: {_error_message(response)}"
+        )
     if not response.content:
         return None
     try:
         return orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
-        raise EngineServerError(f"engine server {url}{path} sent invalid JSON: {response.text[:200]!r}") from exc
+        raise EngineServerError(
+            f"engine server {url}{path} sent invalid JSON: {response.text[:200]!r}"
+        ) from exc
 
 
 def _tokens_and_logprobs(out: Any, url: str) -> tuple[list[int], list[float]]:
@@ -736,7 +783,9 @@ def _tokens_and_logprobs(out: Any, url: str) -> tuple[list[int], list[float]]:
         return [], []  # aborted in the waiting queue: nothing generated
     tokens = [int(t[1]) for t in triples]
     if ids is not None and list(ids) != tokens:
-        raise EngineServerError(f"engine server {url}/generate: output_ids differ from output_token_logprobs ids")
+        raise EngineServerError(
+            f"engine server {url}/generate: output_ids differ from output_token_logprobs ids"
+        )
     # sglang (orjson) writes a -inf log-prob as null, the only non-finite value one can take
     return tokens, [-math.inf if t[0] is None else float(t[0]) for t in triples]
 
@@ -747,4 +796,3 @@ def _stop_reason(meta: dict[str, Any], url: str) -> str:
     if kind not in FINISH_TYPE_TO_STOP_REASON:
         raise EngineServerError(f"engine server {url}/generate sent an unknown finish_reason {finish!r}")
     return FINISH_TYPE_TO_STOP_REASON[kind]
-

@@ -64,12 +64,16 @@ def plan_request(
         g.check()  # sampling ranges, stop strings, unsupported penalties
     unknown_stops = [t for t in g.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if unknown_stops:
-        raise InvalidRequestError(f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})")
+        raise InvalidRequestError(
+            f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})"
+        )
     stop_strings = tuple(g.stop or ())
     if stop_strings and tokenizer is None:
         raise InvalidRequestError("stop strings need a tokenizer; this LocalEngine was built without one")
     if g.constraint is not None and tokenizer is None:
-        raise InvalidRequestError("structured output needs a tokenizer; this LocalEngine was built without one")
+        raise InvalidRequestError(
+            "structured output needs a tokenizer; this LocalEngine was built without one"
+        )
 
     greedy = g.greedy or g.temperature == 0
 

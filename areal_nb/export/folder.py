@@ -15,15 +15,21 @@ import shutil
 import sys
 import tempfile
 import textwrap
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_nb.config import SessionConfig, dump_config, load_config
 from areal_nb.data import is_row_file, load_rows, write_jsonl
 
-from .capture import (AGENT_MODULE, ExportError, capture_workflow, check_imports, is_plain_data,
-                      local_import_paths)
+from .capture import (
+    AGENT_MODULE,
+    ExportError,
+    capture_workflow,
+    check_imports,
+    is_plain_data,
+    local_import_paths,
+)
 from .provenance import git_description, package_version, requirements
 
 if TYPE_CHECKING:
@@ -31,14 +37,32 @@ if TYPE_CHECKING:
 
 TEMPLATES = Path(__file__).parent / "templates"
 # what an export writes (besides copies of the user's modules); the rest of a folder is not its own
-EXPORT_ENTRIES = frozenset({"config.yaml", "train.py", "launch_local.sh", "job.sbatch", "README.md",
-                            "requirements.txt", f"{AGENT_MODULE}.py", "data", "checkpoint"})
+EXPORT_ENTRIES = frozenset(
+    {
+        "config.yaml",
+        "train.py",
+        "launch_local.sh",
+        "job.sbatch",
+        "README.md",
+        "requirements.txt",
+        f"{AGENT_MODULE}.py",
+        "data",
+        "checkpoint",
+    }
+)
 logger = logging.getLogger(__name__)
 
 
-def export_run(path: str | Path, config: SessionConfig, *, session: Session | None = None,
-               checkpoint: bool = True, command: str | None = None, overwrite: bool = False,
-               gathered: tuple[dict[str, Any], dict[str, Any] | None] | None = None) -> Path:
+def export_run(
+    path: str | Path,
+    config: SessionConfig,
+    *,
+    session: Session | None = None,
+    checkpoint: bool = True,
+    command: str | None = None,
+    overwrite: bool = False,
+    gathered: tuple[dict[str, Any], dict[str, Any] | None] | None = None,
+) -> Path:
     """Write the run folder at `path` and return it; `session` adds `checkpoint/` (when
     `checkpoint`), and is where an agent defined in notebook cells is found. `gathered`: the
     actor's state and KL reference weights when every rank already took part in gathering them
@@ -53,12 +77,17 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         raise ExportError(f"{out} exists and is not a folder")
     if out.exists() and any(out.iterdir()):
         if not (overwrite and (out / "train.py").exists() and (out / "config.yaml").exists()):
-            raise ExportError(f"{out} exists and is not empty" + ("" if overwrite else
-                              "; pass overwrite=True (--overwrite) to replace an earlier export"))
-    captured = capture_workflow(config.agent.workflow, config.agent.workflow_kwargs)  # before anything is written
+            raise ExportError(
+                f"{out} exists and is not empty"
+                + ("" if overwrite else "; pass overwrite=True (--overwrite) to replace an earlier export")
+            )
+    captured = capture_workflow(
+        config.agent.workflow, config.agent.workflow_kwargs
+    )  # before anything is written
     # a new config (not a deep copy: the notebook's agent object may hold worker pools or locks)
-    cfg = load_config(config, {"agent.workflow": captured.workflow,
-                               "agent.workflow_kwargs": captured.workflow_kwargs or {}})
+    cfg = load_config(
+        config, {"agent.workflow": captured.workflow, "agent.workflow_kwargs": captured.workflow_kwargs or {}}
+    )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -73,8 +102,10 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
         for local in captured.local_modules():  # the user's own modules, beside train.py
             # (agent.py itself travels when the run was exported before: its workflow is agent.<Name>)
             if (local.name in EXPORT_ENTRIES or local.stem == "train") and local.name != f"{AGENT_MODULE}.py":
-                raise ExportError(f"the run needs your module {local}, whose name the run folder uses for its "
-                                  f"own {local.name}: rename the module")
+                raise ExportError(
+                    f"the run needs your module {local}, whose name the run folder uses for its "
+                    f"own {local.name}: rename the module"
+                )
             if local.is_dir():
                 shutil.copytree(local, tmp / local.name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
@@ -84,8 +115,9 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
             _save_checkpoint(session, cfg, tmp / "checkpoint", gathered, final=out / "checkpoint")
         _write_launchers(tmp, cfg)
         (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))
-        _write_readme(tmp, cfg, captured.source is not None, saved, session,
-                      command or f"session.export({str(path)!r})")
+        _write_readme(
+            tmp, cfg, captured.source is not None, saved, session, command or f"session.export({str(path)!r})"
+        )
         check_imports(tmp, captured.workflow, also=named)  # and config.yaml loads, in a fresh process
         if out.exists():
             _replace_export(out, tmp)
@@ -122,8 +154,10 @@ def _place_data(cfg: SessionConfig, folder: Path) -> None:
     for field, name in (("source", "train"), ("eval_source", "eval")):
         value = getattr(cfg.data, field)
         if isinstance(value, (str, Path)) and is_row_file(value) and not Path(value).expanduser().is_file():
-            raise ExportError(f"data.{field} {value!r} is not a file (looked in {Path.cwd()}): the run folder "
-                              f"must carry its data, give the file's path")
+            raise ExportError(
+                f"data.{field} {value!r} is not a file (looked in {Path.cwd()}): the run folder "
+                f"must carry its data, give the file's path"
+            )
         if value is None or (isinstance(value, str) and not Path(value).expanduser().exists()):
             continue  # "generated", a hub name, a row factory ("my_data:rows": its module travels)
         if isinstance(value, (str, Path)):
@@ -145,20 +179,31 @@ def _check_plain(cfg: SessionConfig) -> None:
     """config.yaml holds data only: a function or object among the agent's kwargs cannot go there."""
     for key, value in cfg.agent.workflow_kwargs.items():
         if not is_plain_data(value):
-            raise ExportError(f"agent.workflow_kwargs[{key!r}] is a {type(value).__qualname__}, which config.yaml "
-                              f"cannot hold: refer to it from the agent's code instead, or pass plain data")
+            raise ExportError(
+                f"agent.workflow_kwargs[{key!r}] is a {type(value).__qualname__}, which config.yaml "
+                f"cannot hold: refer to it from the agent's code instead, or pass plain data"
+            )
 
 
-def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
-                     gathered: tuple[dict[str, Any], dict[str, Any] | None] | None, *, final: Path) -> None:
+def _save_checkpoint(
+    session: Session,
+    cfg: SessionConfig,
+    path: Path,
+    gathered: tuple[dict[str, Any], dict[str, Any] | None] | None,
+    *,
+    final: Path,
+) -> None:
     """`session.save(path)`, recording the exported config (the agent as its import string) and
     the model folder where it will be (`final`), not in the temporary folder it is written to."""
     from areal_nb.session.checkpoint import save_checkpoint
 
     waiting = getattr(session.executor, "n_waiting", 0)
     if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
-        logger.info("%d prefetched rollout group(s) were not trained on: the exported run generates them "
-                    "again from their rows, at its own policy version", waiting)
+        logger.info(
+            "%d prefetched rollout group(s) were not trained on: the exported run generates them "
+            "again from their rows, at its own policy version",
+            waiting,
+        )
     save_checkpoint(session, path, *(gathered or ()), config=cfg, model_path=final / "model")
 
 
@@ -178,17 +223,32 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
     local = folder / "launch_local.sh"
     local.write_text(_render("launch_local.sh", {"NPROC": cluster.nproc_per_node}))
     sbatch = folder / "job.sbatch"
-    sbatch.write_text(_render("job.sbatch", {
-        "JOB_NAME": _job_name(cfg.experiment_name), "NODES": cluster.nodes, "CPUS_PER_NODE": cluster.cpus_per_node,
-        "TIME": cluster.time,
-        "GPU_LINE": f"#SBATCH --gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else "<drop>",
-        "PARTITION_LINE": f"#SBATCH --partition={cluster.partition}" if cluster.partition else "<drop>",
-        "ACCOUNT_LINE": f"#SBATCH --account={cluster.account}" if cluster.account else "<drop>",
-        "INFER_NODES": cluster.infer_nodes, "SERVERS_PER_NODE": cluster.servers_per_node,
-        "GPUS_PER_NODE": cluster.gpus_per_node, "GPUS_PER_SERVER": cluster.gpus_per_server,
-        "NPROC_PER_NODE": cluster.nproc_per_node, "ENGINE_PORT": cluster.engine_port,
-        "RDZV_PORT": cluster.rdzv_port, "MODEL": _bash_word(cfg.model.path),
-    }))
+    sbatch.write_text(
+        _render(
+            "job.sbatch",
+            {
+                "JOB_NAME": _job_name(cfg.experiment_name),
+                "NODES": cluster.nodes,
+                "CPUS_PER_NODE": cluster.cpus_per_node,
+                "TIME": cluster.time,
+                "GPU_LINE": f"#SBATCH --gpus-per-node={cluster.gpus_per_node}"
+                if cluster.gpus_per_node
+                else "<drop>",
+                "PARTITION_LINE": f"#SBATCH --partition={cluster.partition}"
+                if cluster.partition
+                else "<drop>",
+                "ACCOUNT_LINE": f"#SBATCH --account={cluster.account}" if cluster.account else "<drop>",
+                "INFER_NODES": cluster.infer_nodes,
+                "SERVERS_PER_NODE": cluster.servers_per_node,
+                "GPUS_PER_NODE": cluster.gpus_per_node,
+                "GPUS_PER_SERVER": cluster.gpus_per_server,
+                "NPROC_PER_NODE": cluster.nproc_per_node,
+                "ENGINE_PORT": cluster.engine_port,
+                "RDZV_PORT": cluster.rdzv_port,
+                "MODEL": _bash_word(cfg.model.path),
+            },
+        )
+    )
     for script in (local, sbatch):
         script.chmod(0o755)
 
@@ -209,28 +269,46 @@ def _job_name(experiment_name: str) -> str:
 def _agent_header() -> str:
     return textwrap.dedent(f'''\
         """The agent and reward code of this run, taken from the notebook's cells by areal-nb export
-        ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC): the definitions the agent uses, with their
+        ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC): the definitions the agent uses, with their
         imports and module-level helpers. Edit freely; config.yaml names the agent as agent.<Name>."""
 
         ''')
 
 
-def _write_readme(folder: Path, cfg: SessionConfig, from_cells: bool, saved: bool, session: Any,
-                  command: str) -> None:
+def _write_readme(
+    folder: Path, cfg: SessionConfig, from_cells: bool, saved: bool, session: Any, command: str
+) -> None:
     import torch
 
     cluster = cfg.cluster
     from areal_nb.session.checkpoint import untrained_data_pos
 
-    checkpoint = (f"step {session.step_count}, policy version {session.version}, data position "
-                  f"{untrained_data_pos(session)}" if saved else "none (training starts from `model.path`)")
-    (folder / "README.md").write_text(_render("README.md", {
-        "EXPERIMENT": cfg.experiment_name, "COMMAND": command,
-        "DATE": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-        "AREAL_VERSION": package_version("areal_nb"), "GIT": git_description(),
-        "PYTHON_VERSION": sys.version.split()[0], "TORCH_VERSION": torch.__version__,
-        "WORKFLOW": cfg.agent.workflow, "AGENT_ORIGIN": "from notebook cells, in agent.py" if from_cells
-        else "imported by path", "CHECKPOINT": checkpoint, "NPROC": cluster.nproc_per_node,
-        "NODES": cluster.nodes, "INFER_NODES": cluster.infer_nodes, "GPUS": cluster.gpus_per_node,
-        "TIME": cluster.time, "PARTITION": cluster.partition or "default",
-    }))
+    checkpoint = (
+        f"step {session.step_count}, policy version {session.version}, data position "
+        f"{untrained_data_pos(session)}"
+        if saved
+        else "none (training starts from `model.path`)"
+    )
+    (folder / "README.md").write_text(
+        _render(
+            "README.md",
+            {
+                "EXPERIMENT": cfg.experiment_name,
+                "COMMAND": command,
+                "DATE": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
+                "AREAL_VERSION": package_version("areal_nb"),
+                "GIT": git_description(),
+                "PYTHON_VERSION": sys.version.split()[0],
+                "TORCH_VERSION": torch.__version__,
+                "WORKFLOW": cfg.agent.workflow,
+                "AGENT_ORIGIN": "from notebook cells, in agent.py" if from_cells else "imported by path",
+                "CHECKPOINT": checkpoint,
+                "NPROC": cluster.nproc_per_node,
+                "NODES": cluster.nodes,
+                "INFER_NODES": cluster.infer_nodes,
+                "GPUS": cluster.gpus_per_node,
+                "TIME": cluster.time,
+                "PARTITION": cluster.partition or "default",
+            },
+        )
+    )

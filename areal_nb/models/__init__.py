@@ -26,7 +26,14 @@ local folders, and Hugging Face ids, all loaded through `AutoTokenizer` / `AutoM
 
 from .registry import TINY_MATH, TINY_TOOLS, load_model, load_tokenizer, resolve_model_path
 
-__all__ = ["TINY_MATH", "TINY_TOOLS", "evaluate_accuracy", "load_model", "load_tokenizer", "resolve_model_path"]
+__all__ = [
+    "TINY_MATH",
+    "TINY_TOOLS",
+    "evaluate_accuracy",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model_path",
+]
 
 
 def __getattr__(name: str):

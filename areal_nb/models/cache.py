@@ -64,8 +64,11 @@ def _canonical(node: Any) -> str:
 
 
 def _is_docstring(statement: ast.AST) -> bool:
-    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
-            and isinstance(statement.value.value, str))
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 @contextmanager

@@ -65,8 +65,11 @@ def tiny_math_model_dir() -> Path:
     key = recipe_key(TINY_MATH)
     final = cache_root() / TINY_MATH / f"model-{key}"
     if not final.is_dir():  # say why the first call is slow (another process may be building it)
-        print(f"building tiny-math (first use, ~2 min on one CPU core; cached in {final.parent}) …",
-              file=sys.stderr, flush=True)
+        print(
+            f"building tiny-math (first use, ~2 min on one CPU core; cached in {final.parent}) …",
+            file=sys.stderr,
+            flush=True,
+        )
     return cached_build(final, lambda tmp: build_model(tmp, tokenizer_dir))
 
 
@@ -103,13 +106,18 @@ def tiny_tools_model_dir() -> Path:
     key = recipe_key(TINY_TOOLS)
     final = cache_root() / TINY_TOOLS / f"model-{key}"
     if not final.is_dir():
-        print(f"building tiny-tools (first use, ~3 min on one CPU core; cached in {final.parent}) …",
-              file=sys.stderr, flush=True)
+        print(
+            f"building tiny-tools (first use, ~3 min on one CPU core; cached in {final.parent}) …",
+            file=sys.stderr,
+            flush=True,
+        )
     return cached_build(final, lambda tmp: build_tools_model(tmp, tokenizer_dir))
 
 
-_BUILT_IN = {TINY_MATH: (tiny_math_tokenizer_dir, tiny_math_model_dir),
-             TINY_TOOLS: (tiny_tools_tokenizer_dir, tiny_tools_model_dir)}
+_BUILT_IN = {
+    TINY_MATH: (tiny_math_tokenizer_dir, tiny_math_model_dir),
+    TINY_TOOLS: (tiny_tools_tokenizer_dir, tiny_tools_model_dir),
+}
 
 
 def resolve_model_path(name_or_path: str) -> str:

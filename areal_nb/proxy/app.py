@@ -99,7 +99,9 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.state.tokenizer = tokenizer
     app.state.completion = settings.completion if settings.completion is not None else CompletionSettings()
     context = context_tokens(engine, None)
-    max_body = body_limit(settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None)
+    max_body = body_limit(
+        settings.max_body_bytes, context, max_chars_per_token(tokenizer) if context else None
+    )
     app.state.max_body_bytes = max_body
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body, body_timeout=settings.body_timeout)
 
@@ -107,8 +109,10 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(router)
-    app.state.direct_routes = {f"{prefix}/chat/completions": functools.partial(direct_chat_completions, app.state)
-                               for prefix in ("/v1", "")}
+    app.state.direct_routes = {
+        f"{prefix}/chat/completions": functools.partial(direct_chat_completions, app.state)
+        for prefix in ("/v1", "")
+    }
     return app
 
 
@@ -172,7 +176,9 @@ async def generate(call: Awaitable[T], request: Request | None = None) -> T:
     try:
         return await (call if request is None else unless_client_leaves(call, request.receive))
     except ClientGone:  # nobody is left to read this answer
-        raise ProxyError(408, "the client went away before the reply was ready; nothing was recorded", "client_gone") from None
+        raise ProxyError(
+            408, "the client went away before the reply was ready; nothing was recorded", "client_gone"
+        ) from None
     except HTTPError:  # input errors (InvalidRequestError: 400 invalid_request) and our own answers
         raise
     except Exception as exc:  # our own or the engine's fault: 500 with a traceback, keep serving
@@ -181,7 +187,12 @@ async def generate(call: Awaitable[T], request: Request | None = None) -> T:
 
 
 def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
-    return {"engine": state.engine, "tokenizer": state.tokenizer, "settings": state.completion, "cache": session.cache}
+    return {
+        "engine": state.engine,
+        "tokenizer": state.tokenizer,
+        "settings": state.completion,
+        "cache": session.cache,
+    }
 
 
 def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
@@ -198,13 +209,23 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     state: ProxyState = request.app.state.proxy
-    return {"status": "ok", "initialized": True, "active_sessions": len(state.sessions), "capacity": state.capacity}
+    return {
+        "status": "ok",
+        "initialized": True,
+        "active_sessions": len(state.sessions),
+        "capacity": state.capacity,
+    }
 
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
 async def models(request: Request) -> dict[str, Any]:
-    model = {"id": request.app.state.settings.model_name, "object": "model", "created": 0, "owned_by": "areal_nb"}
+    model = {
+        "id": request.app.state.settings.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "areal_nb",
+    }
     return {"object": "list", "data": [model]}
 
 
@@ -226,10 +247,14 @@ async def export_trajectories(body: ExportTrajectoriesRequest, request: Request)
     a failed, cancelled or abandoned export leaves it exportable, with the same result."""
     state: ProxyState = request.app.state.proxy
     session = state.get_session(body.session_id)
-    timeout = body.wait_timeout if body.wait_timeout is not None else request.app.state.settings.export_wait_timeout
+    timeout = (
+        body.wait_timeout if body.wait_timeout is not None else request.app.state.settings.export_wait_timeout
+    )
     if not await session.wait_ended(timeout, gave_up=request.is_disconnected):
         if await request.is_disconnected():
-            raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+            raise ProxyError(
+                408, "the client went away while the export waited; the session is kept", "client_gone"
+            )
         raise ProxyError(
             504,
             f"session {body.session_id!r} did not end within {timeout:g} s: the agent side must call "
@@ -238,7 +263,9 @@ async def export_trajectories(body: ExportTrajectoriesRequest, request: Request)
         )
     while not state.claim_export(session):  # another export holds it: wait for its outcome
         if await request.is_disconnected():
-            raise ProxyError(408, "the client went away while the export waited; the session is kept", "client_gone")
+            raise ProxyError(
+                408, "the client went away while the export waited; the session is kept", "client_gone"
+            )
         await asyncio.sleep(0.02)
 
     def give_back() -> None:  # the export did not reach anyone: keep the session exportable
@@ -257,17 +284,25 @@ async def export_trajectories(body: ExportTrajectoriesRequest, request: Request)
     except Exception as exc:
         give_back()
         logger.exception("export of session %r failed", body.session_id)
-        raise ProxyError(500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed") from exc
+        raise ProxyError(
+            500, f"export failed: {type(exc).__name__}: {exc} (the session is kept)", "export_failed"
+        ) from exc
     if await request.is_disconnected():
         give_back()
-        raise ProxyError(408, "the client went away before the export was sent; the session is kept", "client_gone")
-    return _HandOver(payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back)
+        raise ProxyError(
+            408, "the client went away before the export was sent; the session is kept", "client_gone"
+        )
+    return _HandOver(
+        payload, on_sent=lambda: state.remove_session(session, "was exported"), on_failed=give_back
+    )
 
 
 def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
     interactions = _export(session, body)
     wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
-    return json.dumps({"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False).encode()
+    return json.dumps(
+        {"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False
+    ).encode()
 
 
 def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
@@ -305,13 +340,13 @@ async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str,
 
 
 # ---------------------------------------------------------------------- generation endpoints
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           session: OpenSession) -> Response:
+async def chat_completions(body: ChatCompletionRequest, request: Request, session: OpenSession) -> Response:
     return await chat_completion_response(request.app.state, body, session, request)
 
 
-async def chat_completion_response(state: State, body: ChatCompletionRequest, session: SessionData,
-                                   request: Request | None = None) -> Response:
+async def chat_completion_response(
+    state: State, body: ChatCompletionRequest, session: SessionData, request: Request | None = None
+) -> Response:
     check_chat_options(body)
     completion = await generate(
         create_chat_completion(
@@ -368,12 +403,18 @@ async def responses(body: ResponsesRequest, request: Request, session: OpenSessi
         request,
     )
     if body.stream:  # generated already: the events replay the recorded response
-        return Response(format_response_sse(response_stream_events(response)), media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(
+            format_response_sse(response_stream_events(response)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
     return Response(response.model_dump_json(), media_type="application/json")
 
 
 for _prefix in ("/v1", ""):  # SDKs differ in where `/v1` goes
-    router.add_api_route(f"{_prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(_prefix))
+    router.add_api_route(
+        f"{_prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(_prefix)
+    )
     router.add_api_route(f"{_prefix}/responses", responses, methods=["POST"], include_in_schema=bool(_prefix))
 
 
@@ -383,16 +424,22 @@ async def messages(body: MessagesRequest, request: Request, session: OpenSession
         chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
-    completion = await generate(create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs), request)
+    completion = await generate(
+        create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs), request
+    )
     session.tool_arguments.update(tool_arguments_of(completion))
     message = chat_completion_to_anthropic(completion, model=body.model)
     if body.stream:
-        return Response(format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(
+            format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS
+        )
     return JSONResponse(message)
 
 
 # ---------------------------------------------------------------------- the direct lane
-async def direct_chat_completions(state: State, path: str, raw: bytes, headers: Mapping[str, str]) -> Response | None:
+async def direct_chat_completions(
+    state: State, path: str, raw: bytes, headers: Mapping[str, str]
+) -> Response | None:
     """`/v1/chat/completions` for callers in this process (`proxy.inprocess`), without the
     ASGI stack: the same body checks, model, key check and handler as the route, so the
     same answer, at a fifth of the cost per call (middleware, routing and dependency
@@ -411,7 +458,9 @@ async def direct_chat_completions(state: State, path: str, raw: bytes, headers: 
     except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
         return None
     try:
-        return await chat_completion_response(state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers))))
+        return await chat_completion_response(
+            state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers)))
+        )
     except HTTPError as exc:
         return http_error_response(path, exc)
     except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug

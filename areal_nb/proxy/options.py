@@ -31,8 +31,10 @@ def _format_type(value: Any) -> Any:
 
 def check_chat_options(body: ChatCompletionRequest) -> None:
     if body.logit_bias:
-        raise _unsupported("logit_bias is not supported: the engine samples from the model's own distribution "
-                           "(whose log-probs training uses); send {} or omit it")
+        raise _unsupported(
+            "logit_bias is not supported: the engine samples from the model's own distribution "
+            "(whose log-probs training uses); send {} or omit it"
+        )
     kind = _format_type(body.response_format)
     if kind not in (None, "text", "json_object", "json_schema"):
         raise _unsupported(f"response_format {kind!r} is not supported: {_FORMATS}")
@@ -42,13 +44,19 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
     extra = body.model_extra or {}
     if extra.get("functions") is not None or extra.get("function_call") is not None:
-        raise _unsupported("the legacy functions / function_call parameters are not supported: send the same "
-                           "functions as tools=[{'type': 'function', 'function': ...}] and tool_choice")
+        raise _unsupported(
+            "the legacy functions / function_call parameters are not supported: send the same "
+            "functions as tools=[{'type': 'function', 'function': ...}] and tool_choice"
+        )
     if extra.get("web_search_options") is not None:
-        raise _unsupported("web_search_options is not supported: the proxy serves a local model without web search")
+        raise _unsupported(
+            "web_search_options is not supported: the proxy serves a local model without web search"
+        )
     other = sorted(set(body.modalities or ()) - {"text"})
     if other or body.audio is not None:
-        raise _unsupported(f"modalities {other or ['audio']} are not supported: the model answers in text only")
+        raise _unsupported(
+            f"modalities {other or ['audio']} are not supported: the model answers in text only"
+        )
 
 
 def check_responses_options(body: ResponsesRequest) -> None:
@@ -57,4 +65,3 @@ def check_responses_options(body: ResponsesRequest) -> None:
         raise _unsupported(f"text.format {kind!r} is not supported: {_FORMATS}")
     if body.top_logprobs:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
-

@@ -249,8 +249,9 @@ class AsyncRewardWrapper:
                     reason = await asyncio.to_thread(why_spawn_fails)
                     if reason is not None:
                         shared.retire(pool)
-                        raise RewardWorkerCrashedError(f"reward function {self._name}: its worker processes "
-                                                       f"cannot start:\n{reason}") from None
+                        raise RewardWorkerCrashedError(
+                            f"reward function {self._name}: its worker processes cannot start:\n{reason}"
+                        ) from None
                     raise
                 future = loop.run_in_executor(pool.executor, job)
                 return float(await asyncio.wait_for(future, self.timeout_seconds))

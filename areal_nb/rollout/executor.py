@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.api.deadline import CANCEL_GRACE_S, TaskAbandoned, run_within
@@ -126,7 +125,9 @@ class RolloutExecutor:
             if group.started:
                 continue
             free = self.staleness.max_concurrent - self.staleness.running
-            if free < self.group_size or (not group.explicit and self.staleness.capacity(version) < self.group_size):
+            if free < self.group_size or (
+                not group.explicit and self.staleness.capacity(version) < self.group_size
+            ):
                 return
             self._start(group, version)
         while self._feeder is not None and self.staleness.capacity(version) >= self.group_size:
@@ -162,8 +163,9 @@ class RolloutExecutor:
         try:
             coro = self.workflow.arun_episode(self.engine, copy.deepcopy(ep.data))
             # (not asyncio.wait_for: an episode that swallows its cancellation is abandoned, not waited for)
-            result = await run_within(coro, self.episode_timeout, what=f"episode (group {ep.group_id}, "
-                                      f"sample {ep.sample_id})")
+            result = await run_within(
+                coro, self.episode_timeout, what=f"episode (group {ep.group_id}, sample {ep.sample_id})"
+            )
             if result is None:
                 reason = getattr(self.workflow, "last_rejection_reason", None) or "workflow returned None"
                 ep.rejection_reason = str(reason)
@@ -175,7 +177,7 @@ class RolloutExecutor:
         except asyncio.CancelledError:
             ep.rejection_reason = "cancelled"
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ep.rejection_reason = f"episode timed out after {self.episode_timeout} s"
         except TaskAbandoned as e:
             ep.rejection_reason = str(e)
@@ -188,7 +190,9 @@ class RolloutExecutor:
                 if not accepted:
                     reason = rejection_with_row(ep, self.describe_row)
                     self.rejection_reasons.append(reason)
-                    logger.warning("episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason)
+                    logger.warning(
+                        "episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason
+                    )
             if self.staleness.running <= 0:
                 self._switch_interval.release()
             self._changed.set()
@@ -240,15 +244,22 @@ class RolloutExecutor:
         version = self.engine.get_version()
         restarted = 0
         for i, group in enumerate(list(self._groups)[:n]):
-            if group.explicit or not self.staleness.is_too_stale(group.episodes[0].version_submitted, version):
+            if group.explicit or not self.staleness.is_too_stale(
+                group.episodes[0].version_submitted, version
+            ):
                 continue
             self.staleness.on_cancel(0, len(group.episodes))
             self._groups[i] = _Group(self._next_group_id, group.data, explicit=False)
             self._next_group_id += 1
             restarted += 1
         if restarted:
-            logger.warning("%d prefetched group(s) sampled more than max_head_offpolicyness=%d versions before "
-                           "version %d were generated again", restarted, self.staleness.max_staleness, version)
+            logger.warning(
+                "%d prefetched group(s) sampled more than max_head_offpolicyness=%d versions before "
+                "version %d were generated again",
+                restarted,
+                self.staleness.max_staleness,
+                version,
+            )
         return restarted > 0
 
     async def cancel_all(self) -> None:

@@ -43,7 +43,14 @@ from typing import Any
 
 import httpx
 
-from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
+from areal_nb.api import (
+    DISCOUNT_MODES,
+    DiscountMode,
+    ExportStyle,
+    InferenceEngine,
+    RolloutWorkflow,
+    check_export_style,
+)
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.deadline import TaskAbandoned, run_within
 from areal_nb.api.spawn import spawn_safely, why_spawn_fails
@@ -126,7 +133,9 @@ def parse_agent_rewards(value: Any) -> float | dict[str, float]:
         out: dict[str, float] = {}
         for key, reward in value.items():
             if not isinstance(key, str):
-                raise EpisodeRejected("invalid_reward", f"reward dict key {key!r} is not an interaction id string")
+                raise EpisodeRejected(
+                    "invalid_reward", f"reward dict key {key!r} is not an interaction id string"
+                )
             if not _is_number(reward) or not math.isfinite(float(reward)):
                 raise EpisodeRejected(
                     "invalid_reward", f"reward for {key!r} must be a finite int or float, got {reward!r}"
@@ -157,7 +166,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if agent is None:
-            raise ValueError("OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)")
+            raise ValueError(
+                "OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)"
+            )
         run = getattr(agent, "run", None)
         if not callable(run):
             raise TypeError(f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method")
@@ -166,7 +177,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 f"{type(agent).__name__}.run must be `async def` in inline mode (use mode='subproc' for sync code)"
             )
         if not proxy_addr:
-            raise ValueError("OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)")
+            raise ValueError(
+                "OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)"
+            )
         if not admin_api_key:
             raise ValueError("OpenAIProxyWorkflow needs the proxy's admin_api_key")
         check_export_style(export_style)
@@ -233,7 +246,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                max_workers=self.subproc_max_workers, mp_context=context, initializer=_worker_started,
+                max_workers=self.subproc_max_workers,
+                mp_context=context,
+                initializer=_worker_started,
                 initargs=(context.Barrier(self.subproc_max_workers),),
             )
             self._pool_ready = None
@@ -247,7 +262,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             # one job per worker: a spawn pool starts a process per job it has no idle worker for,
             # and the initializer's barrier holds every job until all the workers are up
             with spawn_safely():
-                jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
+                jobs = [
+                    asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)
+                ]
             self._pool_ready = asyncio.gather(*jobs)
         try:
             await asyncio.wait_for(asyncio.shield(self._pool_ready), WORKER_START_TIMEOUT_S)
@@ -255,8 +272,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             if self._pool is pool:
                 self._kill_pool()
             reason = await asyncio.to_thread(why_spawn_fails)
-            raise EpisodeRejected("subproc_crash", "the agent's worker processes cannot start"
-                                  + (f":\n{reason}" if reason else f" ({type(exc).__name__}: {exc})")) from exc
+            raise EpisodeRejected(
+                "subproc_crash",
+                "the agent's worker processes cannot start"
+                + (f":\n{reason}" if reason else f" ({type(exc).__name__}: {exc})"),
+            ) from exc
         return pool
 
     def _kill_pool(self) -> None:
@@ -340,9 +360,12 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             self._slots, self._slots_loop = asyncio.Semaphore(self.subproc_max_workers), loop
         return self._slots
 
-    async def _run_in_pool(self, pool: ProcessPoolExecutor, payload: bytes, data: dict[str, Any],
-                           env: dict[str, str]) -> Any:
-        future = asyncio.get_running_loop().run_in_executor(pool, _run_agent_in_subprocess, payload, data, env)
+    async def _run_in_pool(
+        self, pool: ProcessPoolExecutor, payload: bytes, data: dict[str, Any], env: dict[str, str]
+    ) -> Any:
+        future = asyncio.get_running_loop().run_in_executor(
+            pool, _run_agent_in_subprocess, payload, data, env
+        )
         try:
             return await asyncio.wait_for(future, self.agent_timeout)
         except TimeoutError as exc:
@@ -362,7 +385,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 self._kill_pool()
             raise
 
-    async def _assign_rewards(self, client: OpenAIProxyClient | InProcessProxyClient, reward: float | dict[str, float]) -> None:
+    async def _assign_rewards(
+        self, client: OpenAIProxyClient | InProcessProxyClient, reward: float | dict[str, float]
+    ) -> None:
         if isinstance(reward, dict):
             for interaction_id, value in reward.items():
                 try:
@@ -370,7 +395,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 except ProxyRequestError as exc:
                     if exc.status in (400, 404):
                         raise EpisodeRejected(
-                            "invalid_reward", f"reward for {interaction_id!r} could not be assigned: {exc.detail}"
+                            "invalid_reward",
+                            f"reward for {interaction_id!r} could not be assigned: {exc.detail}",
                         ) from exc
                     raise
             return
@@ -404,7 +430,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
     def _lifecycle_client(self, task_id: str) -> OpenAIProxyClient | InProcessProxyClient:
         if self.proxy_state is not None:
             return InProcessProxyClient(self.proxy_state, task_id)
-        return OpenAIProxyClient(self.proxy_addr, self.admin_api_key, task_id, http_client=self._http_client())
+        return OpenAIProxyClient(
+            self.proxy_addr, self.admin_api_key, task_id, http_client=self._http_client()
+        )
 
     async def _discard_session(self, client: OpenAIProxyClient | InProcessProxyClient) -> None:
         if client._session_id is None:
@@ -441,7 +469,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 except Exception as exc:  # noqa: BLE001 - the agent's own failure, whatever it is
                     rejection = EpisodeRejected("agent_error", f"agent raised {type(exc).__name__}: {exc}")
             # Export even a rejected episode: it is the step that frees the session on the proxy.
-            interactions = await client.export_interactions(self.discount, self.export_style, self.discount_mode)
+            interactions = await client.export_interactions(
+                self.discount, self.export_style, self.discount_mode
+            )
         except asyncio.CancelledError:
             # The executor gave up on this episode (KeyboardInterrupt, shutdown): still free the
             # session on the proxy, best effort and bounded, then let the cancellation through.

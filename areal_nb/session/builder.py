@@ -49,8 +49,12 @@ def policy_device(cfg: SessionConfig) -> str:
     return cfg.model.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any,
-                 on_log: Callable[[int, str], None] | None = None) -> InferenceEngine:
+def build_engine(
+    cfg: SessionConfig,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    on_log: Callable[[int, str], None] | None = None,
+) -> InferenceEngine:
     """The engine `engine.type` names. Server engines ("sglang", "remote") load the model by
     path (resolved here: the engine layer does not know the model registry), read new weights
     from `engine.weights_dir` (default `<run_dir>/weights`), and send launched servers' log lines
@@ -61,15 +65,28 @@ def build_engine(cfg: SessionConfig, policy: torch.nn.Module, tokenizer: Any,
     from areal_nb.engine import create_engine
 
     if cfg.engine.type == "local":
-        return create_engine(cfg.engine, policy, tokenizer, model_path=cfg.model.path, device=policy_device(cfg),
-                             dtype=getattr(torch, cfg.model.dtype))
+        return create_engine(
+            cfg.engine,
+            policy,
+            tokenizer,
+            model_path=cfg.model.path,
+            device=policy_device(cfg),
+            dtype=getattr(torch, cfg.model.dtype),
+        )
     from areal_nb.models import resolve_model_path
 
     weights_dir = Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()
     log_dir = Path(cfg.engine.launch.log_dir or cfg.run_dir / "engine_logs").absolute()
-    return create_engine(cfg.engine, None, tokenizer, model_path=resolve_model_path(cfg.model.path),
-                         weights_dir=str(weights_dir), log_dir=str(log_dir), on_log=on_log,
-                         max_context=getattr(policy.config, "max_position_embeddings", None))
+    return create_engine(
+        cfg.engine,
+        None,
+        tokenizer,
+        model_path=resolve_model_path(cfg.model.path),
+        weights_dir=str(weights_dir),
+        log_dir=str(log_dir),
+        on_log=on_log,
+        max_context=getattr(policy.config, "max_position_embeddings", None),
+    )
 
 
 def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: InferenceEngine) -> None:
@@ -83,8 +100,9 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
         engine.update_weights(weights, version=engine.get_version())
 
 
-def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None,
-                tokenizer: Any = None):
+def build_actor(
+    cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None, tokenizer: Any = None
+):
     """The GRPO actor; with `actor.kl_ctl > 0` also a reference model, a frozen copy of the
     initial policy (the KL penalty pulls towards where training started). `version`: the
     engine's weight version (servers that already served updates report theirs). `parallel`:
@@ -97,8 +115,15 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, p
     ref_model = None
     if actor_cfg.kl_ctl > 0:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel,
-                 compute_dtype=getattr(torch, cfg.model.dtype), tokenizer=tokenizer)
+    return Actor(
+        policy,
+        actor_cfg,
+        ref_model=ref_model,
+        version=version,
+        parallel=parallel,
+        compute_dtype=getattr(torch, cfg.model.dtype),
+        tokenizer=tokenizer,
+    )
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends
@@ -147,7 +172,9 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     )
 
     def settings() -> ProxySettings:
-        return ProxySettings(admin_api_key=admin_key, session_timeout=cfg.agent.session_timeout, completion=completion)
+        return ProxySettings(
+            admin_api_key=admin_key, session_timeout=cfg.agent.session_timeout, completion=completion
+        )
 
     app = create_app(engine, tokenizer, settings())
     eval_app = create_app(GreedyEngine(engine), tokenizer, settings())
@@ -159,7 +186,9 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
     return Proxy(app=app, server=server, admin_key=admin_key, eval_app=eval_app)
 
 
-def bind_session_judges(cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any) -> InferenceEngine | None:
+def bind_session_judges(
+    cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any
+) -> InferenceEngine | None:
     """Judges the agent holds with `engine="initial"` (`areal_nb.reward.judge`) get one engine of
     their own: a frozen copy of the initial policy, which no weight update reaches and whose calls
     never pass the proxy (so they are never recorded for training). None when no judge asks."""
@@ -169,8 +198,10 @@ def bind_session_judges(cfg: SessionConfig, agent: Any, policy: torch.nn.Module,
     if not judges:
         return None
     if cfg.engine.type != "local":
-        raise ValueError(f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
-                         f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead")
+        raise ValueError(
+            f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
+            f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead"
+        )
     frozen = copy.deepcopy(policy).eval().requires_grad_(False)
     engine = build_engine(cfg, frozen, tokenizer)
     for judge in judges:
@@ -186,9 +217,15 @@ def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:
     """
     from areal_nb.rollout.resolve import resolve_workflow
 
-    return resolve_workflow(cfg.agent.workflow, dict(cfg.agent.workflow_kwargs), group_size=1,
-                            proxy_addr=proxy.url, admin_api_key=proxy.admin_key,
-                            **_proxy_workflow_kwargs(cfg), **_in_process_kwargs(cfg, proxy.app, proxy.app))
+    return resolve_workflow(
+        cfg.agent.workflow,
+        dict(cfg.agent.workflow_kwargs),
+        group_size=1,
+        proxy_addr=proxy.url,
+        admin_api_key=proxy.admin_key,
+        **_proxy_workflow_kwargs(cfg),
+        **_in_process_kwargs(cfg, proxy.app, proxy.app),
+    )
 
 
 def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkflow) -> RolloutWorkflow:
@@ -199,16 +236,26 @@ def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkf
     if not isinstance(workflow, OpenAIProxyWorkflow):
         return workflow
     # In-process, requests to /eval/... are routed by the root app; sessions live in the twin.
-    return OpenAIProxyWorkflow(agent=workflow.agent, proxy_addr=proxy.eval_url, admin_api_key=proxy.admin_key,
-                               **_proxy_workflow_kwargs(cfg), **_in_process_kwargs(cfg, proxy.app, proxy.eval_app))
+    return OpenAIProxyWorkflow(
+        agent=workflow.agent,
+        proxy_addr=proxy.eval_url,
+        admin_api_key=proxy.admin_key,
+        **_proxy_workflow_kwargs(cfg),
+        **_in_process_kwargs(cfg, proxy.app, proxy.eval_app),
+    )
 
 
 def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
     # Every call is kept (individual export); the RolloutBatch applies the configured style later.
     # agent_timeout: the workflow times the agent's own run (a subproc pool's start-up is not on its clock)
-    return {"mode": cfg.agent.mode, "discount": cfg.agent.turn_discount, "export_style": "individual",
-            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers,
-            "agent_timeout": cfg.agent.agent_timeout}
+    return {
+        "mode": cfg.agent.mode,
+        "discount": cfg.agent.turn_discount,
+        "export_style": "individual",
+        "discount_mode": cfg.agent.discount_mode,
+        "subproc_max_workers": cfg.agent.subproc_max_workers,
+        "agent_timeout": cfg.agent.agent_timeout,
+    }
 
 
 def episode_timeout(cfg: SessionConfig, workflow: RolloutWorkflow) -> float | None:
@@ -231,7 +278,13 @@ def _in_process_kwargs(cfg: SessionConfig, asgi_app: Any, session_app: Any) -> d
 def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: InferenceEngine):
     from areal_nb.rollout.executor import RolloutExecutor
 
-    return RolloutExecutor(workflow, engine, group_size=cfg.rollout.group_size, batch_size=cfg.rollout.batch_size,
-                           max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
-                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=episode_timeout(cfg, workflow),
-                           switch_interval=cfg.rollout.gil_switch_interval)
+    return RolloutExecutor(
+        workflow,
+        engine,
+        group_size=cfg.rollout.group_size,
+        batch_size=cfg.rollout.batch_size,
+        max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
+        max_concurrent=cfg.rollout.max_concurrent_rollouts,
+        episode_timeout=episode_timeout(cfg, workflow),
+        switch_interval=cfg.rollout.gil_switch_interval,
+    )

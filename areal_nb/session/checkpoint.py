@@ -47,7 +47,7 @@ import yaml
 
 from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
-from areal_nb.errors import ArealError
+from areal_nb.errors import CheckpointError
 
 if TYPE_CHECKING:
     from .session import Session
@@ -62,21 +62,31 @@ STATE_KEYS = ("step_count", "version", "actor", "rng", "data_pos")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
 # The steps of a save, in order, each a function of this module (the fault tests fail each one)
-SAVE_STEPS = ("_write_data", "_write_model", "_write_tokenizer", "_write_config", "_write_state",
-              "_write_history", "_write_manifest", "_sync_tree", "_replace")
-
-
-class CheckpointError(ArealError, ValueError):
-    """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
-    file and what is wrong with it."""
+SAVE_STEPS = (
+    "_write_data",
+    "_write_model",
+    "_write_tokenizer",
+    "_write_config",
+    "_write_state",
+    "_write_history",
+    "_write_manifest",
+    "_sync_tree",
+    "_replace",
+)
 
 
 # ----------------------------------------------------------------------------- saving
 
 
-def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, Any] | None = None,
-                    ref_weights: dict[str, Any] | None = None, *, model_path: str | Path | None = None,
-                    config: SessionConfig | None = None) -> Path:
+def save_checkpoint(
+    session: Session,
+    path: str | Path,
+    actor_state: dict[str, Any] | None = None,
+    ref_weights: dict[str, Any] | None = None,
+    *,
+    model_path: str | Path | None = None,
+    config: SessionConfig | None = None,
+) -> Path:
     """Write the checkpoint folder (rank 0), replacing an earlier checkpoint at `path` only once
     the new one is complete. `actor_state` / `ref_weights`: the actor's full state and its KL
     reference's full weights when the caller already gathered them (under FSDP every rank takes
@@ -91,7 +101,9 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # (a user's path: permissions, a read-only filesystem, ...)
-        raise CheckpointError(f"cannot save a checkpoint at {final}: {e.strerror or e} ({final.parent})") from e
+        raise CheckpointError(
+            f"cannot save a checkpoint at {final}: {e.strerror or e} ({final.parent})"
+        ) from e
     actor_state = session.actor.state_dict() if actor_state is None else actor_state
     ref_weights = session.actor.ref_weights() if ref_weights is None else ref_weights
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.saving-", dir=final.parent))
@@ -126,9 +138,11 @@ def _check_target(final: Path) -> None:
         raise CheckpointError(f"cannot save a checkpoint at {final}: it exists and is not a folder")
     entries = sorted(p.name for p in final.iterdir())
     if entries and not ((final / MANIFEST).is_file() or (final / "state.pt").is_file()):
-        raise CheckpointError(f"cannot save a checkpoint at {final}: the folder holds files that are not a "
-                              f"checkpoint's ({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); "
-                              f"choose another path or empty it")
+        raise CheckpointError(
+            f"cannot save a checkpoint at {final}: the folder holds files that are not a "
+            f"checkpoint's ({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); "
+            f"choose another path or empty it"
+        )
 
 
 def _write_data(cfg: SessionConfig, tmp: Path, final: Path) -> None:
@@ -151,8 +165,9 @@ def _write_config(cfg: SessionConfig, tmp: Path) -> None:
     dump_config(cfg, tmp / "config.yaml")
 
 
-def _write_state(session: Session, actor_state: dict[str, Any], ref_weights: dict[str, Any] | None,
-                 tmp: Path) -> None:
+def _write_state(
+    session: Session, actor_state: dict[str, Any], ref_weights: dict[str, Any] | None, tmp: Path
+) -> None:
     engine = session.engine
     state = {
         "step_count": session.step_count,
@@ -172,9 +187,14 @@ def _write_history(session: Session, tmp: Path) -> None:
 
 
 def _write_manifest(tmp: Path) -> None:
-    files = {rel: {"size": (tmp / rel).stat().st_size, "sha256": _sha256(tmp / rel)}
-             for rel in _files_under(tmp) if rel != MANIFEST}
-    (tmp / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "version": 1, "files": files}, indent=1))
+    files = {
+        rel: {"size": (tmp / rel).stat().st_size, "sha256": _sha256(tmp / rel)}
+        for rel in _files_under(tmp)
+        if rel != MANIFEST
+    }
+    (tmp / MANIFEST).write_text(
+        json.dumps({"format": MANIFEST_FORMAT, "version": 1, "files": files}, indent=1)
+    )
 
 
 def _sync_tree(folder: Path) -> None:
@@ -285,14 +305,17 @@ def verify_checkpoint(path: str | Path, *, check_config: bool = True) -> dict[st
     that loads with a config of its own)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise CheckpointError(f"{folder} is not a Session checkpoint: "
-                              f"{'no such folder' if not folder.exists() else 'not a folder'}")
+        raise CheckpointError(
+            f"{folder} is not a Session checkpoint: "
+            f"{'no such folder' if not folder.exists() else 'not a folder'}"
+        )
     manifest = _read_manifest(folder)
     if manifest is None:
         raise CheckpointError(
             f"{folder / MANIFEST}: missing: this checkpoint has no list of its files' sizes and hashes (written by "
             f"an earlier areal_nb, or not a checkpoint), so damage to it cannot be detected. If you trust it, adopt "
-            f"it once: from areal_nb.session.checkpoint import adopt_checkpoint; adopt_checkpoint({str(folder)!r})")
+            f"it once: from areal_nb.session.checkpoint import adopt_checkpoint; adopt_checkpoint({str(folder)!r})"
+        )
     return _verify(folder, manifest, check_config)
 
 
@@ -341,8 +364,9 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{file}: not an areal_nb checkpoint manifest")
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
-            for v in files.values()):
+        isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+        for v in files.values()
+    ):
         raise CheckpointError(f"{file}: its file list is damaged (each entry needs a size and a sha256)")
     return manifest
 
@@ -365,8 +389,10 @@ def _check_manifest_files(folder: Path, manifest: dict[str, Any], skip: set[str]
             what = "truncated" if size < entry["size"] else "longer than saved"
             raise CheckpointError(f"{file}: {what}: {size} bytes, {MANIFEST} says {entry['size']}")
         if _sha256(file) != entry["sha256"]:
-            raise CheckpointError(f"{file}: its contents changed since it was saved (SHA-256 differs from "
-                                  f"{MANIFEST}): corrupted, or edited by hand")
+            raise CheckpointError(
+                f"{file}: its contents changed since it was saved (SHA-256 differs from "
+                f"{MANIFEST}): corrupted, or edited by hand"
+            )
 
 
 def _check_config(folder: Path) -> None:
@@ -412,8 +438,10 @@ def _check_model_folder(folder: Path) -> Any:
         raise CheckpointError(f"{folder}: its tokenizer does not load ({_one_line(e)})") from e
     vocab = getattr(model_config, "vocab_size", None)
     if not ids or (vocab is not None and any(i >= vocab for i in ids)):
-        raise CheckpointError(f"{folder}: its tokenizer ({len(tokenizer)} tokens) does not fit the model "
-                              f"(vocab_size {vocab}): it encodes text as {ids[:8]}")
+        raise CheckpointError(
+            f"{folder}: its tokenizer ({len(tokenizer)} tokens) does not fit the model "
+            f"(vocab_size {vocab}): it encodes text as {ids[:8]}"
+        )
     return model_config
 
 
@@ -426,18 +454,30 @@ def _expected_shapes(folder: Path, model_config: Any) -> dict[str, tuple[int, ..
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_config)
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{folder / 'config.json'}: no model can be built from it ({_one_line(e)})") from e
+        raise CheckpointError(
+            f"{folder / 'config.json'}: no model can be built from it ({_one_line(e)})"
+        ) from e
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
-def _check_tensors(file: Path, what: str, shapes: dict[str, tuple[int, ...]],
-                   expected: dict[str, tuple[int, ...]], *, tied_ok: bool) -> None:
+def _check_tensors(
+    file: Path,
+    what: str,
+    shapes: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    *,
+    tied_ok: bool,
+) -> None:
     for name, shape in shapes.items():
         if name not in expected:
-            raise CheckpointError(f"{file}: {what} {name!r} is not a tensor of the model in model/config.json")
+            raise CheckpointError(
+                f"{file}: {what} {name!r} is not a tensor of the model in model/config.json"
+            )
         if tuple(shape) != expected[name]:
-            raise CheckpointError(f"{file}: {what} {name!r} has shape {list(shape)}, model/config.json gives "
-                                  f"{list(expected[name])}")
+            raise CheckpointError(
+                f"{file}: {what} {name!r} has shape {list(shape)}, model/config.json gives "
+                f"{list(expected[name])}"
+            )
     missing = [n for n in expected if n not in shapes and not (tied_ok and n.endswith("lm_head.weight"))]
     if missing:
         raise CheckpointError(f"{file}: {len(missing)} {what}(s) of the model missing, e.g. {missing[0]!r}")
@@ -472,8 +512,11 @@ def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
         have = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{file}: not a Session state (needs {', '.join(STATE_KEYS)}; has {have})")
     actor = state["actor"]
-    if not isinstance(actor, dict) or not isinstance(actor.get("model"), dict) or not isinstance(
-            actor.get("optimizer"), dict):
+    if (
+        not isinstance(actor, dict)
+        or not isinstance(actor.get("model"), dict)
+        or not isinstance(actor.get("optimizer"), dict)
+    ):
         raise CheckpointError(f"{file}: its actor state has no model weights or optimizer state")
     weights = actor["model"]
     _check_tensors(file, "weight", {k: tuple(v.shape) for k, v in weights.items()}, expected, tied_ok=True)
@@ -483,7 +526,9 @@ def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
     _check_optimizer(file, actor["optimizer"], weights)
     ref = state.get("ref_model")
     if ref is not None:
-        _check_tensors(file, "reference weight", {k: tuple(v.shape) for k, v in ref.items()}, expected, tied_ok=True)
+        _check_tensors(
+            file, "reference weight", {k: tuple(v.shape) for k, v in ref.items()}, expected, tied_ok=True
+        )
     return state
 
 
@@ -502,13 +547,20 @@ def _check_optimizer(file: Path, optimizer: dict[str, Any], weights: dict[str, t
             params.append(tensor)
     indices = [i for group in groups for i in group.get("params", [])]
     if len(indices) != len(params):
-        raise CheckpointError(f"{file}: the optimizer state is for {len(indices)} parameters, the model has "
-                              f"{len(params)}")
+        raise CheckpointError(
+            f"{file}: the optimizer state is for {len(indices)} parameters, the model has {len(params)}"
+        )
     for position, index in enumerate(indices):
         for name, value in (moments.get(index) or {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != tuple(params[position].shape):
-                raise CheckpointError(f"{file}: optimizer {name} of parameter {index} has shape {list(value.shape)}, "
-                                      f"the parameter {list(params[position].shape)}")
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dim() > 0
+                and tuple(value.shape) != tuple(params[position].shape)
+            ):
+                raise CheckpointError(
+                    f"{file}: optimizer {name} of parameter {index} has shape {list(value.shape)}, "
+                    f"the parameter {list(params[position].shape)}"
+                )
 
 
 def _one_line(e: BaseException) -> str:

@@ -17,19 +17,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from areal_nb.errors import ArealError
+from areal_nb.errors import SessionBusyError, SessionClosedError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 CLOSED_MESSAGE = "this Session is closed; create a new one (or Session.load a checkpoint)"
-
-
-class SessionClosedError(ArealError, RuntimeError):
-    """Every method of a closed Session raises this (`close()` itself excepted)."""
-
-
-class SessionBusyError(ArealError, RuntimeError):
-    """A Session method was called from one thread while another thread's call was running."""
 
 
 class OneCallAtATime:
@@ -50,7 +42,8 @@ class OneCallAtATime:
                 raise SessionBusyError(
                     f"Session.{call}() was called from thread {threading.current_thread().name!r} while "
                     f"Session.{self._call}() runs in thread {self._owner_name!r}: a Session runs one call at a "
-                    f"time; wait for that call to return (or use one Session per thread)")
+                    f"time; wait for that call to return (or use one Session per thread)"
+                )
             if self._owner is None:
                 self._owner, self._owner_name, self._call = me, threading.current_thread().name, call
             self._depth += 1

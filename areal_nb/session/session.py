@@ -37,8 +37,8 @@ from . import builder
 from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
 from .data import DataStream, load_task_data
 from .dynamic_sampling import refill_informative
-from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
+from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
 from .metrics import create_metrics_sink
 from .parallel import RankChannel
 from .preflight import check_first_episode
@@ -81,8 +81,15 @@ class Session:
     (`CheckpointError` naming the file), and a load that fails after starting stops what it started.
     """
 
-    def __init__(self, config: SessionConfig | str | Path | dict | None = None, *, start: bool = True,
-                 dataset: Any = None, eval_dataset: Any = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: SessionConfig | str | Path | dict | None = None,
+        *,
+        start: bool = True,
+        dataset: Any = None,
+        eval_dataset: Any = None,
+        **overrides: Any,
+    ) -> None:
         flat = _flatten_overrides(overrides)
         for key, value in (("data.source", dataset), ("data.eval_source", eval_dataset)):
             if value is not None:
@@ -133,21 +140,31 @@ class Session:
             self._engine_log = EngineLog()
             self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
             builder.sync_engine_weights(cfg, policy, self.engine)
-            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version(), parallel=self._parallel,
-                                             tokenizer=self.tokenizer)
+            self.actor = builder.build_actor(
+                cfg,
+                policy,
+                version=self.engine.get_version(),
+                parallel=self._parallel,
+                tokenizer=self.tokenizer,
+            )
             self.version = self.actor.version
             self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
             self.workflow = builder.build_workflow(cfg, self._proxy)
             self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
-            self._judge_engine = builder.bind_session_judges(cfg, getattr(self.workflow, "agent", None), policy,
-                                                             self.tokenizer)
+            self._judge_engine = builder.bind_session_judges(
+                cfg, getattr(self.workflow, "agent", None), policy, self.tokenizer
+            )
             self.executor = self._runtime.call(self._make_executor())
             self.eval_problems = task_data.held_out
             self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
             self.executor.describe_row = self._describe_row
-            self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
-                                                project=cfg.experiment_name, config=_plain(self.config))
+            self._metrics = create_metrics_sink(
+                cfg.logging.backend,
+                run_dir=cfg.run_dir,
+                project=cfg.experiment_name,
+                config=_plain(self.config),
+            )
             if self._resume_state is not None:  # (Session.load) inside the guard: a failure stops all of it
                 restore(self, self._resume_state)
         except BaseException as e:
@@ -170,7 +187,9 @@ class Session:
         """Rank ≠ 0: only the actor, on this rank's device, then rank 0's weights and state."""
         builder.seed_everything(self.config.seed)
         self.tokenizer, policy = builder.build_policy(self.config)
-        self.actor = builder.build_actor(self.config, policy, parallel=self._parallel, tokenizer=self.tokenizer)
+        self.actor = builder.build_actor(
+            self.config, policy, parallel=self._parallel, tokenizer=self.tokenizer
+        )
         self._started = True
         _LIVE_SESSIONS.add(self)
         self._resume_state = None  # rank 0 restores the checkpoint and sends its state
@@ -191,11 +210,18 @@ class Session:
         # others built theirs from the saved policy, so every rank cuts its shards from the
         # checkpoint's full reference weights (replicas get rank 0's by broadcast_module below).
         ref_state = resumed.get("ref_model") if resumed is not None and actor.sharded else None
-        state = self._channel.send("start", {
-            "version": actor.version, "steps_done": actor.steps_done, "step_count": self.step_count,
-            "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
-            "ref_model": ref_state if actor.ref_model is not None else None,
-        } if self.rank == 0 else None)
+        state = self._channel.send(
+            "start",
+            {
+                "version": actor.version,
+                "steps_done": actor.steps_done,
+                "step_count": self.step_count,
+                "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
+                "ref_model": ref_state if actor.ref_model is not None else None,
+            }
+            if self.rank == 0
+            else None,
+        )
         if self.rank != 0 and state["ref_model"] is not None:
             actor.load_ref_weights(state["ref_model"])
         self._parallel.broadcast_module(actor.model)
@@ -304,17 +330,23 @@ class Session:
         batch = self._batch([ep for group in groups for ep in group])
         elapsed = time.perf_counter() - start
         accepted = [i for i, ep in enumerate(batch.episodes) if ep.accepted]
-        out_tokens = sum(c.model_response.output_len for i in accepted for c in batch.calls(i)
-                         if c.model_response is not None)
+        out_tokens = sum(
+            c.model_response.output_len
+            for i in accepted
+            for c in batch.calls(i)
+            if c.model_response is not None
+        )
         returns = [batch.episode_return(i) for i in accepted]
-        batch.stats.update({
-            "rollout_s": elapsed,
-            "episodes": len(batch.episodes),
-            "rejected": len(batch.rejected),
-            "reward_mean": sum(returns) / len(returns) if returns else float("nan"),
-            "generated_tokens": out_tokens,
-            "rollout_tokens_per_s": out_tokens / elapsed if elapsed > 0 else float("nan"),
-        })
+        batch.stats.update(
+            {
+                "rollout_s": elapsed,
+                "episodes": len(batch.episodes),
+                "rejected": len(batch.rejected),
+                "reward_mean": sum(returns) / len(returns) if returns else float("nan"),
+                "generated_tokens": out_tokens,
+                "rollout_tokens_per_s": out_tokens / elapsed if elapsed > 0 else float("nan"),
+            }
+        )
         self.last_batch = batch
         return batch
 
@@ -339,8 +371,11 @@ class Session:
             message = self._channel.send("train", message if self.rank == 0 else None)
         tensors = message["tensors"]
         self._in_train_step = True  # a failure from here on is inside the ranks' collectives
-        stats = dict(self.actor.train_step(tensors, tensors["group_ids"], credit=message["credit"],
-                                           inspect=message["inspect"]))
+        stats = dict(
+            self.actor.train_step(
+                tensors, tensors["group_ids"], credit=message["credit"], inspect=message["inspect"]
+            )
+        )
         self._in_train_step = False
         if message["inspect"]:
             self.last_inspection = self.actor.last_inspection
@@ -398,8 +433,9 @@ class Session:
             message = empty_batch_message(empty, self.data.source_index)
             if len(empty) >= MAX_EMPTY_BATCHES:
                 raise RolloutRejectedError(message)
-            logger.warning("%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1,
-                           MAX_EMPTY_BATCHES)
+            logger.warning(
+                "%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1, MAX_EMPTY_BATCHES
+            )
 
     @one_call
     def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
@@ -448,7 +484,9 @@ class Session:
                 if self._checkpoint_due():
                     self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
                 bar.update(1)
-                bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}")
+                bar.set_postfix(
+                    reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}"
+                )
         finally:
             bar.close()
             if cfg.rollout.prefetch and not self._closed:
@@ -457,8 +495,9 @@ class Session:
 
     # ------------------------------------------------------------------ evaluation
     @one_call
-    def evaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
-                 pass_k: int | None = None) -> EvalResult:
+    def evaluate(
+        self, n: int | None = None, *, problems: list[dict] | None = None, pass_k: int | None = None
+    ) -> EvalResult:
         """Greedy episodes of the configured agent on the held-out split (or on `problems`).
 
         The agent runs exactly as in training — same workflow, same engine and weights — except
@@ -475,8 +514,9 @@ class Session:
             return None
         return self._runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
 
-    async def aevaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
-                        pass_k: int | None = None) -> EvalResult:
+    async def aevaluate(
+        self, n: int | None = None, *, problems: list[dict] | None = None, pass_k: int | None = None
+    ) -> EvalResult:
         self._check_open()
         rows_name = "held-out row" if problems is None else "problems row"
         if problems is not None:  # any form a dataset may take (a DataFrame, a path, ...), checked like one
@@ -485,19 +525,31 @@ class Session:
                 check_rows(problems, name="problems", picklable=self.config.agent.mode == "subproc")
         problems = list(self.eval_problems if problems is None else problems)[: n or None]
         if not problems:
-            raise ValueError("evaluate() needs at least one problem: this dataset has no held-out rows; pass "
-                             "eval_dataset=..., set data.eval_fraction, or call evaluate(problems=rows)")
+            raise ValueError(
+                "evaluate() needs at least one problem: this dataset has no held-out rows; pass "
+                "eval_dataset=..., set data.eval_fraction, or call evaluate(problems=rows)"
+            )
         if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
             raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
-        limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
-                      episode_timeout=builder.episode_timeout(self.config, self._eval_workflow),
-                      switch_interval=self.config.rollout.gil_switch_interval)
-        result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems,
-                                                                 rows_name=rows_name, **limits)))
+        limits = dict(
+            max_concurrent=self.config.rollout.max_concurrent_rollouts,
+            episode_timeout=builder.episode_timeout(self.config, self._eval_workflow),
+            switch_interval=self.config.rollout.gil_switch_interval,
+        )
+        result = summarize(
+            self._batch(
+                await run_greedy_episodes(
+                    self._eval_workflow, self.engine, problems, rows_name=rows_name, **limits
+                )
+            )
+        )
         if pass_k is None:
             return result
-        samples = self._batch(await run_episodes(self.workflow, self.engine, problems, group_size=pass_k,
-                                                 rows_name=rows_name, **limits))
+        samples = self._batch(
+            await run_episodes(
+                self.workflow, self.engine, problems, group_size=pass_k, rows_name=rows_name, **limits
+            )
+        )
         return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
 
     # ------------------------------------------------------------------ checkpoints
@@ -528,14 +580,19 @@ class Session:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path, *, config: SessionConfig | str | Path | None = None,
-             **overrides: Any) -> Session:
+    def load(
+        cls, path: str | Path, *, config: SessionConfig | str | Path | None = None, **overrides: Any
+    ) -> Session:
         """A Session that continues the saved run; `config` replaces the saved config.yaml
         (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
         state and sends it to the other ranks."""
         # every file checked before anything starts (CheckpointError naming the file)
         state = read_checkpoint(path, check_config=config is None) if distributed.env_rank() == 0 else None
-        if config is None and (Path(path) / "model").is_dir() and "model.path" not in _flatten_overrides(overrides):
+        if (
+            config is None
+            and (Path(path) / "model").is_dir()
+            and "model.path" not in _flatten_overrides(overrides)
+        ):
             # the saved config.yaml names the model folder by the absolute path it was written at,
             # which is gone once the checkpoint is moved or copied (an exported run's folder, a
             # job's result brought back from the cluster): the folder beside it is that model
@@ -546,8 +603,9 @@ class Session:
 
     # ------------------------------------------------------------------ export
     @one_call
-    def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False,
-               **overrides: Any) -> Path:
+    def export(
+        self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False, **overrides: Any
+    ) -> Path:
         """Write a run folder that continues this run as a batch job: config.yaml (every override
         applied), train.py, the agent (its import path, or agent.py with its source taken from
         the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
@@ -565,8 +623,11 @@ class Session:
         gathered = None
         if checkpoint and self._channel is not None:
             gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
-        return self._written_by_rank_0(lambda: export_run(path, config, session=self, checkpoint=checkpoint,
-                                                          overwrite=overwrite, gathered=gathered))
+        return self._written_by_rank_0(
+            lambda: export_run(
+                path, config, session=self, checkpoint=checkpoint, overwrite=overwrite, gathered=gathered
+            )
+        )
 
     # ------------------------------------------------------------------ widgets
     @one_call
@@ -579,8 +640,10 @@ class Session:
     def __repr__(self) -> str:
         status = "closed" if self._closed else ("running" if self._started else "not started")
         url = self._proxy.url if self._proxy is not None else None
-        return (f"Session({status}, model={self.config.model.path!r}, step={self.step_count}, "
-                f"version={self.version}, proxy={url!r})")
+        return (
+            f"Session({status}, model={self.config.model.path!r}, step={self.step_count}, "
+            f"version={self.version}, proxy={url!r})"
+        )
 
     # ------------------------------------------------------------------ plumbing
     def _checkpoint_due(self) -> bool:
@@ -599,7 +662,9 @@ class Session:
             return
         first = self.data.first_row()
         index = self.data.source_index(first)
-        await check_first_episode(self._eval_workflow, self.engine, first, row_index=0 if index is None else index)
+        await check_first_episode(
+            self._eval_workflow, self.engine, first, row_index=0 if index is None else index
+        )
         self._first_episode_checked = True
 
     def _describe_row(self, row: dict) -> str | None:
@@ -627,8 +692,13 @@ class Session:
                     workflow.close()
             except Exception as e:
                 logger.warning("closing the workflow failed: %s", e)
-        for name, stop in (("_metrics", "close"), ("_proxy", "stop"), ("engine", "close"), ("_judge_engine", "close"),
-                           ("_runtime", "close")):
+        for name, stop in (
+            ("_metrics", "close"),
+            ("_proxy", "stop"),
+            ("engine", "close"),
+            ("_judge_engine", "close"),
+            ("_runtime", "close"),
+        ):
             part = getattr(self, name, None)
             if part is not None:
                 try:
@@ -644,9 +714,16 @@ class Session:
 
     def _batch(self, episodes: list) -> RolloutBatch:
         agent = self.config.agent
-        return RolloutBatch(episodes, style=agent.export_style, discount=agent.turn_discount,
-                            discount_mode=agent.discount_mode, version=self.engine.get_version(),
-                            tokenizer=self.tokenizer, credit=self.config.actor.credit, viewer=view_batch)
+        return RolloutBatch(
+            episodes,
+            style=agent.export_style,
+            discount=agent.turn_discount,
+            discount_mode=agent.discount_mode,
+            version=self.engine.get_version(),
+            tokenizer=self.tokenizer,
+            credit=self.config.actor.credit,
+            viewer=view_batch,
+        )
 
     def _after_step(self, row: dict[str, Any]) -> None:
         self._log_metrics(row["step"], row)
@@ -693,8 +770,10 @@ def uncorrected_staleness_note(cfg: SessionConfig) -> str | None:
     rollout = cfg.rollout
     if not rollout.prefetch or rollout.max_head_offpolicyness == 0 or cfg.actor.use_decoupled_loss:
         return None
-    return (f"run() generates rollouts up to rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} "
-            "versions ahead of training (rollout.prefetch), and actor.use_decoupled_loss is off: those tokens "
-            "train with plain PPO, uncorrected for the older policy that sampled them (on the demo config this "
-            "made held-out accuracy fall). Set actor.use_decoupled_loss=true (the behaviour-weighted loss), or "
-            "rollout.prefetch=false / rollout.max_head_offpolicyness=0 to train on-policy")
+    return (
+        f"run() generates rollouts up to rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} "
+        "versions ahead of training (rollout.prefetch), and actor.use_decoupled_loss is off: those tokens "
+        "train with plain PPO, uncorrected for the older policy that sampled them (on the demo config this "
+        "made held-out accuracy fall). Set actor.use_decoupled_loss=true (the behaviour-weighted loss), or "
+        "rollout.prefetch=false / rollout.max_head_offpolicyness=0 to train on-policy"
+    )

@@ -147,8 +147,13 @@ class Actor:
         )
         if self.device.type == "cuda":  # refuse a config that cannot fit before the first step, not in it
             free, _ = torch.cuda.mem_get_info(self.device)
-            check_train_memory(model, self.cfg, self.compute_dtype, free,
-                               shards=parallel.world_size if self.sharded and parallel is not None else 1)
+            check_train_memory(
+                model,
+                self.cfg,
+                self.compute_dtype,
+                free,
+                shards=parallel.world_size if self.sharded and parallel is not None else 1,
+            )
 
     @property
     def device(self) -> torch.device:
@@ -156,7 +161,10 @@ class Actor:
 
     # ---------------------------------------------------------------- one step
     def train_step(
-        self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None = None, credit: CreditMode | None = None,
+        self,
+        batch: dict[str, Any],
+        group_ids: Tensor | Sequence[Any] | None = None,
+        credit: CreditMode | None = None,
         inspect: bool = False,
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
@@ -178,12 +186,14 @@ class Actor:
         lr = self._set_learning_rate()
         policies = self._policies_before_update(step)
         adv, kl_stats = self._advantages(step, policies.old, credit)
-        update = self._update(step, adv["advantages"], policies, InspectionCollector(step.input_ids.shape)
-                              if inspect else None)
+        update = self._update(
+            step, adv["advantages"], policies, InspectionCollector(step.input_ids.shape) if inspect else None
+        )
         out = self._step_stats(step, adv, update, policies, kl_stats, lr, time.perf_counter() - start)
         if update.collector is not None:
-            self.last_inspection = self._inspection(update.collector, step.batch, step.mask, policies.old,
-                                                    policies.prox, out)
+            self.last_inspection = self._inspection(
+                update.collector, step.batch, step.mask, policies.old, policies.prox, out
+            )
         self.version += 1
         self.steps_done += 1
         return out
@@ -195,7 +205,9 @@ class Actor:
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
         n_rows = input_ids.shape[0]
         if n_rows < self.cfg.ppo_n_minibatches:
-            raise ValueError(f"batch has {n_rows} rows, fewer than ppo_n_minibatches={self.cfg.ppo_n_minibatches}")
+            raise ValueError(
+                f"batch has {n_rows} rows, fewer than ppo_n_minibatches={self.cfg.ppo_n_minibatches}"
+            )
         if group_ids is None:
             group_ids = batch.get("group_ids")
         pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
@@ -204,9 +216,15 @@ class Actor:
             # π_behave: the recorded log-probs under the distribution each token was sampled from
             engine_logprobs, allowed = batch["sampling_logprobs"].float(), self._allowed_sets(batch)
         return _StepBatch(
-            batch=batch, input_ids=input_ids, attention=attention, mask=batch["loss_mask"].bool() & attention,
-            engine_logprobs=engine_logprobs, group_ids=group_ids, pack_ids=pack_ids,
-            lengths=attention.sum(1), allowed=allowed,
+            batch=batch,
+            input_ids=input_ids,
+            attention=attention,
+            mask=batch["loss_mask"].bool() & attention,
+            engine_logprobs=engine_logprobs,
+            group_ids=group_ids,
+            pack_ids=pack_ids,
+            lengths=attention.sum(1),
+            allowed=allowed,
         )
 
     def _allowed_sets(self, batch: dict[str, Any]) -> dict[int, tuple[Tensor, Tensor]]:
@@ -218,7 +236,9 @@ class Actor:
             positions, sets = [], []
             for span in spans:
                 if span.masks.constraint is not None and self.tokenizer is None:
-                    raise ValueError("replaying a recorded grammar needs the tokenizer: Actor(..., tokenizer=...)")
+                    raise ValueError(
+                        "replaying a recorded grammar needs the tokenizer: Actor(..., tokenizer=...)"
+                    )
                 allowed = span.masks.allowed(span.tokens, self.tokenizer, vocab)
                 for i, pos in span.positions(masked.shape[1]):
                     if bool(masked[row, pos]):
@@ -250,7 +270,9 @@ class Actor:
             logger.warning(
                 "the %s learning-rate schedule reached 0 after lr_decay_steps=%d train steps: further "
                 "steps do not change the weights (raise total_steps / actor.lr_decay_steps, or set "
-                "actor.min_lr_ratio > 0)", cfg.lr_schedule, cfg.lr_decay_steps,
+                "actor.min_lr_ratio > 0)",
+                cfg.lr_schedule,
+                cfg.lr_decay_steps,
             )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -274,8 +296,9 @@ class Actor:
         old = step.engine_logprobs if engine_as_old or skipped else prox
         return _Policies(old=old, prox=prox, recompute_skipped=skipped, engine_as_old=engine_as_old)
 
-    def _advantages(self, step: _StepBatch, old_logprobs: Tensor,
-                    credit: CreditMode | None) -> tuple[dict[str, Tensor], dict[str, float]]:
+    def _advantages(
+        self, step: _StepBatch, old_logprobs: Tensor, credit: CreditMode | None
+    ) -> tuple[dict[str, Tensor], dict[str, float]]:
         """Per-token advantages (with the KL penalty's reference log-probs when `kl_ctl > 0`)."""
         cfg = self.cfg
         adv_inputs = dict(step.batch, old_logprobs=old_logprobs)
@@ -291,27 +314,39 @@ class Actor:
             kl_stats["kl_ref"] = float(kl[step.mask].mean())
         return adv, kl_stats
 
-    def _update(self, step: _StepBatch, advantages: Tensor, policies: _Policies,
-                collector: InspectionCollector | None) -> _UpdateResult:
+    def _update(
+        self, step: _StepBatch, advantages: Tensor, policies: _Policies, collector: InspectionCollector | None
+    ) -> _UpdateResult:
         """`ppo_n_minibatches` optimizer steps, each on the gradients summed over its micro-batches."""
         result = _UpdateResult(collector=collector)
-        minibatches = torch.arange(step.n_rows, device=step.input_ids.device).tensor_split(self.cfg.ppo_n_minibatches)
+        minibatches = torch.arange(step.n_rows, device=step.input_ids.device).tensor_split(
+            self.cfg.ppo_n_minibatches
+        )
         for minibatch, rows in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            result.minibatch_losses.append(self._accumulate_gradients(step, rows, minibatch, advantages, policies,
-                                                                      result))
+            result.minibatch_losses.append(
+                self._accumulate_gradients(step, rows, minibatch, advantages, policies, result)
+            )
             result.grad_norms.append(self._clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)
         if self.parallel is not None:  # every rank reports the whole batch's figures
             result.loss_stats, result.minibatch_losses, result.trained_positions = _gather_step(
-                self.parallel, result.loss_stats, result.minibatch_losses, result.trained_positions, collector)
+                self.parallel, result.loss_stats, result.minibatch_losses, result.trained_positions, collector
+            )
             if policies.recompute_skipped:
                 assert policies.prox is not None
                 self.parallel.sum_(policies.prox)  # each rank filled its own rows
         return result
 
-    def _accumulate_gradients(self, step: _StepBatch, rows: Tensor, minibatch: int, advantages: Tensor,
-                              policies: _Policies, result: _UpdateResult) -> float:
+    def _accumulate_gradients(
+        self,
+        step: _StepBatch,
+        rows: Tensor,
+        minibatch: int,
+        advantages: Tensor,
+        policies: _Policies,
+        result: _UpdateResult,
+    ) -> float:
         """Forward and backward of this process's micro-batches of `rows`; returns their loss.
 
         Every micro-batch divides by the minibatch's divisor (token_mean: its token count), so
@@ -330,8 +365,11 @@ class Actor:
             # read only on the loss mask (loss, advantages, KL, stats and inspection are masked),
             # so the packed forward runs the LM head there only.
             logprobs, entropy, positions = self._row_logprobs(
-                self.model, step.input_ids[micro, cols], step.attention[micro, cols],
-                None if step.pack_ids is None else step.pack_ids[micro], step.mask[micro, cols],
+                self.model,
+                step.input_ids[micro, cols],
+                step.attention[micro, cols],
+                None if step.pack_ids is None else step.pack_ids[micro],
+                step.mask[micro, cols],
                 self._micro_allowed(step, micro, cols.stop),
             )
             result.trained_positions += positions
@@ -344,9 +382,15 @@ class Actor:
             # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
             # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
             terms, _ = variant_loss_terms(
-                cfg, logprobs, old, advantages[micro, cols], step.mask[micro, cols],
-                None if policies.prox is None else policies.prox[micro, cols], step.engine_logprobs[micro, cols],
-                entropy, normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
+                cfg,
+                logprobs,
+                old,
+                advantages[micro, cols],
+                step.mask[micro, cols],
+                None if policies.prox is None else policies.prox[micro, cols],
+                step.engine_logprobs[micro, cols],
+                entropy,
+                normalizer if isinstance(normalizer, int) else normalizer[micro, cols],
             )
             if result.collector is not None:
                 result.collector.add(micro, cols.stop, minibatch, logprobs, terms)
@@ -370,8 +414,16 @@ class Actor:
             self.grad_scaler.update()
         return float(full_state_dict(norm))
 
-    def _step_stats(self, step: _StepBatch, adv: dict[str, Tensor], update: _UpdateResult, policies: _Policies,
-                    kl_stats: dict[str, float], lr: float, elapsed: float) -> dict[str, float]:
+    def _step_stats(
+        self,
+        step: _StepBatch,
+        adv: dict[str, Tensor],
+        update: _UpdateResult,
+        policies: _Policies,
+        kl_stats: dict[str, float],
+        lr: float,
+        elapsed: float,
+    ) -> dict[str, float]:
         cfg = self.cfg
         mask = step.mask
         out = {
@@ -404,11 +456,18 @@ class Actor:
         through the sharded model, as many as every other rank (some empty)."""
         cfg = self.cfg
         if self.parallel is None:
-            return split_micro_batches(rows, step.lengths, cfg.micro_batch_size, cfg.max_tokens_per_microbatch)
+            return split_micro_batches(
+                rows, step.lengths, cfg.micro_batch_size, cfg.max_tokens_per_microbatch
+            )
         same_count = self.sharded  # (the policy and the reference alike)
-        return self.parallel.micro_batches(rows, step.lengths, cfg.micro_batch_size, same_count=same_count,
-                                           pack_ids=step.pack_ids if same_count and cfg.pack else None,
-                                           max_tokens=cfg.max_tokens_per_microbatch)
+        return self.parallel.micro_batches(
+            rows,
+            step.lengths,
+            cfg.micro_batch_size,
+            same_count=same_count,
+            pack_ids=step.pack_ids if same_count and cfg.pack else None,
+            max_tokens=cfg.max_tokens_per_microbatch,
+        )
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
@@ -422,16 +481,26 @@ class Actor:
         )
 
     def _row_logprobs(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
-        needed: Tensor | None = None, allowed: tuple[Tensor, Tensor] | None = None,
+        self,
+        model: torch.nn.Module,
+        input_ids: Tensor,
+        attention: Tensor,
+        pack_ids: Tensor | None,
+        needed: Tensor | None = None,
+        allowed: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """`_forward_logprobs` in the compute dtype (autocast; under FSDP its policy casts)."""
         with autocast(self.device, None if self.sharded else self.compute_dtype):
             return self._forward_logprobs(model, input_ids, attention, pack_ids, needed, allowed)
 
     def _forward_logprobs(
-        self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
-        needed: Tensor | None = None, allowed: tuple[Tensor, Tensor] | None = None,
+        self,
+        model: torch.nn.Module,
+        input_ids: Tensor,
+        attention: Tensor,
+        pack_ids: Tensor | None,
+        needed: Tensor | None = None,
+        allowed: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
         id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
@@ -442,26 +511,51 @@ class Actor:
             flat = self.cfg.tree_attention and supports_tree_attention(model)
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
             logprobs, entropy = packed_token_logprobs_and_entropy(
-                model, packed, self.cfg.temperature, positions=needed,
-                last_layer_at_heads=self.cfg.last_layer_at_heads, chunk=self.cfg.logprob_chunk_size)
+                model,
+                packed,
+                self.cfg.temperature,
+                positions=needed,
+                last_layer_at_heads=self.cfg.last_layer_at_heads,
+                chunk=self.cfg.logprob_chunk_size,
+            )
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
-        logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature,
-                                                               chunk=self.cfg.logprob_chunk_size, allowed=allowed)
+        logprobs, entropy = compute_token_logprobs_and_entropy(
+            model,
+            input_ids,
+            attention,
+            self.cfg.temperature,
+            chunk=self.cfg.logprob_chunk_size,
+            allowed=allowed,
+        )
         return logprobs, entropy, input_ids.numel()
 
-    def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,
-                    prox_logprobs: Tensor | None, stats: dict[str, float]) -> LossInspection:
+    def _inspection(
+        self,
+        collector: InspectionCollector,
+        batch: dict[str, Any],
+        mask: Tensor,
+        old_logprobs: Tensor,
+        prox_logprobs: Tensor | None,
+        stats: dict[str, float],
+    ) -> LossInspection:
         cfg = self.cfg
         turn_ids = batch.get("turn_ids")
         return LossInspection(
-            input_ids=batch["input_ids"].cpu(), attention_mask=batch["attention_mask"].cpu(), loss_mask=mask.cpu(),
-            turn_ids=None if turn_ids is None else turn_ids.cpu(), old_logprobs=old_logprobs.float().cpu(),
+            input_ids=batch["input_ids"].cpu(),
+            attention_mask=batch["attention_mask"].cpu(),
+            loss_mask=mask.cpu(),
+            turn_ids=None if turn_ids is None else turn_ids.cpu(),
+            old_logprobs=old_logprobs.float().cpu(),
             prox_logprobs=None if prox_logprobs is None else prox_logprobs.cpu(),
-            rewards=batch["rewards"].float().cpu(), minibatch=collector.minibatch, eps_clip=cfg.eps_clip,
+            rewards=batch["rewards"].float().cpu(),
+            minibatch=collector.minibatch,
+            eps_clip=cfg.eps_clip,
             eps_clip_higher=cfg.eps_clip_higher,
             behave_imp_weight_cap=cfg.behave_imp_weight_cap if cfg.use_decoupled_loss else None,
-            version=self.version, stats=dict(stats), **collector.tensors,
+            version=self.version,
+            stats=dict(stats),
+            **collector.tensors,
         )
 
     @torch.no_grad()
@@ -477,8 +571,12 @@ class Actor:
                 continue
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
-                model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro],
-                step.mask[micro, :width], self._micro_allowed(step, micro, width),
+                model,
+                input_ids[micro, :width],
+                attention[micro, :width],
+                None if pack_ids is None else pack_ids[micro],
+                step.mask[micro, :width],
+                self._micro_allowed(step, micro, width),
             )[0]
         if self.parallel is not None:
             self.parallel.sum_(out)
@@ -533,8 +631,9 @@ class Actor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s full tensors; sharded, each rank keeps its own shards (no
         communication)."""
-        self.model.load_state_dict(shard_like(state["model"], self.model.state_dict()) if self.sharded
-                                   else state["model"])
+        self.model.load_state_dict(
+            shard_like(state["model"], self.model.state_dict()) if self.sharded else state["model"]
+        )
         self.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))
@@ -551,13 +650,23 @@ class Actor:
         communication)."""
         if self.ref_model is None:
             raise ValueError("this Actor has no reference model (actor.kl_ctl is 0)")
-        self.ref_model.load_state_dict(shard_like(state, self.ref_model.state_dict()) if self.sharded else state)
+        self.ref_model.load_state_dict(
+            shard_like(state, self.ref_model.state_dict()) if self.sharded else state
+        )
 
     def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
         """The optimizer's full state (a checkpoint's, or rank 0's), cut to this rank's shards."""
         if self.sharded:  # Adam's moments are shaped like their parameters: shard them alike
-            state = {**state, "state": {i: {k: shard_like(v, self.params[i]) if _shaped_like(v, self.params[i]) else v
-                                            for k, v in moments.items()} for i, moments in state["state"].items()}}
+            state = {
+                **state,
+                "state": {
+                    i: {
+                        k: shard_like(v, self.params[i]) if _shaped_like(v, self.params[i]) else v
+                        for k, v in moments.items()
+                    }
+                    for i, moments in state["state"].items()
+                },
+            }
         self.optimizer.load_state_dict(state)
 
 
@@ -566,7 +675,10 @@ def _shaped_like(value: Any, param: Tensor) -> bool:
 
 
 def _gather_step(
-    parallel: DataParallel, loss_stats: list[dict[str, float]], minibatch_losses: list[float], positions: int,
+    parallel: DataParallel,
+    loss_stats: list[dict[str, float]],
+    minibatch_losses: list[float],
+    positions: int,
     collector: InspectionCollector | None,
 ) -> tuple[list[dict[str, float]], list[float], int]:
     """The whole step's figures from every rank's share: micro-batch stats, minibatch losses
@@ -586,7 +698,15 @@ def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         raise ValueError(f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)")
     out = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
     shape = out["input_ids"].shape
-    for key in ("attention_mask", "loss_mask", "logprobs", "versions", "ref_logprobs", "turn_ids", "turn_returns"):
+    for key in (
+        "attention_mask",
+        "loss_mask",
+        "logprobs",
+        "versions",
+        "ref_logprobs",
+        "turn_ids",
+        "turn_returns",
+    ):
         if key in out and out[key].shape != shape:
             raise ValueError(f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}")
     if out["rewards"].numel() != shape[0]:

@@ -161,7 +161,10 @@ class GRPOConfig:
                 self.lr_decay_steps is None or self.lr_decay_steps >= 1,
                 f"lr_decay_steps must be >= 1 or None, got {self.lr_decay_steps}",
             ),
-            (self.parallel in PARALLEL_MODES, f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}"),
+            (
+                self.parallel in PARALLEL_MODES,
+                f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}",
+            ),
             (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
         ]
         for ok, message in checks:
@@ -180,7 +183,9 @@ class GRPOConfig:
         if self.lr_schedule == "constant":
             return self.lr
         if self.lr_decay_steps is None:
-            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs lr_decay_steps (the run's length in steps)")
+            raise ValueError(
+                f"lr_schedule={self.lr_schedule!r} needs lr_decay_steps (the run's length in steps)"
+            )
         span = max(self.lr_decay_steps - self.lr_warmup_steps, 1)
         progress = min((step - self.lr_warmup_steps) / span, 1.0)
         if self.lr_schedule == "linear":

@@ -93,7 +93,9 @@ class DataParallel:
 
     def _broadcast_tensor(self, tensor: Tensor) -> None:
         if isinstance(tensor, DTensor):  # FSDP: rank 0's full tensor, scattered as shards
-            shard = distribute_tensor(tensor.full_tensor(), tensor.device_mesh, tensor.placements, src_data_rank=0)
+            shard = distribute_tensor(
+                tensor.full_tensor(), tensor.device_mesh, tensor.placements, src_data_rank=0
+            )
             tensor.to_local().copy_(shard.to_local())
             return
         moved = tensor.data.to(self.device)
@@ -107,13 +109,21 @@ class DataParallel:
         the rows' token `lengths`. Uneven counts are fine; a rank may get none."""
         return shard_rows(rows, lengths, self.rank, self.world_size)
 
-    def micro_batches(self, rows: Tensor, lengths: Tensor, size: int | None, same_count: bool = False,
-                      pack_ids: Tensor | None = None, max_tokens: int | None = None) -> list[Tensor]:
+    def micro_batches(
+        self,
+        rows: Tensor,
+        lengths: Tensor,
+        size: int | None,
+        same_count: bool = False,
+        pack_ids: Tensor | None = None,
+        max_tokens: int | None = None,
+    ) -> list[Tensor]:
         """This rank's share of `rows` in micro-batches of at most `size` rows (None: any) and
         `max_tokens` tokens (None: any; `microbatch.py`). `same_count`
         (FSDP): padded with empty micro-batches to the most any rank has; every rank computes
         every share (`shard_rows` is deterministic), so no communication is needed. `pack_ids`:
         micro-batches split further to one pack id each (packed: one trie, one forward each)."""
+
         def split(share: Tensor) -> list[Tensor]:
             micros = split_micro_batches(share, lengths, size, max_tokens)
             if pack_ids is not None:
@@ -122,7 +132,9 @@ class DataParallel:
 
         mine = split(self.shard_rows(rows, lengths))
         if same_count:
-            most = max(len(split(shard_rows(rows, lengths, r, self.world_size))) for r in range(self.world_size))
+            most = max(
+                len(split(shard_rows(rows, lengths, r, self.world_size))) for r in range(self.world_size)
+            )
             mine += [rows[:0]] * (most - len(mine))
         return mine
 
@@ -148,7 +160,9 @@ class DataParallel:
             offset += n
 
 
-def fully_shard_model(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype | None = None) -> None:
+def fully_shard_model(
+    model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype | None = None
+) -> None:
     """FSDP2 on a Hugging Face decoder: each layer of `model.model.layers`, then the root
     (embeddings, final norm, head). Gradients are summed, not averaged, over the ranks: the loss
     is already divided by the global token count (as for DDP above).
@@ -164,13 +178,20 @@ def fully_shard_model(model: torch.nn.Module, frozen: bool = False, compute_dtyp
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none")
+        raise ValueError(
+            f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none"
+        )
     units = [*layers, model]  # inner units first: the root's unit holds what is left
     mixed = compute_dtype is not None and compute_dtype != torch.float32 and not frozen
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if mixed \
+    policy = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if mixed
         else MixedPrecisionPolicy()
+    )
     for unit in units:
-        fully_shard(unit, reshard_after_forward=True if frozen else None, mp_policy=policy)  # (None: FSDP's default)
+        fully_shard(
+            unit, reshard_after_forward=True if frozen else None, mp_policy=policy
+        )  # (None: FSDP's default)
     if frozen:  # no gradients to reduce
         return
     for unit in units:  # a plain SUM (gloo has no pre-multiplied sum)
@@ -222,8 +243,10 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
         return None
     missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing and not dist.is_initialized():
-        raise RuntimeError(f"WORLD_SIZE={world_size} but {missing} are not set: start the job with torchrun "
-                           f"(torchrun --nproc-per-node {world_size} train.py)")
+        raise RuntimeError(
+            f"WORLD_SIZE={world_size} but {missing} are not set: start the job with torchrun "
+            f"(torchrun --nproc-per-node {world_size} train.py)"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -231,11 +254,15 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
         torch.cuda.set_device(device)  # "cuda" now means this rank's GPU (the model goes there)
     if not dist.is_initialized():
         timeout = float(os.environ.get(TIMEOUT_ENV, timeout_s or DEFAULT_TIMEOUT_S))
-        dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout)
+        )
         atexit.register(_destroy_group)
         logger.info("rank %d/%d joined the %s process group", dist.get_rank(), world_size, dist.get_backend())
     if dist.get_world_size() != world_size:
-        raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world_size}")
+        raise RuntimeError(
+            f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world_size}"
+        )
     return DataParallel(rank=dist.get_rank(), world_size=world_size, device=device)
 
 

@@ -39,8 +39,14 @@ def supports_head_forward(model: torch.nn.Module) -> bool:
     if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
     attention = inner.layers[-1].self_attn
-    return hasattr(model, "lm_head") and not hasattr(attention, "q_norm") and all(
-        hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
+    return (
+        hasattr(model, "lm_head")
+        and not hasattr(attention, "q_norm")
+        and all(
+            hasattr(attention, name)
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+        )
+    )
 
 
 def is_fsdp(model: torch.nn.Module) -> bool:
@@ -51,16 +57,28 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def head_logits(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, plan: TreePlan, heads: Tensor,
-                head_plan: TreePlan) -> Tensor:
+def head_logits(
+    model: torch.nn.Module,
+    tokens: Tensor,
+    position_ids: Tensor,
+    plan: TreePlan,
+    heads: Tensor,
+    head_plan: TreePlan,
+) -> Tensor:
     """Logits `[len(heads), V]` at nodes `heads` of the flat trie `tokens` / `position_ids` `[T]`:
     every layer but the last over all nodes with `plan`, the last one's queries at the heads only
     (`head_plan`: `plan_tree_attention(..., queries=heads)`). Run inside `tree_attention(model)`."""
     return model.lm_head(head_hidden(model, tokens, position_ids, plan, heads, head_plan))
 
 
-def head_hidden(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, plan: TreePlan, heads: Tensor,
-                head_plan: TreePlan) -> Tensor:
+def head_hidden(
+    model: torch.nn.Module,
+    tokens: Tensor,
+    position_ids: Tensor,
+    plan: TreePlan,
+    heads: Tensor,
+    head_plan: TreePlan,
+) -> Tensor:
     """The final (normed) hidden states `[len(heads), D]` that `head_logits` projects."""
     inner = model.model
     hidden = inner.embed_tokens(tokens[None])  # [1, T, D]
@@ -68,14 +86,16 @@ def head_hidden(model: torch.nn.Module, tokens: Tensor, position_ids: Tensor, pl
     cos_sin = inner.rotary_emb(hidden, positions)
     *layers, last = inner.layers[: model.config.num_hidden_layers]
     for layer in layers:  # the model's own layers, attention through the tree plan
-        hidden = layer(hidden, attention_mask=plan, position_ids=positions, position_embeddings=cos_sin,
-                       use_cache=False)
+        hidden = layer(
+            hidden, attention_mask=plan, position_ids=positions, position_embeddings=cos_sin, use_cache=False
+        )
     hidden = _last_layer_at(last, hidden, cos_sin, heads, head_plan)  # [1, Q, D]
     return inner.norm(hidden)[0]
 
 
-def _last_layer_at(layer: torch.nn.Module, hidden: Tensor, cos_sin: tuple[Tensor, Tensor], heads: Tensor,
-                   head_plan: TreePlan) -> Tensor:
+def _last_layer_at(
+    layer: torch.nn.Module, hidden: Tensor, cos_sin: tuple[Tensor, Tensor], heads: Tensor, head_plan: TreePlan
+) -> Tensor:
     """The decoder layer's output at `heads` only: keys and values of all nodes, the rest at the
     heads (the layer's own modules and its model's rotary function, in the layer's order)."""
     attention = layer.self_attn

@@ -47,8 +47,12 @@ def compute_token_logprobs(
 
 
 def compute_token_logprobs_and_entropy(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, temperature: float = 1.0,
-    chunk: int = 0, allowed: tuple[Tensor, Tensor] | None = None,
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk: int = 0,
+    allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Like `compute_token_logprobs`, plus the entropy of the predictive distribution at each token.
 
@@ -65,14 +69,22 @@ def compute_token_logprobs_and_entropy(
     return logprobs, entropy
 
 
-def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, temperature: float,
-             chunk: int, allowed: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+def _chunked(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    temperature: float,
+    chunk: int,
+    allowed: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     head = split_head(model)
     if attention_mask is not None:
         attention_mask = attention_mask.long()
-    out = (head.decoder if head else model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    out = (head.decoder if head else model)(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+    )
     x = out.last_hidden_state if head else out.logits  # [B, L, D | V]
     rows, length = input_ids.shape
     flat_allowed = None
@@ -80,9 +92,16 @@ def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor |
         positions, sets = allowed
         flat_allowed = (positions[:, 0] * (length - 1) + positions[:, 1] - 1, sets)
     logprobs, entropy = chunked_token_logprobs(
-        x[:, :-1].reshape(rows * (length - 1), x.shape[-1]), input_ids[:, 1:].reshape(-1), temperature, chunk,
-        project=head.project if head else None, allowed=flat_allowed)
+        x[:, :-1].reshape(rows * (length - 1), x.shape[-1]),
+        input_ids[:, 1:].reshape(-1),
+        temperature,
+        chunk,
+        project=head.project if head else None,
+        allowed=flat_allowed,
+    )
     assert entropy is not None
     zeros = logprobs.new_zeros(rows, 1)
-    return (torch.cat([zeros, logprobs.view(rows, length - 1)], dim=1),
-            torch.cat([zeros, entropy.view(rows, length - 1)], dim=1))
+    return (
+        torch.cat([zeros, logprobs.view(rows, length - 1)], dim=1),
+        torch.cat([zeros, entropy.view(rows, length - 1)], dim=1),
+    )

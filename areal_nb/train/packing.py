@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .head_forward import head_hidden, head_logits, supports_head_forward
 from .lm_head import chunked_token_logprobs, split_head
-from .tree_attention import TreePlan, plan_tree_attention, supports_tree_attention, tree_attention
+from .tree_attention import TreePlan, plan_tree_attention, tree_attention
 
 # Padding a batched forward may add to its real nodes (see `forward_groups`).
 PAD_SLACK = 0.125
@@ -97,7 +97,10 @@ def count_unique_tokens(input_ids: Tensor, attention_mask: Tensor) -> int:
 
 
 def pack_rows(
-    input_ids: Tensor, attention_mask: Tensor, pack_ids: Sequence[Any] | Tensor | None = None, flat: bool = False
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    pack_ids: Sequence[Any] | Tensor | None = None,
+    flat: bool = False,
 ) -> PackedRows:
     """Pack right-padded rows `[B, L]` into tries laid out as `[P, N]` sequences.
 
@@ -152,7 +155,9 @@ def pack_rows(
         offsets = [0]
         for k in sequence_lengths:
             offsets.append(offsets[-1] + k)
-        packed.flat_nodes = torch.cat([p * n + torch.arange(k) for p, k in enumerate(sequence_lengths)]).to(device)
+        packed.flat_nodes = torch.cat([p * n + torch.arange(k) for p, k in enumerate(sequence_lengths)]).to(
+            device
+        )
         packed.plan = plan_tree_attention(_segments(tries, offsets), offsets[-1]).to(device)
     else:
         packed.tree_mask = _ancestor_mask(parents, positions).to(device)
@@ -177,7 +182,9 @@ def _bins(members: dict[Any, list[int]], ids: list[list[int]], lengths: list[int
     return bins
 
 
-Trie = tuple[list[int], list[int], list[int], list[list[int]]]  # `build_trie`'s tokens, parents, depths, paths
+Trie = tuple[
+    list[int], list[int], list[int], list[list[int]]
+]  # `build_trie`'s tokens, parents, depths, paths
 
 
 def _segments(tries: list[Trie], offsets: list[int]) -> list[tuple[list[int], int]]:
@@ -228,8 +235,13 @@ def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[lis
 
 
 def packed_token_logprobs_and_entropy(
-    model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0, with_entropy: bool = True,
-    positions: Tensor | None = None, last_layer_at_heads: bool = True, chunk: int = 0,
+    model: torch.nn.Module,
+    packed: PackedRows,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    positions: Tensor | None = None,
+    last_layer_at_heads: bool = True,
+    chunk: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) `[B, L]` of the packed rows, in `logprobs.logits_to_token_logprobs`'s
     layout: position t holds log p(token_t | tokens_<t) under softmax(logits / temperature), position 0
@@ -240,8 +252,9 @@ def packed_token_logprobs_and_entropy(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if packed.plan is not None:
-        logprobs, entropy = _flat_logprobs(model, packed, temperature, with_entropy, positions, last_layer_at_heads,
-                                           chunk)
+        logprobs, entropy = _flat_logprobs(
+            model, packed, temperature, with_entropy, positions, last_layer_at_heads, chunk
+        )
     else:
         logprobs, entropy = _dense_logprobs(model, packed, temperature, with_entropy, chunk)
     if positions is not None:
@@ -251,8 +264,13 @@ def packed_token_logprobs_and_entropy(
 
 
 def _flat_logprobs(
-    model: torch.nn.Module, packed: PackedRows, temperature: float, with_entropy: bool, positions: Tensor | None,
-    last_layer_at_heads: bool = True, chunk: int = 0,
+    model: torch.nn.Module,
+    packed: PackedRows,
+    temperature: float,
+    with_entropy: bool,
+    positions: Tensor | None,
+    last_layer_at_heads: bool = True,
+    chunk: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """The flat layout: one `[1, T]` forward with tree attention, logits only where they are read."""
     assert packed.flat_nodes is not None and packed.plan is not None
@@ -273,18 +291,34 @@ def _flat_logprobs(
     position_ids = packed.position_ids.reshape(-1)[flat]
     child_tokens = packed.input_ids.reshape(-1)[children]
     if chunk:
-        lp, head_entropy = _flat_chunked(model, packed, tokens, position_ids, heads, compact, head_of_child,
-                                         child_tokens, temperature, with_entropy, last_layer_at_heads, chunk)
+        lp, head_entropy = _flat_chunked(
+            model,
+            packed,
+            tokens,
+            position_ids,
+            heads,
+            compact,
+            head_of_child,
+            child_tokens,
+            temperature,
+            with_entropy,
+            last_layer_at_heads,
+            chunk,
+        )
         logprobs = _to_rows(lp.new_zeros(n_packs * n).index_put((children,), lp), packed.node_of)
         entropy = None
         if head_entropy is not None:
-            entropy = _to_rows(head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy),
-                               packed.node_of)
+            entropy = _to_rows(
+                head_entropy.new_zeros(n_packs * n).index_put((children,), head_entropy), packed.node_of
+            )
         return logprobs, entropy
     with tree_attention(model):
-        if last_layer_at_heads and len(heads) and supports_head_forward(model):  # the last layer at the heads only
-            head_plan = plan_tree_attention(_head_runs(compact, packed.node_of, heads), len(flat),
-                                            queries=heads.tolist())
+        if (
+            last_layer_at_heads and len(heads) and supports_head_forward(model)
+        ):  # the last layer at the heads only
+            head_plan = plan_tree_attention(
+                _head_runs(compact, packed.node_of, heads), len(flat), queries=heads.tolist()
+            )
             logits = head_logits(model, tokens, position_ids, packed.plan, heads, head_plan.to(device))
         else:
             logits = model(
@@ -309,8 +343,17 @@ def _flat_logprobs(
 
 
 def _flat_chunked(
-    model: torch.nn.Module, packed: PackedRows, tokens: Tensor, position_ids: Tensor, heads: Tensor, compact: Tensor,
-    head_of_child: Tensor, child_tokens: Tensor, temperature: float, with_entropy: bool, last_layer_at_heads: bool,
+    model: torch.nn.Module,
+    packed: PackedRows,
+    tokens: Tensor,
+    position_ids: Tensor,
+    heads: Tensor,
+    compact: Tensor,
+    head_of_child: Tensor,
+    child_tokens: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    last_layer_at_heads: bool,
     chunk: int,
 ) -> tuple[Tensor, Tensor | None]:
     """`_flat_logprobs`'s log-probs (and entropy) per read token, the LM head run `chunk` tokens
@@ -319,20 +362,36 @@ def _flat_chunked(
     head = split_head(model)
     with tree_attention(model):
         if head is not None and last_layer_at_heads and len(heads) and supports_head_forward(model):
-            head_plan = plan_tree_attention(_head_runs(compact, packed.node_of, heads), len(compact[compact >= 0]),
-                                            queries=heads.tolist())
+            head_plan = plan_tree_attention(
+                _head_runs(compact, packed.node_of, heads), len(compact[compact >= 0]), queries=heads.tolist()
+            )
             x = head_hidden(model, tokens, position_ids, packed.plan, heads, head_plan.to(tokens.device))
         elif head is not None:
-            x = head.decoder(input_ids=tokens[None], position_ids=position_ids[None],
-                             attention_mask={"full_attention": packed.plan}, tree_plan=packed.plan,
-                             use_cache=False).last_hidden_state[0, heads]
+            x = head.decoder(
+                input_ids=tokens[None],
+                position_ids=position_ids[None],
+                attention_mask={"full_attention": packed.plan},
+                tree_plan=packed.plan,
+                use_cache=False,
+            ).last_hidden_state[0, heads]
         else:
-            x = model(input_ids=tokens[None], position_ids=position_ids[None],
-                      attention_mask={"full_attention": packed.plan}, tree_plan=packed.plan, use_cache=False,
-                      logits_to_keep=heads).logits[0]
+            x = model(
+                input_ids=tokens[None],
+                position_ids=position_ids[None],
+                attention_mask={"full_attention": packed.plan},
+                tree_plan=packed.plan,
+                use_cache=False,
+                logits_to_keep=heads,
+            ).logits[0]
     # a head with several children (a branching point) is read once per child
-    return chunked_token_logprobs(x[head_of_child], child_tokens, temperature, chunk,
-                                  project=head.project if head else None, with_entropy=with_entropy)
+    return chunked_token_logprobs(
+        x[head_of_child],
+        child_tokens,
+        temperature,
+        chunk,
+        project=head.project if head else None,
+        with_entropy=with_entropy,
+    )
 
 
 def _head_runs(compact: Tensor, node_of: Tensor, heads: Tensor) -> list[tuple[list[int], int, int]]:
@@ -365,7 +424,11 @@ def _head_runs(compact: Tensor, node_of: Tensor, heads: Tensor) -> list[tuple[li
 
 
 def _dense_logprobs(
-    model: torch.nn.Module, packed: PackedRows, temperature: float, with_entropy: bool, chunk: int = 0,
+    model: torch.nn.Module,
+    packed: PackedRows,
+    temperature: float,
+    with_entropy: bool,
+    chunk: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """The dense layout: `[P, N]` sequences with the 4D tree mask, batched by similar length."""
     assert packed.tree_mask is not None
@@ -395,12 +458,21 @@ def _dense_logprobs(
         )
         if chunk:  # the head `chunk` tokens at a time, at the nodes with a parent only
             x = (out.last_hidden_state if head else out.logits)[rows, parents][has_parent]
-            lp, ent = chunked_token_logprobs(x, tokens[has_parent], temperature, chunk,
-                                             project=head.project if head else None, with_entropy=with_entropy)
-            node_lp.append(torch.cat([lp.new_zeros(len(seqs), k).index_put((has_parent,), lp), padding], dim=1))
+            lp, ent = chunked_token_logprobs(
+                x,
+                tokens[has_parent],
+                temperature,
+                chunk,
+                project=head.project if head else None,
+                with_entropy=with_entropy,
+            )
+            node_lp.append(
+                torch.cat([lp.new_zeros(len(seqs), k).index_put((has_parent,), lp), padding], dim=1)
+            )
             if ent is not None:
-                node_entropy.append(torch.cat([ent.new_zeros(len(seqs), k).index_put((has_parent,), ent), padding],
-                                              dim=1))
+                node_entropy.append(
+                    torch.cat([ent.new_zeros(len(seqs), k).index_put((has_parent,), ent), padding], dim=1)
+                )
             order.extend(seqs)
             continue
         log_probs = F.log_softmax(out.logits.float() / temperature, dim=-1)  # [s, k, V]
@@ -412,24 +484,32 @@ def _dense_logprobs(
             with torch.no_grad():  # reported, not trained on
                 detached = log_probs.detach()
                 entropy = -(detached.exp() * detached).sum(-1)
-                node_entropy.append(torch.cat([torch.where(has_parent, entropy[rows, parents], 0.0), padding], dim=1))
+                node_entropy.append(
+                    torch.cat([torch.where(has_parent, entropy[rows, parents], 0.0), padding], dim=1)
+                )
     # back to pack order, flat: node_of indexes pack * N + node
     unsort = torch.empty(len(order), dtype=torch.long, device=device)
     unsort[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
     flat_lp = torch.cat(node_lp)[unsort].reshape(-1)
     if not with_entropy:
         return _to_rows(flat_lp, packed.node_of), None
-    return _to_rows(flat_lp, packed.node_of), _to_rows(torch.cat(node_entropy)[unsort].reshape(-1), packed.node_of)
+    return _to_rows(flat_lp, packed.node_of), _to_rows(
+        torch.cat(node_entropy)[unsort].reshape(-1), packed.node_of
+    )
 
 
-def _dense_mask(model: torch.nn.Module, tree: Tensor, depth: Tensor, dtype: torch.dtype) -> Tensor | dict[str, Tensor]:
+def _dense_mask(
+    model: torch.nn.Module, tree: Tensor, depth: Tensor, dtype: torch.dtype
+) -> Tensor | dict[str, Tensor]:
     """The additive 4D mask `[s, 1, k, k]` of tries `tree [s, k, k]` for `model`'s attention. A
     prepared mask is used as is, so a sliding window (Mistral's every layer; Gemma 3's and Qwen 3's
     `sliding_attention` layers, given a mask per layer type) is applied here: node i sees ancestor
     j only when their depths differ by less than the window, as in the model's own causal mask."""
+
     def additive(allowed: Tensor) -> Tensor:
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)[:, None]
+            ~allowed, torch.finfo(dtype).min
+        )[:, None]
 
     config = model.config
     window = getattr(config, "sliding_window", None)

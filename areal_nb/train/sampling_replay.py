@@ -22,7 +22,9 @@ from torch import Tensor
 from areal_nb.api import ModelResponse
 
 
-def masked_token_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor | None, temperature: float = 1.0) -> Tensor:
+def masked_token_logprobs(
+    logits: Tensor, tokens: Tensor, allowed: Tensor | None, temperature: float = 1.0
+) -> Tensor:
     """log p(tokens[t]) under `softmax(logits[t] / temperature)` restricted to `allowed[t]`.
 
     `logits` [T, V], `tokens` [T], `allowed` bool [T, V] (None: the full vocabulary). Positions
@@ -36,7 +38,12 @@ def masked_token_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor | None
 
 
 def masked_logprobs_from_hidden(
-    hidden: Tensor, lm_head: Tensor, tokens: Tensor, allowed: Tensor | None, temperature: float = 1.0, chunk: int = 1024
+    hidden: Tensor,
+    lm_head: Tensor,
+    tokens: Tensor,
+    allowed: Tensor | None,
+    temperature: float = 1.0,
+    chunk: int = 1024,
 ) -> Tensor:
     """`masked_token_logprobs` from last hidden states [T, H] and the output embedding [V, H],
     `chunk` positions at a time, so the [T, V] logits are never whole in memory."""
@@ -44,7 +51,11 @@ def masked_logprobs_from_hidden(
     for start in range(0, hidden.shape[0], chunk):
         end = start + chunk
         logits = hidden[start:end] @ lm_head.T
-        parts.append(masked_token_logprobs(logits, tokens[start:end], None if allowed is None else allowed[start:end], temperature))
+        parts.append(
+            masked_token_logprobs(
+                logits, tokens[start:end], None if allowed is None else allowed[start:end], temperature
+            )
+        )
     return torch.cat(parts) if parts else hidden.new_zeros(0)
 
 
@@ -59,7 +70,7 @@ def response_allowed(response: ModelResponse, tokenizer: Any, vocab_size: int) -
 def mismatch_stats(behave: Tensor, recomputed: Tensor, clip_eps: float = 0.2) -> dict[str, float]:
     """Engine vs trainer: mean |Δ log p| and the fraction of tokens whose ratio exp(Δ) leaves
     [1 - clip_eps, 1 + clip_eps]."""
-    diff = (recomputed.float() - behave.float())
+    diff = recomputed.float() - behave.float()
     ratio = diff.exp()
     outside = (ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)
     return {

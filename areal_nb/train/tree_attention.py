@@ -59,13 +59,22 @@ class TreePlan:
 
     def to(self, device: torch.device) -> TreePlan:
         buckets = [Bucket(b.mask.to(device), b.n, b.q_len, b.k_len) for b in self.buckets]
-        return TreePlan(buckets, self.query_nodes.to(device), self.key_nodes.to(device),
-                        self.output_slot.to(device), self.pairs)
+        return TreePlan(
+            buckets,
+            self.query_nodes.to(device),
+            self.key_nodes.to(device),
+            self.output_slot.to(device),
+            self.pairs,
+        )
 
 
-def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int] | tuple[Sequence[int], int, int]],
-                        n_nodes: int, chunk: int = CHUNK, slack: float = SLACK,
-                        queries: Sequence[int] | None = None) -> TreePlan:
+def plan_tree_attention(
+    segments: Sequence[tuple[Sequence[int], int] | tuple[Sequence[int], int, int]],
+    n_nodes: int,
+    chunk: int = CHUNK,
+    slack: float = SLACK,
+    queries: Sequence[int] | None = None,
+) -> TreePlan:
     """The plan for `n_nodes` nodes from their segments: (path, start), where `path` lists the node
     indices of a row root first (node path[t] has depth t) and the segment is path[start:]. Every
     node must be in exactly one segment.
@@ -142,8 +151,14 @@ def plan_tree_attention(segments: Sequence[tuple[Sequence[int], int] | tuple[Seq
 
 
 def tree_attention_forward(
-    module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: TreePlan | None,
-    scaling: float | None = None, dropout: float = 0.0, **kwargs: object,
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: TreePlan | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
 ) -> tuple[Tensor, None]:
     """`AttentionInterface` function: query `[1, H, T, D]`, key/value `[1, Hkv, T, D]` of the flat
     trie, `attention_mask` its `TreePlan`; returns `[1, T, H, D]` like the sdpa function. (A plan
@@ -151,7 +166,9 @@ def tree_attention_forward(
     if not isinstance(attention_mask, TreePlan):  # a model that builds its own mask (Llama) passes None
         attention_mask = kwargs.get("tree_plan")  # type: ignore[assignment]
     if not isinstance(attention_mask, TreePlan):
-        raise TypeError(f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}")
+        raise TypeError(
+            f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}"
+        )
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"{ATTENTION_NAME} attention has no sliding window")
     if kwargs.get("softcap") is not None:
@@ -172,7 +189,9 @@ def tree_attention_forward(
             q_b.view(b.n, b.q_len, heads, dim).transpose(1, 2),
             k_b.view(b.n, b.k_len, kv_heads, dim).transpose(1, 2),
             v_b.view(b.n, b.k_len, kv_heads, dim).transpose(1, 2),
-            attn_mask=b.mask, scale=scaling, enable_gqa=heads != kv_heads,
+            attn_mask=b.mask,
+            scale=scaling,
+            enable_gqa=heads != kv_heads,
         )  # [n, H, Q, D]
         outputs.append(out.transpose(1, 2).reshape(b.n * b.q_len, heads, dim))
     return torch.cat(outputs).index_select(0, plan.output_slot).unsqueeze(0), None
@@ -187,8 +206,11 @@ def supports_tree_attention(model: torch.nn.Module) -> bool:
     if can_set is None or config is None or not can_set():
         return False
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (all(t == "full_attention" for t in layer_types) and not getattr(config, "sliding_window", None)
-            and not getattr(config, "attn_logit_softcapping", None))
+    return (
+        all(t == "full_attention" for t in layer_types)
+        and not getattr(config, "sliding_window", None)
+        and not getattr(config, "attn_logit_softcapping", None)
+    )
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ import json
 import openai
 import pytest
 
-from areal_nb.testing import ScriptedEngine
 from areal_nb.capture import (
     ArealOpenAI,
     ChunkStream,
@@ -19,9 +18,12 @@ from areal_nb.capture import (
     create_chat_completion,
     resolve_token_budget,
 )
+from areal_nb.testing import ScriptedEngine
 
 Q = [{"role": "user", "content": "What is 2+3?"}]
-TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
+]
 
 
 def run(coro):
@@ -50,14 +52,30 @@ def create(client, **kw):
         ({"n": 0}, CompletionRequestError, "n must be positive"),
         ({"n": 17}, CompletionRequestError, r"n=17 is more than 16 choices"),
         ({"n": 2.0}, CompletionRequestError, "n must be an integer"),
-        ({"max_tokens": 5, "max_completion_tokens": 5}, CompletionRequestError, "cannot be set at the same time"),
+        (
+            {"max_tokens": 5, "max_completion_tokens": 5},
+            CompletionRequestError,
+            "cannot be set at the same time",
+        ),
         ({"max_completion_tokens": 0}, CompletionRequestError, "max_completion_tokens must be positive"),
         ({"max_completion_tokens": True}, CompletionRequestError, "max_completion_tokens must be an integer"),
-        ({"max_total_tokens": 5}, CompletionRequestError, r"len of prompt tokens \d+ exceeds max_total_tokens 5"),
-        ({"temperature": -1.0}, CompletionRequestError, r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"),
+        (
+            {"max_total_tokens": 5},
+            CompletionRequestError,
+            r"len of prompt tokens \d+ exceeds max_total_tokens 5",
+        ),
+        (
+            {"temperature": -1.0},
+            CompletionRequestError,
+            r"temperature must be 0 \(greedy\) or in \[0.01, 100\]",
+        ),
         ({"stop": 3}, CompletionRequestError, "stop must be a string or a list"),
         ({"tools": {"a": 1}}, CompletionRequestError, "tools must be a list"),
-        ({"extra_body": {"chat_template_kwargs": 1}}, CompletionRequestError, "chat_template_kwargs must be a dict"),
+        (
+            {"extra_body": {"chat_template_kwargs": 1}},
+            CompletionRequestError,
+            "chat_template_kwargs must be a dict",
+        ),
     ],
 )
 def test_invalid_requests_raise_and_cache_nothing(client, kwargs, error, match):
@@ -113,8 +131,12 @@ def test_completion_object_and_cached_interaction(client, tiny_tokenizer):
     assert completion.choices[0].finish_reason == "stop"
     it = client.get_interaction(completion.id)
     mr = it.model_response
-    assert completion.usage.prompt_tokens == mr.input_len and completion.usage.completion_tokens == mr.output_len
-    assert mr.output_tokens == tiny_tokenizer.encode("The answer is 5.", add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
+    assert (
+        completion.usage.prompt_tokens == mr.input_len and completion.usage.completion_tokens == mr.output_len
+    )
+    assert mr.output_tokens == tiny_tokenizer.encode("The answer is 5.", add_special_tokens=False) + [
+        tiny_tokenizer.eos_token_id
+    ]
     assert it.output_message_list == [{"role": "assistant", "content": "The answer is 5."}]
     assert it.messages == Q and it.is_complete and it.chat_template_type == "hf"
     assert client.engine.requests[-1].metadata == {"task": "t1"}
@@ -176,9 +198,17 @@ def test_tools_with_tool_choice_none_are_not_parsed(tiny_tokenizer):
 def test_function_is_usable_without_a_client(tiny_tokenizer):
     cache = InteractionCache()
     settings = CompletionSettings(chat_template_type="concat")
-    completion = run(create_chat_completion(engine=ScriptedEngine(tiny_tokenizer, "ok"), tokenizer=tiny_tokenizer,
-                                            settings=settings, cache=cache, messages=Q, max_completion_tokens=10,
-                                            model="ignored"))
+    completion = run(
+        create_chat_completion(
+            engine=ScriptedEngine(tiny_tokenizer, "ok"),
+            tokenizer=tiny_tokenizer,
+            settings=settings,
+            cache=cache,
+            messages=Q,
+            max_completion_tokens=10,
+            model="ignored",
+        )
+    )
     assert cache[completion.id].chat_template_type == "concat"
     with pytest.raises(ValueError, match="chat_template_type"):
         CompletionSettings(chat_template_type="chatml")
@@ -188,12 +218,16 @@ def test_settings_supply_sampling_a_request_leaves_out(tiny_tokenizer):
     """A server's defaults (the Session's rollout.temperature/top_p/max_new_tokens) fill the gaps;
     what the request says wins; no default chosen keeps the 512-token budget with a warning."""
     engine = ScriptedEngine(tiny_tokenizer, "x " * 40)
-    settings = CompletionSettings(default_temperature=0.7, default_top_p=0.9, default_max_new_tokens=16,
-                                  engine_max_tokens=1000)  # a context limit does not replace the default
+    settings = CompletionSettings(
+        default_temperature=0.7, default_top_p=0.9, default_max_new_tokens=16, engine_max_tokens=1000
+    )  # a context limit does not replace the default
 
     def generate(**kw):
-        run(create_chat_completion(engine=engine, tokenizer=tiny_tokenizer, settings=settings, cache=None,
-                                   messages=Q, **kw))
+        run(
+            create_chat_completion(
+                engine=engine, tokenizer=tiny_tokenizer, settings=settings, cache=None, messages=Q, **kw
+            )
+        )
         return engine.requests[-1].gconfig
 
     g = generate()
@@ -214,7 +248,9 @@ def test_stream_chunks(tiny_tokenizer):
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, text), tiny_tokenizer)
 
     async def consume():
-        stream = await c.chat.completions.create(messages=Q, tools=TOOLS, stream=True, max_completion_tokens=200)
+        stream = await c.chat.completions.create(
+            messages=Q, tools=TOOLS, stream=True, max_completion_tokens=200
+        )
         assert isinstance(stream, ChunkStream)
         assert len(c.cache) == 1 and next(iter(c.cache.values())).is_complete  # recorded before streaming
         async with stream as s:
@@ -225,7 +261,12 @@ def test_stream_chunks(tiny_tokenizer):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[1].choices[0].delta.content == "Calling."
     call = chunks[2].choices[0].delta.tool_calls[0]
-    assert (call.index, call.type, call.function.name, call.function.arguments) == (0, "function", "calc", '{"x": 1}')
+    assert (call.index, call.type, call.function.name, call.function.arguments) == (
+        0,
+        "function",
+        "calc",
+        '{"x": 1}',
+    )
     assert [ch.choices[0].finish_reason for ch in chunks] == [None, None, None, "tool_calls"]
     usage = chunks[-1].usage
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and usage.completion_tokens > 0
@@ -240,7 +281,11 @@ def test_stop_string_is_left_out_of_the_text_but_kept_in_the_tokens(tiny_tokeniz
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, ids[:cut]), tiny_tokenizer)  # no EOS: a stop-string stop
     completion = create(c, stop=["zzz", "."])
     choice = completion.choices[0]
-    assert (choice.message.content, choice.finish_reason, choice.stop_reason) == ("The answer is 5", "stop", ".")
+    assert (choice.message.content, choice.finish_reason, choice.stop_reason) == (
+        "The answer is 5",
+        "stop",
+        ".",
+    )
     it = c.get_interaction(completion.id)
     assert it.model_response.output_tokens == ids[:cut]
     assert it.output_message_list == [{"role": "assistant", "content": "The answer is 5"}]
@@ -256,7 +301,9 @@ def test_stop_string_is_left_out_of_the_text_but_kept_in_the_tokens(tiny_tokeniz
 def test_a_stop_string_that_closes_a_tool_call_still_gives_the_call(tiny_tokenizer):
     """stop=["</tool_call>"] ends the reply on the call's closing tag: the text loses the tag,
     the call is still parsed from what the model wrote."""
-    ids = tiny_tokenizer.encode('<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', add_special_tokens=False)
+    ids = tiny_tokenizer.encode(
+        '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', add_special_tokens=False
+    )
     c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, ids), tiny_tokenizer)  # no EOS: a stop-string stop
     choice = create(c, tools=TOOLS, stop=["</tool_call>"]).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.stop_reason == "</tool_call>"
@@ -282,8 +329,12 @@ def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
     assert sorted(ch.message.content for ch in completion.choices) == ["Answer 0.", "Answer 1.", "Answer 2."]
     ids = [cid, f"{cid}-1", f"{cid}-2"]
     assert list(c.cache) == ids
-    assert c.cache.last_interaction_id == cid  # a reward without an id goes to choice 0, the one agents continue
-    assert len(engine.requests) == 3 and all(r.input_ids == engine.requests[0].input_ids for r in engine.requests)
+    assert (
+        c.cache.last_interaction_id == cid
+    )  # a reward without an id goes to choice 0, the one agents continue
+    assert len(engine.requests) == 3 and all(
+        r.input_ids == engine.requests[0].input_ids for r in engine.requests
+    )
     for i, iid in enumerate(ids):
         it = c.get_interaction(iid)
         assert it.interaction_id == iid and it.parent is None and it.is_complete
@@ -324,7 +375,9 @@ def test_n_choices_stream_by_index_and_a_failed_sample_records_nothing(tiny_toke
         for choice in ch.choices:
             by_index[choice.index] += choice.delta.content or ""
     assert sorted(by_index.values()) == ["Answer 0.", "Answer 1."]
-    assert [(ch.choices[0].index, ch.choices[0].finish_reason) for ch in chunks if ch.choices[0].finish_reason] == [(0, "stop"), (1, "stop")]
+    assert [
+        (ch.choices[0].index, ch.choices[0].finish_reason) for ch in chunks if ch.choices[0].finish_reason
+    ] == [(0, "stop"), (1, "stop")]
     assert [ch.usage is not None for ch in chunks] == [False] * (len(chunks) - 1) + [True]
     assert len(c.cache) == 2
 
@@ -344,15 +397,25 @@ def test_n_choices_stream_by_index_and_a_failed_sample_records_nothing(tiny_toke
 # ----- responses --------------------------------------------------------------------------------
 def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
     replies = iter(['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5."])
-    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat")
+    c = ArealOpenAI(
+        ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat"
+    )
     tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
-    r1 = run(c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200))
+    r1 = run(
+        c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200)
+    )
     assert r1.id.startswith("resp-") and [o.type for o in r1.output] == ["function_call"]
     assert (r1.output[0].name, r1.output[0].arguments) == ("calc", '{"expr": "2+3"}')
     first = c.get_interaction(r1.id)
-    assert first.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
-    follow = [{"role": "user", "content": "What is 2+3?"}, *r1.output,
-              {"type": "function_call_output", "call_id": r1.output[0].call_id, "output": "5"}]
+    assert first.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+3?"},
+    ]
+    follow = [
+        {"role": "user", "content": "What is 2+3?"},
+        *r1.output,
+        {"type": "function_call_output", "call_id": r1.output[0].call_id, "output": "5"},
+    ]
     r2 = run(c.responses.create(input=follow, instructions="Be brief.", tools=tools, max_output_tokens=200))
     assert r2.output[0].content[0].text == "It is 5."
     second = c.get_interaction(r2.id)
@@ -363,48 +426,87 @@ def test_responses_create_links_turns_and_parses_tools(tiny_tokenizer):
     with pytest.raises(CompletionRequestError, match="input is required"):
         run(c.responses.create(max_output_tokens=5))
     with pytest.raises(CompletionRequestError, match="unsupported type 'input_image'"):
-        run(c.responses.create(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]))
+        run(
+            c.responses.create(
+                input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]
+            )
+        )
 
 
 def test_previous_response_id_continues_the_stored_conversation(tiny_tokenizer):
     """`previous_response_id` + only the new items: the prompt holds the whole conversation (the
     earlier input, the earlier output, the new item), the call is the earlier one's child, and
     the earlier call's instructions are not carried over (OpenAI's rule): this call's are used."""
-    replies = iter(['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5.", "Yes."])
-    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat")
+    replies = iter(
+        ['<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>', "It is 5.", "Yes."]
+    )
+    c = ArealOpenAI(
+        ScriptedEngine(tiny_tokenizer, lambda req: next(replies)), tiny_tokenizer, chat_template_type="concat"
+    )
     tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
-    r1 = run(c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200))
+    r1 = run(
+        c.responses.create(input="What is 2+3?", instructions="Be brief.", tools=tools, max_output_tokens=200)
+    )
     call_id = r1.output[0].call_id
-    r2 = run(c.responses.create(previous_response_id=r1.id, instructions="Be brief.", tools=tools, max_output_tokens=200,
-                                input=[{"type": "function_call_output", "call_id": call_id, "output": "5"}]))
+    r2 = run(
+        c.responses.create(
+            previous_response_id=r1.id,
+            instructions="Be brief.",
+            tools=tools,
+            max_output_tokens=200,
+            input=[{"type": "function_call_output", "call_id": call_id, "output": "5"}],
+        )
+    )
     first, second = c.get_interaction(r1.id), c.get_interaction(r2.id)
     assert r2.previous_response_id == r1.id and r2.output[0].content[0].text == "It is 5."
     assert second.parent is first
     assert second.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2+3?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": '{"expr": "2+3"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "calc", "arguments": '{"expr": "2+3"}'},
+                }
+            ],
+        },
         {"role": "tool", "content": "5", "tool_call_id": call_id},
     ]
     # exact tokens: the first call's prompt and output, then the tool result, then the generation prompt
     suffix = tiny_tokenizer.encode(
-        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
     mr1 = first.model_response
     assert second.model_response.input_tokens == mr1.input_tokens + mr1.output_tokens + suffix
     # a third turn without instructions: the chain's history, no system message
     r3 = run(c.responses.create(previous_response_id=r2.id, input="Sure?", max_output_tokens=20))
     third = c.get_interaction(r3.id)
-    assert third.messages == second.messages[1:] + [{"role": "assistant", "content": "It is 5."}, {"role": "user", "content": "Sure?"}]
+    assert third.messages == second.messages[1:] + [
+        {"role": "assistant", "content": "It is 5."},
+        {"role": "user", "content": "Sure?"},
+    ]
     assert third.parent is None  # another prompt (no system message): a new root
-    assert tiny_tokenizer.decode(third.model_response.input_tokens).startswith("<|im_start|>user\nWhat is 2+3?")
+    assert tiny_tokenizer.decode(third.model_response.input_tokens).startswith(
+        "<|im_start|>user\nWhat is 2+3?"
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"previous_response_id": "resp-nope"}, "previous_response_id 'resp-nope' is not a response of this session"),
-    ({"previous_response_id": 7}, "previous_response_id must be a string"),
-    ({"conversation": "conv_1"}, "conversation is not supported"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"previous_response_id": "resp-nope"},
+            "previous_response_id 'resp-nope' is not a response of this session",
+        ),
+        ({"previous_response_id": 7}, "previous_response_id must be a string"),
+        ({"conversation": "conv_1"}, "conversation is not supported"),
+    ],
+)
 def test_previous_response_id_errors_record_nothing(client, kwargs, match):
     with pytest.raises(CompletionRequestError, match=match):
         run(client.responses.create(input="hi", max_output_tokens=5, **kwargs))
@@ -425,7 +527,9 @@ def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
     tools = [{"type": "function", "name": "calc", "parameters": {"type": "object", "properties": {}}}]
 
     async def consume():
-        stream = await c.responses.create(input="What is 2+3?", tools=tools, max_output_tokens=200, stream=True)
+        stream = await c.responses.create(
+            input="What is 2+3?", tools=tools, max_output_tokens=200, stream=True
+        )
         async with stream as s:
             return [event async for event in s]
 
@@ -433,12 +537,20 @@ def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
     recorded = next(iter(c.cache.values()))
     assert recorded.is_complete
     assert [e.type for e in events] == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     assert events[4].delta == "Let me add." and events[4].item_id == events[2].item.id
@@ -450,7 +562,9 @@ def test_responses_stream_events_rebuild_the_response(tiny_tokenizer):
 
 
 def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
-    c = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer, chat_template_type="concat")
+    c = ArealOpenAI(
+        ScriptedEngine(tiny_tokenizer, "The answer is 5."), tiny_tokenizer, chat_template_type="concat"
+    )
     first = create(c, max_completion_tokens=3)
     assert first.choices[0].finish_reason == "length"
     msgs = [*Q, first.choices[0].message, {"role": "user", "content": "Go on."}]
@@ -460,11 +574,18 @@ def test_length_truncated_parent_in_concat_mode(tiny_tokenizer):
     row = child.to_tensor_dict()
     n_in, n_out = parent.model_response.input_len, 3
     eos = tiny_tokenizer.eos_token_id
-    suffix = tiny_tokenizer.encode("\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
-    expected_prompt = parent.model_response.input_tokens + parent.model_response.output_tokens + [eos, *suffix]
+    suffix = tiny_tokenizer.encode(
+        "\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    expected_prompt = (
+        parent.model_response.input_tokens + parent.model_response.output_tokens + [eos, *suffix]
+    )
     assert child.model_response.input_tokens == expected_prompt
     gap = child.model_response.input_len - n_in - n_out
-    assert row["loss_mask"][0].tolist() == [0] * n_in + [1] * n_out + [0] * gap + [1] * child.model_response.output_len
+    assert (
+        row["loss_mask"][0].tolist()
+        == [0] * n_in + [1] * n_out + [0] * gap + [1] * child.model_response.output_len
+    )
     assert row["input_ids"][0, n_in + n_out].item() == eos
 
 

@@ -44,8 +44,11 @@ class Leftovers:
     def check(self, timeout: float = 10.0) -> tuple[list[str], list[int]]:
         deadline = time.monotonic() + timeout
         while True:
-            threads = [t.name for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()
-                       and t.name not in LIBRARY_THREADS]
+            threads = [
+                t.name
+                for t in threading.enumerate()
+                if t.ident not in self.threads and t.is_alive() and t.name not in LIBRARY_THREADS
+            ]
             children = [p.pid for p in multiprocessing.active_children() if p.pid not in self.children]
             if (not threads and not children) or time.monotonic() > deadline:
                 return threads, children

@@ -23,10 +23,16 @@ pytestmark = pytest.mark.slow
 def saved(tmp_path_factory) -> Path:
     """A checkpoint after one training step (optimizer state present), with a Python dataset
     (so data/ is in it too)."""
-    rows = [{"messages": [{"role": "user", "content": f"{i} + {i} = ?"}], "answer": str(2 * i)} for i in range(8)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"{i} + {i} = ?"}], "answer": str(2 * i)} for i in range(8)
+    ]
     path = tmp_path_factory.mktemp("ckpt") / "ckpt"
-    with Session(small_config(seed=5), dataset=rows, agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
-                 agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"}) as s:
+    with Session(
+        small_config(seed=5),
+        dataset=rows,
+        agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+        agent__workflow_kwargs={"reward_fn": "areal_nb.reward.functions.math_answer"},
+    ) as s:
         s.step()
         s.save(path)
     return path
@@ -40,8 +46,15 @@ def test_the_manifest_lists_every_file_the_checkpoint_holds(saved):
     listed = files_of(saved)
     on_disk = sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*") if p.is_file())
     assert on_disk == sorted([*listed, MANIFEST])
-    assert {"config.yaml", "state.pt", "history.json", "model/config.json", "model/model.safetensors",
-            "model/tokenizer.json", "data/train.jsonl"} <= set(listed)
+    assert {
+        "config.yaml",
+        "state.pt",
+        "history.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "data/train.jsonl",
+    } <= set(listed)
     verify_checkpoint(saved)
 
 
@@ -127,8 +140,14 @@ def test_adopting_checks_every_file_it_can(saved, tmp_path, how):
     plain = tmp_path / "plain"
     shutil.copytree(saved, plain)
     (plain / MANIFEST).unlink()
-    structural = ["config.yaml", "state.pt", "history.json", "model/config.json", "model/model.safetensors",
-                  "model/tokenizer.json"]
+    structural = [
+        "config.yaml",
+        "state.pt",
+        "history.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+    ]
     if how == "truncated":
         structural.remove("config.yaml")  # half a config.yaml is a valid config: the manifest's job
     for rel in structural:
@@ -151,7 +170,9 @@ def test_weights_that_do_not_fit_the_model_config_are_refused(saved, tmp_path):
     model_config["hidden_size"] *= 2
     config_file.write_text(json.dumps(model_config))
     checkpoint._write_manifest(copy)  # rewritten: only the shapes can tell
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: weight .* has shape .*model/config.json gives"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: weight .* has shape .*model/config.json gives"
+    ):
         Session.load(copy)
 
 

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.slow
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def siblings(folder: Path) -> list[str]:
@@ -151,8 +153,13 @@ def test_a_full_disk_at_each_file_keeps_the_old_checkpoint_loading_and_continuin
     script = tmp_path / "fill_disk.py"
     script.write_text(FILL_DISK)
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(script), str(target), json.dumps(limits), str(root)],
-                          capture_output=True, text=True, timeout=900, cwd=root)
+    done = subprocess.run(
+        [sys.executable, str(script), str(target), json.dumps(limits), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert [limit for limit, error in results if error is None] == [], results

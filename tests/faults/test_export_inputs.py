@@ -20,9 +20,24 @@ from areal_nb.config import ConfigError, SessionConfig, _numeric, _resolved_fiel
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
 
-UNREADABLE = ["@handle", "%x", "[unclosed", '"unclosed', "*alias", "!!python/object/apply:os.system ['id']",
-              "{unclosed", "'unclosed", "`tick", "&anchor [", "a: b: c", "!!binary ===", "[" * 3000,
-              "!!python/name:os.system", "- a\n- b: [", "? complex key"]
+UNREADABLE = [
+    "@handle",
+    "%x",
+    "[unclosed",
+    '"unclosed',
+    "*alias",
+    "!!python/object/apply:os.system ['id']",
+    "{unclosed",
+    "'unclosed",
+    "`tick",
+    "&anchor [",
+    "a: b: c",
+    "!!binary ===",
+    "[" * 3000,
+    "!!python/name:os.system",
+    "- a\n- b: [",
+    "? complex key",
+]
 
 
 def numeric_keys() -> list[str]:
@@ -33,8 +48,9 @@ def numeric_keys() -> list[str]:
         for name, annotation in _resolved_field_types(node).items():
             if _numeric(annotation):
                 keys.append(prefix + name)
-            elif isinstance(annotation, type) and (dataclasses.is_dataclass(annotation) or
-                                                   issubclass(annotation, SessionConfig.__mro__[1])):
+            elif isinstance(annotation, type) and (
+                dataclasses.is_dataclass(annotation) or issubclass(annotation, SessionConfig.__mro__[1])
+            ):
                 walk(annotation, f"{prefix}{name}.")
 
     walk(SessionConfig, "")
@@ -67,18 +83,28 @@ def test_the_issue_s_six_values_are_each_named_unreadable(capsys, tmp_path):
 @pytest.mark.parametrize("key", numeric_keys())
 @pytest.mark.parametrize("value", ["true", "false", "yes", "on"])
 def test_a_boolean_is_never_a_number(key, value):
-    with pytest.raises(ConfigError, match=rf"^{key}: expected an? (integer|number), got (true|false) \(a boolean"):
+    with pytest.raises(
+        ConfigError, match=rf"^{key}: expected an? (integer|number), got (true|false) \(a boolean"
+    ):
         load_config(CONFIG, [f"{key}={value}"])
 
 
 def test_every_numeric_field_is_covered():
     keys = numeric_keys()
-    assert {"cluster.nodes", "total_steps", "actor.lr", "rollout.batch_size", "engine.launch.n_servers",
-            "data.task.max_operand" if any(k.startswith("data.task.") for k in keys) else "data.seed"} <= set(keys)
+    assert {
+        "cluster.nodes",
+        "total_steps",
+        "actor.lr",
+        "rollout.batch_size",
+        "engine.launch.n_servers",
+        "data.task.max_operand" if any(k.startswith("data.task.") for k in keys) else "data.seed",
+    } <= set(keys)
 
 
-@pytest.mark.parametrize("override", ["=3", ".x=1", "a..b=1", "rollout.=2", "novalue", " =1",
-                                      "total_steps.x=1", "rollout=3", "no_such_key=1"])
+@pytest.mark.parametrize(
+    "override",
+    ["=3", ".x=1", "a..b=1", "rollout.=2", "novalue", " =1", "total_steps.x=1", "rollout=3", "no_such_key=1"],
+)
 def test_malformed_keys_exit_2(capsys, tmp_path, override):
     code, err = run(capsys, CONFIG, override, "--out", tmp_path / "run")
     assert code == 2 and err.startswith("areal-nb export: ") and "Traceback" not in err, err
@@ -108,9 +134,22 @@ def test_paths_the_user_gives_are_the_user_s_errors(capsys, tmp_path):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(["experiment_name", "total_steps", "cluster.nodes", "cluster.time", "actor.lr",
-                            "cluster.partition", "model.path", "rollout.temperature", "agent.mode"]),
-       value=st.text(min_size=0, max_size=40))
+@given(
+    key=st.sampled_from(
+        [
+            "experiment_name",
+            "total_steps",
+            "cluster.nodes",
+            "cluster.time",
+            "actor.lr",
+            "cluster.partition",
+            "model.path",
+            "rollout.temperature",
+            "agent.mode",
+        ]
+    ),
+    value=st.text(min_size=0, max_size=40),
+)
 def test_any_override_text_is_a_config_or_a_config_error(key, value):
     """Whatever text follows `key=`, loading either gives a config or a ConfigError: never another
     exception (which the CLI would print as a traceback)."""
@@ -124,8 +163,24 @@ def test_any_override_text_is_a_config_or_a_config_error(key, value):
 def test_the_real_command_prints_no_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for value in UNREADABLE[:6]:
-        done = subprocess.run([sys.executable, "-m", "areal_nb.cli", "export", str(CONFIG), f"experiment_name={value}",
-                               "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "areal_nb.cli",
+                "export",
+                str(CONFIG),
+                f"experiment_name={value}",
+                "--out",
+                str(tmp_path / "run"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stderr
-        assert done.stderr.startswith(f"areal-nb export: override {'experiment_name=' + value!r}"), done.stderr
+        assert done.stderr.startswith(f"areal-nb export: override {'experiment_name=' + value!r}"), (
+            done.stderr
+        )
         assert "Traceback" not in done.stderr

@@ -76,8 +76,7 @@ def test_every_method_of_a_closed_session_raises_the_same_error(name, tmp_path):
 
 @pytest.mark.slow
 def test_start_after_close_raises_on_a_session_that_ran(tmp_path):
-    s = Session(small_config(), dataset=ROWS, agent__workflow=agents.BlockedAgent,
-                 agent__workflow_kwargs={})
+    s = Session(small_config(), dataset=ROWS, agent__workflow=agents.BlockedAgent, agent__workflow_kwargs={})
     agents.GO.set()
     s.rollout(1)
     s.close()
@@ -94,8 +93,13 @@ def test_start_after_close_raises_on_a_session_that_ran(tmp_path):
 @pytest.mark.parametrize("second", ["step", "rollout", "evaluate", "save", "train_step"])
 def test_a_call_from_a_second_thread_is_refused_naming_both(second, tmp_path):
     agents.GO.clear()
-    with Session(small_config(), dataset=ROWS, eval_dataset=ROWS[:2], agent__workflow=agents.BlockedAgent,
-                 agent__workflow_kwargs={}) as s:
+    with Session(
+        small_config(),
+        dataset=ROWS,
+        eval_dataset=ROWS[:2],
+        agent__workflow=agents.BlockedAgent,
+        agent__workflow_kwargs={},
+    ) as s:
         outcome = {}
         first = threading.Thread(target=lambda: outcome.setdefault("first", s.step()), name="first-caller")
         first.start()
@@ -116,8 +120,12 @@ def test_a_call_from_a_second_thread_is_refused_naming_both(second, tmp_path):
 
 @pytest.mark.slow
 def test_an_agent_that_swallows_cancellation_is_abandoned_and_the_step_returns():
-    with Session(small_config(agent__agent_timeout=1), dataset=ROWS, agent__workflow=agents.StubbornAgent(),
-                 agent__workflow_kwargs={}) as s:
+    with Session(
+        small_config(agent__agent_timeout=1),
+        dataset=ROWS,
+        agent__workflow=agents.StubbornAgent(),
+        agent__workflow_kwargs={},
+    ) as s:
         row = s.step()
         batch = s.last_batch
         reasons = [ep.rejection_reason for ep in batch.episodes if not ep.accepted]
@@ -128,7 +136,8 @@ def test_an_agent_that_swallows_cancellation_is_abandoned_and_the_step_returns()
 @pytest.mark.slow
 def test_agent_timeout_times_the_agent_not_its_worker_processes_start():
     cfg = small_config(agent__agent_timeout=2, agent__mode="subproc", agent__subproc_max_workers=2)
-    with Session(cfg, dataset=ROWS, agent__workflow="tests.faults.agents.QuickSyncAgent",
-                 agent__workflow_kwargs={}) as s:
+    with Session(
+        cfg, dataset=ROWS, agent__workflow="tests.faults.agents.QuickSyncAgent", agent__workflow_kwargs={}
+    ) as s:
         batch = s.rollout()
         assert [ep.rejection_reason for ep in batch.episodes] == [None] * len(batch.episodes)

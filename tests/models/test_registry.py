@@ -45,8 +45,10 @@ def test_comments_docstrings_and_layout_do_not_change_the_recipe_hash(tmp_path):
     src = tmp_path / "recipe.py"
     src.write_text('"""The recipe."""\n\ndef lr(step):\n    return 1e-3 * min(1, step / 10)\n')
     base = recipe_hash({"steps": 1}, [src])
-    src.write_text('"""The recipe, reworded."""\n\n\ndef lr(step):  # warm-up\n'
-                   '    """Linear warm-up."""\n    return 1e-3 * min(\n        1, step / 10\n    )\n')
+    src.write_text(
+        '"""The recipe, reworded."""\n\n\ndef lr(step):  # warm-up\n'
+        '    """Linear warm-up."""\n    return 1e-3 * min(\n        1, step / 10\n    )\n'
+    )
     assert recipe_hash({"steps": 1}, [src]) == base
     src.write_text('"""The recipe."""\n\ndef lr(step):\n    return 1e-3 * min(1, step / 20)\n')
     assert recipe_hash({"steps": 1}, [src]) != base

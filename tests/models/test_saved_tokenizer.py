@@ -22,17 +22,28 @@ from areal_nb.data.tool_task import CALCULATOR_TOOL, generate_tool_problems
 TOOL_CONVERSATION = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is 37 times 48?"},
-    {"role": "assistant", "content": "",
-     "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "37*48"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "37*48"}}}
+        ],
+    },
     {"role": "tool", "content": "1776"},
     {"role": "assistant", "content": "The answer is 1776."},
 ]
 
 
 def math_conversations(n: int = 50) -> list[list[dict]]:
-    return [[{"role": "user", "content": p["question"]}, {"role": "assistant", "content": "The answer is 3."},
-             {"role": "user", "content": CORRECTION_PROMPT}, {"role": "assistant", "content": reference_reply(p)}]
-            for p in generate_problems(n, seed=11)]
+    return [
+        [
+            {"role": "user", "content": p["question"]},
+            {"role": "assistant", "content": "The answer is 3."},
+            {"role": "user", "content": CORRECTION_PROMPT},
+            {"role": "assistant", "content": reference_reply(p)},
+        ]
+        for p in generate_problems(n, seed=11)
+    ]
 
 
 def renders_and_ids(tokenizer, conversations, tools=None) -> tuple[list[str], list[list[int]]]:
@@ -73,14 +84,20 @@ def test_plain_autotokenizer_reads_the_tiny_math_folder_as_trained(tiny_model_pa
     assert (auto.eos_token_id, auto.pad_token_id) == (ours.eos_token_id, ours.pad_token_id)
 
 
-def test_the_tiny_tools_folder_loads_as_trained_and_plain_autotokenizer_does_not(tiny_tools_folder, tools_tokenizer_dir):
+def test_the_tiny_tools_folder_loads_as_trained_and_plain_autotokenizer_does_not(
+    tiny_tools_folder, tools_tokenizer_dir
+):
     trained = load_saved_tokenizer(tools_tokenizer_dir)  # the folder it was trained in (no config.json)
     rng = random.Random(0)
     from areal_nb.models.tiny_tools import conversation
 
-    conversations = [TOOL_CONVERSATION] + [conversation(r, rng, direct=False) for r in generate_tool_problems(20, seed=4)]
+    conversations = [TOOL_CONVERSATION] + [
+        conversation(r, rng, direct=False) for r in generate_tool_problems(20, seed=4)
+    ]
     expected = renders_and_ids(trained, conversations, [CALCULATOR_TOOL])
-    assert renders_and_ids(load_saved_tokenizer(tiny_tools_folder), conversations, [CALCULATOR_TOOL]) == expected
+    assert (
+        renders_and_ids(load_saved_tokenizer(tiny_tools_folder), conversations, [CALCULATOR_TOOL]) == expected
+    )
 
     # What goes wrong without it: the same files, re-split into words (the chat template and the
     # decoding are unchanged, the ids are not). If transformers stops doing this, plain
@@ -96,7 +113,9 @@ def test_the_engine_loads_the_folders_tokenizer_as_trained(tiny_tools_folder, to
 
     engine = LocalEngine(str(tiny_tools_folder), device="cpu")
     try:
-        text = engine.tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=[CALCULATOR_TOOL], tokenize=False)
+        text = engine.tokenizer.apply_chat_template(
+            TOOL_CONVERSATION, tools=[CALCULATOR_TOOL], tokenize=False
+        )
         trained = load_saved_tokenizer(tools_tokenizer_dir)
         assert engine.tokenizer.encode(text) == trained.encode(text)
     finally:

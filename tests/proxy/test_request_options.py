@@ -24,13 +24,19 @@ def _recorded(local_server, sid: str, iid: str):
     return local_server.app.state.proxy.sessions[sid].cache[iid].model_response
 
 
-def test_logprobs_true_returns_the_recorded_logprobs_of_the_reply_tokens(local_server, client, tiny_tokenizer):
+def test_logprobs_true_returns_the_recorded_logprobs_of_the_reply_tokens(
+    local_server, client, tiny_tokenizer
+):
     import openai
 
     sid, key = new_session_key(client)
     oai = openai.OpenAI(base_url=f"{local_server.url}/v1", api_key=key, max_retries=0)
     completion = oai.chat.completions.create(
-        model="tiny-math", messages=[{"role": "user", "content": "2+3?"}], max_tokens=12, logprobs=True, top_logprobs=0
+        model="tiny-math",
+        messages=[{"role": "user", "content": "2+3?"}],
+        max_tokens=12,
+        logprobs=True,
+        top_logprobs=0,
     )
     recorded = _recorded(local_server, sid, completion.id)
     tokens = recorded.output_tokens  # every sampled token, the end token too: as many as usage counts
@@ -45,8 +51,11 @@ def test_logprobs_true_returns_the_recorded_logprobs_of_the_reply_tokens(local_s
 
 def test_logprobs_come_with_the_streamed_content(local_server, client):
     sid, key = new_session_key(client)
-    r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                    json=chat("2+3?", max_tokens=12, stream=True, logprobs=True))
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json=chat("2+3?", max_tokens=12, stream=True, logprobs=True),
+    )
     assert r.status_code == 200, r.text
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     with_content = [c for c in chunks if c["choices"][0]["delta"].get("content")]
@@ -62,10 +71,21 @@ def test_without_logprobs_the_reply_has_none(client):
     assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
 
 
-@pytest.mark.parametrize("options", [
-    {"seed": 7}, {"user": "alice"}, {"parallel_tool_calls": False}, {"response_format": {"type": "text"}}, {"response_format": {"type": "json_object"}},
-    {"logit_bias": {}}, {"best_of": 1}, {"modalities": ["text"]}, {"logprobs": False, "top_logprobs": 0},
-], ids=lambda o: ",".join(o))
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"seed": 7},
+        {"user": "alice"},
+        {"parallel_tool_calls": False},
+        {"response_format": {"type": "text"}},
+        {"response_format": {"type": "json_object"}},
+        {"logit_bias": {}},
+        {"best_of": 1},
+        {"modalities": ["text"]},
+        {"logprobs": False, "top_logprobs": 0},
+    ],
+    ids=lambda o: ",".join(o),
+)
 def test_options_that_only_change_delivery_are_served_and_recorded(local_server, client, options):
     sid, key = new_session_key(client)
     r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=chat(**options))
@@ -88,9 +108,11 @@ def test_top_k_is_honoured_top_k_1_samples_the_greedy_reply(local_server, client
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("options", [{"max_tokens": 12}, {"max_tokens": 2}, {"max_tokens": 12, "n": 3},
-                                     {"max_tokens": 12, "stop": ["+"]}],
-                         ids=["ends", "cut-by-length", "n3", "stop-string"])
+@pytest.mark.parametrize(
+    "options",
+    [{"max_tokens": 12}, {"max_tokens": 2}, {"max_tokens": 12, "n": 3}, {"max_tokens": 12, "stop": ["+"]}],
+    ids=["ends", "cut-by-length", "n3", "stop-string"],
+)
 def test_logprob_entries_and_completion_tokens_agree(client, options, stream):
     """Every door that returns log-probs returns one per token usage counts: the end token is
     counted and covered (as vLLM does), a reply cut by length or a stop string has no end token."""
@@ -103,7 +125,9 @@ def test_logprob_entries_and_completion_tokens_agree(client, options, stream):
     if stream:
         chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
         usage = next(c["usage"] for c in chunks if c.get("usage"))
-        entries = sum(len((ch.get("logprobs") or {}).get("content") or []) for c in chunks for ch in c["choices"])
+        entries = sum(
+            len((ch.get("logprobs") or {}).get("content") or []) for c in chunks for ch in c["choices"]
+        )
     else:
         reply = r.json()
         usage = reply["usage"]

@@ -16,11 +16,27 @@ from tests.proxy.hostile import new_session_key
 
 pytestmark = pytest.mark.server
 
-ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": False}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 # bounded: tiny-math was never taught to call tools, and an unbounded integer can run to max_tokens
 SMALL = {"type": "integer", "minimum": 0, "maximum": 999}
-ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
-    "type": "object", "properties": {"a": SMALL, "b": SMALL}, "required": ["a", "b"], "additionalProperties": False}}}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": SMALL, "b": SMALL},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +56,27 @@ def test_openai_sdk_json_schema_reply_parses_and_records_its_masks(local_server,
         sid, key = new_session_key(client)
         sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
         completion = sdk.chat.completions.create(
-            model="tiny-math", messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=80, temperature=1.0,
-            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}},
+            model="tiny-math",
+            messages=[{"role": "user", "content": "What is 12 + 30?"}],
+            max_tokens=80,
+            temperature=1.0,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": ANSWER, "strict": True},
+            },
         )
         reply = json.loads(completion.choices[0].message.content)
         jsonschema.validate(reply, ANSWER)
         interaction = _recorded(local_server, sid, completion.id)
         prompt_text = tiny_tokenizer.decode(interaction.model_response.input_tokens)
         assert FORMAT_INSTRUCTION + json.dumps(ANSWER) in prompt_text  # the model saw the schema
-        assert interaction.messages == [{"role": "user", "content": "What is 12 + 30?"}]  # the caller's messages
+        assert interaction.messages == [
+            {"role": "user", "content": "What is 12 + 30?"}
+        ]  # the caller's messages
         masks = interaction.model_response.sampling_masks
-        assert masks.constraint.schema == ANSWER and len(masks.logprobs) == interaction.model_response.output_len
+        assert (
+            masks.constraint.schema == ANSWER and len(masks.logprobs) == interaction.model_response.output_len
+        )
 
 
 def test_responses_text_format_json_schema(local_server, client):
@@ -58,8 +84,12 @@ def test_responses_text_format_json_schema(local_server, client):
 
     _, key = new_session_key(client)
     sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
-    response = sdk.responses.create(model="tiny-math", input="What is 2 + 2?", max_output_tokens=80,
-                                    text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER, "strict": True}})
+    response = sdk.responses.create(
+        model="tiny-math",
+        input="What is 2 + 2?",
+        max_output_tokens=80,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER, "strict": True}},
+    )
     jsonschema.validate(json.loads(response.output_text), ANSWER)
 
 
@@ -69,7 +99,10 @@ def test_forced_tool_choice_is_a_call_of_that_function(local_server, client):
     _, key = new_session_key(client)
     sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
     completion = sdk.chat.completions.create(
-        model="tiny-math", messages=[{"role": "user", "content": "What is 3 + 5?"}], max_tokens=200, tools=[ADD],
+        model="tiny-math",
+        messages=[{"role": "user", "content": "What is 3 + 5?"}],
+        max_tokens=200,
+        tools=[ADD],
         tool_choice={"type": "function", "function": {"name": "add"}},
     )
     assert completion.choices[0].message.tool_calls, completion.choices[0]
@@ -84,8 +117,13 @@ def test_anthropic_tool_choice_tool_is_a_tool_use_block(local_server, client):
     _, key = new_session_key(client)
     sdk = anthropic.Anthropic(base_url=local_server.url, api_key=key)
     tool = {"name": "add", "description": "Add", "input_schema": ADD["function"]["parameters"]}
-    message = sdk.messages.create(model="tiny-math", max_tokens=200, messages=[{"role": "user", "content": "3 + 5?"}],
-                                  tools=[tool], tool_choice={"type": "tool", "name": "add"})
+    message = sdk.messages.create(
+        model="tiny-math",
+        max_tokens=200,
+        messages=[{"role": "user", "content": "3 + 5?"}],
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "add"},
+    )
     (use,) = [block for block in message.content if block.type == "tool_use"]
     assert use.name == "add"
     jsonschema.validate(use.input, tool["input_schema"])
@@ -93,10 +131,17 @@ def test_anthropic_tool_choice_tool_is_a_tool_use_block(local_server, client):
 
 def test_json_schema_and_forced_tool_together_are_a_400(local_server, client):
     _, key = new_session_key(client)
-    r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={
-        "model": "tiny-math", "messages": [{"role": "user", "content": "hi"}], "tools": [ADD],
-        "tool_choice": {"type": "function", "function": {"name": "add"}},
-        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}})
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={
+            "model": "tiny-math",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [ADD],
+            "tool_choice": {"type": "function", "function": {"name": "add"}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}},
+        },
+    )
     assert r.status_code == 400 and "cannot both" in r.json()["error"]["message"]
 
 
@@ -112,7 +157,9 @@ def test_agents_sdk_output_type_gets_a_parsed_pydantic_object(local_server, clie
 
     set_tracing_disabled(True)
     _, key = new_session_key(client)
-    model = OpenAIChatCompletionsModel(model="tiny-math", openai_client=openai.AsyncOpenAI(base_url=local_server.url + "/v1", api_key=key))
+    model = OpenAIChatCompletionsModel(
+        model="tiny-math", openai_client=openai.AsyncOpenAI(base_url=local_server.url + "/v1", api_key=key)
+    )
     agent = Agent(name="math", instructions="Answer the question.", model=model, output_type=Answer)
     result = asyncio.run(Runner.run(agent, "What is 12 + 30?", run_config=RunConfig(tracing_disabled=True)))
     assert isinstance(result.final_output, Answer)

@@ -23,8 +23,12 @@ def test_renormalises_over_the_allowed_set_and_leaves_full_rows_alone():
 
 def test_temperature_applies_before_the_mask():
     logits = torch.tensor([[2.0, 1.0, 0.0]])
-    out = masked_token_logprobs(logits, torch.tensor([1]), torch.tensor([[True, True, False]]), temperature=0.5)
-    assert math.isclose(float(out[0]), float(torch.log_softmax(torch.tensor([4.0, 2.0]), -1)[1]), abs_tol=1e-6)
+    out = masked_token_logprobs(
+        logits, torch.tensor([1]), torch.tensor([[True, True, False]]), temperature=0.5
+    )
+    assert math.isclose(
+        float(out[0]), float(torch.log_softmax(torch.tensor([4.0, 2.0]), -1)[1]), abs_tol=1e-6
+    )
 
 
 def test_from_hidden_states_in_chunks_equals_the_logits_path():
@@ -34,11 +38,15 @@ def test_from_hidden_states_in_chunks_equals_the_logits_path():
     allowed = torch.rand(7, 40, generator=gen) > 0.5
     allowed[torch.arange(7), tokens] = True
     expected = masked_token_logprobs(hidden @ head.T, tokens, allowed)
-    assert torch.allclose(masked_logprobs_from_hidden(hidden, head, tokens, allowed, chunk=3), expected, atol=1e-6)
+    assert torch.allclose(
+        masked_logprobs_from_hidden(hidden, head, tokens, allowed, chunk=3), expected, atol=1e-6
+    )
 
 
 def test_mismatch_stats_count_ratios_outside_the_clip_range():
-    stats = mismatch_stats(torch.tensor([0.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 0.1, -0.5, 0.3]), clip_eps=0.2)
+    stats = mismatch_stats(
+        torch.tensor([0.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 0.1, -0.5, 0.3]), clip_eps=0.2
+    )
     assert math.isclose(stats["mean_abs_logprob_diff"], 0.225, abs_tol=1e-6)
     assert stats["frac_ratio_outside_clip"] == 0.5  # exp(-0.5) = 0.61 and exp(0.3) = 1.35
 
@@ -53,8 +61,9 @@ def test_the_trainers_forward_renormalises_the_indexed_tokens_only(tiny_qwen2, c
     positions = torch.tensor([[0, 4], [1, 6]])
     with torch.no_grad():
         full, _ = compute_token_logprobs_and_entropy(tiny_qwen2, ids, None, 0.7, chunk=chunk)
-        replayed, entropy = compute_token_logprobs_and_entropy(tiny_qwen2, ids, None, 0.7, chunk=chunk,
-                                                               allowed=(positions, allowed))
+        replayed, entropy = compute_token_logprobs_and_entropy(
+            tiny_qwen2, ids, None, 0.7, chunk=chunk, allowed=(positions, allowed)
+        )
         logits = tiny_qwen2(input_ids=ids).logits
     for k, (b, t) in enumerate(positions.tolist()):
         expected = masked_token_logprobs(logits[b, t - 1 : t], ids[b, t : t + 1], allowed[k : k + 1], 0.7)
