@@ -19,7 +19,7 @@ from areal_nb.config import load_config
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
-SMALL = dict(rollout__batch_size=2, rollout__group_size=2, logging__progress=False, rollout__prefetch=False)
+SMALL = {"rollout__batch_size": 2, "rollout__group_size": 2, "logging__progress": False, "rollout__prefetch": False}
 PROMPTS = ["What is 3 + 4?", "Compute 12 * 2.", "Is 7 prime?"]
 NEW_TOKENS = 12
 
@@ -101,3 +101,52 @@ def test_export_model_cli_rejects_a_folder_that_is_no_checkpoint(tmp_path, capsy
 def test_save_pretrained_merged_false_needs_lora(tmp_path):
     with Session(config()) as session, pytest.raises(ValueError, match="merged=True"):
         session.save_pretrained(tmp_path / "adapter", merged=False)
+
+
+LORA = "{r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
+
+
+def test_lora_session_exports_merged_and_adapter_folders_that_decode_like_the_engine(tmp_path):
+    from peft import PeftModel
+
+    from areal_nb.models import load_model
+
+    with Session(config(actor__lora=LORA, actor__lr=5e-2, actor__kl_ctl=0.05)) as session:
+        assert session.actor.ref_model is None  # the reference is the base with the adapters off
+        for _ in range(2):
+            stats = session.train_step(session.rollout())
+            assert stats["logprob_abs_diff_max"] < 1e-4  # the engine's record vs base + adapter
+        merged = session.save_pretrained(tmp_path / "merged")
+        adapter = session.save_pretrained(tmp_path / "adapter", merged=False)
+        prompts = chat_prompts(merged)
+        engine_tokens = [engine_greedy(session, ids) for ids in prompts]
+        assert all(engine_tokens)
+        base_path = session.config.model.path
+    assert not (adapter / "model.safetensors").exists() and (adapter / "adapter_model.safetensors").exists()
+    for engine, hf in zip(engine_tokens, transformers_greedy(merged, prompts), strict=True):
+        same_until_engine_stopped(engine, hf)
+    peft_model = PeftModel.from_pretrained(load_model(base_path, dtype=torch.float32), adapter).eval()
+    for ids, engine in zip(prompts, engine_tokens, strict=True):
+        generated = peft_model.generate(input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS)
+        same_until_engine_stopped(engine, generated[0, len(ids):].tolist())
+
+
+def test_lora_checkpoint_resumes_and_exports_the_adapted_policy(tmp_path):
+    with Session(config(actor__lora=LORA, actor__lr=5e-2)) as session:
+        session.train_step(session.rollout())
+        checkpoint = session.save(tmp_path / "ckpt")
+        session.save_pretrained(tmp_path / "merged")
+    assert cli_main(["export-model", str(checkpoint), str(tmp_path / "from_ckpt")]) == 0
+    with safe_open(tmp_path / "merged" / "model.safetensors", "pt") as a, \
+            safe_open(tmp_path / "from_ckpt" / "model.safetensors", "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())  # noqa: SIM118
+    with Session.load(checkpoint) as resumed:
+        assert resumed.actor.lora and resumed.version == 1
+        from areal_nb.train.lora import merged_weights
+
+        restored = merged_weights(resumed.actor.model)  # the trained adapters came back, not fresh ones
+        with safe_open(tmp_path / "merged" / "model.safetensors", "pt") as saved:
+            assert all(torch.equal(saved.get_tensor(k), restored[k]) for k in saved.keys())  # noqa: SIM118
+        stats = resumed.train_step(resumed.rollout())
+        assert stats["logprob_abs_diff_max"] < 1e-4  # the engine serves the restored base + adapter

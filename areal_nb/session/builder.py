@@ -84,8 +84,8 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
 
 
 def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):
-    """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model, a frozen copy of the
-    initial policy (the KL penalty pulls towards where training started). `version`: the
+    """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model, a
+    frozen copy of the initial policy (the KL penalty pulls towards where training started). `version`: the
     engine's weight version (servers that already served updates report theirs). `parallel`:
     this rank's `train.distributed.DataParallel` under torchrun."""
     from areal_nb.train import Actor

@@ -19,6 +19,7 @@ import torch
 
 from areal_nb.config import ConfigError, dump_config
 from areal_nb.data import load_rows, write_jsonl
+from areal_nb.train.lora import lora_base, merged_weights
 
 if TYPE_CHECKING:
     from .session import Session
@@ -38,7 +39,10 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
     actor_state = session.actor.state_dict() if actor_state is None else actor_state
     ref_weights = session.actor.ref_weights() if ref_weights is None else ref_weights
     # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
-    session.actor.model.save_pretrained(path / "model", state_dict=dict(actor_state["model"]))
+    # LoRA: model/ is the frozen base; state.pt holds the adapters with the actor's state
+    actor = session.actor
+    model_weights = merged_weights(actor.model, adapters=False) if actor.lora else actor_state["model"]
+    lora_base(session.actor.model).save_pretrained(path / "model", state_dict=dict(model_weights))
     session.tokenizer.save_pretrained(path / "model")
     cfg.model.path = str((path / "model").resolve())
     dump_config(cfg, path / "config.yaml")
@@ -111,7 +115,9 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")
     actor.version = session.version
-    engine.update_weights(state["actor"]["model"], version=session.version)  # (no gather: rank 0 alone)
+    # (no gather: rank 0 alone; LoRA runs in one process, and its engine serves base + ΔW merged)
+    weights = merged_weights(actor.model) if actor.lora else state["actor"]["model"]
+    engine.update_weights(weights, version=session.version)
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_nb.config import load_config
-from areal_nb.train.lora import is_lora_model, merged_weights
+from areal_nb.train.lora import is_lora_model, merged_weights, wrap_lora
 from areal_nb.train.precision import serving_weights
+
+from .checkpoint import read_checkpoint
 
 if TYPE_CHECKING:
     from .session import Session
@@ -83,5 +85,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         raise FileNotFoundError(f"{checkpoint} is not a Session checkpoint (no config.yaml and model/)")
     cfg = load_config(checkpoint / "config.yaml")
     model = load_model(str(checkpoint / "model"), dtype=torch.float32)
+    if cfg.actor.lora is not None:  # model/ is the base; the trained adapters are in state.pt
+        model = wrap_lora(model, cfg.actor.lora)
+        model.load_state_dict(read_checkpoint(checkpoint)["actor"]["model"])
     tokenizer = load_tokenizer(str(checkpoint / "model"))
     return write_model_folder(model, model.state_dict(), tokenizer, getattr(torch, cfg.model.dtype), out)

@@ -37,8 +37,8 @@ from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
-from .lora import lora_base, merged_weights, wrap_lora
 from .logprobs import compute_token_logprobs_and_entropy
+from .lora import lora_base, merged_weights, wrap_lora
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report

@@ -76,14 +76,15 @@ def lora_base(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def merged_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+def merged_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, Tensor]:
     """The base model's state dict with each active adapter's ΔW added to its layer's weight,
-    under the plain model's names (no adapter tensors; `model` itself is unchanged)."""
+    under the plain model's names (no adapter tensors; `model` itself is unchanged).
+    `adapters=False`: the frozen base weights alone, under the same names."""
     from peft.tuners.lora import LoraLayer
 
     base = lora_base(model)
     deltas: dict[str, Tensor] = {}
-    for name, module in base.named_modules():
+    for name, module in base.named_modules() if adapters else ():
         if isinstance(module, LoraLayer) and not module.disable_adapters:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:

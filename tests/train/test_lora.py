@@ -128,8 +128,8 @@ def test_adapter_and_merged_folders_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(r=0), "lora.r"), (dict(alpha=0), "lora.alpha"), (dict(dropout=1.0), "lora.dropout"),
-    (dict(target_modules=[]), "target_modules"), (dict(target_modules=["q_proj", "lm_head"]), "lm_head"),
+    ({"r": 0}, "lora.r"), ({"alpha": 0}, "lora.alpha"), ({"dropout": 1.0}, "lora.dropout"),
+    ({"target_modules": []}, "target_modules"), ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"),
 ])
 def test_bad_lora_config_is_refused(kw, match):
     with pytest.raises(ValueError, match=match):
