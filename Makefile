@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast docs bench clean
+.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast docs bench gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -67,6 +67,22 @@ docs: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+
+# Wheels for benchmarks/gpu_check.sh on a GPU machine without a package registry (x86-64 Linux,
+# Python $(GPU_PYTHON), torch and transformers already there): benchmarks/gpu_requirements.txt
+# with its dependencies, less what torch and transformers bring (the machine has those).
+GPU_WHEELS := benchmarks/gpu_wheels
+GPU_PYTHON ?= 3.12
+GPU_WHEELS_PRESENT := numpy-* sympy-* mpmath-* packaging-* filelock-* fsspec-* jinja2-* markupsafe-* \
+	networkx-* pyyaml-* tqdm-* regex-* safetensors-* tokenizers-* huggingface_hub-* transformers-* torch-* \
+	nvidia_* triton-*
+gpu-wheels:
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PY) -m pip download -q --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	  -d $(GPU_WHEELS) -r benchmarks/gpu_requirements.txt
+	cd $(GPU_WHEELS) && rm -f $(GPU_WHEELS_PRESENT)
+	@du -sh $(GPU_WHEELS); ls $(GPU_WHEELS) | wc -l
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shlex
+import types
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -353,10 +356,18 @@ def to_dict(cfg: Any) -> Any:
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
+    if not isinstance(item, str) or "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor.lr=1e-5)")
     path, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    if not path.strip() or any(not part.strip() for part in path.strip().split(".")):
+        raise ConfigError(f"override {_shorten(item)!r}: {_shorten(path)!r} is not a dotted config key (e.g. actor.lr)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        # YAML reserves @ ` % * & ! [ { " ' at the start of a value: quote such a text value
+        shown = raw if len(raw) <= 80 else raw[:80] + "..."
+        raise ConfigError(f"override {_shorten(item)!r}: YAML cannot read the value {shown!r} ({_yaml_problem(exc)}); "
+                          f"to pass it as text, quote it: {_quoted(path, raw)}") from None
     # YAML 1.1 reads "1e-5" as a string; accept the forms people type for numbers.
     if isinstance(value, str):
         try:
@@ -364,6 +375,23 @@ def _parse_override(item: str) -> tuple[str, Any]:
         except ValueError:
             pass
     return path, value
+
+
+def _yaml_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
+    return " ".join(str(problem).split())
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _quoted(path: str, raw: str) -> str:
+    """`path=<raw as a YAML double-quoted string>`, quoted for a POSIX shell."""
+    text = raw if len(raw) <= 80 else raw[:80] + "..."
+    return shlex.quote(f'{path}="' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
 
 
 def apply_overrides(data: dict, overrides: Iterable[str] | dict[str, Any]) -> dict:
@@ -398,15 +426,59 @@ def load_config(source: str | Path | dict | SessionConfig | None = None,
         path = Path(source)
         if not path.exists():
             raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+        except (yaml.YAMLError, RecursionError) as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where_in = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ConfigError(f"{path}: not readable YAML{where_in}: {_yaml_problem(exc)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         where = str(path)
     data = apply_overrides(data, overrides) if overrides else data
+    _refuse_bools_as_numbers(data, SessionConfig, "")
     try:
         return SessionConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc, where) from None
+
+
+def _numeric(annotation: Any) -> bool:
+    """An int or float field (optional or not), not a bool one."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = set(args) - {type(None)} if args else {annotation}
+    return bool(kinds) and kinds <= {int, float}
+
+
+def _refuse_bools_as_numbers(data: Any, node: Any, prefix: str) -> None:
+    """true/false where a number goes is an error, not 1/0 (pydantic would take a bool as an int)."""
+    if not isinstance(data, dict):
+        return
+    fields = _resolved_field_types(node)
+    for key, value in data.items():
+        if key not in fields:
+            continue
+        annotation = fields[key]
+        if isinstance(value, bool) and _numeric(annotation):
+            count = annotation is int or int in typing.get_args(annotation)
+            raise ConfigError(f"{prefix}{key}: expected {'an integer' if count else 'a number'}, got "
+                              f"{str(value).lower()} (a boolean is not a {'count' if count else 'number'})")
+        if isinstance(value, dict) and (isinstance(annotation, type) and (
+                issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation))):
+            _refuse_bools_as_numbers(value, annotation, f"{prefix}{key}.")
+
+
+def _resolved_field_types(node: Any) -> dict[str, Any]:
+    """Field annotations as types (dataclasses of lower layers may hold them as strings)."""
+    if dataclasses.is_dataclass(node):
+        try:
+            hints = typing.get_type_hints(node)
+        except Exception:  # noqa: BLE001 - an unresolvable hint: that field is left to pydantic
+            hints = {}
+        return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(node) if f.init}
+    return _field_types(node)
 
 
 def dump_config(cfg: SessionConfig, path: str | Path | None = None) -> str:

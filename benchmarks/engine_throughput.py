@@ -86,7 +86,7 @@ class VllmWorker:
     """`vllm_offline_worker.py` running in another interpreter; one LLM, many timed generate calls."""
 
     def __init__(self, python: str, model_dir: str, max_num_seqs: int, logprobs: bool, eager: bool,
-                 omp_wait_policy: str | None = None) -> None:
+                 omp_wait_policy: str | None = None, dtype: str = "float32") -> None:
         env = dict(os.environ)
         if omp_wait_policy:  # vLLM's own, apart from ours (its engine core and worker are two processes)
             env["OMP_WAIT_POLICY"] = omp_wait_policy
@@ -100,7 +100,8 @@ class VllmWorker:
             [python, str(HERE / "vllm_offline_worker.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, text=True,
         )
-        self._send({"model": model_dir, "max_num_seqs": max_num_seqs, "logprobs": logprobs, "enforce_eager": eager})
+        self._send({"model": model_dir, "max_num_seqs": max_num_seqs, "logprobs": logprobs, "enforce_eager": eager,
+                    "dtype": dtype})
         self.version = self._receive()["version"]
 
     def _send(self, obj: dict) -> None:

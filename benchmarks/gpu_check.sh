@@ -1,42 +1,41 @@
 #!/usr/bin/env bash
-# The SGLang device check, in one run on a GPU machine (see benchmarks/gpu_check.py for the steps):
-# install sglang if it is missing, build a small Qwen2 model from scratch, launch a real SGLang server,
-# run the contract tests and GRPO steps against it, stop it and check nothing is left running.
+# The GPU check in one run (the stages are in benchmarks/gpu_check.py): a Qwen2.5-0.5B-shaped model
+# in bf16 on CUDA through the engine, 3 GRPO steps of a Session, one FSDP2 step (NCCL, world size 1),
+# the engine-server on CUDA driven by SGLangEngine; peak GPU memory. About 5 minutes on one GPU.
 #
-#   bash benchmarks/gpu_check.sh [OUT_DIR]      (results: OUT_DIR/{gpu_check.log,sglang.log,junit.xml})
+#   make gpu-wheels                              (here, with a package registry: ~32 MB of wheels)
+#   bash benchmarks/gpu_check.sh [OUT_DIR] [gpu_check.py args ...]   (there; no registry needed)
 #
-# Checked version set (pip dry-run resolution, 2026-11-30): sglang 0.5.23 pins torch==2.14.1
-# (CUDA 13.0 wheels from PyPI), transformers==5.19.0, tokenizers==0.23.2, openai==2.8.0; with
-# areal_nb[test] the resolver picks openai-agents 0.6.2. `environment-gpu.yml` installs that set.
-# sglang needs a CUDA 13 driver (>= 580) and network access to PyPI for the install step; a machine
-# that has sglang already skips it.
+# For a machine with Python 3.12, torch and transformers but no registry: what areal_nb needs
+# beyond them (benchmarks/gpu_requirements.txt) is installed from benchmarks/gpu_wheels/ with
+# `pip --no-index`; areal_nb itself runs from this tree (PYTHONPATH), nothing is built.
+# With sglang installed, add --sglang to also run the contract tests against a real SGLang server.
+# Rehearsal without a GPU: bash benchmarks/gpu_check.sh OUT --rehearse  (CPU, 2 small layers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-${OUT:-$PWD/artifacts/gpu_check}}"
+shift || true
 mkdir -p "$OUT_DIR"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 exec > >(tee "$OUT_DIR/gpu_check.log") 2>&1
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || { echo "gpu_check: no NVIDIA GPU"; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "gpu_check: no nvidia-smi"
 "$PY" --version
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" \
+    || { echo "gpu_check: torch and transformers must be installed"; exit 3; }
 
-if ! "$PY" -c "import sglang" 2>/dev/null; then
-    echo "gpu_check: installing areal_nb[sglang,test] (sglang 0.5.23 and the torch it pins)"
-    if ! timeout 1200 "$PY" -m pip install -q -e ".[sglang,test]" "sglang==0.5.23"; then
-        echo "gpu_check: could not install sglang here (no network, or no wheel for this Python/CUDA)."
-        echo "gpu_check: use a machine with PyPI access or an image with sglang 0.5.23 installed."
+WHEELS="${GPU_WHEELS:-benchmarks/gpu_wheels}"
+if ! "$PY" -c "import fastapi, uvicorn, openai, math_verify, httpx_aiohttp, orjson, pandas" 2>/dev/null; then
+    if [ ! -d "$WHEELS" ]; then
+        echo "gpu_check: packages missing and no $WHEELS: run 'make gpu-wheels' where PyPI is reachable"
         exit 3
     fi
-else
-    # areal_nb and what it needs beyond sglang's image (httpx-aiohttp, pytest, ...): pip keeps every
-    # version already installed that satisfies us (sglang's torch/transformers pins stay); a bare
-    # `--no-deps` install left the client's transport and the test runner missing
-    if ! timeout 1200 "$PY" -m pip install -q -e ".[test]"; then
-        echo "gpu_check: could not install areal_nb[test] next to sglang (no network?)"
+    echo "gpu_check: installing benchmarks/gpu_requirements.txt from $WHEELS (no index)"
+    if ! "$PY" -m pip install -q --no-index --find-links "$WHEELS" -r benchmarks/gpu_requirements.txt; then
+        echo "gpu_check: the offline install failed (wheels for another Python? make gpu-wheels GPU_PYTHON=3.X)"
         exit 3
     fi
 fi
-"$PY" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-"$PY" benchmarks/gpu_check.py --out "$OUT_DIR"
+timeout 600 "$PY" benchmarks/gpu_check.py --out "$OUT_DIR" "$@"

@@ -1,7 +1,7 @@
 """vLLM-CPU side of `engine_throughput.py --vllm-python …`: runs in vLLM's own interpreter (venv).
 
 Not imported by areal_nb (vLLM is not one of its dependencies). Protocol, one JSON object per
-line: it reads `{"model": dir, "max_num_seqs": n, "logprobs": bool}` first, builds `vllm.LLM`
+line: it reads `{"model": dir, "max_num_seqs": n, "logprobs": bool, "dtype": "float32"}` first, builds `vllm.LLM`
 once and answers `{"ready": true, "version": …}`; then for each `{"prompts": [[ids…]…],
 "max_new_tokens": [n…]}` it runs one offline `LLM.generate` over all of them (temperature 1,
 ignore_eos, so every request produces exactly its tokens) and answers `{"seconds": s,
@@ -43,7 +43,7 @@ def main() -> None:
     setup = json.loads(sys.stdin.readline())
     llm = LLM(
         model=setup["model"],
-        dtype="float32",
+        dtype=setup.get("dtype", "float32"),
         max_model_len=setup.get("max_model_len", 256),
         max_num_seqs=setup["max_num_seqs"],
         enforce_eager=setup.get("enforce_eager", False),

@@ -1,6 +1,7 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
 from .by_value import NotSerializableError
+from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks
 from .engine_api import InferenceEngine
 from .import_path import import_object
 from .io_struct import (
@@ -31,6 +32,9 @@ from .vocabulary import (
 from .workflow_api import RolloutWorkflow
 
 __all__ = [
+    "CONSTRAINT_KINDS",
+    "OutputConstraint",
+    "SamplingMasks",
     "CHAT_TEMPLATE_TYPES",
     "CREDIT_MODES",
     "CREDIT_NORMS",

@@ -15,6 +15,8 @@ from typing import Any
 
 from areal_nb.errors import InvalidRequestError  # noqa: F401 (re-exported)
 
+from .constraints import OutputConstraint, SamplingMasks
+
 STOP_REASONS = ("stop", "length", "tool_calls", "abort")
 
 # Sampling limits, checked in one place: `GenerationConfig.check`, which every door calls (the
@@ -45,6 +47,8 @@ class GenerationConfig:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     frequency_penalty: float = 0.0
+    # structured output: the engine samples only what the constraint allows (api/constraints.py)
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -89,6 +93,8 @@ class GenerationConfig:
                 raise InvalidRequestError(
                     f"stop strings must be non-empty strings of at most {MAX_STOP_STRING_CHARS} characters, got {s!r:.80}"
                 )
+        if self.constraint is not None:
+            self.constraint.check()
         object.__setattr__(self, "_checked", True)
         return self
 
@@ -165,6 +171,8 @@ class ModelResponse:
     tokenizer: Any = None
     # ids that count as "end of sequence" when stripping; filled from the tokenizer if empty
     eos_token_ids: list[int] = field(default_factory=list)
+    # set when some output token was sampled under a mask (grammar, top-k, top-p): how to rebuild it
+    sampling_masks: SamplingMasks | None = None
 
     @property
     def input_len(self) -> int:

@@ -26,6 +26,7 @@ from areal_nb.api import (
     InvalidRequestError,
     ModelRequest,
     ModelResponse,
+    OutputConstraint,
 )
 from areal_nb.api.io_struct import with_pad_and_eos_ids
 
@@ -40,14 +41,20 @@ from .request_limits import (
     context_tokens,
     text_chars,
 )
+from .structured import (
+    constraint_of_format,
+    constraint_of_tool_choice,
+    request_constraint,
+    with_format_instruction,
+)
 from .templates import concat_prompt_token_ids_with_parent, render_prompt_ids
-from .tool_specs import check_tools
 from .tool_calls import (
     SUPPORTED_REASONING_PARSERS,
     SUPPORTED_TOOL_CALL_PARSERS,
     parse_tool_calls,
     tool_calls_to_openai,
 )
+from .tool_specs import check_tools
 
 __all__ = [
     "CompletionRequestError",
@@ -173,6 +180,7 @@ def sampling_config(
     budget: TokenBudget,
     presence_penalty: float | None = None,
     top_k: int | None = None,
+    constraint: OutputConstraint | None = None,
 ) -> GenerationConfig:
     """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`.
 
@@ -204,6 +212,7 @@ def sampling_config(
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
         stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
+        constraint=constraint,
     )
     try:
         gconfig.check()
@@ -296,10 +305,15 @@ async def generate_for_messages(
         )
         parent = None
 
+    # the schema is shown to the model where the prompt is rendered whole (a concat child reuses
+    # its parent's tokens, which show it already)
+    shown = messages if parent is not None and settings.chat_template_type == "concat" else (
+        with_format_instruction(messages, sampling_kwargs.get("constraint")))
+
     def render() -> list[int]:
-        check_prompt_size(messages, tools, tokenizer, context)
+        check_prompt_size(shown, tools, tokenizer, context)
         return build_prompt_ids(
-            settings=settings, tokenizer=tokenizer, messages=messages, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
+            settings=settings, tokenizer=tokenizer, messages=shown, parent=parent, tools=tools, chat_template_kwargs=chat_template_kwargs
         )
 
     # Rendering is work proportional to the input: a long conversation goes off the event loop,
@@ -389,6 +403,7 @@ async def create_chat_completion(
     extra_body: dict[str, Any] | None = None,
     logprobs: bool | None = None,
     top_k: int | None = None,
+    response_format: Any = None,
     **ignored: Any,
 ):
     """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`.
@@ -400,6 +415,8 @@ async def create_chat_completion(
     n_choices = _check_choices(n)
     tools_list = _normalize_tools(tools)
     check_tools(tools_list, tool_choice)
+    constraint = request_constraint(constraint_of_format(response_format, "response_format"),
+                                    constraint_of_tool_choice(tools_list, tool_choice))
     record = cache if store is not False else None
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
     ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
@@ -414,7 +431,7 @@ async def create_chat_completion(
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_tokens": max_tokens, "max_completion_tokens": max_completion_tokens, "max_total_tokens": max_total_tokens},
         sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": frequency_penalty, "stop": stop,
-                         "presence_penalty": presence_penalty, "top_k": top_k},
+                         "presence_penalty": presence_penalty, "top_k": top_k, "constraint": constraint},
         metadata=metadata,
     )
     if n_choices == 1:
@@ -511,13 +528,15 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
 
 
 def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:
-    """OpenAI's `choice.logprobs` for the reply's tokens (trailing EOS/pad left out, as in its text)."""
+    """OpenAI's `choice.logprobs` for every token the reply sampled, the end token included (as
+    vLLM gives it): one entry per token `usage.completion_tokens` counts, each with the log-prob
+    recorded for training. The end token's entry is its own text (`<|im_end|>`), which the
+    message's content leaves out."""
     from openai.types.chat import ChatCompletionTokenLogprob
     from openai.types.chat.chat_completion import ChoiceLogprobs
 
-    tokens = response.output_tokens_without_stop
     content = []
-    for token_id, logprob in zip(tokens, response.output_logprobs[: len(tokens)], strict=True):
+    for token_id, logprob in zip(response.output_tokens, response.output_logprobs, strict=True):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
         content.append(ChatCompletionTokenLogprob(token=text, bytes=list(text.encode()), logprob=logprob, top_logprobs=[]))
     return ChoiceLogprobs(content=content)
@@ -549,9 +568,11 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
     for choice in completion.choices:
         i = choice.index
         chunks.append(chunk(i, ChoiceDelta(role="assistant", content="")))
+        # every token's log-prob, once: with the content, else (a tool call, an empty reply) on the finish chunk
+        logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
         if choice.message.content:
-            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
             chunks.append(chunk(i, ChoiceDelta(content=choice.message.content), logprobs=logprobs))
+            logprobs = None
         for j, call in enumerate(choice.message.tool_calls or []):
             delta_call = ChoiceDeltaToolCall(
                 index=j,
@@ -560,6 +581,6 @@ def chat_completion_stream_chunks(completion: Any) -> list[Any]:
                 function=ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments),
             )
             chunks.append(chunk(i, ChoiceDelta(tool_calls=[delta_call])))
-        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason,
+        chunks.append(chunk(i, ChoiceDelta(), finish_reason=choice.finish_reason, logprobs=logprobs,
                             usage=completion.usage if choice is completion.choices[last] else None))
     return chunks

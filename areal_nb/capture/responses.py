@@ -26,6 +26,7 @@ from .completion import (
     generate_for_messages,
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
+from .structured import constraint_of_format, constraint_of_tool_choice, request_constraint
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
 from .tool_specs import check_tools
 
@@ -190,6 +191,11 @@ async def create_response(
         raise CompletionRequestError("input cannot be empty")
     chat_tools = _chat_tools(tools)
     check_tools(chat_tools, tool_choice)
+    text_options = ignored.get("text")
+    if text_options is not None and not isinstance(text_options, dict):
+        raise CompletionRequestError(f"text must be an object like {{'format': {{...}}}}, got {text_options!r:.80}")
+    constraint = request_constraint(constraint_of_format((text_options or {}).get("format"), "text.format"),
+                                    constraint_of_tool_choice(chat_tools, tool_choice))
     response_id = "resp-" + uuid.uuid4().hex[:29]
     interaction, model_response = await generate_for_messages(
         engine=engine,
@@ -201,7 +207,8 @@ async def create_response(
         tools=chat_tools,
         chat_template_kwargs=_chat_template_kwargs(extra_body),
         budget_kwargs={"max_completion_tokens": max_output_tokens},
-        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": None, "stop": ignored.get("stop")},
+        sampling_kwargs={"temperature": temperature, "top_p": top_p, "frequency_penalty": None, "stop": ignored.get("stop"),
+                         "constraint": constraint},
         metadata=metadata,
         input_data=input,
     )

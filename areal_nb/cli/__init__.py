@@ -21,6 +21,7 @@ commands:
            (areal-nb export --out DIR CONFIG key=value ...)
   export-model  write a Session checkpoint's policy as a Hugging Face folder
            (areal-nb export-model CHECKPOINT DIR)
+  build-models  rebuild the shipped built-in models from their recipe (areal-nb build-models --help)
 """
 
 
@@ -53,5 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         from areal_nb.cli.export_model import main as export_model_main
 
         return export_model_main(rest) or 0
+    if command == "build-models":
+        from areal_nb.cli.build_models import main as build_models_main
+
+        return build_models_main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2

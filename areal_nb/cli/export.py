@@ -35,5 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ExportError) as exc:
         print(f"areal-nb export: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user gave: not readable, not writable, a file where a folder goes
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"areal-nb export: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     print(f"wrote {out}: bash {out}/launch_local.sh, or sbatch job.sbatch from that folder")
     return 0

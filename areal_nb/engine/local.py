@@ -45,14 +45,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from areal_nb.api import ModelRequest, ModelResponse
+from areal_nb.api import ModelRequest, ModelResponse, SamplingMasks
+from areal_nb.api.constraints import TokenGrammar
 from areal_nb.errors import EngineClosedError  # noqa: F401 (re-exported)
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from .kv_batch import PaddedKVBatch, compact_order
 from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
-from .sampling import sample_next_tokens
+from .sampling import sample_masked, sample_next_tokens
 from .weights import check_weights, copy_weights_into, load_engine_model, read_weights_dir
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,10 @@ class _Row:
     checked_text_len: int = 0  # decoded output text already searched for stop strings
     epoch: int = -1  # the engine's weight epoch when the row was admitted (worker-only)
     prefix: CachedPrefix | None = None  # the prefix cache entry its prompt continued
+    grammar: TokenGrammar | None = None  # structured output: the constraint's state over the output
+    masked: bool = False  # sampled under a mask (grammar, top-k/top-p, banned ids): recorded below
+    kept: list[list[int] | None] = field(default_factory=list)  # per token, see SamplingMasks
+    sampled_logprobs: list[float] = field(default_factory=list)  # per token, under the masked distribution
 
 
 @dataclass
@@ -364,6 +369,11 @@ class LocalEngine:
 
     def _submit(self, plan: RequestPlan, deliver: Delivery) -> _Row:
         row = _Row(plan=plan, deliver=deliver, submitted=time.perf_counter())
+        if plan.constraint is not None:  # compiled in the caller's thread: a bad grammar never reaches the worker
+            row.grammar = TokenGrammar(plan.constraint, self.tokenizer, self.vocab_size)
+        sampling = plan.sampling
+        row.masked = row.grammar is not None or sampling.truncates(self.vocab_size) or (
+            plan.min_new_tokens > 0 and not sampling.greedy)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("LocalEngine is closed")
@@ -543,6 +553,9 @@ class LocalEngine:
             banned = [
                 sorted(r.plan.stop_token_ids) if len(r.output) < r.plan.min_new_tokens else [] for r in rows
             ]
+        if any(r.masked for r in rows):
+            self._sample_masked_and_record(logits, rows, banned)
+            return
         try:
             tokens, logprobs = sample_next_tokens(logits, [r.plan.sampling for r in rows], self._generator, banned)
             picked = list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
@@ -560,6 +573,36 @@ class LocalEngine:
             row.versions.append(version)
             if row.first_token_at is None:
                 row.first_token_at = now
+            row.stop_reason = self._stop_reason(row, token)
+        self.stats.tokens += len(rows)
+
+    def _sample_masked_and_record(self, logits: torch.Tensor, rows: list[_Row], banned: list[list[int]] | None) -> None:
+        """Sampling where some row is masked: grammar masks first, then what each row's
+        distribution was is recorded with its token (`SamplingMasks`)."""
+        try:
+            allowed = [None if r.grammar is None else r.grammar.allowed() for r in rows]
+            choice = sample_masked(logits, [r.plan.sampling for r in rows], self._generator, banned, allowed)
+        except Exception as exc:  # a grammar fault fails these rows, not the engine
+            self._errors.exception("LocalEngine could not sample under a mask")
+            for row in rows:
+                row.error = RuntimeError(f"LocalEngine masked sampling failed: {exc!r}")
+            return
+        version = self._version
+        now = time.perf_counter()
+        for i, (row, token, logprob, sampled) in enumerate(
+            zip(rows, choice.tokens.tolist(), choice.logprobs.tolist(), choice.sampled_logprobs.tolist(), strict=True)
+        ):
+            row.output.append(token)
+            row.logprobs.append(logprob)
+            row.versions.append(version)
+            if row.masked:
+                row.kept.append(choice.kept[i])
+                row.sampled_logprobs.append(sampled)
+            if row.first_token_at is None:
+                row.first_token_at = now
+            if row.grammar is not None and not row.grammar.advance(token):
+                row.error = RuntimeError(f"LocalEngine sampled token {token}, which its grammar did not allow")
+                continue
             row.stop_reason = self._stop_reason(row, token)
         self.stats.tokens += len(rows)
 
@@ -621,6 +664,7 @@ class LocalEngine:
             ttft=(row.first_token_at or now) - row.submitted,
             tokenizer=self.tokenizer,
             eos_token_ids=list(self.eos_token_ids),
+            sampling_masks=SamplingMasks(row.plan.constraint, list(row.kept), list(row.sampled_logprobs)) if row.masked else None,
         )
         self._deliver(row, response)
 

@@ -58,7 +58,7 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
-from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
+from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, ModelResponse
 from areal_nb.errors import EngineServerError, ServerDownError  # noqa: F401 (re-exported)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
@@ -105,6 +105,16 @@ class _PrefixTable:
             if server is not None and server.down is None:
                 return server
         return None
+
+
+def refuse_constraint(g: GenerationConfig) -> None:
+    """Structured output is refused here: SGLang can decode under a grammar, but its /generate
+    reply says nothing of the mask each token was sampled under, so the record could not give the
+    trainer the distribution the tokens came from."""
+    if g.constraint is not None:
+        raise InvalidRequestError(
+            f"structured output ({g.constraint.kind}) needs engine.type: local: the remote engine's replies carry "
+            "no sampling masks, so the trainer could not score its tokens under the distribution they were sampled from")
 
 
 class SGLangEngine:
@@ -257,6 +267,7 @@ class SGLangEngine:
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         if self._closed:
             raise EngineServerError("SGLangEngine is closed")
+        refuse_constraint(req.gconfig)
         return await self._on_loop(self._agenerate(req))
 
     def get_version(self) -> int:

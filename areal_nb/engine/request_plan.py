@@ -11,7 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.api import InvalidRequestError, ModelRequest
+from areal_nb.api import InvalidRequestError, ModelRequest, OutputConstraint
 
 from .sampling import SamplingParams
 
@@ -25,6 +25,7 @@ class RequestPlan:
     stop_strings: tuple[str, ...]
     min_new_tokens: int
     sampling: SamplingParams
+    constraint: OutputConstraint | None = None  # structured output: sample only what it allows
 
 
 def plan_request(
@@ -67,6 +68,8 @@ def plan_request(
     stop_strings = tuple(g.stop or ())
     if stop_strings and tokenizer is None:
         raise InvalidRequestError("stop strings need a tokenizer; this LocalEngine was built without one")
+    if g.constraint is not None and tokenizer is None:
+        raise InvalidRequestError("structured output needs a tokenizer; this LocalEngine was built without one")
 
     greedy = g.greedy or g.temperature == 0
 
@@ -91,4 +94,5 @@ def plan_request(
             top_p=float(g.top_p),
             top_k=int(g.top_k),
         ),
+        constraint=g.constraint,
     )

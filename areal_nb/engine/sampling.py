@@ -115,3 +115,59 @@ def _truncate_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) ->
     remove[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+
+
+@dataclass
+class MaskedChoice:
+    """What `sample_masked` chose for a batch, and the distribution each row was sampled from."""
+
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] fp32, the full-distribution convention of `sample_next_tokens`
+    sampled_logprobs: torch.Tensor  # [B] fp32, log-prob under the masked, renormalised distribution
+    kept: list[list[int] | None]  # per row: the ids left by top-k / top-p / banned ids (None: not truncated)
+
+
+def sample_masked(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generator: torch.Generator | None = None,
+    banned: list[list[int]] | None = None,
+    allowed: list[torch.Tensor | None] | None = None,
+) -> MaskedChoice:
+    """`sample_next_tokens` for rows that may carry a grammar mask (`allowed[i]`: bool [V]),
+    recording each row's sampling distribution. Rows draw the same uniforms in the same order as
+    `sample_next_tokens` (one per sampled row).
+
+    The grammar mask is applied first, then the banned ids, then top-k / top-p within what is
+    left (truncation never reaches outside the grammar). A row's kept set is recorded when
+    truncation or banned ids changed its distribution beyond the grammar's own mask, which the
+    trainer can replay instead of storing.
+    """
+    logits = logits.float()
+    batch, vocab = logits.shape
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+    scaled = logits / temperature[:, None]
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    choose_from = scaled.clone()
+    for row in range(batch):
+        if allowed is not None and allowed[row] is not None:
+            choose_from[row, ~allowed[row].to(choose_from.device)] = float("-inf")
+        if banned is not None and banned[row]:
+            choose_from[row, banned[row]] = float("-inf")
+    sample_rows = [i for i, p in enumerate(params) if not p.greedy]
+    truncating = {i for i in sample_rows if params[i].truncates(vocab)}
+    final = choose_from
+    if truncating:
+        rows = sorted(truncating)
+        final = choose_from.clone()
+        final[rows] = _truncate_top_k_top_p(choose_from[rows], [params[i] for i in rows])
+    tokens = choose_from.argmax(dim=-1)
+    if sample_rows:
+        tokens[sample_rows] = _inverse_cdf_draw(torch.softmax(final[sample_rows], dim=-1), generator)
+    logprobs = logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+    sampled = torch.log_softmax(final, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    kept: list[list[int] | None] = []
+    for row in range(batch):
+        cut = row in truncating or (banned is not None and bool(banned[row]) and not params[row].greedy)
+        kept.append(torch.isfinite(final[row]).nonzero().flatten().tolist() if cut else None)
+    return MaskedChoice(tokens, logprobs, sampled, kept)

@@ -44,6 +44,11 @@ def export_run(path: str | Path, config: SessionConfig, *, session: Session | No
     actor's state and KL reference weights when every rank already took part in gathering them
     (`Session.export` under torchrun); otherwise the checkpoint gathers them here."""
     out = Path(path).expanduser().resolve()  # (a link to a folder elsewhere: work beside its target)
+    for parent in out.parents:  # the nearest existing folder above must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ExportError(f"cannot write the run folder {out}: {parent} is a file, not a folder")
+            break
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder")
     if out.exists() and any(out.iterdir()):
@@ -154,14 +159,7 @@ def _save_checkpoint(session: Session, cfg: SessionConfig, path: Path,
     if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
         logger.info("%d prefetched rollout group(s) were not trained on: the exported run generates them "
                     "again from their rows, at its own policy version", waiting)
-    original = session.config
-    session.config = cfg
-    try:
-        save_checkpoint(session, path, *(gathered or ()))
-    finally:
-        session.config = original
-    saved = load_config(path / "config.yaml", {"model.path": str(final / "model")})
-    dump_config(saved, path / "config.yaml")
+    save_checkpoint(session, path, *(gathered or ()), config=cfg, model_path=final / "model")
 
 
 # ----------------------------------------------------------------------------- scripts

@@ -1,5 +1,5 @@
-"""Models by name: the built-in `tiny-math` (built from scratch and cached), local folders,
-and Hugging Face ids, all loaded through `AutoTokenizer` / `AutoModelForCausalLM`.
+"""Models by name: the built-in `tiny-math` and `tiny-tools` (shipped built, see `shipped.py`),
+local folders, and Hugging Face ids, all loaded through `AutoTokenizer` / `AutoModelForCausalLM`.
 
 `tiny-math`
     Tokenizer: byte-level BPE (vocab 512 + 6 added markup tokens) trained with `tokenizers` on
@@ -10,19 +10,18 @@ and Hugging Face ids, all loaded through `AutoTokenizer` / `AutoModelForCausalLM
     Model: `Qwen2ForCausalLM`, hidden 128, 4 layers, 4 heads, 1.12 M parameters (tied
     embeddings), float32. Warm start: 500 SFT steps (batch 32, every 5th batch eight two-turn
     correction examples, lr 1e-3, seed 0) on generated one-step, one-digit +/- word problems;
-    replies look like `\\boxed{13}`. Measured greedy accuracy on the 200 held-out problems
-    (`generate_problems(200, split="test")`): **0.545**; within two turns (the correction prompt
-    after a wrong answer) 0.605, i.e. the second turn fixes ~13 % of the wrong first answers.
-    Build: ~110 s on one core of the shared 2-core machine. Cached as
-    `<cache>/tiny-math/model-<hash>/` with `build_info.json`.
+    replies look like `\\boxed{13}`. Greedy accuracy of the shipped build on the 200 held-out
+    problems (`generate_problems(200, split="test")`): **0.465** (`shipped/tiny-math/build_info.json`).
+    Build: ~2 min on one CPU core (`areal-nb build-models`).
 
 `tiny-tools`
     The same architecture and chat template warm-started for the calculator tool task
     (`tiny_tools.py`): its own tokenizer (tools prompt ~34 tokens), 450 SFT steps on tool
-    conversations; held-out greedy success 0.32. Cached as `<cache>/tiny-tools/model-<hash>/`.
+    conversations; held-out greedy success of the shipped build 0.37.
 
-    `<cache>` is `$AREAL_NB_CACHE` or `~/.cache/areal_nb`; `<hash>` covers the recipe and the
-    code that builds it, so changing either rebuilds.
+    Unshipped (after an edit of a recipe or of the code that builds it) each is built on first
+    use and cached as `<cache>/<name>/model-<hash>/`: `<cache>` is `$AREAL_NB_CACHE` or
+    `~/.cache/areal_nb`, `<hash>` covers the recipe and that code.
 """
 
 from .registry import TINY_MATH, TINY_TOOLS, load_model, load_tokenizer, resolve_model_path

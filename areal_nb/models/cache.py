@@ -7,6 +7,7 @@ temporary folder first, and an atomic rename publishes it, so nobody sees half a
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -30,8 +31,41 @@ def recipe_hash(recipe: dict[str, Any], source_files: list[Path]) -> str:
     h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     for path in source_files:
         h.update(path.name.encode())
-        h.update(path.read_bytes())
+        h.update(source_fingerprint(path))
     return h.hexdigest()[:16]
+
+
+def source_fingerprint(path: Path) -> bytes:
+    """What of a source file can change a build: a Python file's syntax tree without docstrings
+    (comments, docstrings and layout do not count), written out the same way on every Python from
+    3.11 on; any other file's bytes."""
+    if path.suffix != ".py":
+        return path.read_bytes()
+    return _canonical(ast.parse(path.read_text(encoding="utf-8"))).encode()
+
+
+# Fields newer Pythons add with an empty default (3.12: type_params), or that hold no code.
+_SKIPPED_FIELDS = {"type_comment", "type_params", "type_ignores", "kind"}
+
+
+def _canonical(node: Any) -> str:
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if name == "body" and isinstance(value, list) and value and _is_docstring(value[0]):
+                value = value[1:]
+            if value is None or value == [] or name in _SKIPPED_FIELDS:
+                continue
+            fields.append(f"{name}={_canonical(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return repr(node)
+
+
+def _is_docstring(statement: ast.AST) -> bool:
+    return (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str))
 
 
 @contextmanager

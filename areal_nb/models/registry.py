@@ -1,4 +1,8 @@
-"""Model names → local folders: the built-in `tiny-math` and `tiny-tools`, local folders, Hugging Face ids."""
+"""Model names → local folders: the built-in `tiny-math` and `tiny-tools`, local folders, Hugging Face ids.
+
+A built-in name resolves to the folder shipped with the package (`shipped.py`) while it matches
+the current recipe; otherwise it is built from the recipe on first use and cached.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,39 @@ import sys
 from pathlib import Path
 
 from .cache import cache_root, cached_build, recipe_hash
+from .shipped import shipped_folder
 
 TINY_MATH = "tiny-math"
 TINY_TOOLS = "tiny-tools"
+BUILT_IN_NAMES = (TINY_MATH, TINY_TOOLS)
 _HERE = Path(__file__).parent
 _DATA = _HERE.parent / "data"
 
 
+def recipe_key(name: str) -> str:
+    """The hash of a built-in model's recipe and of every source file its build reads."""
+    if name == TINY_MATH:
+        from .warm_start import SFT_RECIPE
+
+        return recipe_hash(SFT_RECIPE, _tokenizer_sources() + _model_sources())
+    if name == TINY_TOOLS:
+        from .tiny_tools import TOOLS_SFT_RECIPE
+
+        return recipe_hash(TOOLS_SFT_RECIPE, _tokenizer_sources() + _tools_sources())
+    raise ValueError(f"unknown built-in model {name!r}; expected one of {BUILT_IN_NAMES}")
+
+
+def _shipped(name: str) -> Path | None:
+    return shipped_folder(name, recipe_key(name))
+
+
 def tiny_math_tokenizer_dir() -> Path:
-    """The cached tokenizer-only folder (built in well under a second, no model needed)."""
+    """The tokenizer's folder: the shipped model's, else a cached tokenizer-only build (under a second)."""
     from .tokenizer import TOKENIZER_RECIPE, build_tokenizer
+
+    shipped = _shipped(TINY_MATH)
+    if shipped is not None:
+        return shipped
 
     key = recipe_hash(TOKENIZER_RECIPE, _tokenizer_sources())
     final = cache_root() / TINY_MATH / f"tokenizer-{key}"
@@ -28,11 +55,14 @@ def _tokenizer_sources() -> list[Path]:
 
 
 def tiny_math_model_dir() -> Path:
-    """The cached folder with tokenizer + SFT-warm-started model (built on first use)."""
-    from .warm_start import SFT_RECIPE, build_model
+    """The folder with tokenizer + SFT-warm-started model: shipped, else built on first use and cached."""
+    from .warm_start import build_model
 
+    shipped = _shipped(TINY_MATH)
+    if shipped is not None:
+        return shipped
     tokenizer_dir = tiny_math_tokenizer_dir()
-    key = recipe_hash(SFT_RECIPE, _tokenizer_sources() + _model_sources())
+    key = recipe_key(TINY_MATH)
     final = cache_root() / TINY_MATH / f"model-{key}"
     if not final.is_dir():  # say why the first call is slow (another process may be building it)
         print(f"building tiny-math (first use, ~2 min on one CPU core; cached in {final.parent}) …",
@@ -45,9 +75,12 @@ def _model_sources() -> list[Path]:
 
 
 def tiny_tools_tokenizer_dir() -> Path:
-    """The cached `tiny-tools` tokenizer folder (a few seconds to build)."""
+    """The `tiny-tools` tokenizer's folder: the shipped model's, else a cached build (a few seconds)."""
     from .tiny_tools import TOOLS_TOKENIZER_RECIPE, build_tools_tokenizer
 
+    shipped = _shipped(TINY_TOOLS)
+    if shipped is not None:
+        return shipped
     template_dir = tiny_math_tokenizer_dir()  # its chat template is the one tiny-tools renders with
     key = recipe_hash(TOOLS_TOKENIZER_RECIPE, _tokenizer_sources() + _tools_sources())
     final = cache_root() / TINY_TOOLS / f"tokenizer-{key}"
@@ -60,11 +93,14 @@ def _tools_sources() -> list[Path]:
 
 
 def tiny_tools_model_dir() -> Path:
-    """The cached folder with the `tiny-tools` tokenizer + warm-started model (built on first use)."""
-    from .tiny_tools import TOOLS_SFT_RECIPE, build_tools_model
+    """The folder with the `tiny-tools` tokenizer + warm-started model: shipped, else built and cached."""
+    from .tiny_tools import build_tools_model
 
+    shipped = _shipped(TINY_TOOLS)
+    if shipped is not None:
+        return shipped
     tokenizer_dir = tiny_tools_tokenizer_dir()
-    key = recipe_hash(TOOLS_SFT_RECIPE, _tokenizer_sources() + _tools_sources())
+    key = recipe_key(TINY_TOOLS)
     final = cache_root() / TINY_TOOLS / f"model-{key}"
     if not final.is_dir():
         print(f"building tiny-tools (first use, ~3 min on one CPU core; cached in {final.parent}) …",

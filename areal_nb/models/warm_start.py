@@ -4,7 +4,7 @@ The warm start stops well before convergence: the model answers about half of th
 problems (so most GRPO groups hold both right and wrong answers) and leaves room for RL.
 Measured with a bare single-turn GRPO loop (16 prompts x 8 samples, lr 3e-4, checks every
 20 steps): from 120 SFT steps (accuracy 0.105) RL gained +0 to +3 points by step 100, from 300
-steps (0.205) +8 and +13.5 by step 100 (two seeds), from 500 steps (0.545) between -1 and
+steps (0.205) +8 and +13.5 by step 100 (two seeds), from 500 steps (about half right) between -1 and
 +28.5 depending on the seed and the step; at lr 1.5e-4 from 500 steps, +21 to +31 at every
 check from step 20 to 80.
 """

@@ -4,9 +4,10 @@ A client that asks for structured output, a logit bias, alternatives per token o
 an ordinary completion back would act on an answer it did not ask for (and the recorded episode
 would not be the one its author meant to train on). Options that only change how a reply is
 delivered (`seed`, `user`, `parallel_tool_calls`) are accepted as OpenAI's own API accepts them.
-JSON mode (`json_object`) is accepted too: OpenAI requires its prompt to ask for JSON, so the
-request means what it says without constrained decoding (whose masked log-probs would not be the
-policy's); a `json_schema` is refused, since the model never sees the schema.
+Structured output (`json_object`, `json_schema`) is accepted: the capture layer turns it into a
+constraint the engine decodes under (`capture/structured.py`) and refuses, naming it, a schema
+feature the grammar cannot enforce; each token then records the masked distribution it was
+sampled from, which the trainer can replay (`actor.replay_sampling_masks`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from .errors import ProxyError
 from .schemas import ChatCompletionRequest, ResponsesRequest
 
-_NO_CONSTRAINED_DECODING = "the engine has no constrained decoding; ask for the format in the prompt"
+_FORMATS = "use 'text', 'json_object' or 'json_schema'"
 _ONLY_SAMPLED_LOGPROBS = "only the sampled tokens' log-probs are known (logprobs=true gives those)"
 
 
@@ -33,8 +34,8 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
         raise _unsupported("logit_bias is not supported: the engine samples from the model's own distribution "
                            "(whose log-probs training uses); send {} or omit it")
     kind = _format_type(body.response_format)
-    if kind not in (None, "text", "json_object"):
-        raise _unsupported(f"response_format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
+    if kind not in (None, "text", "json_object", "json_schema"):
+        raise _unsupported(f"response_format {kind!r} is not supported: {_FORMATS}")
     if body.best_of not in (None, 1):
         raise _unsupported(f"best_of={body.best_of} is not supported; send separate requests")
     if body.top_logprobs:
@@ -52,8 +53,8 @@ def check_chat_options(body: ChatCompletionRequest) -> None:
 
 def check_responses_options(body: ResponsesRequest) -> None:
     kind = _format_type((body.text or {}).get("format"))
-    if kind not in (None, "text", "json_object"):
-        raise _unsupported(f"text.format {kind!r} is not supported: {_NO_CONSTRAINED_DECODING}")
+    if kind not in (None, "text", "json_object", "json_schema"):
+        raise _unsupported(f"text.format {kind!r} is not supported: {_FORMATS}")
     if body.top_logprobs:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
 

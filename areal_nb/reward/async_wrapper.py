@@ -44,6 +44,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
+from areal_nb.api.spawn import spawn_safely, why_spawn_fails
 from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class _Pool:
         start-up must not count against the per-call timeout.
         """
         if module not in self.warm:
-            self.warm[module] = self.executor.submit(_import_module, module)
+            with spawn_safely():  # (this first submit starts the processes)
+                self.warm[module] = self.executor.submit(_import_module, module)
         return self.warm[module]
 
     def kill(self) -> None:
@@ -240,7 +242,16 @@ class AsyncRewardWrapper:
                 module = getattr(self.reward_fn, "__module__", None)
                 if not module or module == "__main__":
                     module = __name__
-                await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
+                except BrokenProcessPool:
+                    # the workers died before running anything: say why, once, instead of retrying
+                    reason = await asyncio.to_thread(why_spawn_fails)
+                    if reason is not None:
+                        shared.retire(pool)
+                        raise RewardWorkerCrashedError(f"reward function {self._name}: its worker processes "
+                                                       f"cannot start:\n{reason}") from None
+                    raise
                 future = loop.run_in_executor(pool.executor, job)
                 return float(await asyncio.wait_for(future, self.timeout_seconds))
             except TimeoutError as exc:
@@ -263,6 +274,8 @@ class AsyncRewardWrapper:
                 logger.warning(
                     "reward %s: worker process died (attempt %d/%d): %s", self._name, attempt, attempts, exc
                 )
+            except RewardWorkerCrashedError:
+                raise  # (its workers cannot start: retrying cannot help)
             except Exception as exc:
                 last = exc
                 logger.warning("reward %s raised %r (attempt %d/%d)", self._name, exc, attempt, attempts)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.api.deadline import CANCEL_GRACE_S, TaskAbandoned, run_within
 from areal_nb.errors import StalenessLimitError  # noqa: F401 (re-exported)
 
 from .staleness import StalenessManager
@@ -160,7 +161,9 @@ class RolloutExecutor:
         accepted = False
         try:
             coro = self.workflow.arun_episode(self.engine, copy.deepcopy(ep.data))
-            result = await asyncio.wait_for(coro, self.episode_timeout) if self.episode_timeout else await coro
+            # (not asyncio.wait_for: an episode that swallows its cancellation is abandoned, not waited for)
+            result = await run_within(coro, self.episode_timeout, what=f"episode (group {ep.group_id}, "
+                                      f"sample {ep.sample_id})")
             if result is None:
                 reason = getattr(self.workflow, "last_rejection_reason", None) or "workflow returned None"
                 ep.rejection_reason = str(reason)
@@ -174,6 +177,8 @@ class RolloutExecutor:
             raise
         except asyncio.TimeoutError:
             ep.rejection_reason = f"episode timed out after {self.episode_timeout} s"
+        except TaskAbandoned as e:
+            ep.rejection_reason = str(e)
         except Exception as e:  # an agent bug must never stop training
             ep.rejection_reason = f"{type(e).__name__}: {e}"
         finally:
@@ -254,8 +259,10 @@ class RolloutExecutor:
         finished = sum(len(g.tasks) for g in self._groups) - running
         for t in tasks:
             t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # each bounds its own clean-up (run_within); this bound is a second guard
+            _, stuck = await asyncio.wait(tasks, timeout=2 * CANCEL_GRACE_S + 15)
+            if stuck:
+                logger.warning("%d episode(s) did not stop after cancellation; abandoned", len(stuck))
         self.staleness.on_cancel(running, finished)
         self._groups.clear()
         self._switch_interval.release()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import importlib
 import inspect
 import logging
 import math
@@ -44,6 +45,8 @@ import httpx
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
+from areal_nb.api.deadline import TaskAbandoned, run_within
+from areal_nb.api.spawn import spawn_safely, why_spawn_fails
 from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
@@ -53,6 +56,24 @@ logger = logging.getLogger(__name__)
 
 MODES = ("inline", "subproc")
 SUBPROC_ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
+# How long a subproc pool's worker processes may take to start (off the agent_timeout clock)
+WORKER_START_TIMEOUT_S = 300.0
+
+
+def _worker_started(barrier: Any) -> None:
+    """Pool initializer: no worker takes a job before every worker of the pool is up, so the
+    warm-up (`_started_pool`) ends when all of them are and no episode's clock runs during a start-up.
+    The SDKs subproc agents call (their env vars are set per episode) are imported here, off the clock."""
+    for sdk in ("openai", "anthropic"):
+        try:
+            importlib.import_module(sdk)
+        except ImportError:
+            pass
+    barrier.wait(WORKER_START_TIMEOUT_S)
+
+
+def _worker_ready() -> int:
+    return os.getpid()
 
 
 def _run_agent_in_subprocess(agent_payload: bytes, data: dict[str, Any], env: dict[str, str]) -> Any:
@@ -177,7 +198,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         if self.asgi_app is not None:
             self.proxy_state = proxy_state if proxy_state is not None else proxy_state_of(asgi_app)
         # Why episodes were rejected, by kind ("agent_error", "agent_timeout", "invalid_reward",
-        # "no_interactions", "proxy_error", "subproc_crash"); read by executors and dashboards.
+        # "no_interactions", "proxy_error", "subproc_crash", "agent_abandoned": an agent that ignored its
+        # cancellation at agent_timeout for CANCEL_GRACE_S, left running); read by executors and dashboards.
         self.rejections: collections.Counter[str] = collections.Counter()
         self.accepted = 0
         self._last_reason: str | None = None
@@ -185,6 +207,9 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         # reason even while other episodes are rejected concurrently.
         self._task_reasons: weakref.WeakKeyDictionary[asyncio.Task, str | None] = weakref.WeakKeyDictionary()
         self._pool: ProcessPoolExecutor | None = None
+        self._pool_ready: asyncio.Future | None = None  # the pool's workers all started
+        self._slots: asyncio.Semaphore | None = None  # one per worker (on the loop that runs episodes)
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
@@ -206,10 +231,33 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                max_workers=self.subproc_max_workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.subproc_max_workers, mp_context=context, initializer=_worker_started,
+                initargs=(context.Barrier(self.subproc_max_workers),),
             )
+            self._pool_ready = None
         return self._pool
+
+    async def _started_pool(self) -> ProcessPoolExecutor:
+        """The pool with all its workers started (agent_timeout measures the agent, not this);
+        EpisodeRejected with the workers' own traceback when they cannot start."""
+        pool = self._process_pool()
+        if self._pool_ready is None:
+            # one job per worker: a spawn pool starts a process per job it has no idle worker for,
+            # and the initializer's barrier holds every job until all the workers are up
+            with spawn_safely():
+                jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
+            self._pool_ready = asyncio.gather(*jobs)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._pool_ready), WORKER_START_TIMEOUT_S)
+        except (BrokenProcessPool, TimeoutError) as exc:
+            if self._pool is pool:
+                self._kill_pool()
+            reason = await asyncio.to_thread(why_spawn_fails)
+            raise EpisodeRejected("subproc_crash", "the agent's worker processes cannot start"
+                                  + (f":\n{reason}" if reason else f" ({type(exc).__name__}: {exc})")) from exc
+        return pool
 
     def _kill_pool(self) -> None:
         """A worker is stuck in agent code: kill the pool's processes; the next episode gets a new pool."""
@@ -266,19 +314,34 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 http_client=self._http_client(),
             )
             try:
-                return await asyncio.wait_for(coro, self.agent_timeout)
+                return await run_within(coro, self.agent_timeout, what=f"agent {type(self.agent).__name__}")
             except TimeoutError as exc:
                 raise EpisodeRejected(
                     "agent_timeout", f"agent did not finish within agent_timeout={self.agent_timeout}s"
                 ) from exc
+            except TaskAbandoned as exc:
+                raise EpisodeRejected("agent_abandoned", str(exc)) from exc
         env = {
             "OPENAI_BASE_URL": f"{self.proxy_addr}/v1",
             "OPENAI_API_KEY": session_api_key,
             "ANTHROPIC_BASE_URL": self.proxy_addr,
             "ANTHROPIC_API_KEY": session_api_key,
         }
-        pool = self._process_pool()
+        pool = await self._started_pool()
         payload = dumps_by_value(self.agent, "agent")  # per episode: the agent's current state
+        # at most one episode per worker is handed to the pool: the clock runs from when a worker
+        # takes the episode, not while it waits in the pool's queue behind others
+        async with self._worker_slots():
+            return await self._run_in_pool(pool, payload, data, env)
+
+    def _worker_slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self.subproc_max_workers), loop
+        return self._slots
+
+    async def _run_in_pool(self, pool: ProcessPoolExecutor, payload: bytes, data: dict[str, Any],
+                           env: dict[str, str]) -> Any:
         future = asyncio.get_running_loop().run_in_executor(pool, _run_agent_in_subprocess, payload, data, env)
         try:
             return await asyncio.wait_for(future, self.agent_timeout)

@@ -204,8 +204,20 @@ def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkf
 
 def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
     # Every call is kept (individual export); the RolloutBatch applies the configured style later.
+    # agent_timeout: the workflow times the agent's own run (a subproc pool's start-up is not on its clock)
     return {"mode": cfg.agent.mode, "discount": cfg.agent.turn_discount, "export_style": "individual",
-            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers}
+            "discount_mode": cfg.agent.discount_mode, "subproc_max_workers": cfg.agent.subproc_max_workers,
+            "agent_timeout": cfg.agent.agent_timeout}
+
+
+def episode_timeout(cfg: SessionConfig, workflow: RolloutWorkflow) -> float | None:
+    """The executor's bound on a whole episode: `agent.agent_timeout` for a workflow of the user's
+    own (`RolloutWorkflow`); none for an agent behind the proxy, whose workflow bounds the agent
+    itself (`agent_timeout`, then abandoning one that ignores its cancellation) and whose other
+    steps (the worker pool's start, the session's calls on the proxy) are bounded each."""
+    from areal_nb.rollout.workflow import OpenAIProxyWorkflow
+
+    return None if isinstance(workflow, OpenAIProxyWorkflow) else cfg.agent.agent_timeout
 
 
 def _in_process_kwargs(cfg: SessionConfig, asgi_app: Any, session_app: Any) -> dict[str, Any]:
@@ -220,5 +232,5 @@ def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: Infere
 
     return RolloutExecutor(workflow, engine, group_size=cfg.rollout.group_size, batch_size=cfg.rollout.batch_size,
                            max_head_offpolicyness=cfg.rollout.max_head_offpolicyness,
-                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=cfg.agent.agent_timeout,
+                           max_concurrent=cfg.rollout.max_concurrent_rollouts, episode_timeout=episode_timeout(cfg, workflow),
                            switch_interval=cfg.rollout.gil_switch_interval)

@@ -2,50 +2,161 @@
 
 A checkpoint folder holds `model/` (weights + tokenizer, loadable by transformers),
 `config.yaml` (the run's config, with `model.path` pointing at `model/`), `state.pt` (optimizer,
-step, version, RNG states, data position), `history.json` (the stats rows so far), and `data/`
-when the dataset was given as a Python object (its rows as JSONL; see `_store_python_datasets`).
+step, version, RNG states, data position), `history.json` (the stats rows so far), `data/`
+when the dataset was given as a Python object (its rows as JSONL; see `_store_python_datasets`),
+and `manifest.json`: every other file's size and SHA-256, written last.
+
+**Saving never loses the checkpoint it replaces.** Everything is written into a temporary
+sibling folder (`.NAME.saving-*`), fsynced, and only a complete folder takes the target's name
+(the old one is renamed aside first and deleted after; if the second rename fails it is put
+back). A failure at any write (a full disk, a killed process) leaves the earlier checkpoint as it
+was and removes the partial one. A target that exists but is not a checkpoint (a file, or a
+folder holding files a checkpoint does not write) is refused, never emptied.
+
+**Loading checks before it starts anything** (`verify_checkpoint`): the manifest's files are all
+there with their sizes and hashes; config.yaml, history.json, the model's config and tokenizer
+parse; the weights' tensors have the shapes the model's config.json gives them; state.pt holds
+the weights and an optimizer state shaped like the model's trainable parameters. Any problem is
+one `CheckpointError` naming the file and what is wrong with it.
+
+**A checkpoint without a manifest** (written before checkpoints carried one) is refused, with a
+message that says how to adopt it: `adopt_checkpoint(path)` runs the structural checks and
+writes the manifest. Loading it with a warning would be friendlier, but the structural checks
+cannot see every damage: half of a config.yaml is still a valid config (the missing keys take
+their defaults), and a changed byte in the weights is still weights; a run would then continue
+silently from something else than what was saved. Adopting is one deliberate call.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
+import hashlib
 import json
+import logging
+import os
 import random
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
-from areal_nb.config import ConfigError, dump_config
+from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
+from areal_nb.errors import ArealError
 from areal_nb.train.lora import lora_base, merged_weights
 
 if TYPE_CHECKING:
     from .session import Session
 
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "areal_nb checkpoint"
+# What every checkpoint holds (besides model/'s weights and tokenizer files, checked by kind)
+REQUIRED = ("config.yaml", "state.pt", "history.json", "model/config.json")
+STATE_KEYS = ("step_count", "version", "actor", "rng", "data_pos")
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+# The steps of a save, in order, each a function of this module (the fault tests fail each one)
+SAVE_STEPS = ("_write_data", "_write_model", "_write_tokenizer", "_write_config", "_write_state",
+              "_write_history", "_write_manifest", "_sync_tree", "_replace")
+
+
+class CheckpointError(ArealError, ValueError):
+    """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
+    file and what is wrong with it."""
+
+
+# ----------------------------------------------------------------------------- saving
+
 
 def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, Any] | None = None,
-                    ref_weights: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint folder (rank 0). `actor_state` / `ref_weights`: the actor's full state
-    and its KL reference's full weights when the caller already gathered them (under FSDP every
-    rank takes part in those gathers; see `Session.save`)."""
-    path = Path(path)
-    cfg = copy.deepcopy(session.config)
+                    ref_weights: dict[str, Any] | None = None, *, model_path: str | Path | None = None,
+                    config: SessionConfig | None = None) -> Path:
+    """Write the checkpoint folder (rank 0), replacing an earlier checkpoint at `path` only once
+    the new one is complete. `actor_state` / `ref_weights`: the actor's full state and its KL
+    reference's full weights when the caller already gathered them (under FSDP every rank takes
+    part in those gathers; see `Session.save`). `model_path`: what config.yaml's `model.path`
+    says (default: `path/model` resolved; an export names where its folder will be). `config`:
+    the config to record (default: the Session's)."""
+    final = Path(path).expanduser().absolute()
+    cfg = copy.deepcopy(session.config if config is None else config)
     if not isinstance(cfg.agent.workflow, str):
         raise ConfigError("save() needs agent.workflow as an import string so the run can be restored")
-    path.mkdir(parents=True, exist_ok=True)
-    _store_python_datasets(cfg.data, path / "data")
+    _check_target(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # (a user's path: permissions, a read-only filesystem, ...)
+        raise CheckpointError(f"cannot save a checkpoint at {final}: {e.strerror or e} ({final.parent})") from e
     actor_state = session.actor.state_dict() if actor_state is None else actor_state
     ref_weights = session.actor.ref_weights() if ref_weights is None else ref_weights
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.saving-", dir=final.parent))
+    try:
+        # each step below is one module-level function, so a test can make any one of them fail
+        _write_data(cfg, tmp, final)
+        _write_model(session, actor_state, tmp)
+        _write_tokenizer(session, tmp)
+        cfg.model.path = str(model_path) if model_path is not None else str(final.resolve() / "model")
+        _write_config(cfg, tmp)
+        _write_state(session, actor_state, ref_weights, tmp)
+        _write_history(session, tmp)
+        _write_manifest(tmp)
+        _sync_tree(tmp)
+        _replace(final, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _check_target(final: Path) -> None:
+    """Save over nothing, an empty folder or an earlier checkpoint; refuse anything else."""
+    for parent in final.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"cannot save a checkpoint at {final}: {parent} is not a folder")
+            break
+    if not final.exists() and not final.is_symlink():
+        return
+    if not final.is_dir():
+        raise CheckpointError(f"cannot save a checkpoint at {final}: it exists and is not a folder")
+    entries = sorted(p.name for p in final.iterdir())
+    if entries and not ((final / MANIFEST).is_file() or (final / "state.pt").is_file()):
+        raise CheckpointError(f"cannot save a checkpoint at {final}: the folder holds files that are not a "
+                              f"checkpoint's ({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); "
+                              f"choose another path or empty it")
+
+
+def _write_data(cfg: SessionConfig, tmp: Path, final: Path) -> None:
+    _store_python_datasets(cfg.data, tmp / "data", final / "data")
+
+
+def _write_model(session: Session, actor_state: dict[str, Any], tmp: Path) -> None:
     # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
+    folder = tmp / "model"
     # LoRA: model/ is the frozen base; state.pt holds the adapters with the actor's state
     actor = session.actor
     model_weights = merged_weights(actor.model, adapters=False) if actor.lora else actor_state["model"]
-    lora_base(session.actor.model).save_pretrained(path / "model", state_dict=dict(model_weights))
-    session.tokenizer.save_pretrained(path / "model")
-    cfg.model.path = str((path / "model").resolve())
-    dump_config(cfg, path / "config.yaml")
+    lora_base(actor.model).save_pretrained(folder, state_dict=dict(model_weights))
+    if not _weight_files(folder):  # save_pretrained logs, rather than raises, some failures
+        raise CheckpointError(f"saving the model wrote no weights into {folder}")
+
+
+def _write_tokenizer(session: Session, tmp: Path) -> None:
+    session.tokenizer.save_pretrained(tmp / "model")
+
+
+def _write_config(cfg: SessionConfig, tmp: Path) -> None:
+    dump_config(cfg, tmp / "config.yaml")
+
+
+def _write_state(session: Session, actor_state: dict[str, Any], ref_weights: dict[str, Any] | None,
+                 tmp: Path) -> None:
     engine = session.engine
     state = {
         "step_count": session.step_count,
@@ -57,9 +168,74 @@ def save_checkpoint(session: Session, path: str | Path, actor_state: dict[str, A
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
     }
-    torch.save(state, path / "state.pt")
-    (path / "history.json").write_text(json.dumps(session._history, default=float))
-    return path
+    torch.save(state, tmp / "state.pt")
+
+
+def _write_history(session: Session, tmp: Path) -> None:
+    (tmp / "history.json").write_text(json.dumps(session._history, default=float))
+
+
+def _write_manifest(tmp: Path) -> None:
+    files = {rel: {"size": (tmp / rel).stat().st_size, "sha256": _sha256(tmp / rel)}
+             for rel in _files_under(tmp) if rel != MANIFEST}
+    (tmp / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "version": 1, "files": files}, indent=1))
+
+
+def _sync_tree(folder: Path) -> None:
+    """Every file and folder of the new checkpoint on disk before it takes the target's name."""
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _sync_dir(Path(root))
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems cannot sync a directory; the files are synced
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _replace(final: Path, new: Path) -> None:
+    """`new` takes `final`'s name; an earlier `final` is renamed aside first, put back if that
+    fails, and deleted once the new one is in place."""
+    if not final.exists():
+        os.replace(new, final)
+        _sync_dir(final.parent)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    os.replace(final, old)  # (onto the empty folder mkdtemp made)
+    try:
+        os.replace(new, final)
+    except BaseException:
+        os.replace(old, final)
+        raise
+    _sync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _files_under(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file())
 
 
 def untrained_data_pos(session: Session) -> int:
@@ -82,28 +258,276 @@ def untrained_data_pos(session: Session) -> int:
     return runtime.call(read())
 
 
-def _store_python_datasets(data_cfg: Any, folder: Path) -> None:
+def _store_python_datasets(data_cfg: Any, folder: Path, final: Path) -> None:
     """A dataset given as a Python object (list of dicts, DataFrame, datasets.Dataset) cannot go
     into config.yaml: its rows are written to `data/train.jsonl` / `data/eval.jsonl` in the
-    checkpoint and the saved config points there (read back as rows, unchanged), so the
-    checkpoint restores on its own. A path source stays a path (the file is not copied)."""
+    checkpoint and the saved config points there (at `final`, where the folder will be; read back
+    as rows, unchanged), so the checkpoint restores on its own. A path source stays a path (the
+    file is not copied)."""
     for field, name in (("source", "train"), ("eval_source", "eval")):
         value = getattr(data_cfg, field)
         if value is None or isinstance(value, (str, Path)):
             continue
         rows = load_rows(value, name=f"data.{field}")
-        setattr(data_cfg, field, str(write_jsonl(rows, folder / f"{name}.jsonl", name=f"data.{field}").resolve()))
+        write_jsonl(rows, folder / f"{name}.jsonl", name=f"data.{field}")
+        setattr(data_cfg, field, str(final.resolve() / f"{name}.jsonl"))
         data_cfg.format = "rows"
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The saved state (with its history); the config is loaded separately from config.yaml."""
-    path = Path(path)
-    if not (path / "state.pt").exists():
-        raise FileNotFoundError(f"{path} is not a Session checkpoint (no state.pt)")
-    state = torch.load(path / "state.pt", weights_only=False)
-    state["history"] = json.loads((path / "history.json").read_text())
+# ----------------------------------------------------------------------------- loading
+
+
+def read_checkpoint(path: str | Path, *, check_config: bool = True) -> dict[str, Any]:
+    """The saved state (with its history), after `verify_checkpoint`; the config is loaded
+    separately from config.yaml. Raises `CheckpointError` naming the file for any damage."""
+    return verify_checkpoint(path, check_config=check_config)
+
+
+def verify_checkpoint(path: str | Path, *, check_config: bool = True) -> dict[str, Any]:
+    """Check the checkpoint at `path` as a whole, without starting anything, and return its
+    state (state.pt's contents plus `history`). `check_config=False` skips config.yaml (a caller
+    that loads with a config of its own)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a Session checkpoint: "
+                              f"{'no such folder' if not folder.exists() else 'not a folder'}")
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        raise CheckpointError(
+            f"{folder / MANIFEST}: missing: this checkpoint has no list of its files' sizes and hashes (written by "
+            f"an earlier areal_nb, or not a checkpoint), so damage to it cannot be detected. If you trust it, adopt "
+            f"it once: from areal_nb.session.checkpoint import adopt_checkpoint; adopt_checkpoint({str(folder)!r})")
+    return _verify(folder, manifest, check_config)
+
+
+def _verify(folder: Path, manifest: dict[str, Any] | None, check_config: bool) -> dict[str, Any]:
+    skip = set() if check_config else {"config.yaml"}
+    for rel in REQUIRED:
+        if rel not in skip and not (folder / rel).is_file():
+            raise CheckpointError(f"{folder / rel}: missing (every checkpoint holds {', '.join(REQUIRED)})")
+    if manifest is not None:
+        _check_manifest_files(folder, manifest, skip)
+    if check_config:
+        _check_config(folder)
+    history = _check_history(folder / "history.json")
+    model_config = _check_model_folder(folder / "model")
+    expected = _expected_shapes(folder / "model", model_config)
+    _check_weight_files(folder / "model", expected, model_config)
+    state = _check_state(folder / "state.pt", expected)
+    state["history"] = history
     return state
+
+
+def adopt_checkpoint(path: str | Path) -> Path:
+    """Give a checkpoint written without a manifest one, after the structural checks (every file
+    there, parsable and shaped like the model): from then on it loads, and any later damage to it
+    is detected. What the checks cannot see (a changed byte) is adopted as it is."""
+    folder = Path(path).expanduser()
+    if (folder / MANIFEST).exists():
+        raise CheckpointError(f"{folder / MANIFEST}: already there; nothing to adopt")
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a Session checkpoint: not a folder")
+    _verify(folder, manifest=None, check_config=True)
+    _write_manifest(folder)
+    _sync_tree(folder)
+    return folder
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    file = folder / MANIFEST
+    if not file.exists():
+        return None
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable ({e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise CheckpointError(f"{file}: not an areal_nb checkpoint manifest")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+            for v in files.values()):
+        raise CheckpointError(f"{file}: its file list is damaged (each entry needs a size and a sha256)")
+    return manifest
+
+
+def _check_manifest_files(folder: Path, manifest: dict[str, Any], skip: set[str]) -> None:
+    files = manifest["files"]
+    for rel in REQUIRED:
+        if rel not in skip and rel not in files:
+            raise CheckpointError(f"{folder / MANIFEST}: does not list {rel}")
+    for rel, entry in files.items():
+        if rel in skip:
+            continue
+        file = folder / rel
+        if not file.resolve().is_relative_to(folder.resolve()):
+            raise CheckpointError(f"{folder / MANIFEST}: lists {rel!r}, outside the checkpoint")
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (listed in {MANIFEST})")
+        size = file.stat().st_size
+        if size != entry["size"]:
+            what = "truncated" if size < entry["size"] else "longer than saved"
+            raise CheckpointError(f"{file}: {what}: {size} bytes, {MANIFEST} says {entry['size']}")
+        if _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file}: its contents changed since it was saved (SHA-256 differs from "
+                                  f"{MANIFEST}): corrupted, or edited by hand")
+
+
+def _check_config(folder: Path) -> None:
+    file = folder / "config.yaml"
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{file}: not readable YAML ({_one_line(e)})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: not a config (the top level must be a mapping)")
+    try:
+        load_config(data, {"model.path": str(folder / "model")})
+    except ConfigError as e:
+        raise CheckpointError(f"{file}: {e}") from e
+
+
+def _check_history(file: Path) -> list[Any]:
+    try:
+        history = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: not readable JSON ({e})") from e
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise CheckpointError(f"{file}: not a list of stats rows")
+    return history
+
+
+def _check_model_folder(folder: Path) -> Any:
+    """The model's config (from config.json) after checking that the tokenizer loads whole."""
+    from transformers import AutoConfig
+
+    try:
+        model_config = AutoConfig.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a bad file
+        raise CheckpointError(f"{folder / 'config.json'}: not a model config ({_one_line(e)})") from e
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{folder}: no tokenizer vocabulary (none of {', '.join(TOKENIZER_FILES)})")
+    from areal_nb.api.saved_tokenizer import load_saved_tokenizer
+
+    try:
+        tokenizer = load_saved_tokenizer(folder)
+        ids = tokenizer.encode("1 + 2 = 3")
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{folder}: its tokenizer does not load ({_one_line(e)})") from e
+    vocab = getattr(model_config, "vocab_size", None)
+    if not ids or (vocab is not None and any(i >= vocab for i in ids)):
+        raise CheckpointError(f"{folder}: its tokenizer ({len(tokenizer)} tokens) does not fit the model "
+                              f"(vocab_size {vocab}): it encodes text as {ids[:8]}")
+    return model_config
+
+
+def _expected_shapes(folder: Path, model_config: Any) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model's config.json implies, by name and shape (built on the meta device:
+    no memory, no weights read)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{folder / 'config.json'}: no model can be built from it ({_one_line(e)})") from e
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _check_tensors(file: Path, what: str, shapes: dict[str, tuple[int, ...]],
+                   expected: dict[str, tuple[int, ...]], *, tied_ok: bool) -> None:
+    for name, shape in shapes.items():
+        if name not in expected:
+            raise CheckpointError(f"{file}: {what} {name!r} is not a tensor of the model in model/config.json")
+        if tuple(shape) != expected[name]:
+            raise CheckpointError(f"{file}: {what} {name!r} has shape {list(shape)}, model/config.json gives "
+                                  f"{list(expected[name])}")
+    missing = [n for n in expected if n not in shapes and not (tied_ok and n.endswith("lm_head.weight"))]
+    if missing:
+        raise CheckpointError(f"{file}: {len(missing)} {what}(s) of the model missing, e.g. {missing[0]!r}")
+
+
+def _check_weight_files(folder: Path, expected: dict[str, tuple[int, ...]], model_config: Any) -> None:
+    files = _weight_files(folder)
+    if not files:
+        raise CheckpointError(f"{folder}: no weights (no *.safetensors or *.bin file)")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        if file.suffix != ".safetensors":
+            raise CheckpointError(f"{file}: areal_nb checkpoints hold safetensors weights only")
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as e:  # noqa: BLE001 - SafetensorError for a bad header or short file
+            raise CheckpointError(f"{file}: not readable safetensors ({_one_line(e)})") from e
+    tied = bool(getattr(model_config, "tie_word_embeddings", False))
+    _check_tensors(files[0] if len(files) == 1 else folder, "weight", shapes, expected, tied_ok=tied)
+
+
+def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    try:
+        state = torch.load(file, weights_only=False, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - a truncated zip, a bad pickle, ...
+        raise CheckpointError(f"{file}: not readable ({_one_line(e)})") from e
+    if not isinstance(state, dict) or any(k not in state for k in STATE_KEYS):
+        have = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{file}: not a Session state (needs {', '.join(STATE_KEYS)}; has {have})")
+    actor = state["actor"]
+    if not isinstance(actor, dict) or not isinstance(actor.get("model"), dict) or not isinstance(
+            actor.get("optimizer"), dict):
+        raise CheckpointError(f"{file}: its actor state has no model weights or optimizer state")
+    weights, trainable = _lora_split(actor["model"])
+    _check_tensors(file, "weight", {k: tuple(v.shape) for k, v in weights.items()}, expected, tied_ok=True)
+    for key in ("step_count", "version", "data_pos"):
+        if not isinstance(state[key], int) or isinstance(state[key], bool) or state[key] < 0:
+            raise CheckpointError(f"{file}: {key} must be a non-negative integer, got {state[key]!r}")
+    _check_optimizer(file, actor["optimizer"], trainable)
+    ref = state.get("ref_model")
+    if ref is not None:
+        _check_tensors(file, "reference weight", {k: tuple(v.shape) for k, v in ref.items()}, expected, tied_ok=True)
+    return state
+
+
+def _lora_split(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the model's weights under the plain model's names, the trainable ones). A LoRA actor's
+    state (`actor.lora`) names peft's wrapped modules, and only its adapters train."""
+    if not any(".lora_A." in k for k in weights):
+        return weights, weights
+    base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v for k, v in weights.items()
+            if ".lora_" not in k}
+    return base, {k: v for k, v in weights.items() if ".lora_" in k}
+
+
+def _check_optimizer(file: Path, optimizer: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+    """The optimizer state covers the model's parameters in order, its moments shaped like them."""
+    groups, moments = optimizer.get("param_groups"), optimizer.get("state")
+    if not isinstance(groups, list) or not isinstance(moments, dict):
+        raise CheckpointError(f"{file}: the optimizer state has no param_groups/state")
+    # the trainable parameters, in model.parameters() order: tied weights count once
+    seen: set[int] = set()
+    params = []
+    for tensor in weights.values():
+        key = tensor.data_ptr() if tensor.numel() else id(tensor)
+        if key not in seen:
+            seen.add(key)
+            params.append(tensor)
+    indices = [i for group in groups for i in group.get("params", [])]
+    if len(indices) != len(params):
+        raise CheckpointError(f"{file}: the optimizer state is for {len(indices)} parameters, the model has "
+                              f"{len(params)}")
+    for position, index in enumerate(indices):
+        for name, value in (moments.get(index) or {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != tuple(params[position].shape):
+                raise CheckpointError(f"{file}: optimizer {name} of parameter {index} has shape {list(value.shape)}, "
+                                      f"the parameter {list(params[position].shape)}")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}"
 
 
 def restore(session: Session, state: dict[str, Any]) -> None:

@@ -34,9 +34,10 @@ from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog, view_batch
 
 from . import builder
-from .checkpoint import read_checkpoint, restore, save_checkpoint
+from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
 from .data import DataStream, load_task_data
 from .dynamic_sampling import refill_informative
+from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .metrics import create_metrics_sink
 from .parallel import RankChannel
@@ -71,6 +72,13 @@ class Session:
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
     (`rollout={"batch_size": 4}`). `dataset` / `eval_dataset` set `data.source` / `data.eval_source`:
     a list of dicts, a pandas DataFrame, a `datasets.Dataset` or a JSONL/JSON/Parquet/CSV/TSV path.
+
+    Misuse is refused, never guessed at (`guard.py`): a Session runs one call at a time, and a
+    call from a second thread while one runs raises `SessionBusyError` naming both calls (calls
+    nested in one thread's call, `step` → `rollout`, are that call); every method of a closed
+    Session raises `SessionClosedError` (`start()` too; `close()` may be called again, from any
+    thread). `Session.load` checks the checkpoint's files before it starts anything
+    (`CheckpointError` naming the file), and a load that fails after starting stops what it started.
     """
 
     def __init__(self, config: SessionConfig | str | Path | dict | None = None, *, start: bool = True,
@@ -90,6 +98,7 @@ class Session:
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._started = False
         self._closed = False
+        self._calls = OneCallAtATime()  # guard.py: one call at a time, refused from a second thread
         self._resume_state: dict[str, Any] | None = None
         self._first_episode_checked = False  # see preflight.py
         self._parallel: distributed.DataParallel | None = None  # under torchrun: this rank's place
@@ -103,12 +112,13 @@ class Session:
             self.start()
 
     # ------------------------------------------------------------------ lifecycle
+    @one_call
     def start(self) -> Session:
         """Build the model, engine, actor and proxy, and start the background loop."""
+        if self._closed:
+            raise SessionClosedError(CLOSED_MESSAGE)
         if self._started:
             return self
-        if self._closed:
-            raise RuntimeError("this Session is closed; create a new one")
         cfg = self.config
         self._parallel = distributed.init_from_env()
         if self._parallel is not None:
@@ -137,6 +147,8 @@ class Session:
             self.executor.describe_row = self._describe_row
             self._metrics = create_metrics_sink(cfg.logging.backend, run_dir=cfg.run_dir,
                                                 project=cfg.experiment_name, config=_plain(self.config))
+            if self._resume_state is not None:  # (Session.load) inside the guard: a failure stops all of it
+                restore(self, self._resume_state)
         except BaseException as e:
             if self._channel is not None:
                 self._channel.abort(e)  # the other ranks wait in _join_replicas
@@ -145,9 +157,11 @@ class Session:
             raise
         self._started = True
         _LIVE_SESSIONS.add(self)
-        if self._resume_state is not None:
-            restore(self, self._resume_state)
-        self._join_replicas()
+        try:
+            self._join_replicas()
+        except BaseException:
+            self.close()
+            raise
         self._resume_state = None
         return self
 
@@ -226,26 +240,33 @@ class Session:
     @property
     def proxy_url(self) -> str:
         """Agents point `base_url` here (+ "/v1")."""
-        return self._proxy.url
+        return self._live_proxy().url
 
     @property
     def admin_key(self) -> str:
-        return self._proxy.admin_key
+        return self._live_proxy().admin_key
 
     @property
     def app(self):
         """The proxy's FastAPI app."""
-        return self._proxy.app
+        return self._live_proxy().app
 
+    def _live_proxy(self):
+        self._check_open()
+        return self._proxy
+
+    @one_call
     def proxy_caches(self) -> dict[str, Any]:
         """The live InteractionCache of every session currently open in the proxy (training only)."""
         return self._proxy.live_caches()
 
+    @one_call
     def engine_log(self) -> EngineLog:
         """The launched engine servers' log lines (`engine.type: sglang`) as a notebook view;
         the full logs are in `<run_dir>/engine_logs/` (or `engine.launch.log_dir`)."""
         return self._engine_log
 
+    @one_call
     def add_step_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """`fn(stats)` runs after every training step (the dashboard uses this)."""
         self._callbacks.append(fn)
@@ -258,6 +279,7 @@ class Session:
         return pd.DataFrame.from_records(self._history)
 
     # ------------------------------------------------------------------ rollout
+    @one_call
     def rollout(self, n_prompts: int | None = None) -> RolloutBatch:
         """Run `n_prompts` × `group_size` episodes (default: rollout.batch_size prompts).
 
@@ -296,6 +318,7 @@ class Session:
         return batch
 
     # ------------------------------------------------------------------ training
+    @one_call
     def train_step(self, batch: RolloutBatch | None, inspect: bool = False) -> dict[str, float]:
         """One GRPO update on `batch`; the new weights go to the engine as version + 1.
 
@@ -336,6 +359,7 @@ class Session:
     async def atrain_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
         return await asyncio.to_thread(self.train_step, batch, inspect)
 
+    @one_call
     def compare(self, batch: RolloutBatch, variants: dict[str, dict[str, Any]], *, trial_step: bool = False):
         """`batch` under several algorithms, side by side, without training (`lab.py`).
 
@@ -349,6 +373,7 @@ class Session:
         self._check_open()
         return compare(self, batch, variants, trial_step=trial_step)
 
+    @one_call
     def step(self) -> dict[str, float]:
         """Rollout + train. A batch whose every episode was rejected is not trained on: another is
         rolled out (`rejections.py`); `MAX_EMPTY_BATCHES` such batches in a row raise
@@ -375,6 +400,7 @@ class Session:
             logger.warning("%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1,
                            MAX_EMPTY_BATCHES)
 
+    @one_call
     def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
         """Train for `steps` steps, rollouts running ahead within the staleness bound.
 
@@ -429,6 +455,7 @@ class Session:
         return self.history
 
     # ------------------------------------------------------------------ evaluation
+    @one_call
     def evaluate(self, n: int | None = None, *, problems: list[dict] | None = None,
                  pass_k: int | None = None) -> EvalResult:
         """Greedy episodes of the configured agent on the held-out split (or on `problems`).
@@ -462,7 +489,7 @@ class Session:
         if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
             raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
         limits = dict(max_concurrent=self.config.rollout.max_concurrent_rollouts,
-                      episode_timeout=self.config.agent.agent_timeout,
+                      episode_timeout=builder.episode_timeout(self.config, self._eval_workflow),
                       switch_interval=self.config.rollout.gil_switch_interval)
         result = summarize(self._batch(await run_greedy_episodes(self._eval_workflow, self.engine, problems,
                                                                  rows_name=rows_name, **limits)))
@@ -473,6 +500,7 @@ class Session:
         return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
 
     # ------------------------------------------------------------------ checkpoints
+    @one_call
     def save(self, path: str | Path) -> Path:
         """Model, optimizer, step, version, RNG states, data position, config and history.
 
@@ -515,7 +543,8 @@ class Session:
         """A Session that continues the saved run; `config` replaces the saved config.yaml
         (an exported run's train.py passes the folder's own). Under torchrun, rank 0 reads the
         state and sends it to the other ranks."""
-        state = read_checkpoint(path) if distributed.env_rank() == 0 else None
+        # every file checked before anything starts (CheckpointError naming the file)
+        state = read_checkpoint(path, check_config=config is None) if distributed.env_rank() == 0 else None
         if config is None and (Path(path) / "model").is_dir() and "model.path" not in _flatten_overrides(overrides):
             # the saved config.yaml names the model folder by the absolute path it was written at,
             # which is gone once the checkpoint is moved or copied (an exported run's folder, a
@@ -526,6 +555,7 @@ class Session:
         return session.start()
 
     # ------------------------------------------------------------------ export
+    @one_call
     def export(self, path: str | Path, *, checkpoint: bool = True, overwrite: bool = False,
                **overrides: Any) -> Path:
         """Write a run folder that continues this run as a batch job: config.yaml (every override
@@ -549,6 +579,7 @@ class Session:
                                                           overwrite=overwrite, gathered=gathered))
 
     # ------------------------------------------------------------------ widgets
+    @one_call
     def dashboard(self):
         """Live training curves, updated after every step."""
         from areal_nb.widgets import Dashboard
@@ -568,7 +599,7 @@ class Session:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this Session is closed; create a new one")
+            raise SessionClosedError(CLOSED_MESSAGE)
         if not self._started:
             self.start()
 

@@ -291,8 +291,8 @@ def test_n_choices_are_one_interaction_each_with_exact_rows(tiny_tokenizer):
         mr = it.model_response
         assert tiny_tokenizer.decode(mr.output_tokens) == completion.choices[i].message.content + "<|im_end|>"
         own = completion.choices[i].logprobs.content  # each choice carries its own sample's log-probs
-        assert "".join(t.token for t in own) == completion.choices[i].message.content
-        assert [t.logprob for t in own] == mr.output_logprobs[: len(own)] and len(own) == mr.output_len - 1
+        assert "".join(t.token for t in own) == completion.choices[i].message.content + "<|im_end|>"
+        assert [t.logprob for t in own] == mr.output_logprobs and len(own) == mr.output_len  # end token too
         row = it.to_tensor_dict()
         assert row["input_ids"][0].tolist() == mr.input_tokens + mr.output_tokens
         assert row["loss_mask"][0].tolist() == [0] * mr.input_len + [1] * mr.output_len

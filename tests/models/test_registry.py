@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from areal_nb.models import load_tokenizer, resolve_model_path
+from areal_nb.models import load_tokenizer, resolve_model_path, shipped
 from areal_nb.models.cache import cached_build, recipe_hash
 from areal_nb.models.registry import tiny_math_tokenizer_dir
 from areal_nb.models.warm_start import SFT_RECIPE, build_model, new_model, sft_batches
@@ -24,6 +24,7 @@ def test_local_folders_and_hub_ids_resolve_as_given(tmp_path):
 
 def test_loading_the_tokenizer_does_not_build_the_model(monkeypatch, tmp_path):
     monkeypatch.setenv("AREAL_NB_CACHE", str(tmp_path))
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", tmp_path / "nothing-shipped")  # the build-on-first-use path
     tok = load_tokenizer("tiny-math")
     assert tok.eos_token == "<|im_end|>"
     built = sorted(p.name.split("-")[0] for p in (tmp_path / "tiny-math").iterdir() if p.is_dir())
@@ -37,6 +38,17 @@ def test_recipe_hash_changes_with_the_recipe_and_the_code(tmp_path):
     assert recipe_hash({"steps": 1}, [src]) == base
     assert recipe_hash({"steps": 2}, [src]) != base
     src.write_text("A = 2\n")
+    assert recipe_hash({"steps": 1}, [src]) != base
+
+
+def test_comments_docstrings_and_layout_do_not_change_the_recipe_hash(tmp_path):
+    src = tmp_path / "recipe.py"
+    src.write_text('"""The recipe."""\n\ndef lr(step):\n    return 1e-3 * min(1, step / 10)\n')
+    base = recipe_hash({"steps": 1}, [src])
+    src.write_text('"""The recipe, reworded."""\n\n\ndef lr(step):  # warm-up\n'
+                   '    """Linear warm-up."""\n    return 1e-3 * min(\n        1, step / 10\n    )\n')
+    assert recipe_hash({"steps": 1}, [src]) == base
+    src.write_text('"""The recipe."""\n\ndef lr(step):\n    return 1e-3 * min(1, step / 20)\n')
     assert recipe_hash({"steps": 1}, [src]) != base
 
 

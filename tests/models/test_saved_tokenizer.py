@@ -41,23 +41,29 @@ def renders_and_ids(tokenizer, conversations, tools=None) -> tuple[list[str], li
 
 
 @pytest.fixture(scope="module")
-def tiny_tools_folder(tmp_path_factory):
+def tiny_tools_folder(tmp_path_factory, tools_tokenizer_dir):
     """A `tiny-tools` model folder as `save_model` writes it (untrained weights: building the
     real one takes minutes and the tokenizer files are the same)."""
     from areal_nb.models.tiny_tools import TOOLS_SFT_RECIPE
     from areal_nb.models.warm_start import new_model, save_model
 
-    tokenizer = load_saved_tokenizer(_tiny_tools_tokenizer_dir())
+    tokenizer = load_saved_tokenizer(tools_tokenizer_dir)
     folder = tmp_path_factory.mktemp("tiny-tools-model")
     torch.manual_seed(0)
     save_model(new_model(tokenizer, TOOLS_SFT_RECIPE), tokenizer, folder)
     return folder
 
 
-def _tiny_tools_tokenizer_dir():
-    from areal_nb.models.registry import tiny_tools_tokenizer_dir
+@pytest.fixture(scope="module")
+def tools_tokenizer_dir(tmp_path_factory):
+    """A tokenizer-only folder as `build_tools_tokenizer` trains and saves it (no config.json; a few
+    seconds), built here because the shipped tiny-tools folder holds a model beside its tokenizer."""
+    from areal_nb.models.registry import tiny_math_tokenizer_dir
+    from areal_nb.models.tiny_tools import build_tools_tokenizer
 
-    return tiny_tools_tokenizer_dir()
+    folder = tmp_path_factory.mktemp("tiny-tools-tokenizer")
+    build_tools_tokenizer(folder, tiny_math_tokenizer_dir())
+    return folder
 
 
 def test_plain_autotokenizer_reads_the_tiny_math_folder_as_trained(tiny_model_path):
@@ -67,8 +73,8 @@ def test_plain_autotokenizer_reads_the_tiny_math_folder_as_trained(tiny_model_pa
     assert (auto.eos_token_id, auto.pad_token_id) == (ours.eos_token_id, ours.pad_token_id)
 
 
-def test_the_tiny_tools_folder_loads_as_trained_and_plain_autotokenizer_does_not(tiny_tools_folder):
-    trained = load_saved_tokenizer(_tiny_tools_tokenizer_dir())  # the folder it was trained in (no config.json)
+def test_the_tiny_tools_folder_loads_as_trained_and_plain_autotokenizer_does_not(tiny_tools_folder, tools_tokenizer_dir):
+    trained = load_saved_tokenizer(tools_tokenizer_dir)  # the folder it was trained in (no config.json)
     rng = random.Random(0)
     from areal_nb.models.tiny_tools import conversation
 
@@ -85,13 +91,13 @@ def test_the_tiny_tools_folder_loads_as_trained_and_plain_autotokenizer_does_not
     assert sum(map(len, ids)) > 2 * sum(map(len, expected[1]))
 
 
-def test_the_engine_loads_the_folders_tokenizer_as_trained(tiny_tools_folder):
+def test_the_engine_loads_the_folders_tokenizer_as_trained(tiny_tools_folder, tools_tokenizer_dir):
     from areal_nb.engine import LocalEngine
 
     engine = LocalEngine(str(tiny_tools_folder), device="cpu")
     try:
         text = engine.tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=[CALCULATOR_TOOL], tokenize=False)
-        trained = load_saved_tokenizer(_tiny_tools_tokenizer_dir())
+        trained = load_saved_tokenizer(tools_tokenizer_dir)
         assert engine.tokenizer.encode(text) == trained.encode(text)
     finally:
         engine.close()

@@ -81,7 +81,10 @@ def test_saved_tokenizer_reloads_through_auto_tokenizer(tiny_tokenizer, tmp_path
 
 
 def test_tokenizer_is_cached_under_areal_nb_cache(monkeypatch, tmp_path):
+    from areal_nb.models import shipped
+
     monkeypatch.setenv("AREAL_NB_CACHE", str(tmp_path))
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", tmp_path / "nothing-shipped")  # built on first use, as unshipped
     assert cache_root() == tmp_path
     first = tiny_math_tokenizer_dir()
     assert first.parent == tmp_path / "tiny-math"

@@ -33,11 +33,13 @@ def test_logprobs_true_returns_the_recorded_logprobs_of_the_reply_tokens(local_s
         model="tiny-math", messages=[{"role": "user", "content": "2+3?"}], max_tokens=12, logprobs=True, top_logprobs=0
     )
     recorded = _recorded(local_server, sid, completion.id)
-    tokens = recorded.output_tokens_without_stop
+    tokens = recorded.output_tokens  # every sampled token, the end token too: as many as usage counts
     content = completion.choices[0].logprobs.content
-    assert [c.logprob for c in content] == pytest.approx(recorded.output_logprobs[: len(tokens)], abs=0)
+    assert len(content) == completion.usage.completion_tokens == len(tokens)
+    assert [c.logprob for c in content] == pytest.approx(recorded.output_logprobs, abs=0)
     assert [c.token for c in content] == [tiny_tokenizer.decode([t]) for t in tokens]
-    assert "".join(c.token for c in content) == completion.choices[0].message.content
+    stop = len(recorded.output_tokens_without_stop)
+    assert "".join(c.token for c in content[:stop]) == completion.choices[0].message.content
     assert all(c.top_logprobs == [] and bytes(c.bytes) == c.token.encode() for c in content)
 
 
@@ -51,7 +53,7 @@ def test_logprobs_come_with_the_streamed_content(local_server, client):
     assert len(with_content) == 1
     streamed = [lp["logprob"] for lp in with_content[0]["choices"][0]["logprobs"]["content"]]
     recorded = _recorded(local_server, sid, chunks[0]["id"])
-    assert streamed == recorded.output_logprobs[: len(recorded.output_tokens_without_stop)]
+    assert streamed == recorded.output_logprobs  # the end token too: as many as usage.completion_tokens
 
 
 def test_without_logprobs_the_reply_has_none(client):
@@ -83,3 +85,27 @@ def test_top_k_is_honoured_top_k_1_samples_the_greedy_reply(local_server, client
         (interaction,) = local_server.app.state.proxy.sessions[sid].cache.values()
         tokens.append(interaction.model_response.output_tokens)
     assert tokens[1] == tokens[0] and tokens[2] == tokens[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("options", [{"max_tokens": 12}, {"max_tokens": 2}, {"max_tokens": 12, "n": 3},
+                                     {"max_tokens": 12, "stop": ["+"]}],
+                         ids=["ends", "cut-by-length", "n3", "stop-string"])
+def test_logprob_entries_and_completion_tokens_agree(client, options, stream):
+    """Every door that returns log-probs returns one per token usage counts: the end token is
+    counted and covered (as vLLM does), a reply cut by length or a stop string has no end token."""
+    _, key = new_session_key(client)
+    body = chat("2+3?", logprobs=True, stream=stream, **options)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        usage = next(c["usage"] for c in chunks if c.get("usage"))
+        entries = sum(len((ch.get("logprobs") or {}).get("content") or []) for c in chunks for ch in c["choices"])
+    else:
+        reply = r.json()
+        usage = reply["usage"]
+        entries = sum(len(ch["logprobs"]["content"]) for ch in reply["choices"])
+    assert entries == usage["completion_tokens"] > 0

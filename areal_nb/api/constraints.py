@@ -1,0 +1,190 @@
+"""Output constraints: what a structured-output request allows the model to write, and the grammar
+matcher that turns one into the set of tokens allowed at each step.
+
+An `OutputConstraint` is plain data (it travels in a `GenerationConfig` and in a recorded
+`SamplingMasks`). `TokenGrammar` runs it with llguidance over one tokenizer: the engine asks it
+for the allowed set before sampling each token, and the trainer replays the same constraint over
+the recorded output to rebuild every step's allowed set (`allowed_masks`), so nothing the size of
+the vocabulary has to be stored per token.
+
+Why llguidance: it is a self-contained CPU wheel (no torch, CUDA or triton dependency, unlike
+xgrammar 0.2.8, which requires triton on Linux), computes a mask in tens of microseconds on the
+tiny tokenizer, and names the JSON-schema keywords it does not implement, which is what a 400
+has to say.
+
+JSON is written compactly but readably, as `json.dumps` does: `", "` between items, `": "` after
+keys, no other whitespace. That keeps the mask small where freedom buys nothing.
+
+This module is in `api` because the capture layer (door checks), the engine (sampling) and the
+trainer (replay) all need the same rule; llguidance is imported only when a constraint is used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal
+
+from areal_nb.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "tool_call"]
+CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "tool_call")
+
+# the separators json.dumps uses by default; no free whitespace
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# the Qwen/Hermes tool-call block that the capture layer's tool-call parser reads
+TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
+
+
+def _tag(text: str, tokenizer: Any) -> str:
+    """A tag in lark: the token itself where the tokenizer has it as one added token (llguidance
+    matches added tokens by id, not by their text), else the literal text."""
+    added = getattr(tokenizer, "get_added_vocab", dict)() if tokenizer is not None else {}
+    return f"<[{added[text]}]>" if text in added else json.dumps(text)
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """`json_schema` (`schema`), `json_object` (any JSON object), `regex` (`pattern`) or
+    `tool_call` (a call of the function `name` whose arguments match `schema`)."""
+
+    kind: ConstraintKind
+    schema: dict[str, Any] | None = None
+    pattern: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in (("kind", self.kind), ("schema", self.schema), ("pattern", self.pattern), ("name", self.name)) if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutputConstraint:
+        return cls(kind=data["kind"], schema=data.get("schema"), pattern=data.get("pattern"), name=data.get("name"))
+
+    def grammar(self, tokenizer: Any = None) -> str:
+        """The llguidance grammar text of this constraint (`tokenizer`: the one it will run with)."""
+        import llguidance
+
+        if self.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(self.schema or {}, defaults=_JSON_OPTIONS)
+        if self.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.pattern or "")
+        if self.kind == "tool_call":
+            schema = dict(self.schema or {"type": "object"})
+            schema.setdefault("x-guidance", _JSON_OPTIONS)
+            head = '\n{"name": ' + json.dumps(self.name) + ', "arguments": '
+            tail = "}\n"
+            open_tag, close_tag = (_tag(t, tokenizer) for t in TOOL_CALL_TAGS)
+            lark = f"start: {open_tag} {json.dumps(head)} args {json.dumps(tail)} {close_tag}\nargs: %json {json.dumps(schema)}\n"
+            return llguidance.LLMatcher.grammar_from_lark(lark)
+        raise InvalidRequestError(f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}")
+
+    def check(self) -> OutputConstraint:
+        """Raise `InvalidRequestError` naming what the grammar library cannot do; return self."""
+        import llguidance
+
+        if self.kind not in CONSTRAINT_KINDS:
+            raise InvalidRequestError(f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}")
+        if self.kind in ("json_schema", "tool_call") and self.schema is not None and not isinstance(self.schema, dict):
+            raise InvalidRequestError(f"a JSON schema must be an object, got {type(self.schema).__name__}")
+        if self.kind == "regex" and not isinstance(self.pattern, str):
+            raise InvalidRequestError("a regex constraint needs a pattern string")
+        if self.kind == "tool_call" and not isinstance(self.name, str):
+            raise InvalidRequestError("a tool_call constraint needs the function's name")
+        try:
+            error = llguidance.LLMatcher.validate_grammar(self.grammar(), None)
+        except (ValueError, TypeError) as exc:
+            error = str(exc)
+        if error and not error.startswith("WARNING"):
+            what = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "tool_call": "tool parameters schema"}[self.kind]
+            raise InvalidRequestError(f"the {what} cannot be enforced by constrained decoding: {error[:300]}")
+        return self
+
+
+@lru_cache(maxsize=8)
+def _ll_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
+    """llguidance's view of a Hugging Face fast tokenizer (~30 ms to build: kept per tokenizer)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+
+
+class TokenGrammar:
+    """One output's grammar state: `allowed()` before each token, `advance(token)` after it."""
+
+    def __init__(self, constraint: OutputConstraint, tokenizer: Any, vocab_size: int) -> None:
+        import llguidance
+        import torch
+
+        self.vocab_size = vocab_size
+        self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size), constraint.grammar(tokenizer), log_level=0)
+        if self._matcher.is_error():
+            raise InvalidRequestError(f"the output constraint cannot be compiled: {self._matcher.get_error()[:300]}")
+        self._bits = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
+
+    def allowed(self) -> torch.Tensor:
+        """bool [vocab_size]: the tokens the grammar allows next (EOS once the output is complete)."""
+        import torch
+
+        packed = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.uint8)
+        return ((packed[:, None] & self._bits) != 0).flatten()[: self.vocab_size]
+
+    def advance(self, token: int) -> bool:
+        """Consume `token`; False if the grammar did not allow it (the matcher is then stopped)."""
+        return bool(self._matcher.consume_token(int(token)))
+
+    @property
+    def done(self) -> bool:
+        return bool(self._matcher.is_stopped())
+
+
+def allowed_masks(constraint: OutputConstraint, tokens: list[int], tokenizer: Any, vocab_size: int) -> torch.Tensor:
+    """bool [len(tokens), vocab_size]: the grammar's allowed set before each of `tokens`, replayed."""
+    import torch
+
+    grammar = TokenGrammar(constraint, tokenizer, vocab_size)
+    rows = []
+    for position, token in enumerate(tokens):
+        rows.append(grammar.allowed())
+        if not grammar.advance(token):
+            raise ValueError(f"token {token} at output position {position} does not satisfy the constraint")
+    return torch.stack(rows) if rows else torch.zeros(0, vocab_size, dtype=torch.bool)
+
+
+@dataclass
+class SamplingMasks:
+    """How each output token of one response was sampled, enough to rebuild its distribution.
+
+    Per token `i`: the allowed set is `kept[i]` (token ids: what top-k / top-p / `min_new_tokens`
+    left, after the grammar) when it is not None, else the grammar's allowed set replayed from
+    `constraint` (`allowed_masks`), else the whole vocabulary. `logprobs[i]` is the token's
+    log-prob under the distribution it was sampled from: `log_softmax(logits / T)` over the
+    allowed set. (The response's `output_logprobs` keep the full-vocabulary value, which is what a
+    trainer recomputes without replay.)
+    """
+
+    constraint: OutputConstraint | None
+    kept: list[list[int] | None]
+    logprobs: list[float]
+
+    def masked(self, i: int) -> bool:
+        return self.constraint is not None or self.kept[i] is not None
+
+    def allowed(self, tokens: list[int], tokenizer: Any, vocab_size: int) -> torch.Tensor:
+        """bool [len(tokens), vocab_size]: each output token's allowed set."""
+        import torch
+
+        if self.constraint is not None:
+            masks = allowed_masks(self.constraint, tokens, tokenizer, vocab_size)
+        else:
+            masks = torch.ones(len(tokens), vocab_size, dtype=torch.bool)
+        for i, kept in enumerate(self.kept):
+            if kept is not None:
+                masks[i] = False
+                masks[i, kept] = True
+        return masks
