@@ -141,3 +141,16 @@ def test_lora_refuses_a_separate_reference_model():
         Actor(make_tiny_qwen2(), GRPOConfig(lora=LORA, kl_ctl=0.1), ref_model=make_tiny_qwen2())
 
 
+
+
+def test_session_config_reads_actor_lora_and_names_a_bad_value():
+    from pathlib import Path
+
+    from areal_nb.config import ConfigError, load_config
+
+    yaml = Path(__file__).resolve().parents[2] / "configs" / "multi_turn_math.yaml"
+    cfg = load_config(yaml, ["actor.lora={r: 4, target_modules: [q_proj]}"])
+    assert cfg.actor.lora == LoraConfig(r=4, target_modules=["q_proj"])
+    assert load_config(yaml).actor.lora is None
+    with pytest.raises(ConfigError, match=r"actor\.lora.*lora\.r must be >= 1"):
+        load_config(yaml, ["actor.lora={r: 0}"])
