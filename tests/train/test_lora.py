@@ -154,3 +154,18 @@ def test_session_config_reads_actor_lora_and_names_a_bad_value():
     assert load_config(yaml).actor.lora is None
     with pytest.raises(ConfigError, match=r"actor\.lora.*lora\.r must be >= 1"):
         load_config(yaml, ["actor.lora={r: 0}"])
+
+
+def test_the_lab_compares_variants_of_a_lora_actor_without_changing_it():
+    from areal_nb.session.lab import variant_configs
+    from areal_nb.train.lab import compare_variants
+
+    actor = lora_actor()
+    batch = make_batch(make_tiny_qwen2())
+    actor.train_step(batch, GROUP)  # a non-zero adapter
+    before = {k: v.clone() for k, v in actor.model.state_dict().items()}
+    results = compare_variants(actor, batch, variant_configs(actor.cfg, {"grpo": {}, "dr_grpo": {}}), GROUP,
+                               trial_step=True)
+    adapter_size = sum(p.numel() for p in actor.model.parameters() if p.requires_grad)
+    assert all(r.grad.numel() == adapter_size for r in results)  # the adapters' gradients only
+    assert all(torch.equal(v, before[k]) for k, v in actor.model.state_dict().items())
