@@ -511,6 +511,7 @@ class Session:
         ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
         return self._written_by_rank_0(lambda: save_checkpoint(self, path, actor_state, ref_weights))
 
+    @one_call
     def save_pretrained(self, path: str | Path, *, merged: bool = True) -> Path:
         """The current policy as a Hugging Face folder that `transformers` loads (weights in
         `model.dtype`, config, generation config, tokenizer with its chat template). With
