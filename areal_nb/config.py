@@ -260,6 +260,12 @@ class SessionConfig(_Section):
                 f"actor.temperature ({self.actor.temperature}) must equal rollout.temperature "
                 f"({self.rollout.temperature}): the trainer recomputes log-probs of the sampling distribution"
             )
+        if self.actor.replay_sampling_masks and self.engine.type != "local":
+            raise ValueError(
+                f"actor.replay_sampling_masks needs engine.type 'local', got {self.engine.type!r}: only the "
+                "embedded engine records which tokens each sampled token was drawn among (grammar, top-k, "
+                "top-p); SGLang's replies do not say, so there is nothing to replay"
+            )
         if self.rollout.max_concurrent_rollouts < self.rollout.group_size:
             raise ValueError(
                 f"rollout.max_concurrent_rollouts ({self.rollout.max_concurrent_rollouts}) must be >= "

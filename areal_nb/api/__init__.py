@@ -1,7 +1,7 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
 from .by_value import NotSerializableError
-from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks
+from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks, SamplingSpan
 from .engine_api import InferenceEngine
 from .import_path import import_object
 from .io_struct import (
@@ -35,6 +35,7 @@ __all__ = [
     "CONSTRAINT_KINDS",
     "OutputConstraint",
     "SamplingMasks",
+    "SamplingSpan",
     "CHAT_TEMPLATE_TYPES",
     "CREDIT_MODES",
     "CREDIT_NORMS",

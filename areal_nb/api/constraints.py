@@ -188,3 +188,17 @@ class SamplingMasks:
                 masks[i] = False
                 masks[i, kept] = True
         return masks
+
+
+@dataclass
+class SamplingSpan:
+    """One call's masked sampling inside a training row: its output tokens start at row position
+    `start`; `masks` says how each was sampled. What the export carries to the trainer."""
+
+    start: int
+    masks: SamplingMasks
+    tokens: list[int]
+
+    def positions(self, row_len: int) -> list[tuple[int, int]]:
+        """(output index, row position) of the span's masked tokens that lie in a row of `row_len`."""
+        return [(i, self.start + i) for i in range(len(self.tokens)) if self.start + i < row_len and self.masks.masked(i)]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, ModelResponse
+from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, ModelResponse, SamplingSpan
 
 from .tensors import stack_token_rows
 
@@ -209,6 +209,19 @@ class InteractionWithTokenLogpReward:
             node = node.parent
             chain.append(node)
         return chain
+
+    def sampling_spans(self) -> list[SamplingSpan]:
+        """Where this row's generated tokens were sampled under a mask (grammar, top-k, top-p):
+        one span per call of the row whose response recorded `sampling_masks` (a call rebuilt
+        from the wire has none: its row is trained on the full vocabulary)."""
+        spans = []
+        for call in self.row_calls():
+            response = call.model_response
+            if response is None or response.sampling_masks is None:
+                continue
+            start = len(call.token_row()) - response.output_len  # a call's row ends with its output
+            spans.append(SamplingSpan(start, response.sampling_masks, list(response.output_tokens)))
+        return spans
 
     def turn_returns(self, rewards: Mapping[str, float | None] | None = None) -> list[float]:
         """Per token of `token_row()`: the reward of the call (turn) that generated it, 0.0 elsewhere.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
+    from areal_nb.api import SamplingSpan
+
     from .interaction import TokenRow
 
 # What right padding holds: no attention, no turn, no policy version; everything else gets the
@@ -37,6 +39,27 @@ def stack_token_rows(
         "rewards": torch.tensor(list(rewards), dtype=torch.float32),
         "turn_returns": padded("turn_returns", list(turn_returns), torch.float32),
     }
+
+
+def add_sampling_records(tensors: dict[str, Any], rows: Sequence[TokenRow],
+                         spans: Sequence[list[SamplingSpan]]) -> dict[str, Any]:
+    """Add what `actor.replay_sampling_masks` reads, when some row was sampled under a mask:
+    `sampling_logprobs [B, L]` (the engine's log-prob under the distribution it sampled from at
+    masked tokens, `logprobs` elsewhere), `sampling_masked` bool `[B, L]` and `sampling_spans`
+    (per row, its `SamplingSpan`s: enough to rebuild each masked token's allowed set). A batch
+    without masked tokens is left as it is."""
+    if not any(spans):
+        return tensors
+    sampled = tensors["logprobs"].clone()
+    masked = torch.zeros_like(sampled, dtype=torch.bool)
+    for b, (row, row_spans) in enumerate(zip(rows, spans, strict=True)):
+        for span in row_spans:
+            for i, pos in span.positions(len(row)):
+                if row.input_ids[pos] == span.tokens[i] and row.loss_mask[pos]:
+                    sampled[b, pos] = span.masks.logprobs[i]
+                    masked[b, pos] = True
+    tensors.update(sampling_logprobs=sampled, sampling_masked=masked, sampling_spans=[list(s) for s in spans])
+    return tensors
 
 
 def concat_padded_tensors(dicts: list[dict[str, torch.Tensor]], pad_value: float = 0) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES, CreditMode, DiscountMode, ExportStyle, check_export_style
 from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.capture.cache import discounted_rewards
-from areal_nb.capture.tensors import stack_token_rows
+from areal_nb.capture.tensors import add_sampling_records, stack_token_rows
 
 from .executor import Episode
 
@@ -155,6 +155,7 @@ class RolloutBatch:
             token_rows.append(row.interaction.token_row())
             turn_returns.append(row.interaction.turn_returns(returns[row.episode_index]))
         out = stack_token_rows(token_rows, [r.reward for r in rows], turn_returns)
+        add_sampling_records(out, token_rows, [row.interaction.sampling_spans() for row in rows])
         out["group_ids"] = torch.tensor([r.group_id for r in rows], dtype=torch.long)
         out["episode_ids"] = torch.tensor([r.episode_index for r in rows], dtype=torch.long)
         return out

@@ -83,9 +83,10 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
         engine.update_weights(weights, version=engine.get_version())
 
 
-def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None):
-    """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model, a
-    frozen copy of the initial policy (the KL penalty pulls towards where training started). `version`: the
+def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None,
+                tokenizer: Any = None):
+    """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model,
+    a frozen copy of the initial policy (the KL penalty pulls towards where training started). `version`: the
     engine's weight version (servers that already served updates report theirs). `parallel`:
     this rank's `train.distributed.DataParallel` under torchrun."""
     from areal_nb.train import Actor
@@ -97,7 +98,7 @@ def build_actor(cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, p
     if actor_cfg.kl_ctl > 0 and actor_cfg.lora is None:  # (LoRA: the base with the adapters off)
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     return Actor(policy, actor_cfg, ref_model=ref_model, version=version, parallel=parallel,
-                 compute_dtype=getattr(torch, cfg.model.dtype))
+                 compute_dtype=getattr(torch, cfg.model.dtype), tokenizer=tokenizer)
 
 
 # Inline agents reach the proxy in-process (no sockets; areal_nb.proxy.inprocess). False sends

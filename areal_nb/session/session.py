@@ -133,7 +133,8 @@ class Session:
             self._engine_log = EngineLog()
             self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
             builder.sync_engine_weights(cfg, policy, self.engine)
-            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version(), parallel=self._parallel)
+            self.actor = builder.build_actor(cfg, policy, version=self.engine.get_version(), parallel=self._parallel,
+                                             tokenizer=self.tokenizer)
             self.version = self.actor.version
             self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
             self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
@@ -169,7 +170,7 @@ class Session:
         """Rank ≠ 0: only the actor, on this rank's device, then rank 0's weights and state."""
         builder.seed_everything(self.config.seed)
         self.tokenizer, policy = builder.build_policy(self.config)
-        self.actor = builder.build_actor(self.config, policy, parallel=self._parallel)
+        self.actor = builder.build_actor(self.config, policy, parallel=self._parallel, tokenizer=self.tokenizer)
         self._started = True
         _LIVE_SESSIONS.add(self)
         self._resume_state = None  # rank 0 restores the checkpoint and sends its state

@@ -66,6 +66,8 @@ class _StepBatch:
     group_ids: Tensor | Sequence[Any] | None
     pack_ids: Tensor | None  # [B] dense group index: the rows merged into one trie
     lengths: Tensor  # [B] tokens per row
+    # `cfg.replay_sampling_masks`: per row with masked tokens, their positions [k] and allowed sets [k, V]
+    allowed: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -104,8 +106,10 @@ class Actor:
         version: int = 0,
         parallel: DataParallel | None = None,
         compute_dtype: torch.dtype | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self.model = model
+        self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
         self.parallel = parallel  # None: one process trains on the whole batch
         self.cfg = cfg or GRPOConfig()
         self.ref_model = ref_model
@@ -206,11 +210,48 @@ class Actor:
         if group_ids is None:
             group_ids = batch.get("group_ids")
         pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
+        engine_logprobs, allowed = batch["logprobs"].float(), {}
+        if self.cfg.replay_sampling_masks and "sampling_spans" in batch:
+            # π_behave: the recorded log-probs under the distribution each token was sampled from
+            engine_logprobs, allowed = batch["sampling_logprobs"].float(), self._allowed_sets(batch)
         return _StepBatch(
             batch=batch, input_ids=input_ids, attention=attention, mask=batch["loss_mask"].bool() & attention,
-            engine_logprobs=batch["logprobs"].float(), group_ids=group_ids, pack_ids=pack_ids,
-            lengths=attention.sum(1),
+            engine_logprobs=engine_logprobs, group_ids=group_ids, pack_ids=pack_ids,
+            lengths=attention.sum(1), allowed=allowed,
         )
+
+    def _allowed_sets(self, batch: dict[str, Any]) -> dict[int, tuple[Tensor, Tensor]]:
+        """Each masked token's allowed set, rebuilt from the batch's `sampling_spans` (the grammar
+        replayed over the recorded output with this Actor's tokenizer, or the kept ids)."""
+        vocab = int(self.model.get_input_embeddings().num_embeddings)  # the engine's mask width
+        masked, out = batch["sampling_masked"], {}
+        for row, spans in enumerate(batch["sampling_spans"]):
+            positions, sets = [], []
+            for span in spans:
+                if span.masks.constraint is not None and self.tokenizer is None:
+                    raise ValueError("replaying a recorded grammar needs the tokenizer: Actor(..., tokenizer=...)")
+                allowed = span.masks.allowed(span.tokens, self.tokenizer, vocab)
+                for i, pos in span.positions(masked.shape[1]):
+                    if bool(masked[row, pos]):
+                        positions.append(pos)
+                        sets.append(allowed[i])
+            if positions:
+                out[row] = (torch.tensor(positions, dtype=torch.long), torch.stack(sets))
+        return out
+
+    def _micro_allowed(self, step: _StepBatch, micro: Tensor, width: int) -> tuple[Tensor, Tensor] | None:
+        """The allowed sets of a micro-batch's masked tokens as (`positions [k, 2]`, bool `[k, V]`)."""
+        positions, sets = [], []
+        for local, row in enumerate(micro.tolist()):
+            if row in step.allowed:
+                pos, allowed = step.allowed[row]
+                keep = pos < width
+                positions.append(torch.stack([torch.full_like(pos[keep], local), pos[keep]], dim=1))
+                sets.append(allowed[keep])
+        if not positions:
+            return None
+        device = step.input_ids.device
+        return torch.cat(positions).to(device), torch.cat(sets).to(device)
 
     def _set_learning_rate(self) -> float:
         """This step's scheduled learning rate, set on the optimizer."""
@@ -309,6 +350,7 @@ class Actor:
             logprobs, entropy, positions = self._row_logprobs(
                 self.model, step.input_ids[micro, cols], step.attention[micro, cols],
                 None if step.pack_ids is None else step.pack_ids[micro], step.mask[micro, cols],
+                self._micro_allowed(step, micro, cols.stop),
             )
             result.trained_positions += positions
             old = policies.old[micro, cols]
@@ -399,21 +441,23 @@ class Actor:
 
     def _row_logprobs(
         self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
-        needed: Tensor | None = None,
+        needed: Tensor | None = None, allowed: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """`_forward_logprobs` in the compute dtype (autocast; under FSDP its policy casts)."""
         with autocast(self.device, None if self.sharded else self.compute_dtype):
-            return self._forward_logprobs(model, input_ids, attention, pack_ids, needed)
+            return self._forward_logprobs(model, input_ids, attention, pack_ids, needed, allowed)
 
     def _forward_logprobs(
         self, model: torch.nn.Module, input_ids: Tensor, attention: Tensor, pack_ids: Tensor | None,
-        needed: Tensor | None = None,
+        needed: Tensor | None = None, allowed: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
         id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
-        `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0."""
+        `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0.
+        With `allowed` (`_micro_allowed`) the padded rows run, those tokens renormalised over
+        their allowed sets (the packed forward does not take masks)."""
         model = lora_base(model)  # LoRA: the base with its injected adapters (the fast paths walk its layers)
-        if self.cfg.pack:
+        if self.cfg.pack and allowed is None:
             flat = self.cfg.tree_attention and supports_tree_attention(model)
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
             logprobs, entropy = packed_token_logprobs_and_entropy(
@@ -422,7 +466,7 @@ class Actor:
             assert entropy is not None
             return logprobs, entropy, packed.n_nodes
         logprobs, entropy = compute_token_logprobs_and_entropy(model, input_ids, attention, self.cfg.temperature,
-                                                               chunk=self.cfg.logprob_chunk_size)
+                                                               chunk=self.cfg.logprob_chunk_size, allowed=allowed)
         return logprobs, entropy, input_ids.numel()
 
     def _inspection(self, collector: InspectionCollector, batch: dict[str, Any], mask: Tensor, old_logprobs: Tensor,
@@ -453,7 +497,7 @@ class Actor:
             width = int(attention[micro].sum(1).max())
             out[micro, :width] = self._row_logprobs(
                 model, input_ids[micro, :width], attention[micro, :width], None if pack_ids is None else pack_ids[micro],
-                step.mask[micro, :width],
+                step.mask[micro, :width], self._micro_allowed(step, micro, width),
             )[0]
         if self.parallel is not None:
             self.parallel.sum_(out)

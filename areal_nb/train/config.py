@@ -79,6 +79,10 @@ class GRPOConfig:
     behave_imp_weight_cap: float | None = 5.0  # tokens with pi_prox/pi_behave above it are masked
     temperature: float = 1.0  # must equal the sampling temperature
     recompute_logprob: bool = True
+    # Train on the distribution the engine sampled from (`sampling_replay.py`): at tokens drawn
+    # under a mask (grammar, top-k, top-p) π_θ is renormalised over the recorded allowed set and
+    # π_behave is the recorded log-prob under that set. False: full-vocabulary log-probs.
+    replay_sampling_masks: bool = False
     # Skip that separate no-grad pass when the training forward computes the same values: with
     # one optimizer step per train step (ppo_n_minibatches == 1) every micro-batch's forward runs
     # the pre-update weights, i.e. π_prox itself, so its detached log-probs are used (exact, for

@@ -64,16 +64,23 @@ def chunked_token_logprobs(
     chunk: int,
     project: Callable[[Tensor], Tensor] | None = None,
     with_entropy: bool = True,
+    allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs `[n]` (float32) of `targets [n]` and the entropy `[n]` of each predictive
     distribution (no gradient: reported, not trained on), `chunk` tokens at a time.
 
     `x` is hidden states `[n, D]` that `project` maps to logits, or (without `project`) the
-    logits `[n, V]` themselves."""
+    logits `[n, V]` themselves. `allowed` = (`index [k]` into the n tokens, bool `[k, V]`): at
+    those tokens the distribution is restricted to the allowed set and renormalised (the
+    sampler's distribution under a grammar / top-k / top-p mask, `sampling_replay.py`)."""
     logprobs, entropy = [], []
     # (no token: one empty chunk, so that the result still hangs off the graph for a backward)
     for lo in range(0, len(x), chunk) or [0]:
-        args = (x[lo : lo + chunk], targets[lo : lo + chunk], temperature, project, with_entropy)
+        part = None
+        if allowed is not None:
+            inside = (allowed[0] >= lo) & (allowed[0] < lo + chunk)
+            part = (allowed[0][inside] - lo, allowed[1][inside]) if bool(inside.any()) else None
+        args = (x[lo : lo + chunk], targets[lo : lo + chunk], temperature, project, with_entropy, part)
         if (
             torch.is_grad_enabled() and len(x) > chunk
         ):  # keep only the chunk's inputs; the backward recomputes it
@@ -91,12 +98,30 @@ def _chunk_logprobs(
     temperature: float,
     project: Callable[[Tensor], Tensor] | None,
     with_entropy: bool,
+    allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     logits = project(x) if project is not None else x
-    log_probs = F.log_softmax(logits.float() / temperature, dim=-1)
+    scaled = logits.float() / temperature
+    if allowed is not None:
+        scaled = scaled + masking_bias(allowed, scaled.shape)
+    log_probs = F.log_softmax(scaled, dim=-1)
     picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
         return picked, None
     with torch.no_grad():
         detached = log_probs.detach()
-        return picked, -(detached.exp() * detached).sum(-1)
+        terms = detached.exp() * detached
+        if allowed is not None:  # 0 · (−inf) is 0 in the entropy, not NaN
+            terms = terms.nan_to_num(nan=0.0)
+        return picked, -terms.sum(-1)
+
+
+def masking_bias(allowed: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
+    """float32 `shape` = [n, V]: −inf outside the allowed set at the indexed rows, 0 elsewhere
+    (an allowed set narrower than V, the engine's vocabulary, allows none of the extra ids)."""
+    index, sets = allowed
+    bias = torch.zeros(shape, dtype=torch.float32, device=index.device)
+    full = torch.zeros(len(index), shape[-1], dtype=torch.bool, device=index.device)
+    full[:, : sets.shape[-1]] = sets.to(index.device)
+    bias[index] = torch.zeros_like(full, dtype=torch.float32).masked_fill(~full, float("-inf"))
+    return bias

@@ -48,13 +48,17 @@ def compute_token_logprobs(
 
 def compute_token_logprobs_and_entropy(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, temperature: float = 1.0,
-    chunk: int = 0,
+    chunk: int = 0, allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Like `compute_token_logprobs`, plus the entropy of the predictive distribution at each token.
 
-    `chunk` > 0: the LM head and log-softmax run that many tokens at a time (`lm_head.py`)."""
+    `chunk` > 0: the LM head and log-softmax run that many tokens at a time (`lm_head.py`).
+    `allowed` = (`positions [k, 2]` (row, token position), bool `[k, V]`): those tokens' log-probs
+    are renormalised over their allowed set (`sampling_replay.py`)."""
+    if allowed is not None:
+        chunk = chunk or input_ids.numel()  # (the masked path is the chunked one)
     if chunk:
-        return _chunked(model, input_ids, attention_mask, temperature, chunk)
+        return _chunked(model, input_ids, attention_mask, temperature, chunk, allowed)
     logits = _forward_logits(model, input_ids, attention_mask)
     logprobs, entropy = logits_to_token_logprobs(logits, input_ids, temperature, with_entropy=True)
     assert entropy is not None
@@ -62,7 +66,7 @@ def compute_token_logprobs_and_entropy(
 
 
 def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None, temperature: float,
-             chunk: int) -> tuple[Tensor, Tensor]:
+             chunk: int, allowed: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     head = split_head(model)
@@ -71,9 +75,13 @@ def _chunked(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor |
     out = (head.decoder if head else model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     x = out.last_hidden_state if head else out.logits  # [B, L, D | V]
     rows, length = input_ids.shape
+    flat_allowed = None
+    if allowed is not None:  # token t of row b is predicted at flat position b·(L−1) + t − 1
+        positions, sets = allowed
+        flat_allowed = (positions[:, 0] * (length - 1) + positions[:, 1] - 1, sets)
     logprobs, entropy = chunked_token_logprobs(
         x[:, :-1].reshape(rows * (length - 1), x.shape[-1]), input_ids[:, 1:].reshape(-1), temperature, chunk,
-        project=head.project if head else None)
+        project=head.project if head else None, allowed=flat_allowed)
     assert entropy is not None
     zeros = logprobs.new_zeros(rows, 1)
     return (torch.cat([zeros, logprobs.view(rows, length - 1)], dim=1),
