@@ -1,5 +1,6 @@
 """The `areal-nb` command: `demo` (the main job), `proxy` (standalone proxy server),
-`train` (a batch run from a YAML config), `engine-server`, `export` (a run folder for a batch job).
+`train` (a batch run from a YAML config), `engine-server`, `export` (a run folder for a batch job),
+`export-model` (a checkpoint's policy as a Hugging Face folder).
 
 The top layer, beside the Session: a command may wire any package together (`cli/proxy.py`
 builds an engine from a model name and serves it through the proxy).
@@ -18,6 +19,8 @@ commands:
   engine-server  serve the embedded engine over SGLang's native HTTP API
   export   write a run folder (config, train.py, launch_local.sh, job.sbatch) from a YAML config
            (areal-nb export --out DIR CONFIG key=value ...)
+  export-model  write a Session checkpoint's policy as a Hugging Face folder
+           (areal-nb export-model CHECKPOINT DIR)
   build-models  rebuild the shipped built-in models from their recipe (areal-nb build-models --help)
 """
 
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         from areal_nb.cli.export import main as export_main
 
         return export_main(rest) or 0
+    if command == "export-model":
+        from areal_nb.cli.export_model import main as export_model_main
+
+        return export_model_main(rest) or 0
     if command == "build-models":
         from areal_nb.cli.build_models import main as build_models_main
 

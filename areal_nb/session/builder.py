@@ -103,8 +103,8 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
 def build_actor(
     cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None, tokenizer: Any = None
 ):
-    """The GRPO actor; with `actor.kl_ctl > 0` also a reference model, a frozen copy of the
-    initial policy (the KL penalty pulls towards where training started). `version`: the
+    """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model,
+    a frozen copy of the initial policy (the KL penalty pulls towards where training started). `version`: the
     engine's weight version (servers that already served updates report theirs). `parallel`:
     this rank's `train.distributed.DataParallel` under torchrun."""
     from areal_nb.train import Actor
@@ -113,7 +113,7 @@ def build_actor(
     if actor_cfg.lr_schedule != "constant" and actor_cfg.lr_decay_steps is None:
         actor_cfg = dataclasses.replace(actor_cfg, lr_decay_steps=cfg.total_steps)  # the run's length
     ref_model = None
-    if actor_cfg.kl_ctl > 0:
+    if actor_cfg.kl_ctl > 0 and actor_cfg.lora is None:  # (LoRA: the base with the adapters off)
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     return Actor(
         policy,

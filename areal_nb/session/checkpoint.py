@@ -48,6 +48,7 @@ import yaml
 from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
 from areal_nb.errors import CheckpointError
+from areal_nb.train.lora import lora_base, merged_weights
 
 if TYPE_CHECKING:
     from .session import Session
@@ -152,7 +153,10 @@ def _write_data(cfg: SessionConfig, tmp: Path, final: Path) -> None:
 def _write_model(session: Session, actor_state: dict[str, Any], tmp: Path) -> None:
     # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
     folder = tmp / "model"
-    session.actor.model.save_pretrained(folder, state_dict=dict(actor_state["model"]))
+    # LoRA: model/ is the frozen base; state.pt holds the adapters with the actor's state
+    actor = session.actor
+    model_weights = merged_weights(actor.model, adapters=False) if actor.lora else actor_state["model"]
+    lora_base(actor.model).save_pretrained(folder, state_dict=dict(model_weights))
     if not _weight_files(folder):  # save_pretrained logs, rather than raises, some failures
         raise CheckpointError(f"saving the model wrote no weights into {folder}")
 
@@ -518,18 +522,31 @@ def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
         or not isinstance(actor.get("optimizer"), dict)
     ):
         raise CheckpointError(f"{file}: its actor state has no model weights or optimizer state")
-    weights = actor["model"]
+    weights, trainable = _lora_split(actor["model"])
     _check_tensors(file, "weight", {k: tuple(v.shape) for k, v in weights.items()}, expected, tied_ok=True)
     for key in ("step_count", "version", "data_pos"):
         if not isinstance(state[key], int) or isinstance(state[key], bool) or state[key] < 0:
             raise CheckpointError(f"{file}: {key} must be a non-negative integer, got {state[key]!r}")
-    _check_optimizer(file, actor["optimizer"], weights)
+    _check_optimizer(file, actor["optimizer"], trainable)
     ref = state.get("ref_model")
     if ref is not None:
         _check_tensors(
             file, "reference weight", {k: tuple(v.shape) for k, v in ref.items()}, expected, tied_ok=True
         )
     return state
+
+
+def _lora_split(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the model's weights under the plain model's names, the trainable ones). A LoRA actor's
+    state (`actor.lora`) names peft's wrapped modules, and only its adapters train."""
+    if not any(".lora_A." in k for k in weights):
+        return weights, weights
+    base = {
+        k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
+        for k, v in weights.items()
+        if ".lora_" not in k
+    }
+    return base, {k: v for k, v in weights.items() if ".lora_" in k}
 
 
 def _check_optimizer(file: Path, optimizer: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
@@ -577,7 +594,9 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")
     actor.version = session.version
-    engine.update_weights(state["actor"]["model"], version=session.version)  # (no gather: rank 0 alone)
+    # (no gather: rank 0 alone; LoRA runs in one process, and its engine serves base + ΔW merged)
+    weights = merged_weights(actor.model) if actor.lora else state["actor"]["model"]
+    engine.update_weights(weights, version=session.version)
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -564,6 +564,18 @@ class Session:
         ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
         return self._written_by_rank_0(lambda: save_checkpoint(self, path, actor_state, ref_weights))
 
+    @one_call
+    def save_pretrained(self, path: str | Path, *, merged: bool = True) -> Path:
+        """The current policy as a Hugging Face folder that `transformers` loads (weights in
+        `model.dtype`, config, generation config, tokenizer with its chat template). With
+        `actor.lora`, `merged=False` writes the adapter for `peft.PeftModel.from_pretrained`
+        instead (`hf_export.py`). Under torchrun only rank 0 writes."""
+        from .hf_export import save_pretrained
+
+        self._check_open()
+        weights = None if self.actor.lora else self.actor.weights()  # every rank: FSDP gathers them
+        return self._written_by_rank_0(lambda: save_pretrained(self, path, merged=merged, weights=weights))
+
     def _written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
         """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"
         message), or raise rank 0's error when it failed."""

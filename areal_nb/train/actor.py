@@ -38,6 +38,7 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
+from .lora import lora_base, merged_weights, wrap_lora
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
@@ -120,6 +121,20 @@ class Actor:
         # float32, and the engine gets the weights in the compute dtype at each push.
         self.compute_dtype = compute_dtype or floating_dtype(model)
         to_master_weights(model)
+        # LoRA (`lora.py`): the base frozen, only the adapters train (and hold AdamW state); the
+        # KL reference is the base with the adapters off, not a copy (`_reference_logprobs`)
+        self.lora = self.cfg.lora is not None
+        if self.lora:
+            if parallel is not None:
+                raise ValueError(
+                    "actor.lora does not run data-parallel (torchrun) yet: train it in one process"
+                )
+            if ref_model is not None:
+                raise ValueError(
+                    "actor.lora uses the base model with the adapters off as the KL reference: "
+                    "pass no ref_model"
+                )
+            model = self.model = wrap_lora(model, self.cfg.lora)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
@@ -136,7 +151,7 @@ class Actor:
         if self.compute_dtype == torch.float16 and not self.sharded:
             self.grad_scaler = torch.amp.GradScaler(self.device.type)
         if self.cfg.gradient_checkpointing:
-            checkpoint_layers(model)
+            checkpoint_layers(lora_base(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -303,9 +318,7 @@ class Actor:
         cfg = self.cfg
         adv_inputs = dict(step.batch, old_logprobs=old_logprobs)
         if cfg.kl_ctl > 0 and "ref_logprobs" not in step.batch:
-            if self.ref_model is None:
-                raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
-            adv_inputs["ref_logprobs"] = self._logprobs_no_grad(self.ref_model, step)
+            adv_inputs["ref_logprobs"] = self._reference_logprobs(step)
         adv = compute_advantages(adv_inputs, cfg, step.group_ids, credit=credit)
         kl_stats = {}
         if "ref_logprobs" in adv_inputs and bool(step.mask.any()):
@@ -313,6 +326,15 @@ class Actor:
             kl = kl_estimate(old_logprobs, adv_inputs["ref_logprobs"], cfg.kl_estimator)
             kl_stats["kl_ref"] = float(kl[step.mask].mean())
         return adv, kl_stats
+
+    def _reference_logprobs(self, step: _StepBatch) -> Tensor:
+        """The KL reference's log-probs: its own model, or (LoRA) the base with the adapters off."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs_no_grad(self.model, step)
+        if self.ref_model is None:
+            raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
+        return self._logprobs_no_grad(self.ref_model, step)
 
     def _update(
         self, step: _StepBatch, advantages: Tensor, policies: _Policies, collector: InspectionCollector | None
@@ -507,6 +529,7 @@ class Actor:
         `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0.
         With `allowed` (`_micro_allowed`) the padded rows run, those tokens renormalised over
         their allowed sets (the packed forward does not take masks)."""
+        model = lora_base(model)  # LoRA: the base with its injected adapters (the fast paths walk its layers)
         if self.cfg.pack and allowed is None:
             flat = self.cfg.tree_attention and supports_tree_attention(model)
             packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
@@ -586,7 +609,7 @@ class Actor:
         """A forward (and backward) of one token with zero loss: under FSDP every rank must run
         the same number of passes (each gathers and reduce-scatters with the others)."""
         with autocast(self.device, None if self.sharded else self.compute_dtype):
-            logits = model(input_ids=input_ids[:1, :1], use_cache=False).logits
+            logits = lora_base(model)(input_ids=input_ids[:1, :1], use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -609,7 +632,10 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
-        weights = serving_weights(self.weights(), self.compute_dtype)
+        # LoRA: the engine serves base + ΔW merged (its forward stays the plain model's)
+        weights = serving_weights(
+            merged_weights(self.model) if self.lora else self.weights(), self.compute_dtype
+        )
         if engine is not None:
             engine.update_weights(weights, version=version)
         return version

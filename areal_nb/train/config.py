@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from areal_nb.api import CREDIT_MODES, CREDIT_NORMS, CreditMode, CreditNorm
 
+from .lora import LoraConfig
+
 LR_SCHEDULES = ("constant", "linear", "cosine")
 PARALLEL_MODES = ("ddp", "fsdp")
 
@@ -106,9 +108,16 @@ class GRPOConfig:
     # every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     # models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process.
     parallel: str = "ddp"
+    # LoRA (`lora.py`): {r, alpha, dropout, target_modules} trains low-rank adapters on the frozen
+    # base instead of every weight; the KL reference is the base with the adapters off. None: full.
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists
+        if isinstance(
+            self.lora, dict
+        ):  # (a plain GRPOConfig(lora={...}) call; the Session's config converts it)
+            self.lora = LoraConfig(**self.lora)
         from .algorithms import check_algorithm, resolve_preset
 
         resolve_preset(self)  # the preset's values where a knob is None

@@ -41,6 +41,7 @@ CALLS = {
     "evaluate": lambda s, tmp: s.evaluate(1),
     "aevaluate": lambda s, tmp: asyncio.run(s.aevaluate(1)),
     "save": lambda s, tmp: s.save(tmp / "ckpt"),
+    "save_pretrained": lambda s, tmp: s.save_pretrained(tmp / "hf"),
     "export": lambda s, tmp: s.export(tmp / "run"),
     "dashboard": lambda s, tmp: s.dashboard(),
     "proxy_caches": lambda s, tmp: s.proxy_caches(),

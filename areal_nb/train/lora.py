@@ -1,0 +1,114 @@
+"""LoRA adapters on the policy (`actor.lora`), with `peft`.
+
+`wrap_lora(model, cfg)` freezes the base weights and adds trainable low-rank adapters
+(ΔW = B·A·alpha/r, B starting at zero: the wrapped model starts as the base). The actor's
+optimizer then holds only the adapter's parameters and their AdamW state.
+
+peft injects its LoRA layers into the base model in place: the base model (`lora_base`)
+computes base + adapter itself, so the trainer's forwards (and their fast paths that walk
+`model.model.layers`: packing, tree attention, the last layer at the heads) run on the
+unwrapped base model unchanged. `disable_adapter()` on the wrapper turns the adapters off in
+those same layers: the KL reference is the base model that way, with no second copy.
+
+The engine gets merged weights (`merged_weights`: base + ΔW under the base model's names) at
+each push: the engine's forward stays the plain model's, and the pushed tensors are exactly
+those the trainer's base + adapter computes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["LoraConfig", "is_lora_model", "lora_base", "merged_weights", "wrap_lora"]
+
+
+@dataclass
+class LoraConfig:
+    r: int = 8  # the adapter's rank
+    alpha: float = 16.0  # ΔW is scaled by alpha / r
+    # Dropout on the adapter's input. The actor runs the model in eval mode (dropout would make
+    # π_θ differ from the policy that sampled), so it is off in training as well.
+    dropout: float = 0.0
+    # peft's names: module-name suffixes (["q_proj", "v_proj"]) or "all-linear" (every linear
+    # layer but the LM head). The LM head cannot be adapted: the log-prob pass reads its weight.
+    target_modules: list[str] | str = field(default="all-linear")
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        targets = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
+        if not targets:
+            raise ValueError(
+                "lora.target_modules is empty: name module suffixes (e.g. [q_proj, v_proj]) or all-linear"
+            )
+        if "lm_head" in targets:
+            raise ValueError(
+                "lora.target_modules cannot hold lm_head: the log-prob pass reads the LM head's weight"
+            )
+
+
+def wrap_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """`model` with trainable LoRA adapters (a `peft.PeftModel`); only the adapters require grad."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError("actor.lora needs peft: pip install 'areal_nb[lora]'") from exc
+    config = peft.LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=cfg.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, config)
+
+
+def is_lora_model(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def lora_base(model: torch.nn.Module) -> torch.nn.Module:
+    """The model the forwards run: a PeftModel's base (adapters injected), else `model` itself."""
+    return model.get_base_model() if is_lora_model(model) else model
+
+
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, Tensor]:
+    """The base model's state dict with each active adapter's ΔW added to its layer's weight,
+    under the plain model's names (no adapter tensors; `model` itself is unchanged).
+    `adapters=False`: the frozen base weights alone, under the same names."""
+    from peft.tuners.lora import LoraLayer
+
+    base = lora_base(model)
+    deltas: dict[str, Tensor] = {}
+    for name, module in base.named_modules() if adapters else ():
+        if isinstance(module, LoraLayer) and not module.disable_adapters:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    delta = module.get_delta_weight(adapter)
+                    deltas[name] = deltas[name] + delta if name in deltas else delta
+    out: dict[str, Any] = {}
+    for key, value in base.state_dict().items():
+        parts = key.split(".")
+        if any(p.startswith("lora_") for p in parts):
+            continue
+        if "base_layer" in parts:
+            owner = ".".join(parts[: parts.index("base_layer")])
+            if parts[-1] == "weight" and owner in deltas:
+                value = value + deltas[owner].to(value.dtype)
+            key = ".".join(p for p in parts if p != "base_layer")
+        out[key] = value
+    return out
