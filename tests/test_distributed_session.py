@@ -76,9 +76,7 @@ def test_run_train_step_save_and_load_on_two_ranks(tmp_path, mode):
 def test_rank_0_failing_ends_rank_1_with_its_message(tmp_path):
     result = torchrun([str(SCRIPT), str(tmp_path), "fail"], tmp_path)
     assert result.returncode != 0
-    assert (
-        "[rank1]: areal_nb.session.parallel.LeaderFailed: rank 0 failed: FirstEpisodeError" in result.stderr
-    )
+    assert "[rank1]: areal_nb.errors.LeaderFailed: rank 0 failed: FirstEpisodeError" in result.stderr
     assert not (tmp_path / "rank1.pt").exists()
 
 

@@ -258,6 +258,13 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         """The pool with all its workers started (agent_timeout measures the agent, not this);
         EpisodeRejected with the workers' own traceback when they cannot start."""
         pool = self._process_pool()
+        ready = self._pool_ready
+        if ready is not None and ready.get_loop() is not asyncio.get_running_loop():
+            # started from another event loop (asyncio.run per call): its future cannot be awaited
+            # here; a start that finished there stands, anything else starts over on this loop
+            if ready.done() and not ready.cancelled() and ready.exception() is None:
+                return pool
+            self._pool_ready = None
         if self._pool_ready is None:
             # one job per worker: a spawn pool starts a process per job it has no idle worker for,
             # and the initializer's barrier holds every job until all the workers are up

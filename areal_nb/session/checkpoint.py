@@ -549,6 +549,10 @@ def _lora_split(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     return base, {k: v for k, v in weights.items() if ".lora_" in k}
 
 
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)))
+
+
 def _check_optimizer(file: Path, optimizer: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
     """The optimizer state covers the model's parameters in order, its moments shaped like them."""
     groups, moments = optimizer.get("param_groups"), optimizer.get("state")
@@ -557,7 +561,10 @@ def _check_optimizer(file: Path, optimizer: dict[str, Any], weights: dict[str, t
     # the trainable parameters, in model.parameters() order: tied weights count once
     seen: set[int] = set()
     params = []
-    for tensor in weights.values():
+    embed = next((t for k, t in weights.items() if k.endswith("embed_tokens.weight")), None)
+    for name, tensor in weights.items():
+        if name.endswith("lm_head.weight") and embed is not None and _same_tensor(tensor, embed):
+            continue  # a tied head: under FSDP the gathered state holds it as a copy of the embedding
         key = tensor.data_ptr() if tensor.numel() else id(tensor)
         if key not in seen:
             seen.add(key)
