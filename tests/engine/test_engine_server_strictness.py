@@ -253,6 +253,8 @@ def test_an_unforeseen_failure_is_logged_a_500_and_the_server_serves_on(
 
     monkeypatch.setattr(engine, "update_weights", broken)
     server_log = logging.getLogger("uvicorn.error")  # where the server logs a route's exception
+    # a logging.config.dictConfig elsewhere in the process may have disabled existing loggers
+    monkeypatch.setattr(server_log, "disabled", False)
     server_log.addHandler(caplog.handler)
     try:
         reply = client.post(
