@@ -6,6 +6,11 @@ step, version, RNG states, data position), `history.json` (the stats rows so far
 when the dataset was given as a Python object (its rows as JSONL; see `_store_python_datasets`),
 and `manifest.json`: every other file's size and SHA-256, written last.
 
+**A LoRA run's checkpoint holds the adapter, not a copy of the base.** `model/` then has the
+base's config.json and the tokenizer but no weights; state.pt holds the adapter's tensors and
+their optimizer state; `base_model.json` names the base (`base_model.py`) and config.yaml's
+`model.path` is that base. A load whose base has other weights is refused (`check_same_base`).
+
 **Saving never loses the checkpoint it replaces.** Everything is written into a temporary
 sibling folder (`.NAME.saving-*`), fsynced, and only a complete folder takes the target's name
 (the old one is renamed aside first and deleted after; if the second rename fails it is put
@@ -48,7 +53,9 @@ import yaml
 from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
 from areal_nb.errors import CheckpointError
-from areal_nb.train.lora import lora_base, merged_weights
+from areal_nb.train.lora import adapter_state, lora_base, merged_weights
+
+from .base_model import BASE_FILE, read_base_file, write_base_file
 
 if TYPE_CHECKING:
     from .session import Session
@@ -113,7 +120,10 @@ def save_checkpoint(
         _write_data(cfg, tmp, final)
         _write_model(session, actor_state, tmp)
         _write_tokenizer(session, tmp)
-        cfg.model.path = str(model_path) if model_path is not None else str(final.resolve() / "model")
+        if session.actor.lora:  # the base the adapter needs: named, not copied
+            cfg.model.path = session.lora_base["path"]
+        else:
+            cfg.model.path = str(model_path) if model_path is not None else str(final.resolve() / "model")
         _write_config(cfg, tmp)
         _write_state(session, actor_state, ref_weights, tmp)
         _write_history(session, tmp)
@@ -151,12 +161,14 @@ def _write_data(cfg: SessionConfig, tmp: Path, final: Path) -> None:
 
 
 def _write_model(session: Session, actor_state: dict[str, Any], tmp: Path) -> None:
-    # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
     folder = tmp / "model"
-    # LoRA: model/ is the frozen base; state.pt holds the adapters with the actor's state
     actor = session.actor
-    model_weights = merged_weights(actor.model, adapters=False) if actor.lora else actor_state["model"]
-    lora_base(actor.model).save_pretrained(folder, state_dict=dict(model_weights))
+    if actor.lora:  # the base's config (for the checks) and a reference to its weights; no weights
+        lora_base(actor.model).config.save_pretrained(folder)
+        write_base_file(session.lora_base, tmp)
+        return
+    # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
+    actor.model.save_pretrained(folder, state_dict=dict(actor_state["model"]))
     if not _weight_files(folder):  # save_pretrained logs, rather than raises, some failures
         raise CheckpointError(f"saving the model wrote no weights into {folder}")
 
@@ -335,9 +347,13 @@ def _verify(folder: Path, manifest: dict[str, Any] | None, check_config: bool) -
     history = _check_history(folder / "history.json")
     model_config = _check_model_folder(folder / "model")
     expected = _expected_shapes(folder / "model", model_config)
-    _check_weight_files(folder / "model", expected, model_config)
-    state = _check_state(folder / "state.pt", expected)
+    base = read_base_file(folder)  # LoRA: the base is named, its weights are not here
+    if base is None:
+        _check_weight_files(folder / "model", expected, model_config)
+    state = _check_state(folder / "state.pt", expected, lora=base is not None)
     state["history"] = history
+    state["base_model"] = base
+    state["folder"] = str(folder)
     return state
 
 
@@ -507,7 +523,7 @@ def _check_weight_files(folder: Path, expected: dict[str, tuple[int, ...]], mode
     _check_tensors(files[0] if len(files) == 1 else folder, "weight", shapes, expected, tied_ok=tied)
 
 
-def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _check_state(file: Path, expected: dict[str, tuple[int, ...]], *, lora: bool) -> dict[str, Any]:
     try:
         state = torch.load(file, weights_only=False, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - a truncated zip, a bad pickle, ...
@@ -523,7 +539,17 @@ def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
     ):
         raise CheckpointError(f"{file}: its actor state has no model weights or optimizer state")
     weights, trainable = _lora_split(actor["model"])
-    _check_tensors(file, "weight", {k: tuple(v.shape) for k, v in weights.items()}, expected, tied_ok=True)
+    if lora and (weights or not trainable):
+        raise CheckpointError(
+            f"{file}: a LoRA checkpoint ({BASE_FILE}) holds the adapter's tensors only; its actor "
+            f"state has {len(weights)} other weight(s) and {len(trainable)} adapter tensor(s)"
+        )
+    if weights or not trainable:  # (an earlier LoRA checkpoint kept the base here as well)
+        _check_tensors(
+            file, "weight", {k: tuple(v.shape) for k, v in weights.items()}, expected, tied_ok=True
+        )
+    if trainable is not weights:
+        _check_adapters(file, trainable, expected)
     for key in ("step_count", "version", "data_pos"):
         if not isinstance(state[key], int) or isinstance(state[key], bool) or state[key] < 0:
             raise CheckpointError(f"{file}: {key} must be a non-negative integer, got {state[key]!r}")
@@ -539,14 +565,37 @@ def _check_state(file: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
 def _lora_split(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(the model's weights under the plain model's names, the trainable ones). A LoRA actor's
     state (`actor.lora`) names peft's wrapped modules, and only its adapters train."""
-    if not any(".lora_A." in k for k in weights):
+    adapters = adapter_state(weights)
+    if not adapters:
         return weights, weights
     base = {
         k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
         for k, v in weights.items()
-        if ".lora_" not in k
+        if k not in adapters
     }
-    return base, {k: v for k, v in weights.items() if ".lora_" in k}
+    return base, adapters
+
+
+def _check_adapters(
+    file: Path, adapters: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]
+) -> None:
+    """Each adapter sits on a linear layer of the model in model/config.json and fits its shape:
+    lora_A is [r, in_features], lora_B [out_features, r]."""
+    for name, tensor in adapters.items():
+        owner, _, rest = name.removeprefix("base_model.model.").partition(".lora_")
+        shape = expected.get(f"{owner}.weight")
+        if shape is None:
+            raise CheckpointError(
+                f"{file}: adapter {name!r} is on {owner!r}, not a layer of the model in model/config.json"
+            )
+        side = rest.split(".")[0]  # A or B
+        if len(shape) == 2 and tensor.dim() == 2 and side in ("A", "B"):
+            fits = tensor.shape[1] == shape[1] if side == "A" else tensor.shape[0] == shape[0]
+            if not fits:
+                raise CheckpointError(
+                    f"{file}: adapter {name!r} has shape {list(tensor.shape)}, which does not fit "
+                    f"{owner!r} ({list(shape)} in model/config.json)"
+                )
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -594,9 +643,9 @@ def _one_line(e: BaseException) -> str:
 
 def restore(session: Session, state: dict[str, Any]) -> None:
     """Put a started Session where the checkpoint's run was: weights, optimizer, RNGs, data."""
+    actor, engine = session.actor, session.engine
     session.step_count = state["step_count"]
     session.version = state["version"]
-    actor, engine = session.actor, session.engine
     actor.load_state_dict(state["actor"])
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")

@@ -9,6 +9,8 @@ policy the engine sampled from.
 With a LoRA actor (`actor.lora`), `merged=True` folds the adapter into the base weights (a plain
 model folder as above); `merged=False` writes only the adapter (`adapter_config.json` +
 `adapter_model.safetensors`), which `peft.PeftModel.from_pretrained(base, dir)` loads on the base.
+
+`export_checkpoint` does the same from a checkpoint, or from a run folder's latest checkpoint.
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_nb.config import load_config
-from areal_nb.train.lora import is_lora_model, merged_weights, wrap_lora
+from areal_nb.train.lora import is_lora_model, load_adapter_state, merged_weights, wrap_lora
 from areal_nb.train.precision import serving_weights
 
-from .checkpoint import read_checkpoint
+from .base_model import base_reference, check_same_base
+from .checkpoint import MANIFEST, read_checkpoint
+
+# how deep under a run folder `find_checkpoint` looks (runs/<name>/checkpoints/step<N>/manifest.json)
+CHECKPOINT_DEPTH = 4
 
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["export_checkpoint", "save_pretrained", "write_model_folder"]
+__all__ = ["export_checkpoint", "find_checkpoint", "save_pretrained", "write_model_folder"]
 
 
 def save_pretrained(
@@ -81,17 +87,56 @@ def write_adapter_folder(model: torch.nn.Module, tokenizer: Any, path: str | Pat
     return path
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
-    """A `Session.save` checkpoint's policy as a transformers folder (no Session, no engine)."""
+def find_checkpoint(path: str | Path) -> Path:
+    """`path` itself when it is a checkpoint, else the latest checkpoint written under it (a run
+    folder: `checkpoint.save_dir`'s `step<N>`, an exported run's `checkpoint/` and its job's
+    results): the one whose manifest, written last, is newest. Folders being written (hidden
+    `.NAME.saving-*` siblings) are not looked into."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path} is not a Session checkpoint or a run folder: {'not a folder' if path.exists() else 'no such folder'}"
+        )
+    if (path / MANIFEST).is_file() or (path / "state.pt").is_file():
+        return path
+    found = [
+        manifest.parent
+        for depth in range(1, CHECKPOINT_DEPTH + 1)
+        for manifest in path.glob("/".join(["*"] * depth) + "/" + MANIFEST)
+        if not any(part.startswith(".") for part in manifest.relative_to(path).parts)
+    ]
+    if not found:
+        raise FileNotFoundError(
+            f"{path} is not a Session checkpoint (no config.yaml and model/) and holds none "
+            f"(no manifest.json up to {CHECKPOINT_DEPTH} folders down)"
+        )
+    return max(found, key=lambda folder: ((folder / MANIFEST).stat().st_mtime_ns, str(folder)))
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merged: bool = True) -> Path:
+    """A `Session.save` checkpoint's policy (or a run folder's latest one, `find_checkpoint`) as a
+    transformers folder, or with `merged=False` a LoRA run's adapter for peft (no Session, no
+    engine). A LoRA checkpoint's base is loaded from where it names it, and must be the same."""
     from areal_nb.models import load_model, load_tokenizer
 
-    checkpoint = Path(checkpoint)
-    if not (checkpoint / "config.yaml").exists() or not (checkpoint / "model").is_dir():
-        raise FileNotFoundError(f"{checkpoint} is not a Session checkpoint (no config.yaml and model/)")
-    cfg = load_config(checkpoint / "config.yaml")
-    model = load_model(str(checkpoint / "model"), dtype=torch.float32)
-    if cfg.actor.lora is not None:  # model/ is the base; the trained adapters are in state.pt
+    checkpoint = find_checkpoint(checkpoint)
+    state = read_checkpoint(checkpoint, check_config=False)  # every file checked first
+    base = state["base_model"]  # LoRA: the base the adapter was trained on (None: model/ holds it)
+    model_path = base["path"] if base is not None else str(checkpoint / "model")
+    cfg = load_config(checkpoint / "config.yaml", {"model.path": model_path})
+    if not merged and cfg.actor.lora is None:
+        raise ValueError(
+            f"{checkpoint} is a full-weight run's checkpoint: it has no LoRA adapter to export alone"
+        )
+    model = load_model(model_path, dtype=torch.float32)
+    if base is not None:
+        check_same_base(base, base_reference(model_path, model), str(checkpoint))
+    if cfg.actor.lora is not None:  # the trained adapters are in state.pt
         model = wrap_lora(model, cfg.actor.lora)
-        model.load_state_dict(read_checkpoint(checkpoint)["actor"]["model"])
+        load_adapter_state(model, state["actor"]["model"])
+    else:
+        model.load_state_dict(state["actor"]["model"])
     tokenizer = load_tokenizer(str(checkpoint / "model"))
+    if not merged:
+        return write_adapter_folder(model, tokenizer, out)
     return write_model_folder(model, model.state_dict(), tokenizer, getattr(torch, cfg.model.dtype), out)

@@ -34,6 +34,7 @@ from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog, view_batch
 
 from . import builder
+from .base_model import BASE_FILE, base_reference, check_same_base
 from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
 from .data import DataStream, load_task_data
 from .dynamic_sampling import refill_informative
@@ -107,6 +108,7 @@ class Session:
         self._closed = False
         self._calls = OneCallAtATime()  # guard.py: one call at a time, refused from a second thread
         self._resume_state: dict[str, Any] | None = None
+        self.lora_base: dict[str, Any] | None = None  # actor.lora: the base's reference (base_model.py)
         self._first_episode_checked = False  # see preflight.py
         self._parallel: distributed.DataParallel | None = None  # under torchrun: this rank's place
         self._channel: RankChannel | None = None
@@ -137,6 +139,14 @@ class Session:
             # data first: a bad dataset fails before anything is built
             task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
+            if cfg.actor.lora is not None:  # what a checkpoint names instead of copying the base
+                self.lora_base = base_reference(cfg.model.path, policy)
+            if self._resume_state is not None:  # an adapter goes on the base it was trained on only
+                check_same_base(
+                    self._resume_state.get("base_model"),
+                    self.lora_base,
+                    self._resume_state.get("folder", "checkpoint"),
+                )
             self._engine_log = EngineLog()
             self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
             builder.sync_engine_weights(cfg, policy, self.engine)
@@ -603,6 +613,7 @@ class Session:
         if (
             config is None
             and (Path(path) / "model").is_dir()
+            and not (Path(path) / BASE_FILE).exists()  # (LoRA: config.yaml names the base itself)
             and "model.path" not in _flatten_overrides(overrides)
         ):
             # the saved config.yaml names the model folder by the absolute path it was written at,

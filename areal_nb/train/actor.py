@@ -38,7 +38,7 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .lora import lora_base, merged_weights, wrap_lora
+from .lora import adapter_state, load_adapter_state, lora_base, merged_weights, wrap_lora
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
@@ -645,10 +645,16 @@ class Actor:
         return full_state_dict(self.model.state_dict()) if self.sharded else self.model.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Full weights and optimizer state (sharded: gathered, on every rank that calls it)."""
+        """Full weights and optimizer state (sharded: gathered, on every rank that calls it).
+        LoRA: the adapter's tensors only (the frozen base is the model it was loaded from)."""
         optimizer = self.optimizer.state_dict()
+        if self.lora:
+            adapters = adapter_state(self.model.state_dict())
+            model = full_state_dict(adapters) if self.sharded else adapters
+        else:
+            model = self.weights()
         return {
-            "model": self.weights(),
+            "model": model,
             "optimizer": full_state_dict(optimizer) if self.sharded else optimizer,
             "version": self.version,
             "steps_done": self.steps_done,
@@ -657,9 +663,11 @@ class Actor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s full tensors; sharded, each rank keeps its own shards (no
         communication)."""
-        self.model.load_state_dict(
-            shard_like(state["model"], self.model.state_dict()) if self.sharded else state["model"]
-        )
+        model = shard_like(state["model"], self.model.state_dict()) if self.sharded else state["model"]
+        if self.lora:
+            load_adapter_state(self.model, model)
+        else:
+            self.model.load_state_dict(model)
         self.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))

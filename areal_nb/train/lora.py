@@ -23,7 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["LoraConfig", "is_lora_model", "lora_base", "merged_weights", "wrap_lora"]
+__all__ = [
+    "LoraConfig",
+    "adapter_state",
+    "is_lora_model",
+    "load_adapter_state",
+    "lora_base",
+    "merged_weights",
+    "wrap_lora",
+]
 
 
 @dataclass
@@ -83,6 +91,40 @@ def is_lora_model(model: torch.nn.Module) -> bool:
 def lora_base(model: torch.nn.Module) -> torch.nn.Module:
     """The model the forwards run: a PeftModel's base (adapters injected), else `model` itself."""
     return model.get_base_model() if is_lora_model(model) else model
+
+
+def is_adapter_key(name: str) -> bool:
+    """A peft state-dict key of an adapter tensor (`...q_proj.lora_A.default.weight`)."""
+    return any(part.startswith("lora_") for part in name.split("."))
+
+
+def adapter_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's tensors of a wrapped model's state dict (the frozen base left out): what a
+    LoRA checkpoint keeps of the model."""
+    return {k: v for k, v in state.items() if is_adapter_key(k)}
+
+
+def load_adapter_state(model: torch.nn.Module, adapters: dict[str, Tensor]) -> None:
+    """Put `adapter_state`'s tensors back into the wrapped `model` (its base untouched). A state
+    holding the base too (a full state dict) gives its adapters only. Raises ValueError when the
+    adapters do not fit the model (another rank, other target modules)."""
+    adapters = adapter_state(adapters)
+    own = adapter_state(model.state_dict())
+    missing, unexpected = sorted(own.keys() - adapters.keys()), sorted(adapters.keys() - own.keys())
+    if missing or unexpected:
+        raise ValueError(
+            "the saved LoRA adapter does not fit this model's actor.lora: "
+            + (f"{len(missing)} adapter tensor(s) missing, e.g. {missing[0]!r}" if missing else "")
+            + ("; " if missing and unexpected else "")
+            + (f"{len(unexpected)} not in the model, e.g. {unexpected[0]!r}" if unexpected else "")
+        )
+    for name, value in adapters.items():
+        if tuple(value.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"the saved LoRA adapter does not fit this model's actor.lora: {name!r} has shape "
+                f"{list(value.shape)}, the model's {list(own[name].shape)} (another lora.r?)"
+            )
+    model.load_state_dict(adapters, strict=False)
 
 
 @torch.no_grad()
