@@ -165,3 +165,41 @@ def test_lora_checkpoint_resumes_and_exports_the_adapted_policy(tmp_path):
             assert all(torch.equal(saved.get_tensor(k), restored[k]) for k in saved.keys())  # noqa: SIM118
         stats = resumed.train_step(resumed.rollout())
         assert stats["logprob_abs_diff_max"] < 1e-4  # the engine serves the restored base + adapter
+
+
+@pytest.mark.parametrize("lora", [LORA, "null"], ids=["lora", "full"])
+def test_export_model_takes_a_run_folders_latest_checkpoint(tmp_path, capsys, lora):
+    """`areal-nb export-model RUN DIR` picks the run's last checkpoint; the merged folder (and a
+    LoRA run's adapter on its base, with peft) greedy-decodes what the engine decodes."""
+    from peft import PeftModel
+
+    from areal_nb.models import load_model
+
+    run = tmp_path / "run"
+    overrides = dict(actor__lora=lora, actor__lr=5e-2, checkpoint__save_dir=str(run / "checkpoints"))
+    with Session(config(**overrides, checkpoint__save_every=1)) as session:
+        session.run(2)
+        prompts = chat_prompts(session.save_pretrained(tmp_path / "live"))
+        engine_tokens = [engine_greedy(session, ids) for ids in prompts]  # the policy of step 2
+        base_path = session.config.model.path
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step1", "step2"]
+    assert all(engine_tokens)
+
+    assert cli_main(["export-model", str(run), str(tmp_path / "merged")]) == 0
+    assert f"from {run / 'checkpoints' / 'step2'}" in capsys.readouterr().out
+    for engine, hf in zip(engine_tokens, transformers_greedy(tmp_path / "merged", prompts), strict=True):
+        same_until_engine_stopped(engine, hf)
+
+    adapter = tmp_path / "adapter"
+    if lora == "null":
+        assert cli_main(["export-model", str(run), str(adapter), "--adapter"]) == 2
+        assert "no LoRA adapter" in capsys.readouterr().err and not adapter.exists()
+        return
+    assert cli_main(["export-model", str(run), str(adapter), "--adapter"]) == 0
+    assert (adapter / "adapter_model.safetensors").exists() and not (adapter / "model.safetensors").exists()
+    peft_model = PeftModel.from_pretrained(load_model(base_path, dtype=torch.float32), adapter).eval()
+    for ids, engine in zip(prompts, engine_tokens, strict=True):
+        generated = peft_model.generate(
+            input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS
+        )
+        same_until_engine_stopped(engine, generated[0, len(ids) :].tolist())

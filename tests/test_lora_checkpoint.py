@@ -91,6 +91,8 @@ def test_adopting_a_lora_checkpoint_checks_the_adapter_against_the_model(lora_ru
     adopt_checkpoint(copy)  # the structural checks pass on an adapter-only checkpoint
     config = json.loads((copy / "model" / "config.json").read_text())
     (copy / MANIFEST).unlink()
-    (copy / "model" / "config.json").write_text(json.dumps({**config, "hidden_size": config["hidden_size"] * 2}))
+    (copy / "model" / "config.json").write_text(
+        json.dumps({**config, "hidden_size": config["hidden_size"] * 2})
+    )
     with pytest.raises(CheckpointError, match="adapter .* does not fit"):
         adopt_checkpoint(copy)
