@@ -101,3 +101,24 @@ def test_areal_nb_train_under_torchrun(tmp_path):
     assert json.loads((run_dir / "final_eval.json").read_text())["n"] == 4
     assert (run_dir / "final" / "state.pt").is_file()
     assert result.stdout.count("done: ddp-run, 2 steps") == 1  # rank 0 reports; rank 1 only trains
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_lora_run_trains_saves_and_resumes_on_two_ranks(tmp_path, mode):
+    result = torchrun([str(ROOT / "tests" / "ddp_lora_session.py"), str(tmp_path), mode], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    leader, replica = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    for r in (leader, replica):
+        assert r["all_adapters"], mode  # only the adapters train, and hold Adam state
+        held = r["trainable_held"] / r["trainable_numel"]
+        assert held == 1.0 if mode == "ddp" else 0.4 < held < 0.6, (mode, held)
+        assert r["optimizer_numel"] == r["trainable_held"], mode
+        assert r["resumed_equal"], mode  # fsdp: rank 0 sent the checkpoint's adapter to rank 1
+    # the engine on rank 0 sampled from base + ΔW after every push, and after the resume
+    assert max(leader["drift"]) < 1e-4 and leader["resumed_drift"] < 1e-4, leader
+    assert torch.equal(leader["adapters"], replica["adapters"])
+    assert torch.equal(leader["resumed_adapters"], replica["resumed_adapters"])
+    assert not torch.equal(leader["resumed_adapters"], leader["adapters"])
+    assert not list((tmp_path / "final" / "model").glob("*.safetensors"))  # the adapter, not the base
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()

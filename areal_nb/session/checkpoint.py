@@ -650,9 +650,11 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")
     actor.version = session.version
-    # (no gather: rank 0 alone; LoRA runs in one process, and its engine serves base + ΔW merged)
-    weights = merged_weights(actor.model) if actor.lora else state["actor"]["model"]
-    engine.update_weights(weights, version=session.version)
+    # (no gather: rank 0 alone. A LoRA engine serves base + ΔW merged; sharded, the base is in
+    # shards over the ranks, so the merged weights are pushed once all ranks joined: `_join_replicas`)
+    if not (actor.lora and actor.sharded):
+        weights = merged_weights(actor.model) if actor.lora else state["actor"]["model"]
+        engine.update_weights(weights, version=session.version)
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

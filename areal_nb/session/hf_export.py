@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_nb.config import load_config
-from areal_nb.train.lora import is_lora_model, load_adapter_state, merged_weights, wrap_lora
+from areal_nb.train.lora import is_lora_model, load_adapter_state, lora_base, merged_weights, wrap_lora
 from areal_nb.train.precision import serving_weights
 
 from .base_model import base_reference, check_same_base
@@ -41,7 +41,8 @@ def save_pretrained(
     session: Session, path: str | Path, *, merged: bool = True, weights: dict[str, Any] | None = None
 ) -> Path:
     """Write the session's current policy to `path` (see the module doc); returns the path.
-    `weights`: the actor's full weights when the caller gathered them (FSDP: every rank does)."""
+    `weights`: what the caller gathered (FSDP: every rank does): the policy's full weights
+    (`Actor.policy_weights`, LoRA merged), or with `merged=False` the adapter's."""
     actor = session.actor
     dtype = getattr(torch, session.config.model.dtype)
     if not merged and not is_lora_model(actor.model):
@@ -50,10 +51,9 @@ def save_pretrained(
             "(no actor.lora): use merged=True"
         )
     if not merged:
-        return write_adapter_folder(actor.model, session.tokenizer, path)
-    return write_model_folder(
-        actor.model, actor.weights() if weights is None else weights, session.tokenizer, dtype, path
-    )
+        return write_adapter_folder(actor.model, session.tokenizer, path, adapters=weights)
+    weights = actor.policy_weights() if weights is None else weights
+    return write_model_folder(lora_base(actor.model), weights, session.tokenizer, dtype, path)
 
 
 def write_model_folder(
@@ -78,10 +78,13 @@ def write_model_folder(
     return path
 
 
-def write_adapter_folder(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> Path:
-    """The adapter alone, for `peft.PeftModel.from_pretrained(base_model, path)`."""
+def write_adapter_folder(
+    model: torch.nn.Module, tokenizer: Any, path: str | Path, adapters: dict[str, Any] | None = None
+) -> Path:
+    """The adapter alone, for `peft.PeftModel.from_pretrained(base_model, path)`. `adapters`: its
+    full tensors when the caller gathered them (FSDP), else the model's own."""
     path = Path(path)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, state_dict=adapters)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path

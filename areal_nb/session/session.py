@@ -220,6 +220,8 @@ class Session:
         # others built theirs from the saved policy, so every rank cuts its shards from the
         # checkpoint's full reference weights (replicas get rank 0's by broadcast_module below).
         ref_state = resumed.get("ref_model") if resumed is not None and actor.sharded else None
+        # Likewise a sharded LoRA adapter: the others hold fresh adapters on the base they loaded
+        sharded_lora = resumed is not None and actor.sharded and actor.lora
         state = self._channel.send(
             "start",
             {
@@ -228,12 +230,15 @@ class Session:
                 "step_count": self.step_count,
                 "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
                 "ref_model": ref_state if actor.ref_model is not None else None,
+                "adapters": resumed["actor"]["model"] if sharded_lora else None,
             }
             if self.rank == 0
             else None,
         )
         if self.rank != 0 and state["ref_model"] is not None:
             actor.load_ref_weights(state["ref_model"])
+        if self.rank != 0 and state["adapters"] is not None:
+            actor.load_adapter_weights(state["adapters"])
         self._parallel.broadcast_module(actor.model)
         if actor.ref_model is not None:
             self._parallel.broadcast_module(actor.ref_model)
@@ -242,6 +247,8 @@ class Session:
             self.version, self.step_count = state["version"], state["step_count"]
             if state["optimizer"] is not None:
                 actor.load_optimizer_state_dict(state["optimizer"])
+        if state["adapters"] is not None:  # the restored base + ΔW, merged from every rank's shards
+            actor.push_weights(self.engine if self.rank == 0 else None, self.version)
 
     @property
     def rank(self) -> int:
@@ -583,7 +590,13 @@ class Session:
         from .hf_export import save_pretrained
 
         self._check_open()
-        weights = None if self.actor.lora else self.actor.weights()  # every rank: FSDP gathers them
+        if not merged and not self.actor.lora:
+            raise ValueError(
+                "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "
+                "(no actor.lora): use merged=True"
+            )
+        # every rank: FSDP gathers them (LoRA: base + ΔW merged, or the adapter alone)
+        weights = self.actor.policy_weights() if merged else self.actor.adapter_weights()
         return self._written_by_rank_0(lambda: save_pretrained(self, path, merged=merged, weights=weights))
 
     def _written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:

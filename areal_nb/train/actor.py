@@ -38,7 +38,7 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .lora import adapter_state, load_adapter_state, lora_base, merged_weights, wrap_lora
+from .lora import adapter_state, check_shardable, load_adapter_state, lora_base, merged_weights, wrap_lora
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
@@ -125,15 +125,12 @@ class Actor:
         # KL reference is the base with the adapters off, not a copy (`_reference_logprobs`)
         self.lora = self.cfg.lora is not None
         if self.lora:
-            if parallel is not None:
-                raise ValueError(
-                    "actor.lora does not run data-parallel (torchrun) yet: train it in one process"
-                )
             if ref_model is not None:
                 raise ValueError(
                     "actor.lora uses the base model with the adapters off as the KL reference: "
                     "pass no ref_model"
                 )
+            # (peft first: FSDP then shards the injected layers, adapters and frozen base alike)
             model = self.model = wrap_lora(model, self.cfg.lora)
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
@@ -142,7 +139,9 @@ class Actor:
         if ref_model is not None:  # no gradients, no optimizer: it may as well be in the compute dtype
             ref_model.to(self.compute_dtype).eval().requires_grad_(False)
         if self.sharded:  # (FSDP gathers the weights in the compute dtype: no autocast then)
-            fully_shard_model(model, compute_dtype=self.compute_dtype)
+            if self.lora:
+                check_shardable(model)
+            fully_shard_model(lora_base(model), compute_dtype=self.compute_dtype)
             if ref_model is not None:  # the KL reference follows: 1/N of it per rank, no grads, no optimizer
                 fully_shard_model(ref_model, frozen=True, compute_dtype=self.compute_dtype)
         # float16's narrow range underflows small gradients: the loss is scaled up for the
@@ -633,9 +632,7 @@ class Actor:
         """
         version = self.version if version is None else version
         # LoRA: the engine serves base + ΔW merged (its forward stays the plain model's)
-        weights = serving_weights(
-            merged_weights(self.model) if self.lora else self.weights(), self.compute_dtype
-        )
+        weights = serving_weights(self.policy_weights(), self.compute_dtype)
         if engine is not None:
             engine.update_weights(weights, version=version)
         return version
@@ -644,17 +641,25 @@ class Actor:
         """The model's full weights by name. Sharded (FSDP) a gather that every rank calls."""
         return full_state_dict(self.model.state_dict()) if self.sharded else self.model.state_dict()
 
+    def policy_weights(self) -> dict[str, Tensor]:
+        """The policy's full weights under the plain model's names: with LoRA the base with each
+        ΔW merged in (what the engine serves). Sharded (FSDP) a gather that every rank calls."""
+        if not self.lora:
+            return self.weights()
+        base = lora_base(self.model).state_dict()
+        return merged_weights(self.model, state=full_state_dict(base) if self.sharded else None)
+
+    def adapter_weights(self) -> dict[str, Tensor]:
+        """A LoRA actor's adapter tensors, full (sharded: a gather every rank calls)."""
+        adapters = adapter_state(self.model.state_dict())
+        return full_state_dict(adapters) if self.sharded else adapters
+
     def state_dict(self) -> dict[str, Any]:
         """Full weights and optimizer state (sharded: gathered, on every rank that calls it).
         LoRA: the adapter's tensors only (the frozen base is the model it was loaded from)."""
         optimizer = self.optimizer.state_dict()
-        if self.lora:
-            adapters = adapter_state(self.model.state_dict())
-            model = full_state_dict(adapters) if self.sharded else adapters
-        else:
-            model = self.weights()
         return {
-            "model": model,
+            "model": self.adapter_weights() if self.lora else self.weights(),
             "optimizer": full_state_dict(optimizer) if self.sharded else optimizer,
             "version": self.version,
             "steps_done": self.steps_done,
@@ -663,14 +668,20 @@ class Actor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s full tensors; sharded, each rank keeps its own shards (no
         communication)."""
-        model = shard_like(state["model"], self.model.state_dict()) if self.sharded else state["model"]
         if self.lora:
-            load_adapter_state(self.model, model)
+            self.load_adapter_weights(state["model"])
         else:
-            self.model.load_state_dict(model)
+            self.model.load_state_dict(
+                shard_like(state["model"], self.model.state_dict()) if self.sharded else state["model"]
+            )
         self.load_optimizer_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.steps_done = int(state.get("steps_done", 0))
+
+    def load_adapter_weights(self, adapters: dict[str, Tensor]) -> None:
+        """Restore `adapter_weights()`'s full tensors; sharded, each rank keeps its own shards."""
+        own = self.model.state_dict()
+        load_adapter_state(self.model, shard_like(adapters, own) if self.sharded else adapters)
 
     def ref_weights(self) -> dict[str, Tensor] | None:
         """The KL reference's full weights (None without one). Sharded: a gather every rank calls."""

@@ -26,6 +26,7 @@ from torch import Tensor
 __all__ = [
     "LoraConfig",
     "adapter_state",
+    "check_shardable",
     "is_lora_model",
     "load_adapter_state",
     "lora_base",
@@ -128,22 +129,27 @@ def load_adapter_state(model: torch.nn.Module, adapters: dict[str, Tensor]) -> N
 
 
 @torch.no_grad()
-def merged_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, Tensor]:
+def merged_weights(
+    model: torch.nn.Module, adapters: bool = True, state: dict[str, Tensor] | None = None
+) -> dict[str, Tensor]:
     """The base model's state dict with each active adapter's ΔW added to its layer's weight,
     under the plain model's names (no adapter tensors; `model` itself is unchanged).
-    `adapters=False`: the frozen base weights alone, under the same names."""
+    `adapters=False`: the frozen base weights alone, under the same names. `state`: the base's
+    state dict as full tensors when the caller gathered them (FSDP shards the model); ΔW is then
+    computed from those tensors, as peft computes it for a linear layer."""
     from peft.tuners.lora import LoraLayer
 
     base = lora_base(model)
+    state = base.state_dict() if state is None else state
     deltas: dict[str, Tensor] = {}
     for name, module in base.named_modules() if adapters else ():
         if isinstance(module, LoraLayer) and not module.disable_adapters:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
-                    delta = module.get_delta_weight(adapter)
+                    delta = _delta_weight(module, name, adapter, state)
                     deltas[name] = deltas[name] + delta if name in deltas else delta
     out: dict[str, Any] = {}
-    for key, value in base.state_dict().items():
+    for key, value in state.items():
         parts = key.split(".")
         if any(p.startswith("lora_") for p in parts):
             continue
@@ -154,3 +160,30 @@ def merged_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, T
             key = ".".join(p for p in parts if p != "base_layer")
         out[key] = value
     return out
+
+
+def _delta_weight(module: Any, name: str, adapter: str, state: dict[str, Tensor]) -> Tensor:
+    """ΔW = B·A·scaling of one adapter of a linear layer, from `state`'s tensors (peft's
+    `Linear.get_delta_weight`, which reads the module's own, possibly sharded, weights)."""
+    from peft.tuners.lora import Linear
+
+    if not isinstance(module, Linear):
+        return module.get_delta_weight(adapter)
+    delta = state[f"{name}.lora_B.{adapter}.weight"] @ state[f"{name}.lora_A.{adapter}.weight"]
+    return (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
+
+
+def check_shardable(model: torch.nn.Module) -> None:
+    """FSDP (`actor.parallel: fsdp`) merges ΔW from gathered tensors: linear layers' adapters only."""
+    from peft.tuners.lora import Linear, LoraLayer
+
+    other = [
+        n
+        for n, m in lora_base(model).named_modules()
+        if isinstance(m, LoraLayer) and not isinstance(m, Linear)
+    ]
+    if other:
+        raise ValueError(
+            f"actor.lora with actor.parallel=fsdp adapts linear layers only; {other[0]!r} is not one "
+            f"(name linear layers in lora.target_modules, or use actor.parallel=ddp)"
+        )

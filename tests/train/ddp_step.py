@@ -25,6 +25,7 @@ REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0]
 # float rounding alone changes by 1e-11, that step moves by ~lr/10. With lr 1e-4 those stay under
 # 1e-5; the gradients themselves are compared to float rounding (test_distributed.py).
 LR = 1e-4
+LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
 
 CASES: dict[str, dict] = {
     "default": {},  # packed, one minibatch, skipped recomputation
@@ -38,6 +39,10 @@ CASES: dict[str, dict] = {
         "adv_norm": "batch",
         "micro_batch_size": 2,
     },
+    # LoRA adapters (peft injected before FSDP shards the layers): only they train; the KL
+    # reference is the base with the adapters off
+    "lora": {"lora": LORA},
+    "lora_decoupled_kl": {"lora": LORA, "use_decoupled_loss": True, "kl_ctl": 0.1, "micro_batch_size": 2},
 }
 
 
@@ -71,7 +76,7 @@ def train_case(case: str, parallel: DataParallel | None, mode: str = "ddp") -> d
     model = load_model("tiny-math", dtype=torch.float32, device="cpu")
     cfg = GRPOConfig(lr=LR, parallel=mode, **CASES[case])
     ref = None
-    if cfg.kl_ctl > 0:
+    if cfg.kl_ctl > 0 and cfg.lora is None:
         import copy
 
         ref = copy.deepcopy(model).requires_grad_(False)
@@ -83,6 +88,7 @@ def train_case(case: str, parallel: DataParallel | None, mode: str = "ddp") -> d
     stats = actor.train_step(fixed_batch(model.config.vocab_size), GROUPS, inspect=True)
     moments = [full_state_dict(actor.optimizer.state[p]["exp_avg"]).clone() for p in actor.params]
     return {
+        "trainable": sorted(n for n, p in actor.model.named_parameters() if p.requires_grad),
         "before": before,
         "after": {k: v.clone() for k, v in actor.weights().items()},
         "exp_avg": moments,

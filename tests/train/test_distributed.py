@@ -102,6 +102,12 @@ def test_two_ranks_give_the_one_process_step(tmp_path, mode):
             assert ranks["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-6), (case, key)
         if "kl_ref" in one["stats"]:
             assert ranks["stats"]["kl_ref"] == pytest.approx(one["stats"]["kl_ref"], rel=1e-6)
+        assert ranks["trainable"] == one["trainable"], case
+        if "lora" in ddp_step.CASES[case]:  # only the adapters train, on every rank and in one process
+            assert one["trainable"] and all(".lora_" in n for n in one["trainable"]), case
+            assert all(
+                ".lora_" in k for k in one["after"] if not torch.equal(one["after"][k], one["before"][k])
+            )
 
 
 @pytest.mark.slow
