@@ -42,7 +42,9 @@ CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
-@pytest.mark.parametrize("nproc, lora", [(1, None), (2, None), (1, LORA)], ids=["1", "2", "1-lora"])
+@pytest.mark.parametrize(
+    "nproc, lora", [(1, None), (2, None), (1, LORA), (2, LORA)], ids=["1", "2", "1-lora", "2-lora"]
+)
 def test_export_after_step_k_then_one_step_equals_the_notebooks_next_step(tmp_path, nproc, lora):
     """(LoRA: the exported checkpoint holds the adapter and names the base; the job loads both.)"""
     k = 2
