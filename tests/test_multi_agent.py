@@ -111,7 +111,7 @@ def test_the_agent_tag_survives_the_wire():
     ("solver", "checker", "rewards"),
     [
         ("The sum is 4. #### 4", "#### 4", [1.0, 1.0]),  # right answer, agreed with
-        ("The sum is 5. #### 5", "2 + 2 = 4 #### 4", [0.0, 1.0]),  # wrong answer caught
+        ("The sum is 5. #### 5", "2 + 2 = 4 \\boxed{4}", [0.0, 1.0]),  # wrong answer caught
         ("The sum is 5. #### 5", "#### 5", [0.0, 0.0]),  # wrong answer missed
         ("The sum is 4. #### 4", "#### 7", [1.0, 0.0]),  # false alarm
     ],
@@ -131,8 +131,11 @@ def test_the_solver_checker_agent_rewards_each_part(tiny_tokenizer, solver, chec
 
 def test_the_checker_needs_a_final_number_to_agree():
     assert final_number("so 1,200 #### 1,200") == 1200.0 and final_number("no number") is None
-    assert checker_reward(True, "#### 4", "I think it is right") == 0.0  # no verdict: not an agreement
-    assert checker_reward(False, "no answer", "#### 4") == 1.0  # nothing to agree with: caught
+    assert final_number("\\boxed{3} or rather \\boxed{ 4 }") == 4.0  # the last one counts
+    assert checker_reward(True, "#### 4", "I think it is right") == 0.0  # no final number: no verdict
+    assert checker_reward(False, "#### 5", "hmm") == 0.0  # a wrong answer is not caught by saying nothing
+    assert checker_reward(False, "no answer", "\\boxed{4}") == 1.0  # nothing to agree with: caught
+    assert checker_reward(True, "\\boxed{4}", "#### 4") == 1.0  # either way of writing it
 
 
 def test_the_two_parts_need_two_names():

@@ -8,9 +8,10 @@ both parts (the same weights answer both names).
 
 - The solver gets the problem and answers; reward 1.0 when its answer is right, else 0.0.
 - The checker gets the problem and the solver's answer, solves it itself and gives its final
-  number after `####`: it agrees with the solver when the numbers are equal. Reward 1.0 for a
-  right verdict (catching a wrong answer, or agreeing with a right one), 0.0 for a wrong one (a
-  missed error or a false alarm), so always disagreeing does not pay.
+  number (`\\boxed{n}` or `#### n`): it agrees with the solver when the final numbers are equal.
+  Reward 1.0 for a right verdict (catching a wrong answer, or agreeing with a right one), 0.0
+  for a wrong one (a missed error or a false alarm) and for a reply without a final number, so
+  neither always disagreeing nor answering nothing pays.
 """
 
 from __future__ import annotations
@@ -25,27 +26,31 @@ from .sdk_agent import SDKAgent, openai_client
 CHECKER_PROMPT = (
     "Problem: {question}\n"
     "Proposed answer: {answer}\n"
-    "Check the proposed answer: solve the problem yourself and give the final number after ####."
+    "Check the proposed answer: solve the problem yourself and give your final answer."
 )
-_FINAL_NUMBER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+# A final answer as the math task writes it: `\boxed{n}` (the built-in model's replies) or `#### n` (GSM8K's)
+_FINAL_NUMBER = re.compile(r"\\boxed\{\s*(-?[\d,]*\.?\d+)\s*\}|####\s*(-?[\d,]*\.?\d+)")
 
 
 def final_number(text: str | None) -> float | None:
-    """The number after the last `####` of a reply (None: there is none)."""
+    """The last final answer of a reply, `\\boxed{n}` or `#### n` (None: there is none)."""
     found = _FINAL_NUMBER.findall(text or "")
     if not found:
         return None
+    boxed, hashed = found[-1]
     try:
-        return float(found[-1].replace(",", ""))
+        return float((boxed or hashed).replace(",", ""))
     except ValueError:
         return None
 
 
 def checker_reward(solver_correct: bool, solver_reply: str, checker_reply: str) -> float:
     """1.0 when the checker's verdict is right: it agrees with the solver (its final number
-    equals the solver's) exactly when the solver is right."""
+    equals the solver's) exactly when the solver is right. No final number: no verdict, 0.0."""
     mine, theirs = final_number(checker_reply), final_number(solver_reply)
-    agrees = mine is not None and theirs is not None and mine == theirs
+    if mine is None:
+        return 0.0
+    agrees = mine == theirs
     return 1.0 if agrees == solver_correct else 0.0
 
 
