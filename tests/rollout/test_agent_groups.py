@@ -119,3 +119,15 @@ def test_one_agent_keeps_the_episode_groups():
         ep.interactions = {k: v for k, v in ep.interactions.items() if v.agent == "solver"}
     t = single.to_tensors()
     assert t["group_ids"].tolist() == [0, 0, 1, 1] and t["agent_ids"].tolist() == [0, 0, 0, 0]
+
+
+def test_dynamic_sampling_keeps_a_prompt_where_some_agents_rewards_differ():
+    from areal_nb.session.dynamic_sampling import informative_episodes
+
+    # prompt 0: the episodes' returns tie (1 + 0 = 0 + 1) but each agent's differ: kept.
+    # prompt 1: each agent scored the same in both episodes: nothing to learn, dropped.
+    batch = RolloutBatch(
+        [episode(0, 0, 1.0, 0.0), episode(0, 1, 0.0, 1.0), episode(1, 0, 1.0, 0.0), episode(1, 1, 1.0, 0.0)]
+    )
+    kept, dropped = informative_episodes(batch)
+    assert [ep.group_id for ep in kept] == [0, 0] and dropped == 1
