@@ -141,3 +141,37 @@ def test_the_checker_needs_a_final_number_to_agree():
 def test_the_two_parts_need_two_names():
     with pytest.raises(ValueError, match="different names"):
         SolverCheckerAgent(solver="a", checker="a")
+
+
+def test_the_direct_client_tags_its_calls_too(tiny_tokenizer):
+    from areal_nb.capture import ArealOpenAI
+
+    client = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "4"), tiny_tokenizer)
+    question = [{"role": "user", "content": "What is 2 + 2?"}]
+
+    async def run():
+        solved = await client.chat.completions.create(model="solver", messages=question, max_tokens=4)
+        history = question + [solved.choices[0].message.model_dump(exclude_none=True)]
+        checked = await client.responses.create(model="checker", input=history, max_output_tokens=4)
+        again = await client.chat.completions.create(
+            model="solver", messages=history + [{"role": "user", "content": "sure?"}], max_tokens=4
+        )
+        return solved, checked, again
+
+    solved, checked, again = asyncio.run(run())
+    calls = client.cache
+    assert [c.agent for c in calls.values()] == ["solver", "checker", "solver"]
+    assert calls[checked.id].parent is None and calls[again.id].parent is calls[solved.id]
+
+
+def test_a_model_that_is_not_a_name_is_refused_and_nothing_is_recorded(tiny_tokenizer):
+    from areal_nb.capture import ArealOpenAI, CompletionRequestError
+
+    client = ArealOpenAI(ScriptedEngine(tiny_tokenizer, "4"), tiny_tokenizer)
+    with pytest.raises(CompletionRequestError, match="model must be a string"):
+        asyncio.run(
+            client.chat.completions.create(
+                model=3, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        )
+    assert len(client.cache) == 0
