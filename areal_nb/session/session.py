@@ -369,6 +369,9 @@ class Session:
                 "rollout_tokens_per_s": out_tokens / elapsed if elapsed > 0 else float("nan"),
             }
         )
+        agent_means = batch.agent_reward_means()
+        if len(agent_means) > 1:  # several agents: each one's mean return per episode, by name
+            batch.stats.update({f"reward_mean/{agent}": mean for agent, mean in agent_means.items()})
         self.last_batch = batch
         return batch
 
