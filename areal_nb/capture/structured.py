@@ -130,31 +130,35 @@ def _guided_regex(value: Any, where: str) -> OutputConstraint:
     return OutputConstraint("regex", pattern=value)
 
 
+# each option as the kind of constraint it asks for (vLLM's `structured_outputs` names its kind inside)
+_GUIDED_KINDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    "ebnf": "grammar",
+}
+_STRUCTURED_OUTPUTS_KINDS = ("json", "regex", "choice", "json_object", "grammar", "structural_tag")
+
+
 def constraint_of_guided(options: Any) -> dict[str, OutputConstraint]:
     """`{option name: its constraint}` for the `GUIDED_KEYS` option set in `options` (a request's
     extra fields; not a dict: none), or `{}`."""
     if not isinstance(options, Mapping):
         return {}
-    given = {key: options.get(key) for key in GUIDED_KEYS}
-    given = {key: value for key, value in given.items() if value is not None}
+    given = {key: options[key] for key in GUIDED_KEYS if options.get(key) is not None}
     if len(given) > 1:
         raise CompletionRequestError(
             f"{' and '.join(given)} cannot both constrain one reply; send one of them"
         )
     if not given:
         return {}
-    ((key, value),) = given.items()
-    if key in ("guided_grammar", "ebnf"):
-        raise CompletionRequestError(f"{key} {_NO_GRAMMARS}")
-    if key == "structured_outputs":
-        if not isinstance(value, Mapping):
-            raise CompletionRequestError(f"structured_outputs must be an object, got {value!r:.80}")
-        kinds = {k: v for k, v in value.items() if v not in (None, False)}
-        kinds = {
-            k: v
-            for k, v in kinds.items()
-            if k in ("json", "regex", "choice", "json_object", "grammar", "structural_tag")
-        }
+    ((where, spec),) = given.items()
+    if where == "structured_outputs":
+        if not isinstance(spec, Mapping):
+            raise CompletionRequestError(f"structured_outputs must be an object, got {spec!r:.80}")
+        kinds = {k: v for k, v in spec.items() if k in _STRUCTURED_OUTPUTS_KINDS and v not in (None, False)}
         if len(kinds) != 1:
             raise CompletionRequestError(
                 "structured_outputs needs exactly one of json, regex, choice or json_object, "
@@ -162,16 +166,16 @@ def constraint_of_guided(options: Any) -> dict[str, OutputConstraint]:
             )
         ((kind, spec),) = kinds.items()
         where = f"structured_outputs.{kind}"
-        if kind in ("grammar", "structural_tag"):
-            raise CompletionRequestError(f"{where} {_NO_GRAMMARS}")
-        constraint = (
-            OutputConstraint("json_object")
-            if kind == "json_object"
-            else {"json": _guided_json, "regex": _guided_regex, "choice": _guided_choice}[kind](spec, where)
-        )
     else:
-        parse = {"guided_json": _guided_json, "guided_choice": _guided_choice}.get(key, _guided_regex)
-        where, constraint = key, parse(value, key)
+        kind = _GUIDED_KINDS[where]
+    if kind in ("grammar", "structural_tag"):
+        raise CompletionRequestError(f"{where} {_NO_GRAMMARS}")
+    if kind == "json_object":
+        constraint = OutputConstraint("json_object")
+    else:
+        constraint = {"json": _guided_json, "regex": _guided_regex, "choice": _guided_choice}[kind](
+            spec, where
+        )
     return {where: _constraint_or_400(constraint, where)}
 
 
