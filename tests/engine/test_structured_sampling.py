@@ -113,7 +113,7 @@ FUNCTIONS = {
 def test_choice_constraint_writes_exactly_one_of_the_choices(local_engine, tiny_tokenizer, reference_model):
     choices = ("positive", "negative", "a|b (not a regex)")
     seen = set()
-    for _ in range(6):
+    for _ in range(12):  # the first token's masked distribution is about 0.54 / 0.25 / 0.21
         response = _generate(
             local_engine,
             tiny_tokenizer,
@@ -125,7 +125,7 @@ def test_choice_constraint_writes_exactly_one_of_the_choices(local_engine, tiny_
         seen.add(text)
         trainer = _trainer_logprobs(reference_model, response, tiny_tokenizer, 1.5, replay=True)
         assert float((trainer - torch.tensor(response.sampling_masks.logprobs)).abs().max()) < 1e-4
-    assert len(seen) > 1  # sampled, not forced
+    assert len(seen) > 1  # sampled, not forced (all 12 alike: p < 1e-3)
 
 
 def test_any_tool_call_calls_one_of_the_functions_with_its_schema(
