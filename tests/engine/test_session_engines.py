@@ -268,3 +268,44 @@ def test_kernel_exit_without_close_stops_the_servers(tmp_path):
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PIDS")]
     pids = [int(p) for p in line.split()[1:]]
     assert len(pids) == 1 and all(process_group_gone(pid) for pid in pids)
+
+
+def test_a_lora_session_pushes_adapters_to_launched_engine_servers_with_exact_logprobs(tmp_path):
+    """`actor.lora` on the launch path: the server starts with the LoRA flags, each version's
+    adapter (not the model) goes to it, and what it samples is the trainer's base + adapter."""
+    cfg = config(
+        tmp_path,
+        **{
+            "engine.type": "sglang",
+            "engine.launch.command": "engine-server",
+            "engine.launch.n_servers": 1,
+            "actor.lora": {"r": 4, "alpha": 8.0, "target_modules": "all-linear"},
+            "actor.lr": 5e-3,  # large enough that the adapter moves the log-probs visibly
+        },
+    )
+    with Session(cfg) as session:
+        (proc,) = session.engine.owned_processes
+        assert proc.command[proc.command.index("--enable-lora") :][:3] == [
+            "--enable-lora",
+            "--max-lora-rank",
+            "4",
+        ]
+        assert session.engine.serves_lora_adapters
+        before = session.rollout()
+        history = session.run(2)
+        assert list(history["version"]) == [1, 2]
+        # step 2 trained on what the server sampled with version 1's adapter
+        assert (history["logprob_abs_diff_max"] < 1e-4).all()
+        batch = session.rollout()  # with version 2's adapter
+        assert batch.version == 2 and not batch.rejected
+        assert recomputed_logprobs_match(session, batch) < 1e-4
+        # the adapter changed the policy: the base's record no longer matches the trainer
+        assert recomputed_logprobs_match(session, before) > 1e-3
+        weights = tmp_path / "run" / "weights"
+        pushed = sorted(p.name for p in weights.iterdir() if not p.name.startswith("."))
+        assert pushed == ["adapter-1", "adapter-2"]  # adapters only, never a model
+        model_bytes = sum(
+            f.stat().st_size for f in Path(session.engine.config_source or "").glob("*.safetensors")
+        )
+        adapter_bytes = (weights / "adapter-2" / "adapter_model.safetensors").stat().st_size
+        assert adapter_bytes < model_bytes / 4, (adapter_bytes, model_bytes)
