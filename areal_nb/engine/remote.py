@@ -502,7 +502,7 @@ class SGLangEngine:
     async def _aload_adapter(self, path: str, version: int) -> None:
         # a name per push: a version pushed twice (a restored run) never meets its own name
         name = f"policy-v{version}-{self._rid_prefix[:8]}-{next(self._adapter_count)}"
-        load = {"lora_name": name, "lora_path": path, "pinned": False}
+        load = load_adapter_body(name, path)
         set_version = {"new_version": str(version), "abort_all_requests": False}
         async with self._update_lock:
             await self.apause()  # requests in flight come back and are re-sent naming the new adapter
@@ -514,7 +514,7 @@ class SGLangEngine:
             finally:
                 await self.aresume()
             if previous is not None:  # (the servers answer once no request names it any more)
-                unload = {"lora_name": previous}
+                unload = unload_adapter_body(previous)
                 await self._gather_live(lambda s: self._post(s, "/unload_lora_adapter", unload))
 
     async def aabort(self, rid: str) -> None:
@@ -813,6 +813,17 @@ def _generate_payload(
     if lora_path is not None:
         payload["lora_path"] = lora_path
     return payload
+
+
+def load_adapter_body(name: str, path: str) -> dict[str, Any]:
+    """The `/load_lora_adapter` body: the adapter folder `path` under `name` (SGLang's
+    `LoadLoRAAdapterReqInput`; unpinned: SGLang may evict it from its GPU slots when idle)."""
+    return {"lora_name": name, "lora_path": path, "pinned": False}
+
+
+def unload_adapter_body(name: str) -> dict[str, Any]:
+    """The `/unload_lora_adapter` body (SGLang's `UnloadLoRAAdapterReqInput`)."""
+    return {"lora_name": name}
 
 
 def _transport_reason(exc: httpx.TransportError) -> str:
