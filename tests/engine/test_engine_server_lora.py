@@ -276,3 +276,85 @@ def test_a_base_update_keeps_the_adapter_on_top(engine, adapters):
     assert replies[3].json()["meta_info"]["weight_version"] == "7"
     with updated.disable_adapter():
         assert _max_error(updated, replies[4]) < 1e-4
+
+
+@pytest.mark.server
+def test_sglang_engine_pushes_versioned_adapters_and_unloads_the_previous(engine, tmp_path):
+    from areal_nb.api import GenerationConfig, ModelRequest
+    from areal_nb.engine.remote import EngineServerError, SGLangEngine
+    from areal_nb.proxy.server import ProxyServer
+    from areal_nb.train.lora import lora_adapter
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    app = create_engine_app(engine, _settings(weights))
+    request = ModelRequest(PROMPT, GenerationConfig(max_new_tokens=8, temperature=0.8, ignore_eos=True))
+    with (
+        ProxyServer(app, port=0) as served,
+        SGLangEngine([served.url], weights_dir=weights, lora=True) as remote,
+    ):
+        models = [_adapter(1), _adapter(2)]
+        for version, model in enumerate(models, start=1):
+            remote.update_weights(lora_adapter(model), version=version)
+            out = asyncio.run(remote.agenerate(request))
+            ref = teacher_forced_logprobs(model, out.input_tokens, out.output_tokens, temperature=0.8)
+            assert float((ref - torch.tensor(out.output_logprobs)).abs().max()) < 1e-4, version
+            assert out.output_versions == [version] * 8
+            loaded = app.app.state.engine_app.serving.adapters.loaded  # the previous one unloaded
+            assert list(loaded) == [remote._adapter] and remote._adapter.startswith(f"policy-v{version}-")
+        assert sorted(p.name for p in weights.iterdir()) == ["adapter-1", "adapter-2"]
+        assert {p.name for p in (weights / "adapter-2").iterdir()} == {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        }
+
+    # servers started without --enable-lora: a clear error at once, not retries until weights_wait
+    plain = create_engine_app(engine, EngineServerSettings(weights_dir=str(weights)))
+    with ProxyServer(plain, port=0) as served:
+        with SGLangEngine([served.url], weights_dir=weights, lora=True, weights_wait=600) as remote:
+            with pytest.raises(EngineServerError, match="serves no LoRA adapters.*--enable-lora"):
+                remote.update_weights(lora_adapter(models[0]), version=3)
+        with SGLangEngine([served.url], weights_dir=weights) as remote:
+            with pytest.raises(ValueError, match="not made for LoRA adapters"):
+                remote.update_weights(lora_adapter(models[0]), version=3)
+
+
+class _Adapters:
+    """The adapter gate's view of `AdapterServing`: which adapter the weights hold, and the switches."""
+
+    def __init__(self) -> None:
+        self.applied = None
+        self.switches: list = []
+
+    def switch(self, adapter) -> None:
+        self.switches.append(adapter)
+        self.applied = adapter
+
+
+def test_the_adapter_gate_switches_once_the_batch_drains_first_come_first_served():
+    from areal_nb.engine.server_app import _ServingState
+
+    async def run():
+        adapters = _Adapters()
+        state = _ServingState(engine=None, adapters=adapters)
+        a, b = object(), object()
+        await state.admit(["a1"], a)  # idle: switches to a at once
+        entered: list[str] = []
+
+        async def request(rid, adapter):
+            await state.admit([rid], adapter)
+            entered.append(rid)
+
+        waiting_b = asyncio.create_task(request("b1", b))
+        await asyncio.sleep(0.01)
+        late_a = asyncio.create_task(request("a2", a))  # same adapter as the batch, but after b1
+        await asyncio.sleep(0.01)
+        assert entered == [] and adapters.switches == [a]  # b1 waits for a1; a2 waits behind b1
+        await state.release("a1")
+        await asyncio.sleep(0.01)
+        assert entered == ["b1"] and adapters.switches == [a, b]
+        await state.release("b1")
+        await asyncio.gather(waiting_b, late_a)
+        assert entered == ["b1", "a2"] and adapters.switches == [a, b, a]
+
+    asyncio.run(run())
