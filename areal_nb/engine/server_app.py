@@ -12,6 +12,12 @@ What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU
 - `/update_weights_from_disk`: when not paused it waits for in-flight generations and holds new ones
   back (sglang's writer lock); when paused it applies at once. Only directories under
   `settings.weights_dir` are read (resolved, so `..` and symlinks cannot leave it).
+- LoRA (`settings.lora`, `--enable-lora`; `lora_serving.py`): `/load_lora_adapter`,
+  `/unload_lora_adapter` and `lora_path` on `/generate`, with SGLang's replies and messages; one
+  adapter (or the base) is in the engine at a time, and a request for another waits at the gate
+  in `_ServingState.admit` until the running batch drains (first come, first served; a request
+  waiting there is not reached by `/abort_request` until it enters). Adapter folders are read
+  only under `settings.weights_dir`.
 - `--api-key`: every route but `/health*` needs `Authorization: Bearer KEY` (401 otherwise).
 Bad input is a 400 and disturbs nothing; our own faults are 500s with a logged traceback.
 `/generate` is served by a plain ASGI route in front of the FastAPI app (`_GenerateRoute`): it is
