@@ -149,9 +149,10 @@ def lora_server_args(rank: int, target_modules: str | Sequence[str]) -> list[str
     """SGLang's LoRA flags for a policy trained with `actor.lora` (rank `rank`, peft's
     `target_modules`: module names or "all-linear"); `areal-nb engine-server` takes the same."""
     if isinstance(target_modules, str):
-        targets = ["all"] if target_modules in ("all-linear", "all") else [target_modules]
-    else:
-        targets = list(target_modules)
+        # "all-linear", or a peft regex over module paths, which names no modules before loading
+        targets = ["all"]
+    else:  # peft matches name suffixes (`self_attn.q_proj`); SGLang takes the module names
+        targets = list(dict.fromkeys(name.split(".")[-1] for name in target_modules))
     return [
         "--enable-lora",
         "--max-lora-rank",

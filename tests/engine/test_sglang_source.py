@@ -344,9 +344,16 @@ def test_engine_server_error_bodies_have_sglangs_shape(sglang):
 # ---------------------------------------------------------------------- LoRA
 
 
-@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj", "down_proj"]])
+@pytest.mark.parametrize(
+    ("targets", "expected"),
+    [
+        ("all-linear", ["all"]),
+        (["q_proj", "v_proj", "down_proj"], ["q_proj", "v_proj", "down_proj"]),
+        (["self_attn.q_proj", "mlp.up_proj"], ["q_proj", "up_proj"]),  # peft's suffixes, SGLang's names
+    ],
+)
 def test_the_lora_session_launch_command_parses_and_passes_sglangs_lora_check(
-    sglang, monkeypatch, tmp_path, targets
+    sglang, monkeypatch, tmp_path, targets, expected
 ):
     from areal_nb.cli.engine_server import build_parser, lora_settings
     from areal_nb.train.lora import LoraConfig
@@ -375,7 +382,6 @@ def test_the_lora_session_launch_command_parses_and_passes_sglangs_lora_check(
             cfg.engine, None, None, model_path=str(tmp_path / "m"), weights_dir=str(tmp_path / "w"), lora=lora
         )
     args = _parses(sglang, _launch_args(commands[0]))
-    expected = ["all"] if targets == "all-linear" else targets
     assert (args["enable_lora"], args["max_lora_rank"], args["max_loras_per_batch"]) == (True, 16, 2)
     assert sorted(args["lora_target_modules"]) == sorted(expected)
     # engine-server reads the same flags the same way
@@ -409,7 +415,9 @@ def test_generate_payloads_naming_an_adapter_pass_sglangs_contract(sglang):
     assert sglang.ask("generate", body=payload, vocab_size=QWEN_VOCAB)["error"] is None
     payload["lora_path"] = 3
     answer = sglang.ask("generate", body=payload, vocab_size=QWEN_VOCAB)
-    assert "expected a value or an array of values for OptionalStringOrList" in (answer["error"] or "accepted")
+    assert "expected a value or an array of values for OptionalStringOrList" in (
+        answer["error"] or "accepted"
+    )
 
 
 def test_adapter_load_and_unload_bodies_decode_as_sglangs_requests(sglang):
