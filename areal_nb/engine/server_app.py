@@ -236,6 +236,7 @@ class _ServingState:
         self.aborted_while_held: set[str] = set()  # they answer "abort" without reaching the engine
         self._tickets = itertools.count()
         self.waiting: dict[int, Adapter | None] = {}  # arrival ticket → adapter, while at the gate
+        self._notifying: set[asyncio.Task] = set()
 
     async def admit(self, rids: list[str], adapter: Adapter | None = None) -> None:
         if self.adapters is None:
@@ -264,7 +265,9 @@ class _ServingState:
         finally:
             del self.waiting[ticket]
             if not entered:  # the requests behind this one may go now
-                asyncio.get_running_loop().create_task(self.notify())
+                task = asyncio.get_running_loop().create_task(self.notify())
+                self._notifying.add(task)  # (a task nobody holds may be collected before it runs)
+                task.add_done_callback(self._notifying.discard)
 
     def _may_enter(self, adapter: Adapter | None, ticket: int) -> bool:
         if self.paused or self.updating:

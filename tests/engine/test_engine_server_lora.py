@@ -356,5 +356,14 @@ def test_the_adapter_gate_switches_once_the_batch_drains_first_come_first_served
         await state.release("b1")
         await asyncio.gather(waiting_b, late_a)
         assert entered == ["b1", "a2"] and adapters.switches == [a, b, a]
+        # a waiter that leaves (its client gone) lets those behind it go
+        gone = asyncio.create_task(request("b2", b))
+        await asyncio.sleep(0.01)
+        behind = asyncio.create_task(request("a3", a))
+        await asyncio.sleep(0.01)
+        assert entered == ["b1", "a2"]
+        gone.cancel()
+        await behind
+        assert entered == ["b1", "a2", "a3"] and adapters.switches == [a, b, a]
 
     asyncio.run(run())
