@@ -49,29 +49,42 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    path: str = "tiny-math"  # "tiny-math", a local directory, or a Hugging Face id
-    # The compute dtype: the actor's forward and backward (autocast; FSDP2's param_dtype) and the
-    # weights the engine serves. The trained weights and AdamW's state stay float32 (master
-    # weights, `areal_nb.train.precision`): updates at small learning rates do not round away.
+    """`model`: the policy that is trained and served."""
+
+    path: str = "tiny-math"
+    """A built-in model ("tiny-math", "tiny-tools"), a local directory or a Hugging Face id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str | None = None  # None: cuda if available, else cpu
+    """The compute dtype: the actor's forward and backward (autocast; FSDP2's param_dtype) and the
+    weights the engine serves. The trained weights and AdamW's state stay float32 (master weights,
+    `areal_nb.train.precision`), so updates at small learning rates do not round away."""
+    device: str | None = None
+    """Where the actor trains ("cpu", "cuda", "cuda:1"); None: cuda if available, else cpu."""
 
 
 class LaunchConfig(_Section):
-    """How `engine.type: sglang` starts its servers (areal_nb.engine.launch_remote_engine)."""
+    """`engine.launch`: how `engine.type: sglang` starts its servers (areal_nb.engine.launch_remote_engine)."""
 
-    # "sglang": python -m sglang.launch_server; "engine-server": areal-nb engine-server (CPU);
-    # or a command list with {model} {host} {port} {api_key} {weights_dir} filled in per server.
     command: Literal["sglang", "engine-server"] | list[str] = "sglang"
+    """"sglang": `python -m sglang.launch_server`; "engine-server": `areal-nb engine-server` (CPU);
+    or a command list with {model} {host} {port} {api_key} {weights_dir} filled in per server."""
     n_servers: int = Field(1, ge=1)
+    """Servers to start; requests are spread over them."""
     host: str = "127.0.0.1"
-    ports: list[int] | None = None  # None: a free port per server
+    """The address the servers listen on."""
+    ports: list[int] | None = None
+    """One port per server; None: a free port for each."""
     tp_size: int = Field(1, ge=1)
+    """Tensor-parallel GPUs per server (SGLang's --tp-size)."""
     dp_size: int = Field(1, ge=1)
+    """Data-parallel replicas inside each server (SGLang's --dp-size)."""
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    """The share of GPU memory SGLang reserves for weights and KV cache; None: SGLang's default."""
     extra_args: list[str] = Field(default_factory=list)
-    log_dir: str | None = None  # None: <run_dir>/engine_logs
+    """More command-line arguments, appended as they are."""
+    log_dir: str | None = None
+    """Where each server's output goes; None: `<run_dir>/engine_logs`."""
     ready_timeout: float = Field(600.0, gt=0)
+    """Seconds a server may take to become healthy before the start fails (`ServerLaunchError`)."""
 
     @model_validator(mode="after")
     def _ports_match(self) -> LaunchConfig:
@@ -83,24 +96,34 @@ class LaunchConfig(_Section):
 
 
 class EngineConfig(_Section):
-    # "local": the embedded engine; "sglang": the Session starts SGLang-API servers (engine.launch)
-    # and stops them on close(); "remote": servers someone else started, at engine.addresses.
-    type: Literal["local", "sglang", "remote"] = "local"  # made by areal_nb.engine.create_engine
+    """`engine`: what generates the agents' tokens (made by areal_nb.engine.create_engine)."""
+
+    type: Literal["local", "sglang", "remote"] = "local"
+    """"local": the embedded transformers engine; "sglang": the Session starts SGLang-API servers
+    (`engine.launch`) and stops them on close(); "remote": servers someone else started, at
+    `engine.addresses`."""
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1)
+    """Sequences decoded at once: the embedded engine's batch, or each launched server's
+    `--max-running-requests`."""
     seed: int = 0
-    # engine.type local: tokens of finished sequences' KV kept so that a prompt continuing one
-    # (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
-    # `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers.
+    """The embedded engine's sampling seed."""
     prefix_cache_tokens: int = Field(DEFAULT_PREFIX_CACHE_TOKENS, ge=0)
-    # engine.type local, CPU: decoding steps of at most this many rows run on one torch thread
-    # (0: all on torch's threads); `areal-nb engine-server --single-thread-rows` is the same knob.
+    """engine.type local: tokens of finished sequences' KV kept, so that a prompt continuing one
+    (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
+    `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers."""
     single_thread_rows: int = Field(DEFAULT_SINGLE_THREAD_ROWS, ge=0)
-    addresses: list[str] = Field(default_factory=list)  # engine.type remote: http://host:port per server
-    api_key: str | None = None  # sent to the servers as Authorization: Bearer
-    # Where the trainer writes new weights for the servers to load (a directory both can read).
-    # None: <run_dir>/weights for sglang; for remote, weights go over the servers' own default.
+    """engine.type local, CPU: decoding steps of at most this many rows run on one torch thread
+    (0: all on torch's threads); `areal-nb engine-server --single-thread-rows` is the same knob."""
+    addresses: list[str] = Field(default_factory=list)
+    """engine.type remote: the servers' base URLs (`http://host:port`), one per server."""
+    api_key: str | None = None
+    """Sent to the servers as `Authorization: Bearer` (and given to the servers engine.type sglang
+    launches); None: no key, or for engine.type remote the `AREAL_NB_API_KEY` environment variable."""
     weights_dir: str | None = None
+    """Where the trainer writes new weights for the servers to load (a directory both can read).
+    None: `<run_dir>/weights` for sglang; for remote, the weights go over the servers' own default."""
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    """How engine.type sglang starts its servers (`LaunchConfig`)."""
 
     @model_validator(mode="after")
     def _addresses(self) -> EngineConfig:
@@ -117,75 +140,119 @@ class EngineConfig(_Section):
 
 
 class AgentConfig(_Section):
-    # An import string, a class, or an instance with `async run(data, **kw)` (proxy path), or a
-    # RolloutWorkflow (direct path). Strings keep the config serialisable.
+    """`agent`: the agent that plays each episode, and the proxy it talks to."""
+
     workflow: Any = "areal_nb.agents.math_agent.MultiTurnMathAgent"
-    # Exactly what the agent class is constructed with; nothing else is injected.
+    """An import string, a class, or an instance with `async run(data, **kw)` (it talks to the
+    proxy), or a `RolloutWorkflow` (it calls the engine directly). Strings keep the config
+    serialisable."""
     workflow_kwargs: dict[str, Any] = Field(default_factory=lambda: {"max_turns": 2})
+    """Exactly what the agent class is constructed with; nothing else is injected."""
     mode: Literal["inline", "subproc"] = "inline"
+    """"inline": agents run on the Session's event loop; "subproc": in worker processes (blocking
+    or CPU-heavy agents)."""
     chat_template_type: ChatTemplateType = "concat"
+    """How a conversation's calls become tokens: "concat" continues the previous call's exact
+    tokens, "hf" re-renders the messages with the tokenizer's chat template."""
     export_style: ExportStyle = "concat"
+    """How captured calls become training rows: "concat" one row per conversation leaf, "individual"
+    one row per call (docs/concepts/exports.md)."""
     turn_discount: float = Field(0.9, ge=0.0, le=1.0)
+    """The factor a reward is multiplied by for each turn it travels back (docs/concepts/discounts.md)."""
     discount_mode: DiscountMode = "tree"
+    """"tree": rewards travel back along the conversation tree; "linear": along the calls' order."""
     host: str = "127.0.0.1"
+    """The address the proxy listens on."""
     port: int = Field(0, ge=0, le=65535)
-    admin_api_key: str | None = None  # None: a random key per Session
+    """The proxy's port; 0: a free one."""
+    admin_api_key: str | None = None
+    """The key that opens and closes proxy sessions; None: a random key per Session."""
     # proxy.settings.DEFAULT_SESSION_TIMEOUT (tests/test_config.py checks they agree); not imported
     # from there because importing the proxy loads FastAPI and the OpenAI SDK (~1.8 s) into every
     # config read, e.g. an export's check that its config loads.
     session_timeout: float = Field(3600.0, gt=0)
+    """Seconds a proxy session may go without a call before the proxy drops it."""
     agent_timeout: float | None = Field(120.0, gt=0)
-    subproc_max_workers: int = Field(2, ge=1)  # agent processes in mode "subproc"
+    """Seconds the agent may take over one episode before it is cancelled and the episode rejected;
+    None: no limit."""
+    subproc_max_workers: int = Field(2, ge=1)
+    """Agent processes in mode "subproc"."""
 
 
 class RolloutConfig(_Section):
-    batch_size: int = Field(16, ge=1)  # prompts per training step
-    group_size: int = Field(4, ge=1)  # samples per prompt (GRPO group)
-    max_head_offpolicyness: int = Field(2, ge=0)  # how many versions a trained token may lag behind
+    """`rollout`: how many episodes each training step gets, and how they are sampled."""
+
+    batch_size: int = Field(16, ge=1)
+    """Prompts per training step."""
+    group_size: int = Field(4, ge=1)
+    """Samples per prompt (a GRPO group)."""
+    max_head_offpolicyness: int = Field(2, ge=0)
+    """How many policy versions a trained token may lag behind (0: on-policy)."""
     max_concurrent_rollouts: int = Field(64, ge=1)
-    # Sampling the proxy uses when an agent's request leaves it out (agents normally do).
-    # temperature > 0: log-probs of a greedy policy are degenerate for RL; below MIN_TEMPERATURE
-    # logits / T overflows float32 and the engine refuses the request.
+    """Episodes in flight at once (at least `group_size`: a group starts all its samples together)."""
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)
+    """The sampling temperature the proxy uses when an agent's request leaves it out (agents
+    normally do); it must equal `actor.temperature`. Above 0, since the log-probs of a greedy
+    policy are degenerate for RL; below MIN_TEMPERATURE logits / T overflows float32 and the
+    engine refuses the request."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling, when a request leaves it out."""
     max_new_tokens: int = Field(16, ge=1)
-    prefetch: bool = True  # run() keeps rollouts going while training, within the staleness bound
-    # Python's GIL switch interval (seconds) while episodes are in flight, restored after: the
-    # engine thread gets the GIL back after each torch op within this time instead of Python's
-    # 5 ms (areal_nb/rollout/switch_interval.py). Process-wide while it lasts; None: leave it.
+    """Tokens generated per call, when a request leaves it out."""
+    prefetch: bool = True
+    """run() keeps rollouts going while training, within the staleness bound."""
     gil_switch_interval: float | None = Field(2e-4, gt=0, le=1)
+    """Python's GIL switch interval (seconds) while episodes are in flight, restored after: the
+    engine thread gets the GIL back after each torch op within this time instead of Python's
+    5 ms (areal_nb/rollout/switch_interval.py). Process-wide while it lasts; None: leave it."""
 
 
 class DataConfig(_Section):
-    # "generated"; a GSM8K-format JSONL file, a folder with train.jsonl/test.jsonl, or "openai/gsm8k";
-    # or your own rows: a JSONL/JSON/Parquet/CSV/TSV path, or (from Python) a list of dicts, a pandas
-    # DataFrame or a datasets.Dataset. Rows reach the agent unchanged (areal_nb.data.load_rows).
+    """`data`: the task's rows, for training and for evaluation."""
+
     source: Any = "generated"
-    # The held-out rows evaluate() runs on (same forms); None: the source's test split, or
-    # eval_fraction of a row source.
+    """"generated" (the built-in arithmetic task, `data.task`); a GSM8K-format JSONL file, a folder
+    with train.jsonl/test.jsonl, or "openai/gsm8k"; or your own rows: a JSONL/JSON/Parquet/CSV/TSV
+    path, or (from Python) a list of dicts, a pandas DataFrame or a `datasets.Dataset`. Rows reach
+    the agent unchanged (areal_nb.data.load_rows)."""
     eval_source: Any = None
+    """The held-out rows evaluate() runs on (same forms); None: the source's test split, or
+    `eval_fraction` of a row source."""
     eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    # How a .jsonl path is read: "auto" reads rows with "question"/"answer" and no "messages" as
-    # GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one.
+    """The share of a row source held out for evaluation when there is no `eval_source`."""
     format: Literal["auto", "rows", "gsm8k"] = "auto"
+    """How a .jsonl path is read: "auto" reads rows with "question"/"answer" and no "messages" as
+    GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one."""
     seed: int = 0
-    # Held-out problems evaluate() runs on: None is 200 of the generated or GSM8K test split, and
-    # every row of your own held-out rows (a number cuts those too).
+    """Seeds the generated problems, the training rows' shuffle (one per pass over the data) and the
+    `eval_fraction` split."""
     eval_size: int | None = Field(None, ge=1)
+    """Held-out problems evaluate() runs on: None is 200 of the generated or GSM8K test split, and
+    every row of your own held-out rows (a number cuts those too)."""
     task: TaskConfig = Field(default_factory=TaskConfig)
+    """The generated task's knobs (`TaskConfig`), read with source "generated"."""
 
 
 class LoggingConfig(_Section):
-    run_dir: str | None = None  # None: runs/<experiment_name>
-    eval_every: int = Field(0, ge=0)  # 0: evaluate only when asked
+    """`logging`: where a run writes, and what it reports."""
+
+    run_dir: str | None = None
+    """Where the run writes logs, metrics and its final checkpoint; None: `runs/<experiment_name>`."""
+    eval_every: int = Field(0, ge=0)
+    """run() evaluates every this many steps (the history's eval_* columns); 0: only when asked."""
     progress: bool = True
-    # Where per-step metrics go besides session.history / the dashboard.
+    """run() shows a progress bar."""
     backend: Literal["none", "tensorboard", "wandb"] = "none"
+    """Where per-step metrics go besides `session.history` and the dashboard."""
 
 
 class CheckpointConfig(_Section):
+    """`checkpoint`: periodic checkpoints during run()."""
+
     save_dir: str | None = None
+    """Where run() saves them (`<save_dir>/step<N>`); None: no periodic checkpoints."""
     save_every: int = Field(0, ge=0)
+    """Steps between checkpoints; 0: none."""
 
 
 _SLURM_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
@@ -194,23 +261,35 @@ _SLURM_NAMES = re.compile(r"[\w.+-]+(,[\w.+-]+)*", re.ASCII)  # partitions: a jo
 
 
 class ClusterConfig(_Section):
-    """Where an exported run goes (`session.export` / `areal-nb export`): `launch_local.sh` and
-    `job.sbatch` in the run folder are written from these (and stay editable there)."""
+    """`cluster`: where an exported run goes (`session.export` / `areal-nb export`):
+    `launch_local.sh` and `job.sbatch` in the run folder are written from these (and stay editable
+    there)."""
 
-    nproc_per_node: int = Field(1, ge=1)  # trainer processes per node (torchrun --nproc-per-node)
-    nodes: int = Field(1, ge=1)  # Slurm nodes in the allocation
-    # Nodes of the allocation that only run engine servers; 0: the servers share the first
-    # trainer node (a CPU job, or a small one).
+    nproc_per_node: int = Field(1, ge=1)
+    """Trainer processes per node (torchrun --nproc-per-node)."""
+    nodes: int = Field(1, ge=1)
+    """Slurm nodes in the allocation."""
     infer_nodes: int = Field(0, ge=0)
-    servers_per_node: int = Field(1, ge=1)  # engine servers per inference node
-    gpus_per_node: int = Field(0, ge=0)  # 0: a CPU job (gloo, `areal-nb engine-server`)
-    gpus_per_server: int = Field(1, ge=1)  # SGLang --tp-size
+    """Nodes of the allocation that only run engine servers; 0: the servers share the first
+    trainer node (a CPU job, or a small one)."""
+    servers_per_node: int = Field(1, ge=1)
+    """Engine servers per inference node."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node; 0: a CPU job (gloo, `areal-nb engine-server`)."""
+    gpus_per_server: int = Field(1, ge=1)
+    """GPUs per engine server (SGLang --tp-size)."""
     cpus_per_node: int = Field(2, ge=1)
-    time: str = "01:00:00"  # Slurm --time
+    """CPUs asked for per node (Slurm --cpus-per-task)."""
+    time: str = "01:00:00"
+    """The job's time limit (Slurm --time), as text: "01:30:00", "2-00:00:00", "UNLIMITED"."""
     partition: str | None = None
+    """Slurm partition(s), comma-separated; None: the cluster's default."""
     account: str | None = None
-    engine_port: int = Field(30000, ge=1, le=65535)  # first engine server port on a node
-    rdzv_port: int = Field(29500, ge=1, le=65535)  # torchrun rendezvous on the first trainer node
+    """Slurm account; None: the user's default."""
+    engine_port: int = Field(30000, ge=1, le=65535)
+    """The first engine server's port on a node (the next servers take the ports after it)."""
+    rdzv_port: int = Field(29500, ge=1, le=65535)
+    """torchrun's rendezvous port on the first trainer node."""
 
     @field_validator("time", mode="before")
     @classmethod
@@ -273,18 +352,32 @@ class ClusterConfig(_Section):
 
 
 class SessionConfig(_Section):
-    experiment_name: str = Field("areal_nb", min_length=1)  # default run dir, wandb project
+    """The whole tree: a few run-wide keys and one section per part (each documented below)."""
+
+    experiment_name: str = Field("areal_nb", min_length=1)
+    """Names the run: its default folder (`runs/<experiment_name>`) and wandb project."""
     seed: int = 0
+    """Seeds Python's, NumPy's and torch's random generators when the Session starts."""
     total_steps: int = Field(20, ge=0)
+    """Training steps of run() without an argument, of `areal-nb train` and of the demo."""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy (`ModelConfig`)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """What generates tokens (`EngineConfig`)."""
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    """The agent and its proxy (`AgentConfig`)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Episodes per step and their sampling (`RolloutConfig`)."""
     actor: GRPOConfig = Field(default_factory=GRPOConfig)
+    """The trainer: optimizer, algorithm, loss (`GRPOConfig`)."""
     data: DataConfig = Field(default_factory=DataConfig)
+    """The task's rows (`DataConfig`)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """The run folder and metrics (`LoggingConfig`)."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Periodic checkpoints (`CheckpointConfig`)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """An exported run's cluster job (`ClusterConfig`)."""
 
     @model_validator(mode="after")
     def _combinations(self) -> SessionConfig:

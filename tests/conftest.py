@@ -90,3 +90,27 @@ def pytest_terminal_summary(terminalreporter) -> None:
                 reason = report.longrepr[2].removeprefix("Skipped: ")
                 terminalreporter.write_sep("!", f"{kind} test skipped", yellow=True)
                 terminalreporter.write_line(f"{report.nodeid}: {reason}", yellow=True)
+
+
+def pytest_unconfigure(config) -> None:
+    """Name what would keep the interpreter from exiting after the last test: a non-daemon thread
+    (an executor's worker, a server) or a child process is joined at exit, and a leaked one hangs
+    the run after its summary. Such a leak is printed, and if the process is still alive five minutes
+    later every thread's stack is dumped and it exits with status 1 instead of hanging."""
+    import faulthandler
+    import multiprocessing
+    import sys
+    import threading
+
+    threads = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    children = multiprocessing.active_children()
+    if threads or children:
+        print("\nstill running after the last test (joined at exit):", file=sys.stderr)
+        for thread in threads:
+            print(
+                f"  thread {thread.name!r} ({type(thread).__module__}.{type(thread).__name__})",
+                file=sys.stderr,
+            )
+        for child in children:
+            print(f"  process {child.name!r} pid {child.pid}", file=sys.stderr)
+    faulthandler.dump_traceback_later(300, exit=True)

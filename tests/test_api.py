@@ -17,7 +17,7 @@ def test_without_stop_strips_trailing_eos_and_pad_run():
 
 
 def test_stop_string_output_without_eos_does_not_raise():
-    # AReaL raises here (reference §12 item 1); a stop string ends text without EOS.
+    # AReaL raises here; a stop string ends text without EOS.
     assert response([7, 8, 9]).output_tokens_without_stop == [7, 8, 9]
 
 

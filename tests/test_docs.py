@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -100,6 +101,65 @@ def test_the_api_reference_lists_the_public_names():
         )
 
 
+def _config_sections() -> list[type]:
+    """Every section of the config tree, from `SessionConfig` down: its pydantic models and the
+    dataclasses of lower layers it holds (`actor`, `actor.lora`, `data.task`, ...)."""
+    import dataclasses
+    import typing
+
+    from pydantic import BaseModel
+
+    from areal_nb.config import SessionConfig
+
+    def field_types(cls: type) -> list[Any]:
+        if issubclass(cls, BaseModel):
+            return [f.annotation for f in cls.model_fields.values()]
+        return list(typing.get_type_hints(cls).values())
+
+    def classes(tp: Any) -> list[type]:
+        if isinstance(tp, type) and (issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp)):
+            return [tp]
+        return [c for arg in typing.get_args(tp) for c in classes(arg)]
+
+    found: list[type] = []
+    todo: list[type] = [SessionConfig]
+    while todo:
+        cls = todo.pop(0)
+        if cls not in found:
+            found.append(cls)
+            todo += [c for tp in field_types(cls) for c in classes(tp)]
+    return found
+
+
+def test_the_api_reference_describes_every_config_key():
+    """Each section of the config tree has its page entry, and each of its keys a description the
+    reference renders (an attribute docstring, read as mkdocstrings reads it: with griffe)."""
+    import dataclasses
+
+    import griffe
+
+    sections = _config_sections()
+    assert {c.__name__ for c in sections} >= {"SessionConfig", "GRPOConfig", "LoraConfig", "TaskConfig"}
+    page = (ROOT / "docs" / "reference" / "api" / "config.md").read_text()
+    documented = dict(re.findall(r"^::: (\S*\.(\w+))$", page, re.MULTILINE))
+    documented = {name: path for path, name in documented.items()}
+    missing_sections = [c.__name__ for c in sections if c.__name__ not in documented]
+    assert not missing_sections, f"docs/reference/api/config.md has no `::: ...` for {missing_sections}"
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
+    undescribed = []
+    for cls in sections:
+        path = documented[cls.__name__]
+        module, _, name = path.rpartition(".")
+        obj = loader.load(module)[name]
+        keys = cls.model_fields if hasattr(cls, "model_fields") else [f.name for f in dataclasses.fields(cls)]
+        assert obj.docstring is not None, f"{path} has no docstring"
+        for key in keys:
+            member = obj.members.get(key)
+            if member is None or member.docstring is None or not member.docstring.value.strip():
+                undescribed.append(f"{cls.__name__}.{key}")
+    assert not undescribed, f"config keys without a description (a docstring under the field): {undescribed}"
+
+
 @pytest.mark.slow
 def test_the_site_builds_in_strict_mode(tmp_path):
     result = subprocess.run(
@@ -123,3 +183,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     )
     for method in ("rollout(", "train_step(", "evaluate(", "export("):
         assert method in session_page, method
+    # ... and the config page each key with its description and default.
+    config_page = re.sub(r"<[^>]+>", "", (tmp_path / "site" / "reference/api/config/index.html").read_text())
+    assert "Prompts per training step." in config_page
+    assert "batch_size: int = Field(16, ge=1)" in config_page.replace("\n", "")

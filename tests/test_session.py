@@ -432,7 +432,7 @@ def test_bad_config_is_a_clear_error():
 
 
 def test_direct_arealopenai_workflow_is_trainable_too():
-    """The seed's legacy path: a RolloutWorkflow on ArealOpenAI, resolved from an import string,
+    """The legacy path: a RolloutWorkflow on ArealOpenAI, resolved from an import string,
     constructed with exactly its workflow_kwargs."""
     kwargs = {"tokenizer": "tiny-math", "max_turns": 2, "max_new_tokens": 16, "export_style": "individual"}
     with Session(

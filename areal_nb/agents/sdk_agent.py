@@ -63,8 +63,9 @@ class SDKAgent:
         self.temperature = temperature
         self.max_completion_tokens = max_completion_tokens
 
-    async def chat(self, client: Any, messages: Messages, **kwargs: Any):
-        """One `chat.completions.create` with this agent's model and sampling."""
+    async def chat(self, client: Any, messages: Messages, model: str | None = None, **kwargs: Any):
+        """One `chat.completions.create` with this agent's sampling, as `model` (default: the
+        agent's own; the proxy tags the call with the name, so several agents can share a client)."""
         sampling = {
             k: v
             for k, v in (
@@ -73,7 +74,9 @@ class SDKAgent:
             )
             if v is not None
         }
-        return await client.chat.completions.create(model=self.model, messages=messages, **sampling, **kwargs)
+        return await client.chat.completions.create(
+            model=model or self.model, messages=messages, **sampling, **kwargs
+        )
 
     async def answer_until_rewarded(
         self, client: Any, messages: Messages, score: Callable[[str], Awaitable[float]], retry_prompt: str

@@ -8,17 +8,26 @@ pool starts its processes `spawn_safely()` hides a `__main__` file that does not
 
 `why_spawn_fails()` starts one interpreter the way `spawn` prepares its workers and returns its
 traceback: what a pool that broke at start-up reports instead of "terminated abruptly".
+
+`spawn_pool()` makes such a pool whose workers cannot hold the interpreter's exit: at exit the
+standard library waits for every pool's pending jobs, so one agent or reward function stuck in a
+worker of a pool nobody shut down (a Session never closed, a kernel restarted) would hang the
+process for ever. The workers still alive are killed first.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _lock = threading.Lock()
 _hidden = {"depth": 0, "file": None}
@@ -76,3 +85,45 @@ def why_spawn_fails(timeout: float = 120.0) -> str | None:
     return (
         done.stderr.decode(errors="replace")[-4000:] or f"a worker interpreter exited with {done.returncode}"
     )
+
+
+# (the pool, weakly; its process table, strongly: the table outlives a pool that was dropped
+# without a shutdown, and so do its processes and the thread that waits on them)
+_pools: list[tuple[weakref.ref[ProcessPoolExecutor], dict[int, multiprocessing.process.BaseProcess]]] = []
+_pools_lock = threading.Lock()
+
+
+def spawn_pool(
+    max_workers: int, initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
+) -> ProcessPoolExecutor:
+    """A `spawn` process pool whose workers are killed at interpreter exit if still alive."""
+    pool = ProcessPoolExecutor(
+        max_workers=max_workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=initializer,
+        initargs=initargs,
+    )
+    with _pools_lock:
+        _pools[:] = [(ref, procs) for ref, procs in _pools if ref() is not None or _any_alive(procs)]
+        _pools.append((weakref.ref(pool), pool._processes))  # private, stable since 3.8 (3.14: kill_workers)
+    return pool
+
+
+def _any_alive(processes: dict[int, multiprocessing.process.BaseProcess]) -> bool:
+    return any(proc.is_alive() for proc in list(processes.values()))
+
+
+def _kill_workers_at_exit() -> None:
+    with _pools_lock:
+        tables = [procs for _, procs in _pools]
+        _pools.clear()
+    for procs in tables:
+        for proc in list(procs.values()):
+            if proc.is_alive():
+                proc.kill()
+
+
+# `threading`'s exit hooks run before it joins the pools' manager threads (an `atexit` handler
+# would run after: too late); hooks run last-registered first, so this one precedes
+# concurrent.futures' own, registered when it was imported above.
+threading._register_atexit(_kill_workers_at_exit)  # type: ignore[attr-defined]

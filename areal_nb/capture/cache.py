@@ -57,7 +57,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             if key in self:
                 raise ValueError(f"interaction {key!r} is already in the cache")
             if value.parent is None and resolve_parent:
-                value.parent = self.find_parent(value.messages)
+                value.parent = self.find_parent(value.messages, value.agent)
             super().__setitem__(key, value)
             if value.is_complete:
                 self._completed_order.append(key)
@@ -68,16 +68,20 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
             if key in self._completed_order:
                 self._completed_order.remove(key)
 
-    def find_parent(self, messages: list[dict[str, Any]]) -> InteractionWithTokenLogpReward | None:
-        """The completed call whose messages + outputs are the longest prefix of `messages`."""
+    def find_parent(
+        self, messages: list[dict[str, Any]], agent: str | None = None
+    ) -> InteractionWithTokenLogpReward | None:
+        """The completed call of the same `agent` whose messages + outputs are the longest prefix
+        of `messages`. Another agent's call is never a parent: a checker shown the solver's
+        conversation starts a tree of its own, so no reward flows between agents' turns."""
         best: InteractionWithTokenLogpReward | None = None
         best_len = -1
         near_miss: InteractionWithTokenLogpReward | None = None
         with self._lock:
             candidates = list(self.values())
         for candidate in candidates:
-            if not candidate.is_complete:
-                continue  # in-flight calls are never parents
+            if not candidate.is_complete or candidate.agent != agent:
+                continue  # in-flight calls and other agents' calls are never parents
             history = candidate.messages + (candidate.output_message_list or [])
             if is_prefix(history, messages):
                 if len(history) > best_len:

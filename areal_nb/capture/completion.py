@@ -301,6 +301,7 @@ async def generate_for_messages(
     sampling_kwargs: dict[str, Any],
     metadata: Any,
     input_data: Any = "",
+    agent: str | None = None,
 ) -> tuple[InteractionWithTokenLogpReward, ModelResponse]:
     """Template → budget → cache insert → engine; shared by chat completions and responses.
 
@@ -316,7 +317,7 @@ async def generate_for_messages(
     sampling_config(
         tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs
     )  # bad values fail before rendering
-    parent = cache.find_parent(messages) if cache is not None else None
+    parent = cache.find_parent(messages, agent) if cache is not None else None
     if (
         parent is not None
         and settings.chat_template_type == "concat"
@@ -377,6 +378,7 @@ async def generate_for_messages(
         tools=tools,
         chat_template_kwargs=chat_template_kwargs,
         input_data=input_data,
+        agent=agent,
         _interaction_id=interaction_id,
     )
     if cache is not None:
@@ -402,6 +404,17 @@ def _renders_like(parent: InteractionWithTokenLogpReward, tools: Any, chat_templ
     return (parent.tools or None) == (tools or None) and (parent.chat_template_kwargs or None) == (
         chat_template_kwargs or None
     )
+
+
+def _agent_name(model: Any) -> str | None:
+    """The agent a call's `model` names; the SDKs always send a string, a hand call may not."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise CompletionRequestError(
+            f"model must be a string (it names the agent), got {type(model).__name__}"
+        )
+    return model
 
 
 def decode_output(tokenizer: Any, response: ModelResponse) -> str:
@@ -448,10 +461,12 @@ async def create_chat_completion(
     logprobs: bool | None = None,
     top_k: int | None = None,
     response_format: Any = None,
+    model: str | None = None,
     **ignored: Any,
 ):
     """One OpenAI chat completion; the call is recorded in `cache` unless `store=False`.
-    `logprobs=True` returns the sampled tokens' log-probs (the ones recorded for training)."""
+    `logprobs=True` returns the sampled tokens' log-probs (the ones recorded for training).
+    `model` names the agent that made the call (`InteractionWithTokenLogpReward.agent`)."""
     from openai.types.chat import ChatCompletion
 
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:29]
@@ -490,6 +505,7 @@ async def create_chat_completion(
             "constraint": constraint,
         },
         metadata=metadata,
+        agent=_agent_name(model),
     )
     if n_choices == 1:
         samples = [await generate(interaction_id=completion_id)]

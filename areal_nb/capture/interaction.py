@@ -68,6 +68,9 @@ class InteractionWithTokenLogpReward:
     input_data: Any = ""  # the raw Responses `input`
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Which agent made the call: the `model` name it sent (None: it sent none). Several agents
+    # of one episode each have their own conversation trees and their own advantage baselines.
+    agent: str | None = None
     _interaction_id: str | None = None
     created_at: float = field(default_factory=time.time)
     # Rebuilt from the wire without its parent: the row as exported (see `from_wire`).

@@ -20,6 +20,7 @@ from .cache import InteractionCache
 from .completion import (
     MODEL_NAME,
     CompletionSettings,
+    _agent_name,
     _chat_template_kwargs,
     cut_stop_string,
     decode_output,
@@ -179,9 +180,11 @@ async def create_response(
     include: Any = None,
     extra_body: dict[str, Any] | None = None,
     previous_response_id: str | None = None,
+    model: str | None = None,
     **ignored: Any,
 ):
     """One OpenAI Response; the call is always recorded in `cache` (when one is given).
+    `model` names the agent that made the call (`InteractionWithTokenLogpReward.agent`).
 
     `previous_response_id` continues a response of the same cache: its conversation (input and
     output, without its instructions, as in the OpenAI API) comes before this call's input.
@@ -246,6 +249,7 @@ async def create_response(
         },
         metadata=metadata,
         input_data=input,
+        agent=_agent_name(model),
     )
     text, _ = cut_stop_string(decode_output(tokenizer, model_response), model_response, ignored.get("stop"))
     calls = []

@@ -31,6 +31,7 @@ def interaction_to_wire(it: InteractionWithTokenLogpReward) -> dict[str, Any]:
         "output_message_list": it.output_message_list,
         "chat_template_type": it.chat_template_type,
         "tools": it.tools,
+        "agent": it.agent,
         "created_at": it.created_at,
         "model_response": None,
         "completion": it.completion.model_dump(mode="json") if it.completion is not None else None,
@@ -79,6 +80,7 @@ def interaction_from_wire(
         completion=ChatCompletion.model_validate(data["completion"]) if data.get("completion") else None,
         response=Response.model_validate(data["response"]) if data.get("response") else None,
         tools=data.get("tools"),
+        agent=data.get("agent"),
         _interaction_id=data.get("interaction_id"),
         created_at=data.get("created_at", 0.0),
     )

@@ -27,7 +27,7 @@ CORRECTION_PROMPT = (
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """Knobs of the generated task.
+    """`data.task`: knobs of the generated task (`data.source: generated`).
 
     Operands are drawn from [min_operand, max_operand]; each problem applies between
     min_steps and max_steps operations chosen from `operations` to a starting amount.
@@ -36,11 +36,17 @@ class TaskConfig:
     """
 
     min_operand: int = 0
+    """The smallest operand."""
     max_operand: int = 9
+    """The largest operand."""
     operations: tuple[str, ...] = ("+", "-")
+    """The operations problems draw from: any of "+", "-", "*"."""
     min_steps: int = 1
+    """The fewest operations in one problem."""
     max_steps: int = 1
+    """The most operations in one problem."""
     test_fraction: float = 0.1
+    """The share of all possible questions (by hash) held out for evaluation."""
 
     def __post_init__(self) -> None:
         if isinstance(self.operations, str | list):

@@ -37,8 +37,9 @@ def recipe_hash(recipe: dict[str, Any], source_files: list[Path]) -> str:
 
 def source_fingerprint(path: Path) -> bytes:
     """What of a source file can change a build: a Python file's syntax tree without docstrings
-    (comments, docstrings and layout do not count), written out the same way on every Python from
-    3.11 on; any other file's bytes."""
+    (comments, docstrings and layout do not count; nor does a string standing alone as a statement
+    anywhere, such as an attribute's docstring under a config field), written out the same way on
+    every Python from 3.11 on; any other file's bytes."""
     if path.suffix != ".py":
         return path.read_bytes()
     return _canonical(ast.parse(path.read_text(encoding="utf-8"))).encode()
@@ -52,8 +53,8 @@ def _canonical(node: Any) -> str:
     if isinstance(node, ast.AST):
         fields = []
         for name, value in ast.iter_fields(node):
-            if name == "body" and isinstance(value, list) and value and _is_docstring(value[0]):
-                value = value[1:]
+            if isinstance(value, list):  # statements that are only a string do nothing
+                value = [v for v in value if not _is_docstring(v)]
             if value is None or value == [] or name in _SKIPPED_FIELDS:
                 continue
             fields.append(f"{name}={_canonical(value)}")

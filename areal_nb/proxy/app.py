@@ -368,6 +368,7 @@ async def chat_completion_response(
             logprobs=body.logprobs,
             top_k=body.top_k,
             response_format=body.response_format,
+            model=body.model,  # names the agent that made the call
             extra_body=extra_body_of(body),
         ),
         request,
@@ -398,6 +399,7 @@ async def responses(body: ResponsesRequest, request: Request, session: OpenSessi
             previous_response_id=body.previous_response_id,
             conversation=body.conversation,
             text=body.text,
+            model=body.model,
             extra_body=extra_body_of(body),
         ),
         request,
@@ -425,7 +427,8 @@ async def messages(body: MessagesRequest, request: Request, session: OpenSession
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
     completion = await generate(
-        create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs), request
+        create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
+        request,
     )
     session.tool_arguments.update(tool_arguments_of(completion))
     message = chat_completion_to_anthropic(completion, model=body.model)

@@ -33,18 +33,16 @@ import functools
 import importlib
 import inspect
 import logging
-import multiprocessing
 import os
 import re
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
-from areal_nb.api.spawn import spawn_safely, why_spawn_fails
+from areal_nb.api.spawn import spawn_pool, spawn_safely, why_spawn_fails
 from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -86,7 +84,7 @@ class _Pool:
     """One ProcessPoolExecutor plus the number of calls still waiting on it."""
 
     def __init__(self, max_workers: int) -> None:
-        self.executor = ProcessPoolExecutor(max_workers, mp_context=multiprocessing.get_context("spawn"))
+        self.executor = spawn_pool(max_workers)
         self.waiting = 0
         self.retired = False
         self.warm: dict[str, Any] = {}  # module name -> concurrent future of its import in a worker

@@ -63,6 +63,11 @@ class Row:
     group_id: int
     reward: float
 
+    @property
+    def agent(self) -> str | None:
+        """The agent that made the row's call (the `model` name it sent)."""
+        return self.interaction.agent
+
 
 @dataclass
 class RolloutBatch:
@@ -128,6 +133,35 @@ class RolloutBatch:
         """Sum of the rewards the agent set in the episode (before discount)."""
         return float(sum(_raw(c) or 0.0 for c in self.calls(episode_index)))
 
+    # ---------------------------------------------------------------- agents
+    @property
+    def agents(self) -> list[str | None]:
+        """The agents of the accepted episodes' calls, in order of first appearance (None: calls
+        that sent no `model`). One entry for a single-agent run."""
+        seen: dict[str | None, None] = {}
+        for i, ep in enumerate(self.episodes):
+            if ep.accepted:
+                for c in self.calls(i):
+                    seen.setdefault(c.agent, None)
+        return list(seen)
+
+    def agent_returns(self, episode_index: int) -> dict[str | None, float]:
+        """Sum of the rewards each agent's calls got in the episode (before discount)."""
+        out: dict[str | None, float] = {}
+        for c in self.calls(episode_index):
+            out[c.agent] = out.get(c.agent, 0.0) + (_raw(c) or 0.0)
+        return out
+
+    def agent_reward_means(self) -> dict[str | None, float]:
+        """Per agent, the mean over accepted episodes of `agent_returns` (an episode in which an
+        agent made no call does not count for it)."""
+        sums: dict[str | None, list[float]] = {}
+        for i, ep in enumerate(self.episodes):
+            if ep.accepted:
+                for agent, value in self.agent_returns(i).items():
+                    sums.setdefault(agent, []).append(value)
+        return {agent: sum(v) / len(v) for agent, v in sums.items()}
+
     # ---------------------------------------------------------------- rows and tensors
     def rows(self) -> list[Row]:
         out: list[Row] = []
@@ -144,10 +178,16 @@ class RolloutBatch:
         return out
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] training tensors, plus `group_ids` and `episode_ids` [B].
+        """Right-padded [B, L] training tensors, plus `group_ids`, `agent_ids` and `episode_ids` [B].
 
         Both credits' inputs, with this batch's discount: `rewards [B]` (each row's reward) and
         `turn_returns [B, L]` (each generated token's own turn's return).
+
+        A group is a (prompt, agent) pair: `group_ids[b] = group · A + agent_ids[b]`, with A the
+        number of agents and `agent_ids[b]` the row's agent's index in `self.agents`. Every
+        baseline (GRPO's group mean and std, RLOO's leave-one-out, DAPO's constant-group check)
+        then compares an agent's rows only with the same agent's rows of the same prompt. With
+        one agent, `group_ids` are the episodes' group ids.
         """
         rows = self.rows()
         if not rows:
@@ -170,7 +210,12 @@ class RolloutBatch:
             turn_returns.append(row.interaction.turn_returns(returns[row.episode_index]))
         out = stack_token_rows(token_rows, [r.reward for r in rows], turn_returns)
         add_sampling_records(out, token_rows, [row.interaction.sampling_spans() for row in rows])
-        out["group_ids"] = torch.tensor([r.group_id for r in rows], dtype=torch.long)
+        agents = {agent: k for k, agent in enumerate(self.agents)}
+        agent_ids = [agents[r.agent] for r in rows]
+        out["agent_ids"] = torch.tensor(agent_ids, dtype=torch.long)
+        out["group_ids"] = torch.tensor(
+            [r.group_id * len(agents) + a for r, a in zip(rows, agent_ids, strict=True)], dtype=torch.long
+        )
         out["episode_ids"] = torch.tensor([r.episode_index for r in rows], dtype=torch.long)
         return out
 
@@ -220,6 +265,7 @@ class RolloutBatch:
                         "episode": i,
                         "group": ep.group_id,
                         "sample": ep.sample_id,
+                        "agent": c.agent,
                         "interaction_id": c.interaction_id,
                         "parent_id": c.parent_id,
                         "turn": c.depth,

@@ -53,7 +53,7 @@ from areal_nb.api import (
 )
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.deadline import TaskAbandoned, run_within
-from areal_nb.api.spawn import spawn_safely, why_spawn_fails
+from areal_nb.api.spawn import spawn_pool, spawn_safely, why_spawn_fails
 from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
@@ -244,13 +244,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.subproc_max_workers,
-                mp_context=context,
-                initializer=_worker_started,
-                initargs=(context.Barrier(self.subproc_max_workers),),
-            )
+            barrier = multiprocessing.get_context("spawn").Barrier(self.subproc_max_workers)
+            self._pool = spawn_pool(self.subproc_max_workers, _worker_started, (barrier,))
             self._pool_ready = None
         return self._pool
 

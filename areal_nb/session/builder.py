@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,10 @@ from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig
 
 from .evaluation import EVAL_PREFIX, GreedyEngine
+
+if TYPE_CHECKING:
+    from areal_nb.rollout.executor import RolloutExecutor
+    from areal_nb.train import Actor
 
 
 def seed_everything(seed: int) -> None:
@@ -103,7 +107,7 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
 
 def build_actor(
     cfg: SessionConfig, policy: torch.nn.Module, version: int = 0, parallel: Any = None, tokenizer: Any = None
-):
+) -> Actor:
     """The GRPO actor; with `actor.kl_ctl > 0` (and no `actor.lora`) also a reference model,
     a frozen copy of the initial policy (the KL penalty pulls towards where training started). `version`: the
     engine's weight version (servers that already served updates report theirs). `parallel`:
@@ -276,7 +280,7 @@ def _in_process_kwargs(cfg: SessionConfig, asgi_app: Any, session_app: Any) -> d
     return {"asgi_app": asgi_app, "proxy_state": session_app.state.proxy}
 
 
-def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: InferenceEngine):
+def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: InferenceEngine) -> RolloutExecutor:
     from areal_nb.rollout.executor import RolloutExecutor
 
     return RolloutExecutor(

@@ -21,11 +21,19 @@ from areal_nb.train.algorithms import informative_groups
 
 
 def informative_episodes(batch: RolloutBatch) -> tuple[list, int]:
-    """The episodes of `batch`'s informative groups, and the number of groups dropped."""
-    accepted = [(i, ep) for i, ep in enumerate(batch.episodes) if ep.accepted]
-    keep = informative_groups(
-        [batch.episode_return(i) for i, _ in accepted], [ep.group_id for _, ep in accepted]
-    )
+    """The episodes of `batch`'s informative groups, and the number of groups dropped.
+
+    With several agents a prompt's group is informative when some agent's returns differ among
+    its episodes (the trainer's baselines are per (prompt, agent)); one agent: its episode returns.
+    """
+    pairs = [
+        ((ep.group_id, agent), value)
+        for i, ep in enumerate(batch.episodes)
+        if ep.accepted
+        for agent, value in batch.agent_returns(i).items()
+    ]
+    informative = informative_groups([v for _, v in pairs], [key for key, _ in pairs])
+    keep = {group for group, _ in informative}
     return [ep for ep in batch.episodes if ep.group_id in keep], len(batch.groups) - len(keep)
 
 

@@ -25,8 +25,9 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
@@ -39,13 +40,19 @@ from .data import DataStream, load_task_data
 from .dynamic_sampling import refill_informative
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
-from .metrics import create_metrics_sink
+from .metrics import MetricsSink, create_metrics_sink
 from .parallel import RankChannel
 from .preflight import check_first_episode
 from .rejections import MAX_EMPTY_BATCHES, RolloutRejectedError, empty_batch_message
 from .runtime import LoopRuntime
 
+if TYPE_CHECKING:
+    from areal_nb.rollout.executor import RolloutExecutor
+    from areal_nb.train import Actor, LossInspection
+
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _LIVE_SESSIONS: weakref.WeakSet = weakref.WeakSet()
 
@@ -81,6 +88,10 @@ class Session:
     (`CheckpointError` naming the file), and a load that fails after starting stops what it started.
     """
 
+    # set by start() on every rank
+    actor: Actor
+    tokenizer: Any  # a transformers tokenizer
+
     def __init__(
         self,
         config: SessionConfig | str | Path | dict | None = None,
@@ -100,7 +111,7 @@ class Session:
         self.version = 0
         self._staleness_noted = False  # run()'s note on uncorrected off-policy tokens, said once
         self.last_batch: RolloutBatch | None = None
-        self.last_inspection = None  # a train.LossInspection, from train_step(batch, inspect=True)
+        self.last_inspection: LossInspection | None = None  # from train_step(batch, inspect=True)
         self._history: list[dict[str, Any]] = []
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._started = False
@@ -111,9 +122,16 @@ class Session:
         self._parallel: distributed.DataParallel | None = None  # under torchrun: this rank's place
         self._channel: RankChannel | None = None
         self._in_train_step = False  # rank 0 inside the ranks' collective training step
-        # built by start() on rank 0 only (ranks ≠ 0 hold just the actor)
-        self.engine = self._proxy = self._runtime = self.executor = self.data = self._metrics = None
-        self.workflow = self._eval_workflow = None
+        # built by start() on rank 0 only (ranks ≠ 0 hold just the actor); the methods reach them
+        # through the `_rank0_*` accessors below, which name what is missing instead of failing on None
+        self.engine: InferenceEngine | None = None
+        self._proxy: builder.Proxy | None = None
+        self._runtime: LoopRuntime | None = None
+        self.executor: RolloutExecutor | None = None
+        self.data: DataStream | None = None
+        self._metrics: MetricsSink | None = None
+        self.workflow: RolloutWorkflow | None = None
+        self._eval_workflow: RolloutWorkflow | None = None
         self.eval_problems: list[dict] = []
         if start:
             self.start()
@@ -138,27 +156,29 @@ class Session:
             task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
             self._engine_log = EngineLog()
-            self.engine = builder.build_engine(cfg, policy, self.tokenizer, on_log=self._engine_log.append)
-            builder.sync_engine_weights(cfg, policy, self.engine)
+            self.engine = engine = builder.build_engine(
+                cfg, policy, self.tokenizer, on_log=self._engine_log.append
+            )
+            builder.sync_engine_weights(cfg, policy, engine)
             self.actor = builder.build_actor(
                 cfg,
                 policy,
-                version=self.engine.get_version(),
+                version=engine.get_version(),
                 parallel=self._parallel,
                 tokenizer=self.tokenizer,
             )
             self.version = self.actor.version
-            self._proxy = builder.build_proxy(cfg, self.engine, self.tokenizer)
-            self._runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
-            self.workflow = builder.build_workflow(cfg, self._proxy)
-            self._eval_workflow = builder.build_eval_workflow(cfg, self._proxy, self.workflow)
+            self._proxy = proxy = builder.build_proxy(cfg, engine, self.tokenizer)
+            self._runtime = runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
+            self.workflow = workflow = builder.build_workflow(cfg, proxy)
+            self._eval_workflow = builder.build_eval_workflow(cfg, proxy, workflow)
             self._judge_engine = builder.bind_session_judges(
-                cfg, getattr(self.workflow, "agent", None), policy, self.tokenizer
+                cfg, getattr(workflow, "agent", None), policy, self.tokenizer
             )
-            self.executor = self._runtime.call(self._make_executor())
+            self.executor = executor = runtime.call(self._make_executor())
             self.eval_problems = task_data.held_out
             self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
-            self.executor.describe_row = self._describe_row
+            executor.describe_row = self._describe_row
             self._metrics = create_metrics_sink(
                 cfg.logging.backend,
                 run_dir=cfg.run_dir,
@@ -202,7 +222,8 @@ class Session:
 
     def _join_replicas(self) -> None:
         """Every rank starts from rank 0's weights, optimizer state, version and step."""
-        if self._channel is None:
+        parallel, channel = self._parallel, self._channel
+        if parallel is None or channel is None:  # one process (both are set together under torchrun)
             return
         actor = self.actor
         resumed = self._resume_state  # rank 0 after Session.load: the checkpoint's full optimizer state
@@ -210,7 +231,7 @@ class Session:
         # others built theirs from the saved policy, so every rank cuts its shards from the
         # checkpoint's full reference weights (replicas get rank 0's by broadcast_module below).
         ref_state = resumed.get("ref_model") if resumed is not None and actor.sharded else None
-        state = self._channel.send(
+        state = channel.send(
             "start",
             {
                 "version": actor.version,
@@ -224,9 +245,9 @@ class Session:
         )
         if self.rank != 0 and state["ref_model"] is not None:
             actor.load_ref_weights(state["ref_model"])
-        self._parallel.broadcast_module(actor.model)
+        parallel.broadcast_module(actor.model)
         if actor.ref_model is not None:
-            self._parallel.broadcast_module(actor.ref_model)
+            parallel.broadcast_module(actor.ref_model)
         if self.rank != 0:
             actor.version, actor.steps_done = state["version"], state["steps_done"]
             self.version, self.step_count = state["version"], state["step_count"]
@@ -274,18 +295,18 @@ class Session:
         return self._live_proxy().admin_key
 
     @property
-    def app(self):
+    def app(self) -> Any:
         """The proxy's FastAPI app."""
         return self._live_proxy().app
 
-    def _live_proxy(self):
+    def _live_proxy(self) -> builder.Proxy:
         self._check_open()
-        return self._proxy
+        return self._rank0_proxy
 
     @one_call
     def proxy_caches(self) -> dict[str, Any]:
         """The live InteractionCache of every session currently open in the proxy (training only)."""
-        return self._proxy.live_caches()
+        return self._rank0_proxy.live_caches()
 
     @one_call
     def engine_log(self) -> EngineLog:
@@ -307,7 +328,7 @@ class Session:
 
     # ------------------------------------------------------------------ rollout
     @one_call
-    def rollout(self, n_prompts: int | None = None) -> RolloutBatch:
+    def rollout(self, n_prompts: int | None = None) -> RolloutBatch | None:
         """Run `n_prompts` × `group_size` episodes (default: rollout.batch_size prompts).
 
         Groups already generated in the background by `run()` come first (they are within
@@ -317,16 +338,17 @@ class Session:
         self._check_open()
         if self.rank != 0:
             return None
-        return self._runtime.call(self.arollout(n_prompts))
+        return self._rank0_runtime.call(self.arollout(n_prompts))
 
     async def arollout(self, n_prompts: int | None = None) -> RolloutBatch:
         self._check_open()
         n = n_prompts or self.config.rollout.batch_size
         await self._check_first_episode()
+        executor, data = self._rank0_executor, self._rank0_data
         start = time.perf_counter()
-        for _ in range(max(0, n - self.executor.n_waiting)):
-            self.executor.submit(next(self.data))
-        groups = await self.executor.wait_groups(n)
+        for _ in range(max(0, n - executor.n_waiting)):
+            executor.submit(next(data))
+        groups = await executor.wait_groups(n)
         batch = self._batch([ep for group in groups for ep in group])
         elapsed = time.perf_counter() - start
         accepted = [i for i, ep in enumerate(batch.episodes) if ep.accepted]
@@ -347,6 +369,9 @@ class Session:
                 "rollout_tokens_per_s": out_tokens / elapsed if elapsed > 0 else float("nan"),
             }
         )
+        agent_means = batch.agent_reward_means()
+        if len(agent_means) > 1:  # several agents: each one's mean return per episode, by name
+            batch.stats.update({f"reward_mean/{agent}": mean for agent, mean in agent_means.items()})
         self.last_batch = batch
         return batch
 
@@ -363,12 +388,15 @@ class Session:
         (None) and each trains its share of the rows; the stats are the whole batch's.
         """
         self._check_open()
+        message: dict[str, Any] | None = None
         if self.rank == 0:
-            tensors = batch.to_tensors()
+            if batch is None:
+                raise TypeError("train_step() needs a RolloutBatch (from rollout()), got None")
             # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
-            message = {"tensors": tensors, "credit": batch.credit, "inspect": inspect}
+            message = {"tensors": batch.to_tensors(), "credit": batch.credit, "inspect": inspect}
         if self._channel is not None:
-            message = self._channel.send("train", message if self.rank == 0 else None)
+            message = self._channel.send("train", message)  # ranks ≠ 0 receive rank 0's
+        assert message is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
         tensors = message["tensors"]
         self._in_train_step = True  # a failure from here on is inside the ranks' collectives
         stats = dict(
@@ -382,9 +410,13 @@ class Session:
         self.version = self.actor.version
         self.actor.push_weights(self.engine, self.version)  # every rank: FSDP gathers the weights
         if self.engine is not None:  # rank 0
-            self._runtime.call_soon(self.executor.on_version_change)
+            self._rank0_runtime.call_soon(self._rank0_executor.on_version_change)
         self.step_count += 1
-        row = {"step": self.step_count, **(batch.stats if self.rank == 0 else {}), **stats}
+        row = {
+            "step": self.step_count,
+            **(batch.stats if batch is not None and self.rank == 0 else {}),
+            **stats,
+        }
         row["version"] = self.version  # the version the engine serves after this step
         for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
             row.setdefault(key, float("nan"))
@@ -429,8 +461,8 @@ class Session:
                 return batch
             empty.append(batch)
             # not trained: its episodes stop holding staleness budget (before the next rollout, on the loop)
-            self._runtime.call_soon(self.executor.staleness.on_discard, len(batch.episodes))
-            message = empty_batch_message(empty, self.data.source_index)
+            self._rank0_runtime.call_soon(self._rank0_executor.staleness.on_discard, len(batch.episodes))
+            message = empty_batch_message(empty, self._rank0_data.source_index)
             if len(empty) >= MAX_EMPTY_BATCHES:
                 raise RolloutRejectedError(message)
             logger.warning(
@@ -451,8 +483,8 @@ class Session:
         if self.rank != 0:  # a replica: one training step per step of rank 0's
             for _ in range(steps):
                 self.train_step(None)
-                if self._checkpoint_due():
-                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
+                if (due := self._checkpoint_due()) is not None:
+                    self.save(due)
             return self.history
         try:
             return self._run(steps, progress)
@@ -465,24 +497,25 @@ class Session:
         from tqdm.auto import tqdm
 
         cfg = self.config
-        self._runtime.call(self._check_first_episode())  # before background rollouts start
+        runtime, executor = self._rank0_runtime, self._rank0_executor
+        runtime.call(self._check_first_episode())  # before background rollouts start
         if cfg.rollout.prefetch:
             note = uncorrected_staleness_note(cfg)
             if note is not None and not self._staleness_noted:
                 logger.warning(note)
                 self._staleness_noted = True
-            self._runtime.call_soon(self.executor.set_feeder, self.data)
+            runtime.call_soon(executor.set_feeder, self._rank0_data)
         show = cfg.logging.progress if progress is None else progress
         bar = tqdm(total=steps, desc=f"GRPO {cfg.experiment_name}", disable=not show)
         try:
             for _ in range(steps):
                 row = self.step()
                 if cfg.logging.eval_every and self.step_count % cfg.logging.eval_every == 0:
-                    figures = self.evaluate().as_dict()
+                    figures = runtime.call(self.aevaluate()).as_dict()  # evaluate() on rank 0
                     row.update(figures)  # the history row is this dict
                     self._log_metrics(self.step_count, figures)
-                if self._checkpoint_due():
-                    self.save(Path(cfg.checkpoint.save_dir) / f"step{self.step_count}")
+                if (due := self._checkpoint_due()) is not None:
+                    self.save(due)
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}"
@@ -490,14 +523,14 @@ class Session:
         finally:
             bar.close()
             if cfg.rollout.prefetch and not self._closed:
-                self._runtime.call_soon(self.executor.set_feeder, None)
+                runtime.call_soon(executor.set_feeder, None)
         return self.history
 
     # ------------------------------------------------------------------ evaluation
     @one_call
     def evaluate(
         self, n: int | None = None, *, problems: list[dict] | None = None, pass_k: int | None = None
-    ) -> EvalResult:
+    ) -> EvalResult | None:
         """Greedy episodes of the configured agent on the held-out split (or on `problems`).
 
         The agent runs exactly as in training — same workflow, same engine and weights — except
@@ -512,7 +545,7 @@ class Session:
         self._check_open()
         if self.rank != 0:
             return None
-        return self._runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
+        return self._rank0_runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
 
     async def aevaluate(
         self, n: int | None = None, *, problems: list[dict] | None = None, pass_k: int | None = None
@@ -531,15 +564,18 @@ class Session:
             )
         if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
             raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
-        limits = dict(
-            max_concurrent=self.config.rollout.max_concurrent_rollouts,
-            episode_timeout=builder.episode_timeout(self.config, self._eval_workflow),
-            switch_interval=self.config.rollout.gil_switch_interval,
-        )
+        rollout, engine, eval_workflow = self.config.rollout, self._rank0_engine, self._rank0_eval_workflow
+        timeout = builder.episode_timeout(self.config, eval_workflow)
         result = summarize(
             self._batch(
                 await run_greedy_episodes(
-                    self._eval_workflow, self.engine, problems, rows_name=rows_name, **limits
+                    eval_workflow,
+                    engine,
+                    problems,
+                    rows_name=rows_name,
+                    max_concurrent=rollout.max_concurrent_rollouts,
+                    episode_timeout=timeout,
+                    switch_interval=rollout.gil_switch_interval,
                 )
             )
         )
@@ -547,7 +583,14 @@ class Session:
             return result
         samples = self._batch(
             await run_episodes(
-                self.workflow, self.engine, problems, group_size=pass_k, rows_name=rows_name, **limits
+                self._rank0_workflow,
+                engine,
+                problems,
+                group_size=pass_k,
+                rows_name=rows_name,
+                max_concurrent=rollout.max_concurrent_rollouts,
+                episode_timeout=timeout,
+                switch_interval=rollout.gil_switch_interval,
             )
         )
         return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
@@ -579,7 +622,7 @@ class Session:
     def _written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
         """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"
         message), or raise rank 0's error when it failed."""
-        path = None
+        path: str | Path | None = None
         if self.rank == 0:
             try:
                 path = write()
@@ -589,6 +632,7 @@ class Session:
                 raise
         if self._channel is not None:
             path = self._channel.send("saved", str(path) if self.rank == 0 else None)
+        assert path is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
         return Path(path)
 
     @classmethod
@@ -658,9 +702,12 @@ class Session:
         )
 
     # ------------------------------------------------------------------ plumbing
-    def _checkpoint_due(self) -> bool:
+    def _checkpoint_due(self) -> Path | None:
+        """Where this step's checkpoint goes, when `checkpoint.save_every` says one is due."""
         cfg = self.config.checkpoint
-        return bool(cfg.save_dir and cfg.save_every and self.step_count % cfg.save_every == 0)
+        if cfg.save_dir and cfg.save_every and self.step_count % cfg.save_every == 0:
+            return Path(cfg.save_dir) / f"step{self.step_count}"
+        return None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -672,29 +719,30 @@ class Session:
         """Once, before the first rollout: the agent must succeed on the first training row."""
         if self._first_episode_checked:
             return
-        first = self.data.first_row()
-        index = self.data.source_index(first)
+        data = self._rank0_data
+        first = data.first_row()
+        index = data.source_index(first)
         await check_first_episode(
-            self._eval_workflow, self.engine, first, row_index=0 if index is None else index
+            self._rank0_eval_workflow, self._rank0_engine, first, row_index=0 if index is None else index
         )
         self._first_episode_checked = True
 
     def _describe_row(self, row: dict) -> str | None:
         return self.data.describe(row) if self.data is not None else None
 
-    async def _make_executor(self):
+    async def _make_executor(self) -> RolloutExecutor:
         # Made on the loop that will drive it (it owns asyncio primitives).
-        return builder.build_executor(self.config, self.workflow, self.engine)
+        return builder.build_executor(self.config, self._rank0_workflow, self._rank0_engine)
 
     def _shutdown(self) -> None:
         """Release whatever `start()` built, in reverse order; every step runs even if one fails."""
-        runtime = getattr(self, "_runtime", None)
-        if runtime is not None and getattr(self, "executor", None) is not None:
+        runtime, executor = getattr(self, "_runtime", None), getattr(self, "executor", None)
+        if runtime is not None and executor is not None:
             try:
-                runtime.call(self.executor.cancel_all(), timeout=30)
+                runtime.call(executor.cancel_all(), timeout=30)
             except Exception as e:  # closing must go on
                 logger.warning("cancelling rollouts failed: %s", e)
-            self.executor.release_switch_interval()  # even if cancelling failed: the GIL setting is process-wide
+            executor.release_switch_interval()  # even if cancelling failed: the GIL setting is process-wide
         workflows = [getattr(self, "workflow", None), getattr(self, "_eval_workflow", None)]
         for workflow in {id(w): w for w in workflows if w is not None}.values():
             try:
@@ -719,10 +767,12 @@ class Session:
                     logger.warning("closing %s failed: %s", name.lstrip("_"), e)
 
     async def _cancel_rollouts(self) -> None:
-        dropped = self.executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
-        await self.executor.cancel_all()
+        executor = self._rank0_executor
+        dropped = executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
+        await executor.cancel_all()
         if dropped:  # their rows come again (Ctrl-C must not skip data that was never trained on)
-            self.data = self.data.at(self.data.pos - dropped)
+            data = self._rank0_data
+            self.data = data.at(data.pos - dropped)
 
     def _batch(self, episodes: list) -> RolloutBatch:
         agent = self.config.agent
@@ -731,7 +781,7 @@ class Session:
             style=agent.export_style,
             discount=agent.turn_discount,
             discount_mode=agent.discount_mode,
-            version=self.engine.get_version(),
+            version=self._rank0_engine.get_version(),
             tokenizer=self.tokenizer,
             credit=self.config.actor.credit,
             viewer=view_batch,
@@ -748,6 +798,45 @@ class Session:
     def _log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         if self._metrics is not None:
             self._metrics.log(step, metrics)
+
+    # What start() builds on rank 0 only. The methods that use them run on rank 0 after start();
+    # None here means a call that rank (or a Session whose start failed) cannot serve.
+    @property
+    def _rank0_engine(self) -> InferenceEngine:
+        return _built(self.engine, "engine")
+
+    @property
+    def _rank0_proxy(self) -> builder.Proxy:
+        return _built(self._proxy, "proxy")
+
+    @property
+    def _rank0_runtime(self) -> LoopRuntime:
+        return _built(self._runtime, "event loop")
+
+    @property
+    def _rank0_executor(self) -> RolloutExecutor:
+        return _built(self.executor, "rollout executor")
+
+    @property
+    def _rank0_data(self) -> DataStream:
+        return _built(self.data, "training data")
+
+    @property
+    def _rank0_workflow(self) -> RolloutWorkflow:
+        return _built(self.workflow, "workflow")
+
+    @property
+    def _rank0_eval_workflow(self) -> RolloutWorkflow:
+        return _built(self._eval_workflow, "evaluation workflow")
+
+
+def _built(part: T | None, name: str) -> T:
+    if part is None:
+        raise RuntimeError(
+            f"this Session has no {name}: it is built by start(), on rank 0 only (under torchrun the "
+            "other ranks hold just the actor)"
+        )
+    return part
 
 
 def _plain(cfg: SessionConfig) -> dict[str, Any]:

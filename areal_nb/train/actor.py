@@ -624,9 +624,10 @@ class Actor:
         return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
 
     # ---------------------------------------------------------------- weights
-    def push_weights(self, engine: InferenceEngine, version: int | None = None) -> int:
+    def push_weights(self, engine: InferenceEngine | None, version: int | None = None) -> int:
         """Send the current weights, in the compute dtype the engine serves, to the engine;
-        tokens sampled afterwards carry `version`.
+        tokens sampled afterwards carry `version`. `engine` is None on the ranks ≠ 0 of a torchrun
+        Session, which take part in gathering the weights (FSDP) but serve nothing.
 
         The engine must copy the tensors (they are the live parameters, which the next step
         changes in place).

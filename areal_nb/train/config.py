@@ -15,102 +15,152 @@ PARALLEL_MODES = ("ddp", "fsdp")
 
 @dataclass
 class GRPOConfig:
+    """`actor`: the trainer. The algorithm's knobs marked "preset" take the value of `algorithm`'s
+    preset unless set (docs/algorithms.md); the rest apply to every algorithm."""
+
     # optimizer
     lr: float = 3e-4
+    """AdamW's learning rate (the peak, with a schedule)."""
     weight_decay: float = 0.0
+    """AdamW's weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's betas."""
     adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0  # <= 0 disables gradient clipping
+    """AdamW's eps."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this total norm; <= 0: no clipping."""
     # learning-rate schedule over train steps (one train step = ppo_n_minibatches optimizer steps)
-    lr_schedule: str = "constant"  # "constant" | "linear" | "cosine" (decay after warm-up)
-    lr_warmup_steps: int = 0  # linear warm-up from lr/(warmup+1)
-    lr_decay_steps: int | None = None  # steps to reach min_lr_ratio*lr; None: the Session's total_steps
+    lr_schedule: str = "constant"
+    """"constant", "linear" or "cosine" (decay after the warm-up, over train steps)."""
+    lr_warmup_steps: int = 0
+    """Train steps of linear warm-up, from lr/(warmup+1) to lr."""
+    lr_decay_steps: int | None = None
+    """Train steps to reach `min_lr_ratio`·lr; None: the Session's `total_steps`."""
     min_lr_ratio: float = 0.0
+    """Where the decay ends, as a fraction of lr."""
     # The algorithm (`algorithms.py`): a preset of the knobs below marked "preset", each of which
     # an explicit value overrides (None: the preset's value, filled in when the config is made).
-    algorithm: str = "grpo"  # grpo | dr_grpo | dapo | gspo | cispo | rloo | reinforce_pp
-    adv_estimator: str | None = None  # preset: grpo | dr_grpo | rloo | reinforce_pp (adv_estimators.py)
-    loss_agg: str | None = None  # preset: token_mean | seq_mean_token_mean | seq_sum_norm (policy_loss.py)
-    loss_agg_constant: int | None = None  # seq_sum_norm's divisor; None: the batch's longest generated row
-    importance_level: str | None = None  # preset: token (PPO) | sequence (GSPO's geometric mean)
-    policy_loss: str | None = None  # preset: ppo | cispo
-    dynamic_sampling: bool | None = None  # preset: drop groups whose rewards are all equal, refill
-    dynamic_sampling_max_rounds: int = 3  # extra rollouts at most per step to refill the batch
-    overlong_max_len: int | None = None  # DAPO's soft overlong penalty: L_max in generated tokens (None: off)
-    overlong_buffer: int | None = None  # ... and L_cache; None: a fifth of L_max
-    overlong_penalty: float = 1.0  # ... the penalty at and beyond L_max
+    algorithm: str = "grpo"
+    """The preset: grpo | dr_grpo | dapo | gspo | cispo | rloo | reinforce_pp."""
+    adv_estimator: str | None = None
+    """Preset: grpo | dr_grpo | rloo | reinforce_pp, how advantages come from rewards (adv_estimators.py)."""
+    loss_agg: str | None = None
+    """Preset: token_mean | seq_mean_token_mean | seq_sum_norm, how token losses are averaged (policy_loss.py)."""
+    loss_agg_constant: int | None = None
+    """seq_sum_norm's divisor; None: the batch's longest generated row."""
+    importance_level: str | None = None
+    """Preset: token (PPO's ratio per token) | sequence (GSPO's geometric mean over the row)."""
+    policy_loss: str | None = None
+    """Preset: ppo | cispo."""
+    dynamic_sampling: bool | None = None
+    """Preset: drop groups whose rewards are all equal and refill the batch (DAPO)."""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra rollouts at most per step to refill the batch."""
+    overlong_max_len: int | None = None
+    """DAPO's soft overlong penalty: L_max in generated tokens; None: no penalty."""
+    overlong_buffer: int | None = None
+    """The penalty's ramp, L_cache tokens before L_max; None: a fifth of L_max."""
+    overlong_penalty: float = 1.0
+    """The penalty at and beyond L_max."""
     # Train-inference mismatch (`mismatch.py`): engine log-probs vs the trainer's recomputation
-    mismatch_correction: str | None = None  # None | "tis" (truncate the weight) | "mis" (mask)
-    mismatch_level: str = "token"  # "token" | "sequence"
-    mismatch_threshold: float = 2.0  # weight above it: truncated to it (tis) or masked (mis)
+    mismatch_correction: str | None = None
+    """The engine's log-probs vs the trainer's: "tis" truncates each token's weight at
+    `mismatch_threshold`, "mis" masks tokens above it; None: no correction."""
+    mismatch_level: str = "token"
+    """"token": a weight per token; "sequence": the row's product on all its tokens."""
+    mismatch_threshold: float = 2.0
+    """C: a weight above it is truncated to it (tis) or its token masked (mis)."""
     # PPO objective
-    eps_clip: float | None = None  # preset (grpo: 0.2)
-    eps_clip_higher: float | None = None  # preset (grpo: None, symmetric clipping)
-    c_clip: float | None = None  # dual clip for negative advantages; must be > 1
-    ppo_n_minibatches: int = 1  # optimizer steps per train_step
-    micro_batch_size: int | None = None  # rows per forward/backward; None: whole minibatch
-    # Tokens per forward/backward (the rows' tokens, prompt included): consecutive rows of a
-    # minibatch join a micro-batch while their tokens stay within it (a longer row runs alone).
-    # Bounds activation memory whatever the rows' lengths. None: no token limit.
+    eps_clip: float | None = None
+    """Preset: the clip range ε of the ratio (grpo: 0.2)."""
+    eps_clip_higher: float | None = None
+    """Preset: the upper clip range, if it differs (grpo: None, symmetric clipping)."""
+    c_clip: float | None = None
+    """Dual clip for negative advantages (> 1); None: off."""
+    ppo_n_minibatches: int = 1
+    """Optimizer steps per train step (the batch split into this many minibatches)."""
+    micro_batch_size: int | None = None
+    """Rows per forward/backward; None: the whole minibatch."""
     max_tokens_per_microbatch: int | None = None
-    # Recompute each decoder layer's activations in the backward instead of keeping them
-    # (torch.utils.checkpoint per layer): activation memory ~1/layers for ~1/3 more compute.
+    """Tokens per forward/backward (the rows' tokens, prompt included): consecutive rows of a
+    minibatch join a micro-batch while their tokens stay within it (a longer row runs alone).
+    Bounds activation memory whatever the rows' lengths. None: no token limit."""
     gradient_checkpointing: bool = False
-    # The LM head and log-softmax run this many tokens at a time, forward and backward
-    # (`lm_head.py`): no float32 [tokens, vocab] tensor larger than one chunk. 0: all at once.
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (torch.utils.checkpoint per layer): activation memory ~1/layers for ~1/3 more compute."""
     logprob_chunk_size: int = 1024
+    """The LM head and log-softmax run this many tokens at a time, forward and backward
+    (`lm_head.py`): no float32 [tokens, vocab] tensor larger than one chunk. 0: all at once."""
     # rewards and advantages
     reward_scaling: float = 1.0
+    """Rewards are shaped as clip((reward + bias) · scaling, −clip, clip) before the advantages."""
     reward_bias: float = 0.0
+    """See `reward_scaling`."""
     reward_clip: float = 20.0
-    reward_norm: str | None = "group"  # "group" (GRPO) | "batch" | None
-    adv_norm: str | None = None  # "batch" | None
+    """See `reward_scaling`."""
+    reward_norm: str | None = "group"
+    """The pool the advantage's baseline is taken over: "group" (GRPO), "batch", or None (no baseline)."""
+    adv_norm: str | None = None
+    """"batch": advantages normalised over the batch's generated tokens; None: not."""
     norm_eps: float = 1e-5
-    # Which return each generated token trains on (see `advantages.compute_advantages`): "leaf",
-    # the row's reward on all its turns (AReaL's rule), or "turn", the discounted return of the
-    # turn that generated it (rows' `turn_returns`). "leaf" stays the default until the credit
-    # experiment (benchmarks/credit_experiment.py) has been run and decides.
+    """Added to the standard deviation in every normalisation."""
     credit: CreditMode = "leaf"
-    credit_norm: CreditNorm = "turn"  # credit="turn", reward_norm="group": per turn index | whole episode
-    kl_ctl: float = 0.0  # KL-to-reference penalty folded into the token rewards
-    kl_estimator: str = "k1"  # "k1" | "k2" | "k3"
+    """Which return each generated token trains on (`advantages.compute_advantages`): "leaf", the
+    row's reward on all its turns (AReaL's rule), or "turn", the discounted return of the turn that
+    generated it (the rows' `turn_returns`; docs/concepts/credit.md)."""
+    # "leaf" stays the default until the credit experiment (benchmarks/credit_experiment.py) has
+    # been run and decides.
+    credit_norm: CreditNorm = "turn"
+    """With credit "turn" and reward_norm "group": the group baseline per turn index ("turn") or
+    over whole episodes ("episode")."""
+    kl_ctl: float = 0.0
+    """The weight of the KL-to-reference penalty folded into the token rewards; 0: no reference model."""
+    kl_estimator: str = "k1"
+    """The KL estimate: "k1", "k2" or "k3"."""
     # log-probabilities
     use_decoupled_loss: bool = False
-    behave_imp_weight_cap: float | None = 5.0  # tokens with pi_prox/pi_behave above it are masked
-    temperature: float = 1.0  # must equal the sampling temperature
+    """The behaviour-weighted (decoupled) PPO loss: stale tokens are weighted by π_prox/π_behave,
+    so rollouts that ran ahead of training stay correct."""
+    behave_imp_weight_cap: float | None = 5.0
+    """With the decoupled loss: tokens whose π_prox/π_behave is above it are masked (> 1); None: no cap."""
+    temperature: float = 1.0
+    """The temperature log-probs are recomputed at; must equal the sampling temperature."""
     recompute_logprob: bool = True
-    # Train on the distribution the engine sampled from (`sampling_replay.py`): at tokens drawn
-    # under a mask (grammar, top-k, top-p) π_θ is renormalised over the recorded allowed set and
-    # π_behave is the recorded log-prob under that set. False: full-vocabulary log-probs.
+    """Recompute the log-probs with the current weights before updating (π_old), rather than
+    trusting the engine's."""
     replay_sampling_masks: bool = False
-    # Skip that separate no-grad pass when the training forward computes the same values: with
-    # one optimizer step per train step (ppo_n_minibatches == 1) every micro-batch's forward runs
-    # the pre-update weights, i.e. π_prox itself, so its detached log-probs are used (exact, for
-    # on- and off-policy tokens alike). Not skipped without the decoupled loss when kl_ctl > 0
-    # (the KL penalty needs π_old before the forward). False: always recompute.
+    """Train on the distribution the engine sampled from (`sampling_replay.py`): at tokens drawn
+    under a mask (grammar, top-k, top-p) π_θ is renormalised over the recorded allowed set and
+    π_behave is the recorded log-prob under that set. False: full-vocabulary log-probs."""
     skip_redundant_recompute: bool = True
-    # Train on unique tokens: the rows of a group are merged into a token trie and each shared
-    # prefix (the group's prompt, earlier turns of concat rows) is computed once
-    # (`packing.py`); False runs every right-padded row through the model.
+    """Skip that separate no-grad pass when the training forward computes the same values: with
+    one optimizer step per train step (ppo_n_minibatches == 1) every micro-batch's forward runs
+    the pre-update weights, i.e. π_prox itself, so its detached log-probs are used (exact, for
+    on- and off-policy tokens alike). Not skipped without the decoupled loss when kl_ctl > 0
+    (the KL penalty needs π_old before the forward). False: always recompute."""
     pack: bool = True
-    # How the packed tries run (`packing.py`): True lays all rows' trie out as one flat sequence
-    # and computes attention only between each node and its ancestors (`tree_attention.py`; for
-    # models on the Hugging Face attention interface, with full attention: others fall back),
-    # and the LM head only where the loss reads log-probs; False runs one sequence per group with
-    # a dense tree mask (attention over every pair of a group's nodes).
+    """Train on unique tokens: the rows of a group are merged into a token trie and each shared
+    prefix (the group's prompt, earlier turns of concat rows) is computed once (`packing.py`);
+    False runs every right-padded row through the model."""
     tree_attention: bool = True
-    # In that flat layout, run the last decoder layer's queries, attention output and MLP only at
-    # the nodes whose logits the loss reads (`head_forward.py`; Qwen2/Llama layouts, not under
-    # FSDP): every other node needs only its keys and values there. Same values; False runs the
-    # whole last layer (the A/B baseline of benchmarks/train_tokens.py).
+    """How the packed tries run (`packing.py`): True lays all rows' trie out as one flat sequence
+    and computes attention only between each node and its ancestors (`tree_attention.py`; for
+    models on the Hugging Face attention interface, with full attention: others fall back), and
+    the LM head only where the loss reads log-probs; False runs one sequence per group with a
+    dense tree mask (attention over every pair of a group's nodes)."""
     last_layer_at_heads: bool = True
-    # Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
-    # every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
-    # models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process.
+    """In that flat layout, run the last decoder layer's queries, attention output and MLP only at
+    the nodes whose logits the loss reads (`head_forward.py`; Qwen2/Llama layouts, not under
+    FSDP): every other node needs only its keys and values there. Same values; False runs the
+    whole last layer (the A/B baseline of benchmarks/train_tokens.py)."""
     parallel: str = "ddp"
-    # LoRA (`lora.py`): {r, alpha, dropout, target_modules} trains low-rank adapters on the frozen
-    # base instead of every weight; the KL reference is the base with the adapters off. None: full.
+    """Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
+    every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
+    models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process."""
     lora: LoraConfig | None = None
+    """LoRA (`LoraConfig`, `lora.py`): {r, alpha, dropout, target_modules} trains low-rank adapters
+    on the frozen base instead of every weight; the KL reference is the base with the adapters
+    off. None: full fine-tuning."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists

@@ -33,14 +33,18 @@ __all__ = ["LoraConfig", "is_lora_model", "lora_adapter", "lora_base", "merged_w
 
 @dataclass
 class LoraConfig:
-    r: int = 8  # the adapter's rank
-    alpha: float = 16.0  # ΔW is scaled by alpha / r
-    # Dropout on the adapter's input. The actor runs the model in eval mode (dropout would make
-    # π_θ differ from the policy that sampled), so it is off in training as well.
+    """`actor.lora`: low-rank adapters trained on the frozen base model."""
+
+    r: int = 8
+    """The adapters' rank."""
+    alpha: float = 16.0
+    """ΔW is scaled by alpha / r."""
     dropout: float = 0.0
-    # peft's names: module-name suffixes (["q_proj", "v_proj"]) or "all-linear" (every linear
-    # layer but the LM head). The LM head cannot be adapted: the log-prob pass reads its weight.
+    """Dropout on the adapters' input. The actor runs the model in eval mode (dropout would make
+    π_θ differ from the policy that sampled), so it is off in training as well."""
     target_modules: list[str] | str = field(default="all-linear")
+    """peft's names: module-name suffixes (["q_proj", "v_proj"]) or "all-linear" (every linear
+    layer but the LM head). The LM head cannot be adapted: the log-prob pass reads its weight."""
 
     def __post_init__(self) -> None:
         if self.r < 1:

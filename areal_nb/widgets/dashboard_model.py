@@ -26,6 +26,9 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("train_tokens_per_s", "train tokens/s"),
 )
 
+# Per-agent reward columns of a multi-agent run (`reward_mean/solver`, ...).
+AGENT_REWARD_PREFIX = "reward_mean/"
+
 
 @dataclass
 class Series:
@@ -54,7 +57,22 @@ def history_series(history: Any) -> list[Series]:
             continue
         values = [_num(r.get(column)) for r in records]
         out.append(Series(column, label, steps, values))
+        if column == "reward_mean":  # several agents: each one's reward beside the total
+            for agent_column in _agent_columns(records):
+                agent = agent_column.split("/", 1)[1]
+                values = [_num(r.get(agent_column)) for r in records]
+                out.append(Series(agent_column, f"reward · {agent}", steps, values))
     return out
+
+
+def _agent_columns(records: list[dict]) -> list[str]:
+    """The `reward_mean/<agent>` columns a multi-agent run logs, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for r in records:
+        for key in r:
+            if isinstance(key, str) and key.startswith(AGENT_REWARD_PREFIX):
+                seen.setdefault(key, None)
+    return list(seen)
 
 
 def _records(history: Any) -> list[dict]:

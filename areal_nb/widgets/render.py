@@ -28,6 +28,32 @@ def fmt(v: float | None, digits: int = 4) -> str:
     return "–" if v is None else f"{v:.{digits}g}"
 
 
+# ----------------------------------------------------------------------------------- agents
+# One colour per agent of a multi-agent episode (the agent's place in order of first appearance);
+# every coloured mark also names its agent in text.
+AGENT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
+def agent_colour(index: int) -> str:
+    return AGENT_COLOURS[index % len(AGENT_COLOURS)]
+
+
+def agents_legend_html(agents: list[str | None]) -> str:
+    """The agents and their colours; empty for a single agent (nothing to tell apart)."""
+    if len(agents) <= 1:
+        return ""
+    items = "".join(
+        f'<span class="anb-agent" data-agent="{esc(agent)}" style="border-left:8px solid {agent_colour(i)};'
+        f'padding:0 6px;margin-right:8px">{esc(agent if agent is not None else "(no model name)")}</span>'
+        for i, agent in enumerate(agents)
+    )
+    return (
+        f'<div class="anb-agents" data-agents="{len(agents)}" style="font-size:11px;margin:4px 0">'
+        f"<b>Agents</b> (the <code>model</code> name each call sent; each trains against its own "
+        f"group baseline): {items}</div>"
+    )
+
+
 # ----------------------------------------------------------------------------------- tree
 def tree_svg(
     tree: TreeModel, selected: str | None = None, rewards: dict[str, tuple[float | None, float]] | None = None
@@ -54,7 +80,7 @@ def tree_svg(
         raw, now = rewards[n.id] if rewards and n.id in rewards else (n.reward_raw, n.reward)
         parts.append(_node_svg(n, x, y, n.id == selected, raw, now))
     parts.append("</svg>")
-    return "".join(parts)
+    return agents_legend_html(tree.agents) + "".join(parts)
 
 
 def _node_svg(n: TreeNode, x: float, y: float, selected: bool, raw: float | None, now: float | None) -> str:
@@ -68,16 +94,24 @@ def _node_svg(n: TreeNode, x: float, y: float, selected: bool, raw: float | None
         f"in {fmt(n.tokens_in)} · out {fmt(n.tokens_out)} · {n.versions}",
         f"r set {fmt(raw)} → {fmt(now)}",
     ]
+    inset = 0 if n.agent_index is None else 8  # room for the agent's colour bar
     text = "".join(
-        f'<text x="{x + 6}" y="{y + 16 + 16 * i}" class="anb-line-{i}">{esc(line[:30])}</text>'
+        f'<text x="{x + 6 + inset}" y="{y + 16 + 16 * i}" class="anb-line-{i}">{esc(line[:30])}</text>'
         for i, line in enumerate(lines)
     )
+    agent_attr, agent_bar = "", ""
+    if n.agent_index is not None:
+        agent_attr = f' data-agent="{esc(n.agent)}"'
+        agent_bar = (
+            f'<rect class="anb-agent-bar" x="{x + 1}" y="{y + 1}" width="8" height="{NODE_H - 2}" rx="3" '
+            f'fill="{agent_colour(n.agent_index)}"/>'
+        )
     return (
         f'<g class="anb-node{" anb-pending" if n.pending else ""}{" anb-leaf" if n.concat_leaf else ""}" '
-        f'data-node-id="{esc(n.id)}" data-pending="{int(n.pending)}" data-reward="{fmt(now)}">'
+        f'data-node-id="{esc(n.id)}" data-pending="{int(n.pending)}" data-reward="{fmt(now)}"{agent_attr}>'
         f"<title>{esc(n.title)}</title>"
         f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6" fill="{fill}" stroke="#333" '
-        f'stroke-width="{stroke_w}"{dash}/>{text}</g>'
+        f'stroke-width="{stroke_w}"{dash}/>{agent_bar}{text}</g>'
     )
 
 
@@ -139,9 +173,16 @@ def chip_html(c: Any) -> str:
     )
 
 
-def row_html(row: RowView) -> str:
+def row_html(row: RowView, agent_index: int | None = None) -> str:
+    """One row; `agent_index` (several agents: the row's agent's place) names and colours its agent."""
+    who = ""
+    if agent_index is not None:
+        who = (
+            f'<span class="anb-row-agent" data-agent="{esc(row.agent)}" style="border-left:8px solid '
+            f'{agent_colour(agent_index)};padding:0 4px">agent <b>{esc(row.agent)}</b></span> · '
+        )
     head = (
-        f'<div class="anb-row-head" style="font-size:11px;margin-top:6px"><b>{esc(row.style)} row</b> '
+        f'<div class="anb-row-head" style="font-size:11px;margin-top:6px">{who}<b>{esc(row.style)} row</b> '
         f"{esc(row.interaction_id or '')} · {len(row.chips)} tokens · {row.n_trained} trained / "
         f"{row.n_masked} not trained · {row.n_turns} turn(s) · reward {fmt(row.reward)} · "
         f"credit <b>{esc(row.credit)}</b></div>"
@@ -174,7 +215,8 @@ def row_html(row: RowView) -> str:
         if c is not None:
             current = turn
             run.append(c)
-    body = f'<div class="anb-row" data-style="{esc(row.style)}" style="{FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
+    agent_attr = f' data-agent="{esc(row.agent)}"' if agent_index is not None else ""
+    body = f'<div class="anb-row" data-style="{esc(row.style)}"{agent_attr} style="{FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
     return head + body + turn_table_html(row) + drift_html(row)
 
 
@@ -226,7 +268,13 @@ def token_view_html(model: TokenViewModel) -> str:
     return (
         f'<div class="anb-tokens" data-style="{esc(model.style)}" data-credit="{esc(model.credit)}">'
         + TOKEN_LEGEND
-        + "".join(row_html(r) for r in model.rows)
+        + agents_legend_html(model.agents)
+        + "".join(
+            row_html(
+                r, model.agents.index(r.agent) if model.multi_agent and r.agent in model.agents else None
+            )
+            for r in model.rows
+        )
         + "</div>"
     )
 
@@ -248,9 +296,11 @@ def reward_html(state: RewardViewState) -> str:
     table = [
         '<table class="anb-adv" style="font-size:11px;border-collapse:collapse">'
         "<tr><th>episode</th><th>sample</th><th>row (interaction)</th><th>reward after discount</th>"
-        "<th>advantage (group-normalised)</th><th>per turn: return trained on → advantage</th></tr>"
+        "<th>advantage (normalised per group and agent)</th><th>per turn: return trained on → advantage</th></tr>"
     ]
+    agents = list(dict.fromkeys(r.agent for r in state.rows))
     for r in state.rows:
+        who = f"{r.agent}: " if len(agents) > 1 else ""
         turns = " · ".join(
             f'<span class="anb-row-turn" data-turn="{t.turn}" data-trained-on="{t.trained_on:.4g}" '
             f'data-advantage="{t.advantage:+.4f}" title="{esc(t.interaction_id)}: own return {t.turn_return:.4g}, '
@@ -259,7 +309,7 @@ def reward_html(state: RewardViewState) -> str:
         )
         table.append(
             f'<tr class="anb-adv-row" data-id="{esc(r.interaction_id)}"><td>{r.episode}</td><td>{fmt(r.sample_id)}</td>'
-            f'<td>{esc(r.interaction_id)}</td><td class="anb-reward">{r.reward:.4f}</td>'
+            f'<td>{esc(who + r.interaction_id)}</td><td class="anb-reward">{r.reward:.4f}</td>'
             f'<td class="anb-advantage">{r.advantage:+.4f}</td><td class="anb-adv-turns">{turns}</td></tr>'
         )
     table.append("</table>")

@@ -125,6 +125,7 @@ class AdvantageRow:
     reward: float
     advantage: float  # leaf credit: the row's; turn credit: its last (own) turn's
     turns: list[RowTurn] = field(default_factory=list)  # per turn: the return trained on, advantage
+    agent: str | None = None  # the agent that made the row's call: its baseline is that agent's rows
 
 
 @dataclass
@@ -227,19 +228,29 @@ def reward_state(
             nodes.append(RewardNode(node_key(x, i), e, src.raw.get(id(x)), values[id(x)], exported))
             if exported:
                 turns = row_turns(x, lambda c, v=values: v.get(id(c), 0.0), credit)
-                rows.append(AdvantageRow(node_key(x, i), e, src.sample_ids[e], values[id(x)], 0.0, turns))
+                agent = getattr(x, "agent", None)
+                rows.append(
+                    AdvantageRow(node_key(x, i), e, src.sample_ids[e], values[id(x)], 0.0, turns, agent)
+                )
+    # the trainer's pools are (prompt, agent): each agent's rows are normalised among themselves
+    for agent in dict.fromkeys(r.agent for r in rows):
+        _normalise([r for r in rows if r.agent == agent], credit, credit_norm)
+    tree = build_tree(src.episodes[src.focus] if src.episodes else [])
+    return RewardViewState(gamma, mode, style, nodes, rows, tree, src.focus, credit, credit_norm)
+
+
+def _normalise(rows: list[AdvantageRow], credit: CreditMode, credit_norm: CreditNorm) -> None:
+    """Set the advantages of one pool's rows (one agent's rows of the group)."""
     if credit == "leaf":
         for row, adv in zip(rows, group_normalised([r.reward for r in rows]), strict=True):
             row.advantage = adv
             for t in row.turns:
                 t.advantage = adv
-    else:
-        pairs = [t for r in rows for t in r.turns]
-        for t, adv in zip(
-            pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True
-        ):
-            t.advantage = adv
-        for row in rows:
-            row.advantage = row.turns[-1].advantage if row.turns else 0.0
-    tree = build_tree(src.episodes[src.focus] if src.episodes else [])
-    return RewardViewState(gamma, mode, style, nodes, rows, tree, src.focus, credit, credit_norm)
+        return
+    pairs = [t for r in rows for t in r.turns]
+    for t, adv in zip(
+        pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True
+    ):
+        t.advantage = adv
+    for row in rows:
+        row.advantage = row.turns[-1].advantage if row.turns else 0.0

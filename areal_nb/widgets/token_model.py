@@ -89,6 +89,7 @@ class RowView:
     drift: DriftView | None = None
     credit: CreditMode = "leaf"  # "leaf": the row's reward on every turn; "turn": each turn's own return
     bands: list[TurnBand] = field(default_factory=list)  # the row's generated turns, in order
+    agent: str | None = None  # the agent that made the row's call (the `model` name it sent)
 
     @property
     def n_trained(self) -> int:
@@ -105,6 +106,12 @@ class TokenViewModel:
     rows: list[RowView] = field(default_factory=list)
     styles_available: tuple[ExportStyle, ...] = ("individual",)
     credit: CreditMode = "leaf"
+    # the episode's agents in order of first appearance; with several, one conversation each
+    agents: list[str | None] = field(default_factory=list)
+
+    @property
+    def multi_agent(self) -> bool:
+        return len(self.agents) > 1
 
 
 def visible_text(text: str) -> str:
@@ -280,7 +287,17 @@ def row_view(
                 members[0][0].trained_on if members else None,
             )
         )
-    return RowView(interaction.interaction_id, style, chips, len(turns), reward, drift, credit, bands)
+    return RowView(
+        interaction.interaction_id,
+        style,
+        chips,
+        len(turns),
+        reward,
+        drift,
+        credit,
+        bands,
+        getattr(interaction, "agent", None),
+    )
 
 
 def _reward_of(interaction: Any, rewards: Mapping[str, float] | None) -> float | None:
@@ -356,15 +373,20 @@ def build_token_view(
     complete = [x for x in items if is_complete(x) and x.has_tensor_data]
     if not complete:
         raise ValueError("nothing to show: no completed interaction with token data")
+    agents = list(dict.fromkeys(getattr(x, "agent", None) for x in complete))
     if hasattr(source, "model_response"):  # one interaction: its own row (children unknown)
-        target, pool = source, conversation_path(source)
-    else:  # a conversation: the first root, followed down to its leaf
-        target, pool = next((x for x in complete if x.parent is None), complete[0]), items
-    tok = tokenizer_of(target, tokenizer)
-    leaf = leaf_of(target, pool)
-    path = conversation_path(leaf)
+        targets, pool = [source], conversation_path(source)
+    else:  # a conversation: the first root, followed down to its leaf; one per agent
+        roots = [x for x in complete if x.parent is None] or complete[:1]
+        firsts = [next((x for x in roots if getattr(x, "agent", None) == a), None) for a in agents]
+        targets = [t for t in firsts if t is not None] if len(agents) > 1 else roots[:1]
+        pool = items
+    tok = tokenizer_of(targets[0], tokenizer)
+    paths = [conversation_path(leaf_of(target, pool)) for target in targets]
     available = (
-        ("concat", "individual") if can_export_concat(x.chat_template_type for x in path) else ("individual",)
+        ("concat", "individual")
+        if all(can_export_concat(x.chat_template_type for x in path) for path in paths)
+        else ("individual",)
     )
     style = style or available[0]
     if style not in available:
@@ -372,10 +394,14 @@ def build_token_view(
             f"style {style!r} is not available for this conversation (available: {available}); "
             "concat rows need chat_template_type='concat'"
         )
-    if style == "concat":
-        rows = [row_view(leaf, tok, "concat", credit=credit, rewards=rewards)]
-    else:
-        rows = [
-            row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards) for x in path
-        ]
-    return TokenViewModel(style, rows, available, credit)
+    rows = []
+    for path in paths:
+        leaf = path[-1]
+        if style == "concat":
+            rows.append(row_view(leaf, tok, "concat", credit=credit, rewards=rewards))
+        else:
+            rows.extend(
+                row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards)
+                for x in path
+            )
+    return TokenViewModel(style, rows, available, credit, agents)

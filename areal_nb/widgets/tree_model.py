@@ -28,13 +28,16 @@ class TreeNode:
     reward: float | None  # the interaction's reward now (after discount once applied)
     concat_leaf: bool  # exported by `export_interactions("concat")`
     chat_template_type: str
+    agent: str | None = None  # the agent that made the call (the `model` name it sent)
+    # its agent's place among the tree's agents when there are several (None: one agent, not shown)
+    agent_index: int | None = None
     children: list[str] = field(default_factory=list)
     x: float = 0.0  # layout column (leaves take consecutive columns)
     y: int = 0  # layout row (= depth)
 
     @property
     def label(self) -> str:
-        return f"turn {self.depth}"
+        return f"turn {self.depth}" if self.agent_index is None else f"{self.agent} · turn {self.depth}"
 
     @property
     def versions(self) -> str:
@@ -50,6 +53,7 @@ class TreeNode:
         state = "pending (in flight)" if self.pending else f"done ({self.stop_reason})"
         lines = [
             f"{self.id} — {self.label} ({self.roles or 'no new messages'}), {state}",
+            *([f"agent: {self.agent}"] if self.agent is not None else []),
             f"tokens in/out: {_fmt(self.tokens_in)}/{_fmt(self.tokens_out)}, versions {self.versions}",
             f"reward set: {_fmt_r(self.reward_raw)}, reward now: {_fmt_r(self.reward)}",
         ]
@@ -67,6 +71,12 @@ class TreeModel:
     edges: list[tuple[str, str]]
     columns: float  # width of the layout in columns
     rows: int  # depth + 1
+    # the agents of the calls, in order of first appearance (several: the views name and colour them)
+    agents: list[str | None] = field(default_factory=list)
+
+    @property
+    def multi_agent(self) -> bool:
+        return len(self.agents) > 1
 
     def node(self, node_id: str) -> TreeNode:
         for n in self.nodes:
@@ -141,6 +151,7 @@ def build_tree(source: Any) -> TreeModel:
             reward=x.reward,
             concat_leaf=(not pending and x.chat_template_type == "concat" and id(x) not in complete_parents),
             chat_template_type=x.chat_template_type,
+            agent=getattr(x, "agent", None),
         )
     edges = []
     for n in nodes.values():
@@ -166,7 +177,11 @@ def build_tree(source: Any) -> TreeModel:
     for r in roots:  # several roots side by side, in insertion order
         place(r, 0)
     rows = 1 + max((n.depth for n in nodes.values()), default=-1)
-    return TreeModel(list(nodes.values()), roots, edges, next_column[0], rows)
+    agents = list(dict.fromkeys(n.agent for n in nodes.values()))
+    if len(agents) > 1:
+        for n in nodes.values():
+            n.agent_index = agents.index(n.agent)
+    return TreeModel(list(nodes.values()), roots, edges, next_column[0], rows, agents)
 
 
 def _preview(text: str) -> str:

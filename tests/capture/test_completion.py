@@ -1,4 +1,4 @@
-"""`create_chat_completion` / `ArealOpenAI`: request validation (§3.1), budgets, caching, streaming,
+"""`create_chat_completion` / `ArealOpenAI`: request validation, budgets, caching, streaming,
 failures, Responses. Engine: ScriptedEngine with the real tiny-math tokenizer."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The seed's multi-turn math agent loop through `ArealOpenAI` on `LocalEngine` + `tiny-math`.
+"""The multi-turn math agent loop through `ArealOpenAI` on `LocalEngine` + `tiny-math`.
 
 max_turns 2, the correction prompt, concat template, discount 0.9; the exported leaves' tensors
 are checked against the engine's own responses, turn by turn.

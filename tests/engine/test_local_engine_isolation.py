@@ -1,4 +1,4 @@
-"""Failure isolation in `LocalEngine` (issue 15, class 5): a row whose sampling fails fails alone,
+"""Failure isolation in `LocalEngine`: a row whose sampling fails fails alone,
 the worker never spins on one error, its log stays bounded, and no request waits forever."""
 
 from __future__ import annotations

@@ -54,6 +54,19 @@ def test_comments_docstrings_and_layout_do_not_change_the_recipe_hash(tmp_path):
     assert recipe_hash({"steps": 1}, [src]) != base
 
 
+def test_attribute_docstrings_do_not_change_the_recipe_hash(tmp_path):
+    src = tmp_path / "recipe.py"
+    src.write_text('class Task:\n    low: int = 0\n    high: int = 9\n\nLABEL = "sum"\n')
+    base = recipe_hash({"steps": 1}, [src])
+    src.write_text(
+        'class Task:\n    """The knobs."""\n\n    low: int = 0\n    """The smallest operand."""\n'
+        '    high: int = 9\n    """The largest operand."""\n\nLABEL = "sum"\n"""What the task is called."""\n'
+    )
+    assert recipe_hash({"steps": 1}, [src]) == base
+    src.write_text('class Task:\n    low: int = 0\n    high: int = 9\n\nLABEL = "product"\n')
+    assert recipe_hash({"steps": 1}, [src]) != base  # a string that is a value still counts
+
+
 def test_concurrent_builders_build_once_and_publish_atomically(tmp_path):
     calls = []
 

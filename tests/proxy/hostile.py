@@ -1,4 +1,4 @@
-"""A catalogue of hostile requests, one or more per class of issue 15, shared by the per-class
+"""A catalogue of hostile requests, one or more per class of hostile input, shared by the per-class
 tests and the chaos test. Bodies are sent as raw bytes (`json.dumps` with its defaults), so lone
 surrogates travel as `\\ud800` escapes exactly as a careless client would send them.
 

@@ -1,4 +1,4 @@
-"""Fuzzing every endpoint with larger budgets than `test_app_schemathesis.py` (issue 15):
+"""Fuzzing every endpoint with larger budgets than `test_app_schemathesis.py`:
 
 - schemathesis over the OpenAPI schema, positive and negative cases, strings from all of
   Unicode (lone surrogates included: `codec=None`);

@@ -1,5 +1,5 @@
 """Input errors vs our own faults, the event loop under heavy input, failed exports, template
-variables (issue 15 classes 2, 4, 6; issue 10: no exception type is mapped to 400 wholesale)."""
+variables (no exception type is mapped to 400 wholesale)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Session lifecycle codes (§4.2): capacity, key reuse, end → export, one-shot export,
+"""Session lifecycle codes: capacity, key reuse, end → export, one-shot export,
 export wait timeout, stale-session sweep, rewards, and the wire format round trip."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chaos (issue 15): while 32 honest sessions run 4 turns each against `areal-nb proxy` with the
+"""Chaos: while 32 honest sessions run 4 turns each against `areal-nb proxy` with the
 real tiny model, a hostile client sends every request of the catalogue in a loop (and abandons
 waiting exports). Every honest session finishes and exports exactly once, `/health` answers within
 100 ms at p99 throughout (measured by a separate process, so the test's own clients do not skew

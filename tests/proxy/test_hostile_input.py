@@ -1,4 +1,4 @@
-"""Hostile input (issue 15), class by class, on the real tiny model through a real uvicorn server:
+"""Hostile input, class by class, on the real tiny model through a real uvicorn server:
 every bad request gets a clear 4xx in its route's dialect, records nothing, and leaves its own
 session and everyone else's working. Ranges are explored with hypothesis."""
 

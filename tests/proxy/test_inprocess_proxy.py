@@ -1,4 +1,4 @@
-"""In-process episodes (issue 14): an inline agent's `http_client` calls the proxy app over an
+"""In-process episodes: an inline agent's `http_client` calls the proxy app over an
 ASGI transport and the lifecycle is direct calls on its ProxyState — no socket anywhere.
 
 The unit tests point `proxy_addr` at an address that cannot resolve, so an episode that

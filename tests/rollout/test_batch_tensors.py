@@ -56,6 +56,7 @@ def reference(batch: RolloutBatch) -> dict[str, torch.Tensor]:
         )
         dicts.append(d)
     out = concat_padded_tensors(dicts)
+    out["agent_ids"] = torch.zeros(len(batch.rows()), dtype=torch.long)  # one agent: the calls sent no model
     out["group_ids"] = torch.tensor([r.group_id for r in batch.rows()], dtype=torch.long)
     out["episode_ids"] = torch.tensor([r.episode_index for r in batch.rows()], dtype=torch.long)
     return out

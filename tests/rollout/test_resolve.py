@@ -1,4 +1,4 @@
-"""resolve_workflow (§5.2) and GroupedRolloutWorkflow (§5.3, with per-member exceptions)."""
+"""resolve_workflow and GroupedRolloutWorkflow (with per-member exceptions)."""
 
 from __future__ import annotations
 

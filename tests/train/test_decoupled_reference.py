@@ -1,5 +1,5 @@
 """The decoupled (off-policy) PPO loss against an independent transcription of AReaL's
-`ppo_actor_loss_fn` (reference §7.4, with its `rejection_sampling` mask of the behaviour weight,
+`ppo_actor_loss_fn` (with its `rejection_sampling` mask of the behaviour weight,
 which areal_nb always applies), on fixed tensors and on a real stale batch: tokens sampled by the
 engine two versions before the weights that train them.
 """

@@ -10,6 +10,7 @@ after a training step (without re-running its cell). Screenshots go to artifacts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,13 @@ def _free_port() -> int:
 
 @pytest.fixture
 def jupyterlab(tmp_path):
+    with serve_notebook(tmp_path, write_notebook, "widgets.ipynb") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_notebook(tmp_path: Path, write: Callable[[Path], Path], name: str) -> Iterator[str]:
+    """JupyterLab on loopback serving the notebook `write(path)` writes; yields its URL."""
     pytest.importorskip("playwright.sync_api", reason="playwright is needed for the browser test")
     if not Path(CHROMIUM).exists():
         pytest.skip(
@@ -63,7 +72,7 @@ def jupyterlab(tmp_path):
         pytest.skip(f"!!! areal_nb.session cannot be imported ({e}); the browser test needs the Session !!!")
     root = tmp_path / "nb"
     root.mkdir()
-    write_notebook(root / "widgets.ipynb")
+    write(root / name)
     settings = tmp_path / "settings"
     shutil.copytree(SETTINGS, settings)  # silences the news / update toasts
     token = secrets.token_urlsafe(16)
@@ -106,7 +115,7 @@ def jupyterlab(tmp_path):
                         "JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()
                     ) from None
                 time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/lab/tree/widgets.ipynb?token={token}"
+        yield f"http://127.0.0.1:{port}/lab/tree/{name}?token={token}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # JupyterLab and the kernels it started
         try:

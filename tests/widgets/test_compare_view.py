@@ -51,8 +51,8 @@ def comparison():
 def test_lanes_and_disagreements():
     model = build_compare_model(comparison(), 0)
     assert model.positions == [1, 2, 3] and model.names == ["a", "b", "c"]
-    assert model.disagree == [False, True, True]  # sign flips at #2, b clips #3
-    assert build_compare_model(comparison(), 1).disagree == [False, False, True]  # c drops #4
+    assert model.disagree == [False, True, True]  # sign flips at position 2, b clips position 3
+    assert build_compare_model(comparison(), 1).disagree == [False, False, True]  # c drops position 4
     assert build_compare_model(comparison(), 0, ["a", "c"]).disagree == [False, False, False]
     html = compare_html(model)
     assert html.count('class="anb-lane"') == 9 and html.count("anb-disagree") == 2
