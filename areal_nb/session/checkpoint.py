@@ -53,7 +53,7 @@ import yaml
 from areal_nb.config import ConfigError, SessionConfig, dump_config, load_config
 from areal_nb.data import load_rows, write_jsonl
 from areal_nb.errors import CheckpointError
-from areal_nb.train.lora import adapter_state, lora_base, merged_weights
+from areal_nb.train.lora import adapter_state, lora_base
 
 from .base_model import BASE_FILE, read_base_file, write_base_file
 
@@ -652,9 +652,10 @@ def restore(session: Session, state: dict[str, Any]) -> None:
     actor.version = session.version
     # (no gather: rank 0 alone. A LoRA engine serves base + ΔW merged; sharded, the base is in
     # shards over the ranks, so the merged weights are pushed once all ranks joined: `_join_replicas`)
-    if not (actor.lora and actor.sharded):
-        weights = merged_weights(actor.model) if actor.lora else state["actor"]["model"]
-        engine.update_weights(weights, version=session.version)
+    if actor.lora and not actor.sharded:  # merged, or the adapter to servers that apply it
+        actor.push_weights(engine, session.version)
+    elif not actor.lora:
+        engine.update_weights(state["actor"]["model"], version=session.version)
     engine.set_version(session.version)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

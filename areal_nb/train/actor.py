@@ -38,7 +38,15 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .lora import adapter_state, check_shardable, load_adapter_state, lora_base, merged_weights, wrap_lora
+from .lora import (
+    adapter_state,
+    check_shardable,
+    load_adapter_state,
+    lora_adapter,
+    lora_base,
+    merged_weights,
+    wrap_lora,
+)
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
@@ -632,7 +640,19 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
-        # LoRA: the engine serves base + ΔW merged (its forward stays the plain model's)
+        serves_adapters = self.lora and getattr(engine, "serves_lora_adapters", False)
+        if self.lora and self.sharded:  # every rank takes part in the same gathers: rank 0's engine decides
+            assert self.parallel is not None
+            serves_adapters = self.parallel.broadcast(serves_adapters)
+        elif engine is None and not self.sharded:  # (a DDP replica: nothing to gather or send)
+            return version
+        if serves_adapters:
+            # LoRA on servers that apply adapters themselves: the adapter alone (peft's files)
+            adapter = lora_adapter(self.model, self.adapter_weights() if self.sharded else None)
+            if engine is not None:
+                engine.update_weights(adapter, version=version)
+            return version
+        # LoRA otherwise: the engine serves base + ΔW merged (its forward stays the plain model's)
         weights = serving_weights(self.policy_weights(), self.compute_dtype)
         if engine is not None:
             engine.update_weights(weights, version=version)
