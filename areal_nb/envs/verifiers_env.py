@@ -22,10 +22,12 @@ harness exited non-zero, a reward raised, `Env.run` raised) is rejected with its
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from .errors import EnvironmentServerError
@@ -72,6 +74,10 @@ class VerifiersAgent:
         self.env = env
         self.model = model
         self.sampling = vf.Sampling(**dict(sampling or {}))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._holder: tuple[asyncio.Task[None], asyncio.Event] | None = None
+        self._users = 0
 
     def task(self, row: Mapping[str, Any]) -> Any:
         """The environment's task for a row (its data type validates the row)."""
@@ -99,7 +105,7 @@ class VerifiersAgent:
         try:
             client = vf.EvalClientConfig(base_url=base_url, api_key_var=variable)
             context = vf.ModelContext(model=self.model, client=client, sampling=self.sampling)
-            async with self.env.serving():
+            async with self._serving():
                 episode = await self.env.run_episode(task, context)
         finally:
             os.environ.pop(variable, None)
@@ -107,8 +113,53 @@ class VerifiersAgent:
             raise EnvironmentServerError(f"the verifiers episode failed: {_errors(episode)}")
         return float(sum(trace.reward for trace in episode.traces if trace.agent.trainable))
 
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        """The environment's serving resources (its interception server, shared tool servers) for
+        the episodes in flight: brought up by the first, torn down when the last one ends.
+        `Env.serving()` keeps them on the environment, so concurrent episodes must share one; it
+        is entered and left in one holder task, as an async context must be."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (a Session's, or asyncio.run): fresh state
+            self._loop, self._lock, self._holder, self._users = loop, asyncio.Lock(), None, 0
+        async with self._lock:
+            if self._holder is None:
+                ready: asyncio.Future[None] = loop.create_future()
+                release = asyncio.Event()
+                task = asyncio.create_task(self._hold(ready, release))
+                try:
+                    await ready
+                except BaseException:
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise
+                self._holder = (task, release)
+            self._users += 1
+        try:
+            yield
+        finally:
+            async with self._lock:
+                self._users -= 1
+                if self._users == 0 and self._holder is not None:
+                    (task, release), self._holder = self._holder, None
+                    release.set()
+                    await task
+
+    async def _hold(self, ready: asyncio.Future[None], release: asyncio.Event) -> None:
+        try:
+            async with self.env.serving():
+                ready.set_result(None)
+                await release.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                return
+            raise
+
+    def __getstate__(self) -> dict[str, Any]:  # to a worker process: no event-loop state
+        return {**self.__dict__, "_loop": None, "_lock": None, "_holder": None, "_users": 0}
+
     def close(self) -> None:
-        """Nothing held between episodes (each episode serves the environment for itself)."""
+        """Nothing to stop: the environment is served only while episodes are in flight."""
 
 
 def _local_config(vf: Any, taskset_id: str) -> Any:

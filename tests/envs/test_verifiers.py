@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
 import re
 import sys
@@ -104,8 +105,8 @@ def check_episodes(batch, episodes):
     return pairs
 
 
-def train_two_steps(taskset_id: str, model: str, check_eval: bool = False):
-    agent = VerifiersAgent(taskset_id)
+def train_two_steps(taskset_id: str, model: str, check_eval: bool = False, **agent_kwargs):
+    agent = VerifiersAgent(taskset_id, **agent_kwargs)
     episodes = recorded_episodes(agent)
     rows = task_rows(agent.env.taskset.take(16))
     held_out = task_rows(agent.env.taskset.skip(16).take(4))
@@ -147,19 +148,34 @@ def test_task_rows_are_the_task_data_and_the_agent_rebuilds_the_task():
 @pytest.mark.server  # the environment's interception server on loopback
 def test_an_episode_verifiers_marks_failed_is_an_error_naming_the_cause():
     agent = VerifiersAgent("vf_single_turn")
-    row = task_rows(agent.env.taskset.take(1))[0]
-    # nothing listens on port 9: the harness's model call fails, so the episode does
-    with pytest.raises(
-        EnvironmentServerError,
-        match=r"the verifiers episode failed: ProviderError: All connection attempts failed",
-    ):
-        asyncio.run(agent.run(row, base_url="http://127.0.0.1:9/v1", api_key="k"))
+    rows = task_rows(agent.env.taskset.take(3))
+
+    async def three_at_once():
+        # nothing listens on port 9: each harness's model call fails, so each episode does
+        runs = [
+            agent.run(row, base_url="http://127.0.0.1:9/v1", api_key=f"k{i}") for i, row in enumerate(rows)
+        ]
+        return await asyncio.gather(*runs, return_exceptions=True)
+
+    errors = asyncio.run(three_at_once())
+    for error in errors:
+        assert isinstance(error, EnvironmentServerError)
+        assert "the verifiers episode failed: ProviderError: All connection attempts failed" in str(error)
+    # the concurrent episodes shared one serving of the environment, torn down after the last
+    assert agent._holder is None and agent._users == 0
+    assert not [k for k in os.environ if k.startswith("AREAL_NB_VERIFIERS_KEY_")]  # no key left behind
 
 
 @pytest.mark.slow
 def test_a_single_turn_taskset_trains_two_steps_with_its_rewards():
-    for calls, trace in train_two_steps("vf_single_turn", "tiny-math", check_eval=True):
+    # the agent's sampling reaches the proxy through verifiers (the Session's default is 24 tokens)
+    lengths = []
+    for calls, trace in train_two_steps(
+        "vf_single_turn", "tiny-math", check_eval=True, sampling={"max_tokens": 3}
+    ):
         assert len(calls) == 1 and trace.num_turns == 1
+        lengths.append(len(calls[0].model_response.output_tokens))
+    assert max(lengths) == 3  # the tiny model's answers are longer: cut at 3
 
 
 @pytest.mark.slow
