@@ -15,6 +15,7 @@ from .io_struct import (
     ModelRequest,
     ModelResponse,
 )
+from .lora_adapter import LoraAdapter
 from .vocabulary import (
     CHAT_TEMPLATE_TYPES,
     CREDIT_MODES,
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidRequestError",
     "GenerationConfig",
     "InferenceEngine",
+    "LoraAdapter",
     "ModelRequest",
     "ModelResponse",
     "NotSerializableError",

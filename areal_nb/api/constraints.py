@@ -31,8 +31,15 @@ from areal_nb.errors import InvalidRequestError
 if TYPE_CHECKING:
     import torch
 
-ConstraintKind = Literal["json_schema", "json_object", "regex", "tool_call"]
-CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "tool_call")
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tool_call", "any_tool_call"]
+CONSTRAINT_KINDS: tuple[str, ...] = (
+    "json_schema",
+    "json_object",
+    "regex",
+    "choice",
+    "tool_call",
+    "any_tool_call",
+)
 
 # the separators json.dumps uses by default; no free whitespace
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -47,15 +54,27 @@ def _tag(text: str, tokenizer: Any) -> str:
     return f"<[{added[text]}]>" if text in added else json.dumps(text)
 
 
+def _lark_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class OutputConstraint:
-    """`json_schema` (`schema`), `json_object` (any JSON object), `regex` (`pattern`) or
-    `tool_call` (a call of the function `name` whose arguments match `schema`)."""
+    """What the reply may be:
+
+    - `json_schema`: JSON matching `schema`; `json_object`: any JSON object;
+    - `regex`: text matching `pattern` (whole); `choice`: exactly one of the strings `choices`;
+    - `tool_call`: one call of the function `name`, its arguments matching `schema`;
+    - `any_tool_call`: one call of any of `functions` (name → parameters schema), its arguments
+      matching that function's schema.
+    """
 
     kind: ConstraintKind
     schema: dict[str, Any] | None = None
     pattern: str | None = None
     name: str | None = None
+    choices: tuple[str, ...] | None = None
+    functions: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,14 +84,22 @@ class OutputConstraint:
                 ("schema", self.schema),
                 ("pattern", self.pattern),
                 ("name", self.name),
+                ("choices", None if self.choices is None else list(self.choices)),
+                ("functions", self.functions),
             )
             if v is not None
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutputConstraint:
+        choices = data.get("choices")
         return cls(
-            kind=data["kind"], schema=data.get("schema"), pattern=data.get("pattern"), name=data.get("name")
+            kind=data["kind"],
+            schema=data.get("schema"),
+            pattern=data.get("pattern"),
+            name=data.get("name"),
+            choices=None if choices is None else tuple(choices),
+            functions=data.get("functions"),
         )
 
     def grammar(self, tokenizer: Any = None) -> str:
@@ -85,22 +112,20 @@ class OutputConstraint:
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.pattern or "")
+        if self.kind == "choice":
+            return llguidance.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(_lark_string(c) for c in self.choices or ()) + "\n"
+            )
         if self.kind == "tool_call":
-            schema = dict(self.schema or {"type": "object"})
-            schema.setdefault("x-guidance", _JSON_OPTIONS)
-            head = '\n{"name": ' + json.dumps(self.name) + ', "arguments": '
-            tail = "}\n"
-            open_tag, close_tag = (_tag(t, tokenizer) for t in TOOL_CALL_TAGS)
-            lark = f"start: {open_tag} {json.dumps(head)} args {json.dumps(tail)} {close_tag}\nargs: %json {json.dumps(schema)}\n"
-            return llguidance.LLMatcher.grammar_from_lark(lark)
+            return _tool_call_grammar({self.name or "": self.schema}, tokenizer)
+        if self.kind == "any_tool_call":
+            return _tool_call_grammar(self.functions or {}, tokenizer)
         raise InvalidRequestError(
             f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}"
         )
 
     def check(self) -> OutputConstraint:
         """Raise `InvalidRequestError` naming what the grammar library cannot do; return self."""
-        import llguidance
-
         if self.kind not in CONSTRAINT_KINDS:
             raise InvalidRequestError(
                 f"unknown output constraint kind {self.kind!r}; expected one of {CONSTRAINT_KINDS}"
@@ -115,19 +140,60 @@ class OutputConstraint:
             raise InvalidRequestError("a regex constraint needs a pattern string")
         if self.kind == "tool_call" and not isinstance(self.name, str):
             raise InvalidRequestError("a tool_call constraint needs the function's name")
-        try:
-            error = llguidance.LLMatcher.validate_grammar(self.grammar(), None)
-        except (ValueError, TypeError) as exc:
-            error = str(exc)
-        if error and not error.startswith("WARNING"):
-            what = {
-                "json_schema": "JSON schema",
-                "json_object": "JSON object",
-                "regex": "regex",
-                "tool_call": "tool parameters schema",
-            }[self.kind]
-            raise InvalidRequestError(f"the {what} cannot be enforced by constrained decoding: {error[:300]}")
+        if self.kind == "choice" and (
+            not self.choices or not all(isinstance(c, str) and c for c in self.choices)
+        ):
+            raise InvalidRequestError(
+                f"a choice constraint needs non-empty strings, got {self.choices!r:.80}"
+            )
+        if self.kind == "any_tool_call":
+            if not self.functions:
+                raise InvalidRequestError("an any_tool_call constraint needs at least one function")
+            for name, schema in self.functions.items():  # each alone, so the error names its function
+                if schema is not None and not isinstance(schema, dict):
+                    raise InvalidRequestError(f"the parameters of {name!r} must be a JSON schema object")
+                _enforceable(
+                    OutputConstraint("tool_call", name=name, schema=schema),
+                    f"parameters schema of the tool {name!r}",
+                )
+            return self
+        what = {
+            "json_schema": "JSON schema",
+            "json_object": "JSON object",
+            "regex": "regex",
+            "choice": "choice",
+            "tool_call": f"parameters schema of the tool {self.name!r}",
+        }[self.kind]
+        _enforceable(self, what)
         return self
+
+
+def _enforceable(constraint: OutputConstraint, what: str) -> None:
+    import llguidance
+
+    try:
+        error = llguidance.LLMatcher.validate_grammar(constraint.grammar(), None)
+    except (ValueError, TypeError) as exc:
+        error = str(exc)
+    if error and not error.startswith("WARNING"):
+        raise InvalidRequestError(f"the {what} cannot be enforced by constrained decoding: {error[:300]}")
+
+
+def _tool_call_grammar(functions: dict[str, dict[str, Any] | None], tokenizer: Any) -> str:
+    """One `<tool_call>` block calling one of `functions`, written as the Qwen/Hermes templates
+    write it: the open tag, `\\n{"name": "f", "arguments": {...}}\\n`, the close tag."""
+    import llguidance
+
+    open_tag, close_tag = (_tag(t, tokenizer) for t in TOOL_CALL_TAGS)
+    rules = []
+    for i, (name, parameters) in enumerate(functions.items()):
+        schema = dict(parameters or {"type": "object"})
+        schema.setdefault("x-guidance", _JSON_OPTIONS)
+        head = '\n{"name": ' + json.dumps(name) + ', "arguments": '
+        rules += [f"call_{i}: {_lark_string(head)} args_{i}", f"args_{i}: %json {json.dumps(schema)}"]
+    calls = " | ".join(f"call_{i}" for i in range(len(functions)))
+    start = f"start: {open_tag} ({calls}) {_lark_string('}' + chr(10))} {close_tag}"
+    return llguidance.LLMatcher.grammar_from_lark("\n".join([start, *rules]) + "\n")
 
 
 @lru_cache(maxsize=8)

@@ -213,6 +213,25 @@ def _convert_tool_choice(choice: Any) -> str | dict[str, Any] | None:
     raise AnthropicRequestError(f"tool_choice.type must be auto, any, tool or none, got {kind!r}")
 
 
+def _convert_output_format(config: Any) -> dict[str, Any] | None:
+    """`output_config.format` (Anthropic's structured outputs: a text reply of JSON matching a
+    schema) as the chat `response_format` that asks for the same."""
+    if config is None:
+        return None
+    if not isinstance(config, Mapping):
+        raise AnthropicRequestError("output_config must be an object like {'format': {...}}")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
+        raise AnthropicRequestError(
+            f"output_config.format must be {{'type': 'json_schema', 'schema': {{...}}}}, got {fmt!r:.80}"
+        )
+    if not isinstance(fmt.get("schema"), Mapping):
+        raise AnthropicRequestError("output_config.format needs a 'schema' object")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": dict(fmt["schema"])}}
+
+
 def anthropic_request_to_chat(
     body: Mapping[str, Any], tool_arguments: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -244,6 +263,9 @@ def anthropic_request_to_chat(
         tool_choice = _convert_tool_choice(body.get("tool_choice"))
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
+    response_format = _convert_output_format(body.get("output_config"))
+    if response_format is not None:
+        kwargs["response_format"] = response_format
     if body.get("max_tokens") is not None:
         kwargs["max_completion_tokens"] = body["max_tokens"]
     for key in ("temperature", "top_p", "top_k"):

@@ -43,6 +43,7 @@ from .request_limits import (
 )
 from .structured import (
     constraint_of_format,
+    constraint_of_guided,
     constraint_of_tool_choice,
     request_constraint,
     with_format_instruction,
@@ -475,8 +476,11 @@ async def create_chat_completion(
     tools_list = _normalize_tools(tools)
     check_tools(tools_list, tool_choice)
     constraint = request_constraint(
-        constraint_of_format(response_format, "response_format"),
-        constraint_of_tool_choice(tools_list, tool_choice),
+        {
+            "response_format": constraint_of_format(response_format, "response_format"),
+            "tool_choice": constraint_of_tool_choice(tools_list, tool_choice),
+            **constraint_of_guided(extra_body),
+        }
     )
     record = cache if store is not False else None
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.

@@ -27,7 +27,12 @@ from .completion import (
     generate_for_messages,
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
-from .structured import constraint_of_format, constraint_of_tool_choice, request_constraint
+from .structured import (
+    constraint_of_format,
+    constraint_of_guided,
+    constraint_of_tool_choice,
+    request_constraint,
+)
 from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
 from .tool_specs import check_tools
 
@@ -226,8 +231,11 @@ async def create_response(
             f"text must be an object like {{'format': {{...}}}}, got {text_options!r:.80}"
         )
     constraint = request_constraint(
-        constraint_of_format((text_options or {}).get("format"), "text.format"),
-        constraint_of_tool_choice(chat_tools, tool_choice),
+        {
+            "text.format": constraint_of_format((text_options or {}).get("format"), "text.format"),
+            "tool_choice": constraint_of_tool_choice(chat_tools, tool_choice),
+            **constraint_of_guided(extra_body),
+        }
     )
     response_id = "resp-" + uuid.uuid4().hex[:29]
     interaction, model_response = await generate_for_messages(

@@ -28,7 +28,13 @@ from areal_nb.engine.defaults import (
     DEFAULT_PREFIX_CACHE_TOKENS,
     DEFAULT_SERVER_SINGLE_THREAD_ROWS,
 )
-from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
+from areal_nb.engine.factory import API_KEY_ENV
+from areal_nb.engine.lora_flags import (
+    DEFAULT_MAX_LORAS_PER_BATCH,
+    SGLANG_LORA_TARGET_MODULES,
+    LoraSettings,
+    parse_lora_paths,
+)  # the key's environment variable, shared with the client
 
 # The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
 # socket call of the HTTP thread does too, and a thread that wants it back while the other runs
@@ -112,7 +118,47 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BODY_TIMEOUT,
         help="seconds a request body may take to arrive after its headers (408 after that)",
     )
+    lora = parser.add_argument_group("LoRA adapters (SGLang's flags; docs/guides/lora-and-export.md)")
+    lora.add_argument(
+        "--enable-lora",
+        action="store_true",
+        default=None,
+        help="serve LoRA adapters: /load_lora_adapter, /unload_lora_adapter, lora_path on /generate "
+        "(implied by --lora-paths)",
+    )
+    lora.add_argument("--max-lora-rank", type=int, default=None, help="the largest adapter rank loaded")
+    lora.add_argument(
+        "--lora-target-modules",
+        nargs="*",
+        default=None,
+        choices=SGLANG_LORA_TARGET_MODULES,
+        help="the modules adapters may adapt ('all': any)",
+    )
+    lora.add_argument(
+        "--max-loras-per-batch",
+        type=int,
+        default=DEFAULT_MAX_LORAS_PER_BATCH,
+        help="accepted as SGLang's; this server runs one adapter (or the base) at a time",
+    )
+    lora.add_argument(
+        "--lora-paths",
+        nargs="*",
+        default=None,
+        help="adapters loaded at start: PATH, NAME=PATH or JSON {lora_name, lora_path}",
+    )
     return parser
+
+
+def lora_settings(args: argparse.Namespace) -> LoraSettings | None:
+    """The LoRA flags as SGLang resolves them (ValueError with its message), None if LoRA is off."""
+    if not (args.enable_lora or (args.enable_lora is None and args.lora_paths)):
+        return None
+    return LoraSettings(
+        max_lora_rank=args.max_lora_rank,
+        target_modules=args.lora_target_modules,
+        max_loras_per_batch=args.max_loras_per_batch,
+        lora_paths=parse_lora_paths(args.lora_paths or []),
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -183,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.torch_threads)
+    try:
+        lora = lora_settings(args)
+    except ValueError as exc:
+        print(f"areal-nb engine-server: {exc}", file=sys.stderr)
+        return 2
     model_path = resolve_model_path(args.model)
     engine = LocalEngine(
         model_path,
@@ -203,8 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         admission_max_wait=args.admission_max_wait,
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
+        lora=lora,
     )
-    server = ProxyServer(create_engine_app(engine, settings), host=args.host, port=args.port)
+    try:
+        app = create_engine_app(engine, settings)
+    except ValueError as exc:  # an adapter of --lora-paths that does not load
+        engine.close()
+        print(f"areal-nb engine-server: --lora-paths: {exc}", file=sys.stderr)
+        return 2
+    server = ProxyServer(app, host=args.host, port=args.port)
     return serve_until_signal(server, engine, "engine-server", args.model)
 
 

@@ -45,6 +45,7 @@ def create_engine(
     log_dir: str | None = None,
     on_log: Callable[[int, str], None] | None = None,
     max_context: int | None = None,
+    lora: Any = None,
 ) -> InferenceEngine:
     """An engine serving `model` (a loaded model, or a path for engines that load their own).
 
@@ -52,7 +53,10 @@ def create_engine(
     servers can read); `device` and `dtype` say where the embedded engine keeps its copy.
     `weights_dir` is where new weights are written for servers to load; `log_dir` and
     `on_log(server_index, line)` receive the launched servers' logs; `max_context` is the
-    model's context length (servers do not report it).
+    model's context length (servers do not report it). `lora` (`actor.lora`: `r`,
+    `target_modules`): the servers serve LoRA adapters ("sglang" launches them with the LoRA flags,
+    "remote" expects them started so) and the trainer pushes its adapter to them; the embedded
+    engine ignores it (it is pushed merged weights).
     """
     if spec.type == "local":
         import torch
@@ -94,6 +98,7 @@ def create_engine(
             max_context=max_context,
             max_batch_size=spec.max_batch_size,
             single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
+            lora=lora,
         )
     if spec.type == "remote":
         from .remote import SGLangEngine
@@ -109,6 +114,7 @@ def create_engine(
             config_source=model_path if model_path and Path(model_path).is_dir() else None,
             tokenizer=tokenizer,
             max_context=max_context,
+            lora=lora is not None,
         )
     raise ValueError(
         f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}"

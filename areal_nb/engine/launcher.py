@@ -139,6 +139,31 @@ def sglang_command(
     return cmd + list(extra_args)
 
 
+# Adapters a LoRA run's servers hold at once: the version being served and the next one, loaded
+# while generation is paused before the previous is unloaded (SGLang sizes its adapter memory pool
+# by this; a batch never mixes them, since the pause re-sends every request under the new one).
+LORA_ADAPTERS_PER_BATCH = 2
+
+
+def lora_server_args(rank: int, target_modules: str | Sequence[str]) -> list[str]:
+    """SGLang's LoRA flags for a policy trained with `actor.lora` (rank `rank`, peft's
+    `target_modules`: module names or "all-linear"); `areal-nb engine-server` takes the same."""
+    if isinstance(target_modules, str):
+        # "all-linear", or a peft regex over module paths, which names no modules before loading
+        targets = ["all"]
+    else:  # peft matches name suffixes (`self_attn.q_proj`); SGLang takes the module names
+        targets = list(dict.fromkeys(name.split(".")[-1] for name in target_modules))
+    return [
+        "--enable-lora",
+        "--max-lora-rank",
+        str(int(rank)),
+        "--lora-target-modules",
+        *targets,
+        "--max-loras-per-batch",
+        str(LORA_ADAPTERS_PER_BATCH),
+    ]
+
+
 def engine_server_command(
     model: str,
     *,

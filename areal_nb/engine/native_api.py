@@ -128,6 +128,8 @@ class GenerateRequest(_NullIsDefault):
     logprob_start_len: StrictInt | list[StrictInt] = -1
     top_logprobs_num: StrictInt | list[StrictInt] = 0
     stream: StrictBool = False
+    # the name of a loaded LoRA adapter (one for the batch, or one per prompt; null: the base)
+    lora_path: StrictStr | list[StrictStr | None] | None = None
 
 
 # The control routes' bodies. Types are strict, as SGLang's decoder is: a flag is a JSON boolean
@@ -157,6 +159,34 @@ class UpdateWeightsFromDiskRequest(BaseModel):
     weight_version: StrictStr | None = None
     flush_cache: StrictBool = True
     keep_pause: StrictBool = False
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """`POST /load_lora_adapter` (sglang's `LoadLoRAAdapterReqInput`; `lora_id` is its own)."""
+
+    lora_name: StrictStr
+    lora_path: StrictStr
+    pinned: StrictBool = False
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """`POST /unload_lora_adapter` (sglang's `UnloadLoRAAdapterReqInput`)."""
+
+    lora_name: StrictStr
+
+
+def lora_update_reply(
+    success: bool, error_message: str | None, loaded_adapters: dict[str, str] | None
+) -> dict[str, Any]:
+    """sglang's `LoRAUpdateOutput` as its HTTP route writes it (its request-routing fields are
+    always null over HTTP)."""
+    return {
+        "rid": None,
+        "http_worker_ipc": None,
+        "success": success,
+        "error_message": error_message,
+        "loaded_adapters": loaded_adapters,
+    }
 
 
 class UpdateWeightVersionRequest(BaseModel):

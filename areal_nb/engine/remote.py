@@ -34,6 +34,13 @@ pause → `/update_weights_from_disk` with `weight_version` → continue on ever
 that refuses the folder is asked again with backoff for `weights_wait` s (a folder written on another
 node may not be visible yet), then the update fails naming the path.
 An explicit `abort(rid)` returns the partial output with stop reason "abort".
+
+LoRA (`lora=True`: servers started with `--enable-lora`, `serves_lora_adapters`). `update_weights`
+given a `LoraAdapter` (or a peft adapter folder) writes it under `weights_dir` as
+`adapter-<v>/` (a few MB), then pause → `/load_lora_adapter` under a name of its own for that
+version → `/update_weight_version` → continue on every live server; every request sent afterwards
+(the interrupted ones re-sent too) names it in `lora_path`, and the previous version's adapter is
+unloaded. Full weights are still the base (`/update_weights_from_disk`); the adapter stays on top.
 """
 
 from __future__ import annotations
@@ -58,11 +65,11 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
-from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, ModelResponse
+from areal_nb.api import GenerationConfig, InvalidRequestError, LoraAdapter, ModelRequest, ModelResponse
 from areal_nb.errors import EngineServerError, ServerDownError  # noqa: F401 (re-exported)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
-from .weight_sync import write_weights
+from .weight_sync import write_adapter, write_weights
 
 T = TypeVar("T")
 
@@ -137,6 +144,7 @@ class SGLangEngine:
         max_context: int | None = None,
         check: bool = True,
         weights_wait: float = 120.0,
+        lora: bool = False,
     ) -> None:
         """`addresses`: base URLs (`http://host:port`). `owned_processes`: launcher `ServerProcess`es
         this engine stops on `close()`. `max_context`: the model's context length, which the proxy
@@ -144,7 +152,8 @@ class SGLangEngine:
         does not answer is marked down; none answering is an error) and adopt their weight version.
         `weights_wait`: how long a server's refusal of a weights folder is retried (with backoff)
         before `update_weights` fails: a folder written on one node may reach another node's view
-        of a shared file system (NFS attribute caches) seconds later."""
+        of a shared file system (NFS attribute caches) seconds later. `lora`: the servers serve
+        LoRA adapters, and the trainer pushes its adapter, not merged weights (module docstring)."""
         urls = [addresses] if isinstance(addresses, str) else list(addresses)
         if not urls:
             raise ValueError("SGLangEngine needs at least one server address")
@@ -177,6 +186,9 @@ class SGLangEngine:
         self._rid_counter = itertools.count()
         self._version = 0
         self.weights_wait = weights_wait
+        self.serves_lora_adapters = lora  # the Actor reads this: push the adapter, not merged weights
+        self._adapter: str | None = None  # the loaded adapter every request names (lora_path)
+        self._adapter_count = itertools.count()
         self._pause_epoch = 0
         self._user_aborted: set[str] = set()
         self._attempts: dict[str, tuple[_Server, str]] = {}  # caller rid → (server, server rid)
@@ -302,7 +314,8 @@ class SGLangEngine:
         """New weights on every live server; tokens sampled afterwards carry `version`.
 
         `weights`: a directory the servers can read (under `weights_dir` for engine-server), a
-        `PreTrainedModel` or a state dict (both written under `weights_dir` first)."""
+        `PreTrainedModel` or a state dict (both written under `weights_dir` first); with
+        `lora=True` also a `LoraAdapter` or a peft adapter folder (the module docstring)."""
         self._call(self.aupdate_weights(weights, version))
 
     def abort(self, rid: str) -> None:
@@ -397,6 +410,12 @@ class SGLangEngine:
         await self._on_loop(run())
 
     async def aupdate_weights(self, weights: Any, version: int | None = None) -> None:
+        if isinstance(weights, LoraAdapter) or (
+            isinstance(weights, (str, os.PathLike))
+            and os.path.isfile(os.path.join(weights, "adapter_config.json"))
+        ):
+            await self._aupdate_adapter(weights, version)
+            return
         if isinstance(weights, (str, os.PathLike)):
             path = os.path.abspath(weights)
         else:
@@ -428,29 +447,75 @@ class SGLangEngine:
             finally:
                 await self.aresume()
 
-    async def _update_from_disk_on(self, server: _Server, body: dict[str, Any]) -> None:
-        """`/update_weights_from_disk` on one server; a refusal (the folder not visible there yet,
-        or not complete) is retried with backoff for `weights_wait` s, then raised with the path.
-        A refused update changes nothing on the server (SGLang and engine-server keep the old
-        weights and version), so trying again is safe."""
+    async def _update_from_disk_on(
+        self, server: _Server, body: dict[str, Any], route: str = "/update_weights_from_disk"
+    ) -> None:
+        """`/update_weights_from_disk` (or `/load_lora_adapter`) on one server; a refusal (the
+        folder not visible there yet, or not complete) is retried with backoff for `weights_wait`
+        s, then raised with the path. A refused update changes nothing on the server (SGLang and
+        engine-server keep the old weights, adapters and version), so trying again is safe."""
         deadline = time.monotonic() + self.weights_wait
         delay, attempts = 0.25, 0
+        path = body.get("model_path") or body.get("lora_path")
         while True:
             attempts += 1
             try:
-                await self._post(server, "/update_weights_from_disk", body)
+                await self._post(server, route, body)
                 return
             except ServerDownError:
                 raise
             except (ValueError, EngineServerError) as exc:
+                if "LoRA is not enabled" in str(exc):  # no retry can change a server's flags
+                    raise EngineServerError(
+                        f"engine server {server.url} serves no LoRA adapters ({exc}): start it with "
+                        "--enable-lora --max-lora-rank R --lora-target-modules ... (engine.type: sglang "
+                        "passes them when actor.lora is set)"
+                    ) from exc
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise EngineServerError(
-                        f"engine server {server.url} refused the weights at {body['model_path']} "
-                        f"{attempts} time(s) over {self.weights_wait:g} s; last answer: {exc}"
+                        f"engine server {server.url} refused the {'adapter' if route != '/update_weights_from_disk' else 'weights'} "
+                        f"at {path} {attempts} time(s) over {self.weights_wait:g} s; last answer: {exc}"
                     ) from exc
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 8.0)
+
+    async def _aupdate_adapter(self, adapter: LoraAdapter | str | os.PathLike, version: int | None) -> None:
+        """The adapter on every live server under a new name, used by every request from now on
+        (see the module docstring)."""
+        if not self.serves_lora_adapters:
+            raise ValueError(
+                "this SGLangEngine was not made for LoRA adapters (lora=False): its servers may not "
+                "have been started with --enable-lora"
+            )
+        target = self._version + 1 if version is None else int(version)
+        if isinstance(adapter, LoraAdapter):
+            if self.weights_dir is None:
+                raise ValueError(
+                    "SGLangEngine needs weights_dir (a directory the servers share) to push adapters"
+                )
+            path = str(await asyncio.to_thread(write_adapter, self.weights_dir, target, adapter))
+        else:
+            path = os.path.abspath(adapter)
+        await self._on_loop(self._aload_adapter(path, target))
+
+    async def _aload_adapter(self, path: str, version: int) -> None:
+        # a name per push: a version pushed twice (a restored run) never meets its own name
+        name = f"policy-v{version}-{self._rid_prefix[:8]}-{next(self._adapter_count)}"
+        load = load_adapter_body(name, path)
+        set_version = {"new_version": str(version), "abort_all_requests": False}
+        async with self._update_lock:
+            await self.apause()  # requests in flight come back and are re-sent naming the new adapter
+            try:
+                await self._gather_live(lambda s: self._update_from_disk_on(s, load, "/load_lora_adapter"))
+                await self._gather_live(lambda s: self._post(s, "/update_weight_version", set_version))
+                previous, self._adapter = self._adapter, name
+                self._version = version
+            finally:
+                await self.aresume()
+            if previous is not None:  # (the servers answer once no request names it any more)
+                unload = unload_adapter_body(previous)
+                await self._gather_live(lambda s: self._post(s, "/unload_lora_adapter", unload))
 
     async def aabort(self, rid: str) -> None:
         async def run() -> None:
@@ -492,6 +557,7 @@ class SGLangEngine:
                     g,
                     len(tokens),
                     server_rid(self._rid_prefix, next(self._rid_counter)),
+                    self._adapter,
                 )
                 self._attempts[req.rid] = (server, payload["rid"])
                 out = await self._generate_on(server, payload)
@@ -622,7 +688,9 @@ class SGLangEngine:
             raise ServerDownError(f"engine server {server.url} is down ({server.down})") from exc
         data = _json_or_raise(response, server.url, path)
         if isinstance(data, dict) and data.get("success") is False:
-            raise EngineServerError(f"{server.url}{path} failed: {data.get('message')}")
+            raise EngineServerError(
+                f"{server.url}{path} failed: {data.get('message') or data.get('error_message')}"
+            )
         return data
 
     async def _model_info(self, server: _Server) -> dict[str, Any]:
@@ -708,9 +776,15 @@ def _normalize_url(address: str) -> str:
 
 
 def _generate_payload(
-    input_ids: list[int], max_new: int, g: GenerationConfig, produced: int, rid: str
+    input_ids: list[int],
+    max_new: int,
+    g: GenerationConfig,
+    produced: int,
+    rid: str,
+    lora_path: str | None = None,
 ) -> dict[str, Any]:
-    """The /generate body: only keys of the closed sampling_params set.
+    """The /generate body: only keys of the closed sampling_params set; `lora_path` names the
+    loaded LoRA adapter to generate with (None: the base model).
 
     The set: docs/reference/sglang-api.md, "Generate".
     """
@@ -729,13 +803,27 @@ def _generate_payload(
         params["stop"] = list(g.stop)
     if g.frequency_penalty:
         params["frequency_penalty"] = float(g.frequency_penalty)
-    return {
+    payload = {
         "input_ids": input_ids,
         "rid": rid,
         "sampling_params": params,
         "return_logprob": True,
         "stream": False,
     }
+    if lora_path is not None:
+        payload["lora_path"] = lora_path
+    return payload
+
+
+def load_adapter_body(name: str, path: str) -> dict[str, Any]:
+    """The `/load_lora_adapter` body: the adapter folder `path` under `name` (SGLang's
+    `LoadLoRAAdapterReqInput`; unpinned: SGLang may evict it from its GPU slots when idle)."""
+    return {"lora_name": name, "lora_path": path, "pinned": False}
+
+
+def unload_adapter_body(name: str) -> dict[str, Any]:
+    """The `/unload_lora_adapter` body (SGLang's `UnloadLoRAAdapterReqInput`)."""
+    return {"lora_name": name}
 
 
 def _transport_reason(exc: httpx.TransportError) -> str:
@@ -749,6 +837,8 @@ def _error_message(response: httpx.Response) -> str:
         body = response.json()
     except ValueError:
         return response.text[:500]
+    if isinstance(body, dict) and body.get("error_message"):  # a LoRA route's LoRAUpdateOutput
+        return str(body["error_message"])
     error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         return str(error.get("message", error))

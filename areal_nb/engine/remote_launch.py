@@ -6,7 +6,9 @@ What `engine.type: sglang` means for the Session: `server="sglang"` runs
 machines, and the tests, which exercise this exact path); a list of strings is any other command,
 with `{model}`, `{host}`, `{port}`, `{api_key}`, `{weights_dir}` filled in per server.
 All servers start at once; if one fails, the ones already started are stopped before the error
-(with that server's log tail) is raised.
+(with that server's log tail) is raised. With `lora` (the policy's LoRA settings: `r`,
+`target_modules`) the SGLang and engine-server commands get the LoRA flags
+(`launcher.lora_server_args`) and the engine takes adapter pushes; a command list gets none.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .launcher import ServerProcess, engine_server_command, free_port, sglang_command
+from .launcher import ServerProcess, engine_server_command, free_port, lora_server_args, sglang_command
 from .remote import SGLangEngine
 
 
@@ -40,6 +42,7 @@ def launch_remote_engine(
     max_context: int | None = None,
     max_batch_size: int | None = None,
     single_thread_rows: int | None = None,
+    lora: Any = None,
 ) -> SGLangEngine:
     """Start the servers, wait until every one is healthy, return the engine that owns them.
 
@@ -52,6 +55,8 @@ def launch_remote_engine(
         raise ValueError(f"n_servers must be >= 1, got {n_servers}")
     if ports is not None and len(ports) != n_servers:
         raise ValueError(f"{len(ports)} ports for {n_servers} servers")
+    if lora is not None and server in ("sglang", "engine-server") and "--enable-lora" not in extra_args:
+        extra_args = [*lora_server_args(lora.r, lora.target_modules), *extra_args]
     procs: list[ServerProcess] = []
     try:
         for i in range(n_servers):
@@ -90,6 +95,7 @@ def launch_remote_engine(
             tokenizer=tokenizer,
             owned_processes=procs,
             max_context=max_context,
+            lora=lora is not None,
         )
     except BaseException:
         for proc in procs:

@@ -12,6 +12,12 @@ What `areal-nb engine-server` serves (CPU machines, CI, the cluster export's CPU
 - `/update_weights_from_disk`: when not paused it waits for in-flight generations and holds new ones
   back (sglang's writer lock); when paused it applies at once. Only directories under
   `settings.weights_dir` are read (resolved, so `..` and symlinks cannot leave it).
+- LoRA (`settings.lora`, `--enable-lora`; `lora_serving.py`): `/load_lora_adapter`,
+  `/unload_lora_adapter` and `lora_path` on `/generate`, with SGLang's replies and messages; one
+  adapter (or the base) is in the engine at a time, and a request for another waits at the gate
+  in `_ServingState.admit` until the running batch drains (first come, first served; a request
+  waiting there is not reached by `/abort_request` until it enters). Adapter folders are read
+  only under `settings.weights_dir`.
 - `--api-key`: every route but `/health*` needs `Authorization: Bearer KEY` (401 otherwise).
 Bad input is a 400 and disturbs nothing; our own faults are 500s with a logged traceback.
 `/generate` is served by a plain ASGI route in front of the FastAPI app (`_GenerateRoute`): it is
@@ -29,6 +35,7 @@ import asyncio
 import dataclasses
 import functools
 import hmac
+import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -49,17 +56,22 @@ from areal_nb.errors import BadRequest, BodyError, ContractViolation, HTTPError,
 
 from .admission import DEFAULT_ADMISSION_MAX_WAIT, AdmissionWindow
 from .defaults import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
+from .lora_serving import Adapter, AdapterServing, LoraError, LoraSettings
 from .native_api import (
     AbortRequest,
     GenerateRequest,
+    LoadLoraAdapterRequest,
     PauseRequest,
     SamplingParams,
+    UnloadLoraAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightVersionRequest,
+    lora_update_reply,
     unknown_field_message,
     unknown_sampling_keys,
     version_spans,
 )
+from .weights import read_weights_dir
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +103,8 @@ class EngineServerSettings:
     admission_max_wait: float = DEFAULT_ADMISSION_MAX_WAIT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies → 413 (defaults.py says why)
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # a body not complete this long after its headers → 408
+    # LoRA adapters (`--enable-lora` and its flags; lora_serving.py); None: LoRA is not enabled
+    lora: LoraSettings | None = None
 
 
 class _APIKeyMiddleware:
@@ -207,25 +221,92 @@ def _error_body(exc: Exception) -> dict[str, Any]:
 
 
 class _ServingState:
-    """Pause gate, sglang's model-update lock and the in-flight rids, all on the server's loop."""
+    """Pause gate, sglang's model-update lock and the in-flight rids, all on the server's loop;
+    with LoRA also the adapter gate: one adapter (or the base) in the engine at a time, first
+    come, first served (lora_serving.py)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, adapters: AdapterServing | None = None) -> None:
         self.engine = engine
+        self.adapters = adapters
         self.cond = asyncio.Condition()
         self.paused = False
         self.updating = False
         self.in_flight: dict[str, int] = {}  # rid → 1 (a dict keeps insertion order for prefix aborts)
         self.held: dict[str, int] = {}  # rids waiting in the admission window, not yet in the engine
         self.aborted_while_held: set[str] = set()  # they answer "abort" without reaching the engine
+        self._tickets = itertools.count()
+        self.waiting: dict[int, Adapter | None] = {}  # arrival ticket → adapter, while at the gate
+        self._notifying: set[asyncio.Task] = set()
 
-    async def admit(self, rids: list[str]) -> None:
+    async def admit(self, rids: list[str], adapter: Adapter | None = None) -> None:
+        if self.adapters is None:
+            async with self.cond:
+                await self.cond.wait_for(lambda: not self.paused and not self.updating)
+                self._enter(rids)
+            return
+        ticket = next(self._tickets)
+        self.waiting[ticket] = adapter
+        entered = False
+        try:
+            while True:
+                async with self.cond:
+                    await self.cond.wait_for(lambda: self._may_enter(adapter, ticket))
+                    if adapter is self.adapters.applied:
+                        self._enter(rids)
+                        entered = True
+                        return
+                    self.updating = True  # the switch: nothing in flight, nobody enters meanwhile
+                try:
+                    await asyncio.to_thread(self.adapters.switch, adapter)
+                finally:
+                    async with self.cond:
+                        self.updating = False
+                        self.cond.notify_all()
+        finally:
+            del self.waiting[ticket]
+            if not entered:  # the requests behind this one may go now
+                task = asyncio.get_running_loop().create_task(self.notify())
+                self._notifying.add(task)  # (a task nobody holds may be collected before it runs)
+                task.add_done_callback(self._notifying.discard)
+
+    def _may_enter(self, adapter: Adapter | None, ticket: int) -> bool:
+        if self.paused or self.updating:
+            return False
+        applied = self.adapters.applied if self.adapters is not None else None
+        if adapter is applied:  # unless an earlier request waits for another adapter
+            return not any(t < ticket and a is not applied for t, a in self.waiting.items())
+        return not self.in_flight and ticket == min(self.waiting)
+
+    def _enter(self, rids: list[str]) -> None:
+        duplicates = [r for r in rids if r in self.in_flight or rids.count(r) > 1]
+        if duplicates:
+            raise BadRequest(f"Duplicate request ID detected: {duplicates[0]!r}")
+        for rid in rids:
+            self.in_flight[rid] = 1
+
+    async def notify(self) -> None:
         async with self.cond:
-            await self.cond.wait_for(lambda: not self.paused and not self.updating)
-            duplicates = [r for r in rids if r in self.in_flight or rids.count(r) > 1]
-            if duplicates:
-                raise BadRequest(f"Duplicate request ID detected: {duplicates[0]!r}")
-            for rid in rids:
-                self.in_flight[rid] = 1
+            self.cond.notify_all()
+
+    async def drop_use(self, adapter: Adapter) -> None:
+        async with self.cond:
+            assert self.adapters is not None
+            self.adapters.uses[adapter] -= 1
+            if self.adapters.uses[adapter] <= 0:
+                del self.adapters.uses[adapter]
+            self.cond.notify_all()
+
+    async def exclusive(self, work: Callable[[], Any]) -> Any:
+        """`work()` in a thread while no weight update, adapter load or switch runs."""
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.updating)
+            self.updating = True
+        try:
+            return await asyncio.to_thread(work)
+        finally:
+            async with self.cond:
+                self.updating = False
+                self.cond.notify_all()
 
     async def release(self, rid: str) -> None:
         async with self.cond:
@@ -250,7 +331,10 @@ class _EngineApp:
 
 def create_engine_app(engine: Any, settings: EngineServerSettings | None = None) -> ASGIApp:
     settings = settings or EngineServerSettings()
-    serving = _ServingState(engine)
+    adapters = None
+    if settings.lora is not None:
+        adapters = AdapterServing(engine, settings.lora)  # loads --lora-paths (trusted: the command line)
+    serving = _ServingState(engine, adapters)
     window = AdmissionWindow(
         settings.admission_gap, settings.admission_max_wait, lambda: bool(serving.in_flight)
     )
@@ -276,6 +360,8 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     app.add_api_route("/continue_generation", continue_generation, methods=["POST"])
     app.add_api_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
     app.add_api_route("/update_weight_version", update_weight_version, methods=["POST"])
+    app.add_api_route("/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    app.add_api_route("/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
     app.add_api_route("/model_info", model_info, methods=["GET"])
     app.add_api_route("/get_model_info", model_info, methods=["GET"])
     app.add_api_route("/server_info", server_info, methods=["GET"])
@@ -351,12 +437,20 @@ async def generate(shared: _EngineApp, raw: bytes) -> Any:
             state.held.pop(rid, None)
         aborted = {rid for rid in rids if rid in state.aborted_while_held}
         state.aborted_while_held -= aborted
-    await state.admit(rids)
+    adapter = await _resolve_adapter(shared, body.lora_path, len(items))
+    try:
+        await state.admit(rids, adapter)
+    except BaseException:
+        if adapter is not None:
+            await state.drop_use(adapter)
+        raise
     try:
         outputs = await asyncio.gather(
             *(_run_one(engine, item, item.rid in aborted) for item in items), return_exceptions=True
         )
     finally:
+        if adapter is not None:
+            await state.drop_use(adapter)
         for rid in rids:
             await state.release(rid)
     for out in outputs:
@@ -382,6 +476,82 @@ async def abort_request(request: Request):
             for rid in [r for r in state.in_flight if r.startswith(body.rid)]:
                 engine.abort(rid)
     return JSONResponse(None)
+
+
+async def _resolve_adapter(shared: _EngineApp, lora_path: Any, n: int) -> Adapter | None:
+    """The adapter a /generate call names (counted as in use until the call ends), with SGLang's
+    errors: LoRA not enabled, a name never loaded. A name loaded once and unloaded since is loaded
+    again from its folder, as SGLang does."""
+    names = [p for p in _per_item(lora_path, n, "lora_path") if p]
+    if not names:
+        return None
+    adapters = shared.serving.adapters
+    if adapters is None:
+        raise BadRequest(
+            f"LoRA adapter '{names[0]}' was requested, but LoRA is not enabled. Please launch the server "
+            "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint."
+        )
+    if len(set(names)) > 1 or len(names) < n:
+        raise BadRequest(
+            "areal-nb engine-server serves one LoRA adapter (or the base) per /generate call: "
+            "send the prompts of each adapter in their own call"
+        )
+    name = names[0]
+    if name not in adapters.loaded:
+        if name not in adapters.ever_loaded:
+            raise BadRequest(adapters.unknown(name))
+        try:
+            await shared.serving.exclusive(functools.partial(_load_unless_loaded, adapters, name))
+        except LoraError as exc:
+            raise BadRequest(f"Failed to implicitly load LoRA adapter {name}: {exc}") from None
+    adapter = adapters.loaded[name]
+    adapters.uses[adapter] += 1
+    return adapter
+
+
+def _load_unless_loaded(adapters: AdapterServing, name: str) -> None:
+    if name not in adapters.loaded:  # (another request may have reloaded it meanwhile)
+        adapters.load(name, adapters.ever_loaded[name])
+
+
+async def load_lora_adapter(request: Request):
+    """`POST /load_lora_adapter`: SGLang's `LoRAUpdateOutput`, 200 on success, else 400."""
+    shared = _shared(request)
+    body = LoadLoraAdapterRequest.model_validate(await _body_of(request))
+    adapters = shared.serving.adapters
+    if adapters is None:
+        return _lora_reply(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", None)
+    try:
+        path = _allowed_weights_path(body.lora_path, shared.weights_root)
+    except BadRequest as exc:
+        return _lora_reply(False, str(exc), adapters.loaded_adapters())
+    try:
+        await shared.serving.exclusive(functools.partial(adapters.load, body.lora_name, path))
+    except LoraError as exc:
+        return _lora_reply(False, str(exc), adapters.loaded_adapters())
+    return _lora_reply(True, "", adapters.loaded_adapters())
+
+
+async def unload_lora_adapter(request: Request):
+    """`POST /unload_lora_adapter`: new requests can no longer name the adapter at once; the
+    answer comes when the requests that named it are done (SGLang's order)."""
+    shared = _shared(request)
+    state = shared.serving
+    body = UnloadLoraAdapterRequest.model_validate(await _body_of(request))
+    if state.adapters is None:
+        return _lora_reply(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", None)
+    adapters = state.adapters
+    try:
+        adapter = adapters.unregister(body.lora_name)
+    except LoraError as exc:
+        return _lora_reply(False, str(exc), None)
+    async with state.cond:
+        await state.cond.wait_for(lambda: adapters.uses[adapter] <= 0)
+    return _lora_reply(True, "", adapters.loaded_adapters())
+
+
+def _lora_reply(success: bool, message: str, loaded: dict[str, str] | None) -> JSONResponse:
+    return JSONResponse(lora_update_reply(success, message, loaded), status_code=200 if success else 400)
 
 
 # -------------------------------------------------------------------- pause, weights
@@ -432,7 +602,15 @@ async def update_weights_from_disk(request: Request):
     try:
         if locked:
             await state.wait_idle()
-        await asyncio.to_thread(engine.update_weights, str(path), version)
+        if state.adapters is None:
+            await asyncio.to_thread(engine.update_weights, str(path), version)
+        else:  # the new base, with the adapter the engine serves put back on top
+            adapters = state.adapters
+            await asyncio.to_thread(
+                lambda: adapters.update_base(
+                    read_weights_dir(path), lambda weights: engine.update_weights(weights, version)
+                )
+            )
     except ValueError as exc:
         return JSONResponse(
             {"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400

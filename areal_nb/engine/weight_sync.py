@@ -4,11 +4,13 @@
 a hidden temporary directory beside it, which `os.replace` then renames into place, so a server
 never sees a half-written checkpoint. A `PreTrainedModel` is written with `save_pretrained`
 (safetensors + config); a bare state dict as one `model.safetensors` plus the config files copied
-from `config_source` when given. Older versions beyond `keep` are removed.
+from `config_source` when given. Older versions beyond `keep` are removed. `write_adapter` writes a
+LoRA adapter the same way as peft's folder `dir/adapter-<v>/` (a few MB, for `/load_lora_adapter`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -16,11 +18,29 @@ from pathlib import Path
 from typing import Any
 
 VERSION_PREFIX = "version-"
+ADAPTER_PREFIX = "adapter-"
 _CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 def version_dir(weights_dir: str | os.PathLike, version: int) -> Path:
     return Path(weights_dir) / f"{VERSION_PREFIX}{int(version)}"
+
+
+def write_adapter(weights_dir: str | os.PathLike, version: int, adapter: Any, *, keep: int = 2) -> Path:
+    """Write a LoRA adapter (`areal_nb.api.LoraAdapter`) as peft's folder
+    `weights_dir/adapter-<version>` (adapter_config.json, adapter_model.safetensors), in one
+    atomic step like `write_weights`; older adapter folders beyond `keep` are removed."""
+    from safetensors.torch import save_file
+
+    def write(folder: Path) -> None:
+        tensors = {k: t.detach().to("cpu").contiguous().clone() for k, t in adapter.tensors.items()}
+        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, sort_keys=True))
+
+    root = Path(weights_dir)
+    target = _write_atomically(root, root / f"{ADAPTER_PREFIX}{int(version)}", write)
+    _prune(root, keep=keep, current=target, prefix=ADAPTER_PREFIX)
+    return target
 
 
 def write_weights(
@@ -32,19 +52,29 @@ def write_weights(
     keep: int = 2,
 ) -> Path:
     """Write `weights` (a PreTrainedModel or a state dict) as `weights_dir/version-<version>`."""
-    root = Path(weights_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    target = version_dir(root, version)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
-    try:
+
+    def write(folder: Path) -> None:
         if hasattr(weights, "save_pretrained"):
-            weights.save_pretrained(tmp, safe_serialization=True)
+            weights.save_pretrained(folder, safe_serialization=True)
         elif isinstance(weights, dict):
-            _save_state_dict(weights, tmp, config_source)
+            _save_state_dict(weights, folder, config_source)
         else:
             raise TypeError(
                 f"weights must be a PreTrainedModel or a state dict, got {type(weights).__name__}"
             )
+
+    root = Path(weights_dir)
+    target = _write_atomically(root, version_dir(root, version), write)
+    _prune(root, keep=keep, current=target)
+    return target
+
+
+def _write_atomically(root: Path, target: Path, write: Any) -> Path:
+    """`write(folder)` into a hidden folder beside `target`, then renamed to `target`."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{target.name}-"))
+    try:
+        write(tmp)
         if target.exists():  # rewriting a version: move the old one aside first (rename is atomic)
             old = Path(tempfile.mkdtemp(dir=root, prefix=f".old-{target.name}-"))
             os.replace(target, old / target.name)
@@ -53,7 +83,6 @@ def write_weights(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(root, keep=keep, current=target)
     return target
 
 
@@ -70,12 +99,12 @@ def _save_state_dict(state: dict, folder: Path, config_source: str | os.PathLike
                 shutil.copy2(source, folder / name)
 
 
-def _prune(root: Path, keep: int, current: Path) -> None:
+def _prune(root: Path, keep: int, current: Path, prefix: str = VERSION_PREFIX) -> None:
     versions = []
     for entry in root.iterdir():
-        if entry.is_dir() and entry.name.startswith(VERSION_PREFIX):
+        if entry.is_dir() and entry.name.startswith(prefix):
             try:
-                versions.append((int(entry.name[len(VERSION_PREFIX) :]), entry))
+                versions.append((int(entry.name[len(prefix) :]), entry))
             except ValueError:
                 continue
     versions.sort()

@@ -57,6 +57,7 @@ from areal_nb.capture.completion import (
 from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
 from areal_nb.capture.response_stream import format_response_sse, response_stream_events
 from areal_nb.capture.responses import create_response
+from areal_nb.capture.structured import GUIDED_KEYS
 from areal_nb.errors import HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 
@@ -196,9 +197,15 @@ def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
 
 
 def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
+    """The server-specific options: a literal `extra_body` object, `chat_template_kwargs`, and the
+    regex / choice / JSON options of vLLM and SGLang, which the OpenAI SDK's `extra_body=` puts at
+    the top level of the body."""
     extra = dict(body.extra_body or {})
     if body.chat_template_kwargs is not None:
         extra.setdefault("chat_template_kwargs", body.chat_template_kwargs)
+    for key in GUIDED_KEYS:
+        if (body.model_extra or {}).get(key) is not None:
+            extra.setdefault(key, body.model_extra[key])
     return extra or None
 
 

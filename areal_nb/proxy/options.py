@@ -4,7 +4,8 @@ A client that asks for structured output, a logit bias, alternatives per token o
 an ordinary completion back would act on an answer it did not ask for (and the recorded episode
 would not be the one its author meant to train on). Options that only change how a reply is
 delivered (`seed`, `user`, `parallel_tool_calls`) are accepted as OpenAI's own API accepts them.
-Structured output (`json_object`, `json_schema`) is accepted: the capture layer turns it into a
+Structured output (`json_object`, `json_schema`, a forced or required `tool_choice`, and the
+regex / choice options of vLLM and SGLang clients) is accepted: the capture layer turns it into a
 constraint the engine decodes under (`capture/structured.py`) and refuses, naming it, a schema
 feature the grammar cannot enforce; each token then records the masked distribution it was
 sampled from, which the trainer can replay (`actor.replay_sampling_masks`).

@@ -38,7 +38,7 @@ from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
-from .lora import lora_base, merged_weights, wrap_lora
+from .lora import lora_adapter, lora_base, merged_weights, wrap_lora
 from .memory import check_train_memory
 from .microbatch import split_micro_batches
 from .mismatch import mismatch_report
@@ -633,7 +633,11 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
-        # LoRA: the engine serves base + ΔW merged (its forward stays the plain model's)
+        if self.lora and getattr(engine, "serves_lora_adapters", False):
+            # LoRA on servers that apply adapters themselves: the adapter alone (peft's files)
+            engine.update_weights(lora_adapter(self.model), version=version)
+            return version
+        # LoRA otherwise: the engine serves base + ΔW merged (its forward stays the plain model's)
         weights = serving_weights(
             merged_weights(self.model) if self.lora else self.weights(), self.compute_dtype
         )

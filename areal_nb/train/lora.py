@@ -10,20 +10,25 @@ computes base + adapter itself, so the trainer's forwards (and their fast paths 
 unwrapped base model unchanged. `disable_adapter()` on the wrapper turns the adapters off in
 those same layers: the KL reference is the base model that way, with no second copy.
 
-The engine gets merged weights (`merged_weights`: base + ΔW under the base model's names) at
-each push: the engine's forward stays the plain model's, and the pushed tensors are exactly
-those the trainer's base + adapter computes with.
+The embedded engine gets merged weights (`merged_weights`: base + ΔW under the base model's
+names) at each push: its forward stays the plain model's, and the pushed tensors are exactly
+those the trainer's base + adapter computes with. An engine that serves adapters itself
+(`serves_lora_adapters`: SGLang servers, `areal-nb engine-server`) gets the adapter alone
+(`lora_adapter`: peft's saved tensors and adapter_config.json), a few MB instead of the model.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["LoraConfig", "is_lora_model", "lora_base", "merged_weights", "wrap_lora"]
+from areal_nb.api import LoraAdapter
+
+__all__ = ["LoraConfig", "is_lora_model", "lora_adapter", "lora_base", "merged_weights", "wrap_lora"]
 
 
 @dataclass
@@ -116,3 +121,28 @@ def merged_weights(model: torch.nn.Module, adapters: bool = True) -> dict[str, T
             key = ".".join(p for p in parts if p != "base_layer")
         out[key] = value
     return out
+
+
+@torch.no_grad()
+def lora_adapter(model: torch.nn.Module) -> LoraAdapter:
+    """The active adapter as peft's `save_pretrained` writes it: its tensors (detached copies, in
+    the dtype they train in) under peft's saved names, and adapter_config.json's content."""
+    from peft import get_peft_model_state_dict
+
+    name = model.active_adapter
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+    config = model.peft_config[name].to_dict()
+    config["inference_mode"] = True  # (as save_pretrained writes it)
+    return LoraAdapter(tensors=tensors, config={k: _json_ready(v) for k, v in config.items()})
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value

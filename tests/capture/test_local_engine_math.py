@@ -100,3 +100,46 @@ def test_multi_turn_math_concat_leaves_match_engine_records(local_engine, tiny_t
     assert all(len(c.cache) >= 1 for c in clients) and len(recorder.records) == sum(
         len(c.cache) for c in clients
     )
+
+
+def test_areal_openai_takes_choice_regex_and_required_tool_calls(local_engine, tiny_tokenizer):
+    """The direct client honours what the proxy's doors do: vLLM's `extra_body` options and
+    `tool_choice="required"`, each recorded with the constraint it was sampled under."""
+    import json
+
+    client = ArealOpenAI(local_engine, tiny_tokenizer)
+    say = {
+        "type": "function",
+        "function": {
+            "name": "say",
+            "parameters": {
+                "type": "object",
+                "properties": {"w": {"enum": ["hi", "bye"]}},
+                "required": ["w"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "Is 3 + 5 = 8?"}]
+
+    async def calls():
+        choice = await client.chat.completions.create(
+            messages=messages, max_completion_tokens=20, extra_body={"guided_choice": ["yes", "no"]}
+        )
+        regex = await client.chat.completions.create(
+            messages=messages,
+            max_completion_tokens=20,
+            extra_body={"structured_outputs": {"regex": "[0-9]{2}"}},
+        )
+        tool = await client.chat.completions.create(
+            messages=messages, max_completion_tokens=60, tools=[say], tool_choice="required"
+        )
+        return choice, regex, tool
+
+    choice, regex, tool = asyncio.run(calls())
+    assert choice.choices[0].message.content in ("yes", "no")
+    assert len(regex.choices[0].message.content) == 2 and regex.choices[0].message.content.isdigit()
+    (call,) = tool.choices[0].message.tool_calls
+    assert call.function.name == "say" and json.loads(call.function.arguments)["w"] in ("hi", "bye")
+    kinds = [client.cache[c.id].model_response.sampling_masks.constraint.kind for c in (choice, regex, tool)]
+    assert kinds == ["choice", "regex", "any_tool_call"]

@@ -67,13 +67,20 @@ class ServerUnderTest:
 
 
 def start_engine_server(
-    tmp_dir: Path, *, api_key: str | None = API_KEY, name: str = "server", weights_dir: Path | None = None
+    tmp_dir: Path,
+    *,
+    api_key: str | None = API_KEY,
+    name: str = "server",
+    weights_dir: Path | None = None,
+    extra_args: list[str] = (),
 ) -> ServerProcess:
     port = free_port()
     weights = weights_dir or tmp_dir / "weights"
     weights.mkdir(parents=True, exist_ok=True)
     proc = ServerProcess(
-        engine_server_command("tiny-math", port=port, api_key=api_key, weights_dir=weights),
+        engine_server_command(
+            "tiny-math", port=port, api_key=api_key, weights_dir=weights, extra_args=extra_args
+        ),
         f"http://127.0.0.1:{port}",
         log_path=tmp_dir / f"{name}.log",
     )

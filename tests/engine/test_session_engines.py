@@ -268,3 +268,76 @@ def test_kernel_exit_without_close_stops_the_servers(tmp_path):
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PIDS")]
     pids = [int(p) for p in line.split()[1:]]
     assert len(pids) == 1 and all(process_group_gone(pid) for pid in pids)
+
+
+LORA = {"r": 4, "alpha": 8.0, "target_modules": "all-linear"}
+
+
+def check_lora_session(session, weights: Path, synced_base: bool = False) -> None:
+    """Two steps; every batch the servers sampled is the trainer's base + adapter of its version."""
+    assert session.engine.serves_lora_adapters
+    before = session.rollout()
+    history = session.run(2)
+    assert list(history["version"]) == [1, 2]
+    # step 2 trained on what the servers sampled with version 1's adapter
+    assert (history["logprob_abs_diff_max"] < 1e-4).all()
+    batch = session.rollout()  # with version 2's adapter
+    assert batch.version == 2 and not batch.rejected
+    assert recomputed_logprobs_match(session, batch) < 1e-4
+    # the adapter changed the policy: the base's record no longer matches the trainer
+    assert recomputed_logprobs_match(session, before) > 1e-3
+    pushed = sorted(p.name for p in weights.iterdir() if not p.name.startswith("."))
+    # adapters only, never a model (remote servers get the trainer's base once, at start)
+    assert pushed == ["adapter-1", "adapter-2"] + (["version-0"] if synced_base else [])
+    model_bytes = sum(f.stat().st_size for f in Path(session.engine.config_source).glob("*.safetensors"))
+    adapter_bytes = (weights / "adapter-2" / "adapter_model.safetensors").stat().st_size
+    assert adapter_bytes < model_bytes / 4, (adapter_bytes, model_bytes)
+
+
+def test_a_lora_session_pushes_adapters_to_launched_engine_servers_with_exact_logprobs(tmp_path):
+    """`actor.lora` on the launch path: the server starts with the LoRA flags, each version's
+    adapter (not the model) goes to it, and what it samples is the trainer's base + adapter."""
+    cfg = config(
+        tmp_path,
+        **{
+            "engine.type": "sglang",
+            "engine.launch.command": "engine-server",
+            "engine.launch.n_servers": 1,
+            "actor.lora": LORA,
+            "actor.lr": 5e-3,  # large enough that the adapter moves the log-probs visibly
+        },
+    )
+    with Session(cfg) as session:
+        (proc,) = session.engine.owned_processes
+        flags = proc.command[proc.command.index("--enable-lora") :]
+        assert flags[:5] == ["--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", "all"]
+        check_lora_session(session, tmp_path / "run" / "weights")
+
+
+def test_a_lora_session_pushes_adapters_to_remote_engine_servers_with_exact_logprobs(tmp_path):
+    """The same on two servers someone else started with the LoRA flags (`engine.type: remote`)."""
+    from areal_nb.engine.launcher import lora_server_args
+
+    shared = tmp_path / "shared-weights"
+    flags = lora_server_args(4, "all-linear")
+    procs = [
+        start_engine_server(tmp_path / n, name=n, weights_dir=shared, extra_args=flags) for n in ("a", "b")
+    ]
+    try:
+        cfg = config(
+            tmp_path,
+            **{
+                "engine.type": "remote",
+                "engine.addresses": [p.url for p in procs],
+                "engine.api_key": API_KEY,
+                "engine.weights_dir": str(shared),
+                "actor.lora": LORA,
+                "actor.lr": 5e-3,
+            },
+        )
+        with Session(cfg) as session:
+            check_lora_session(session, shared, synced_base=True)
+            assert all(s["down"] is None and s["assigned"] > 0 for s in session.engine.server_status())
+    finally:
+        for proc in procs:
+            proc.stop()

@@ -7,7 +7,11 @@ SGLang (the version the `sglang` extra pins) is imported from its unpacked wheel
 - every /generate payload `SGLangEngine` builds passes SGLang's schema gate
   (`api_contract.generate_contract_error`) and `SamplingParams(...).verify()`;
 - engine-server's 400s for wrong JSON types are rejected by SGLang's decoders too;
-- engine-server's error bodies decode as SGLang's `GenerateStreamError` / `ErrorBody`.
+- engine-server's error bodies decode as SGLang's `GenerateStreamError` / `ErrorBody`;
+- LoRA (`actor.lora`): the launch flags pass SGLang's parser and its LoRA launch check, and
+  engine-server's parser takes the same flags; `lora_path` on /generate passes the schema gate;
+  `SGLangEngine`'s `/load_lora_adapter` / `/unload_lora_adapter` bodies decode as SGLang's request
+  types, and engine-server's answers on those routes as its `LoRAUpdateOutput`.
 Each check is also shown failing on a deliberately wrong flag, payload or body.
 
 Without the wheel (no network) these tests skip, saying why; under CI=true they fail instead.
@@ -33,7 +37,7 @@ from areal_nb.config import load_config
 from areal_nb.engine import remote_launch
 from areal_nb.engine.factory import create_engine
 from areal_nb.engine.launcher import sglang_command
-from areal_nb.engine.remote import _generate_payload, server_rid
+from areal_nb.engine.remote import _generate_payload, load_adapter_body, server_rid, unload_adapter_body
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.testing import ServedStub
 
@@ -335,3 +339,140 @@ def test_engine_server_error_bodies_have_sglangs_shape(sglang):
         assert answer["code"] == status
     # the shape engine-server used before is refused by SGLang's types
     assert "expected struct ErrorBody" in sglang.ask("error_body", body={"error": "unknown field"})["error"]
+
+
+# ---------------------------------------------------------------------- LoRA
+
+
+@pytest.mark.parametrize(
+    ("targets", "expected"),
+    [
+        ("all-linear", ["all"]),
+        (["q_proj", "v_proj", "down_proj"], ["q_proj", "v_proj", "down_proj"]),
+        (["self_attn.q_proj", "mlp.up_proj"], ["q_proj", "up_proj"]),  # peft's suffixes, SGLang's names
+    ],
+)
+def test_the_lora_session_launch_command_parses_and_passes_sglangs_lora_check(
+    sglang, monkeypatch, tmp_path, targets, expected
+):
+    from areal_nb.cli.engine_server import build_parser, lora_settings
+    from areal_nb.train.lora import LoraConfig
+
+    commands: list[list[str]] = []
+
+    class Recorder:
+        def __init__(self, command, url, **_kw):
+            commands.append(list(command))
+            self.url = url
+
+        def start(self):
+            return self
+
+        def wait_ready(self, **_kw):
+            raise _Captured
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(remote_launch, "ServerProcess", Recorder)
+    cfg = load_config(ROOT / "configs" / "multi_turn_math_qwen1.5b.yaml")
+    lora = LoraConfig(r=16, alpha=32.0, target_modules=targets)
+    with pytest.raises(_Captured):
+        create_engine(
+            cfg.engine, None, None, model_path=str(tmp_path / "m"), weights_dir=str(tmp_path / "w"), lora=lora
+        )
+    args = _parses(sglang, _launch_args(commands[0]))
+    assert (args["enable_lora"], args["max_lora_rank"], args["max_loras_per_batch"]) == (True, 16, 2)
+    assert sorted(args["lora_target_modules"]) == sorted(expected)
+    # engine-server reads the same flags the same way
+    i = commands[0].index("--enable-lora")
+    ours = lora_settings(build_parser().parse_args(commands[0][i:]))
+    assert (ours.max_lora_rank, ours.target_modules, ours.max_loras_per_batch) == (16, expected, 2)
+
+
+def test_wrong_lora_flags_are_refused_by_sglang_and_engine_server_alike(sglang):
+    from areal_nb.cli.engine_server import build_parser, lora_settings
+
+    half = ["--enable-lora", "--max-lora-rank", "8"]  # no target modules and no adapters to infer them
+    answer = sglang.ask("server_args", argv=["--model-path", "/m", *half])
+    assert "you need to specify both --max-lora-rank and --lora-target-modules" in (
+        answer["error"] or "accepted"
+    )
+    with pytest.raises(
+        ValueError, match="you need to specify both --max-lora-rank and --lora-target-modules"
+    ):
+        lora_settings(build_parser().parse_args(half))
+    wrong = ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "c_attn"]
+    answer = sglang.ask("server_args", argv=["--model-path", "/m", *wrong])
+    assert "invalid choice: 'c_attn'" in (answer["error"] or "accepted")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(wrong)
+
+
+def test_generate_payloads_naming_an_adapter_pass_sglangs_contract(sglang):
+    payload = _generate_payload([1, 2, 3], 8, GenerationConfig(), 0, "r", lora_path="policy-v3-0a1b2c3d-0")
+    assert payload["lora_path"] == "policy-v3-0a1b2c3d-0"
+    assert sglang.ask("generate", body=payload, vocab_size=QWEN_VOCAB)["error"] is None
+    payload["lora_path"] = 3
+    answer = sglang.ask("generate", body=payload, vocab_size=QWEN_VOCAB)
+    assert "expected a value or an array of values for OptionalStringOrList" in (
+        answer["error"] or "accepted"
+    )
+
+
+def test_adapter_load_and_unload_bodies_decode_as_sglangs_requests(sglang):
+    load = load_adapter_body("policy-v1-x-0", "/shared/weights/adapter-1")
+    answer = sglang.ask("lora_request", route="/load_lora_adapter", body=load)
+    assert answer["error"] is None and answer["lora_name"] == "policy-v1-x-0"
+    answer = sglang.ask(
+        "lora_request", route="/unload_lora_adapter", body=unload_adapter_body("policy-v1-x-0")
+    )
+    assert answer["error"] is None and answer["lora_name"] == "policy-v1-x-0"
+    wrong = sglang.ask("lora_request", route="/load_lora_adapter", body={"lora_name": "a"})  # no path
+    assert "lora_path" in (wrong["error"] or "accepted")
+
+
+def test_engine_servers_lora_answers_are_sglangs_lora_update_output(sglang, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from areal_nb.engine import LocalEngine
+    from areal_nb.engine.lora_flags import LoraSettings
+    from areal_nb.models import resolve_model_path
+    from areal_nb.train.lora import LoraConfig, wrap_lora
+
+    path = resolve_model_path("tiny-math")
+    wrap_lora(AutoModelForCausalLM.from_pretrained(str(path)), LoraConfig(r=4)).save_pretrained(
+        tmp_path / "a"
+    )
+    lora = LoraSettings(max_lora_rank=8, target_modules=["all"])
+    with LocalEngine(str(path), device="cpu") as engine:
+        apps = [
+            create_engine_app(engine, EngineServerSettings(weights_dir=str(tmp_path), lora=lora)),
+            create_engine_app(engine, EngineServerSettings(weights_dir=str(tmp_path))),  # LoRA off
+        ]
+        calls = [
+            (0, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"}, 200),
+            (0, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"}, 400),  # already loaded
+            (0, "/unload_lora_adapter", {"lora_name": "a"}, 200),
+            (0, "/unload_lora_adapter", {"lora_name": "a"}, 400),  # no longer loaded
+            (1, "/load_lora_adapter", {"lora_name": "a", "lora_path": "a"}, 400),
+        ]
+
+        async def run():
+            replies = []
+            for app_index, route, body, _ in calls:
+                transport = httpx.ASGITransport(app=apps[app_index])
+                async with httpx.AsyncClient(transport=transport, base_url="http://engine") as client:
+                    replies.append(await client.post(route, json=body))
+            return replies
+
+        import asyncio
+
+        replies = asyncio.run(run())
+    for (_, route, body, status), reply in zip(calls, replies, strict=True):
+        assert reply.status_code == status, (route, body, reply.text)
+        assert sglang.ask("lora_reply", body=reply.json())["error"] is None, reply.text
+    # the check can fail: a reply without SGLang's fields is refused
+    assert (
+        "not a LoRAUpdateOutput" in sglang.ask("lora_reply", body={"success": True, "message": ""})["error"]
+    )

@@ -93,6 +93,68 @@ def test_json_object_and_regex_and_tool_call_constraints(local_engine, tiny_toke
     assert body["name"] == "add" and isinstance(body["arguments"]["a"], int)
 
 
+SMALL_INT = {"type": "integer", "minimum": 0, "maximum": 999}
+FUNCTIONS = {
+    "add": {
+        "type": "object",
+        "properties": {"a": SMALL_INT, "b": SMALL_INT},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+    "shout": {
+        "type": "object",
+        "properties": {"word": {"type": "string", "enum": ["hi", "bye"]}},
+        "required": ["word"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_choice_constraint_writes_exactly_one_of_the_choices(local_engine, tiny_tokenizer, reference_model):
+    choices = ("positive", "negative", "a|b (not a regex)")
+    seen = set()
+    for _ in range(12):  # the first token's masked distribution is about 0.54 / 0.25 / 0.21
+        response = _generate(
+            local_engine,
+            tiny_tokenizer,
+            temperature=1.5,
+            constraint=OutputConstraint("choice", choices=choices),
+        )
+        text = tiny_tokenizer.decode(response.output_tokens_without_stop)
+        assert text in choices and response.stop_reason == "stop"
+        seen.add(text)
+        trainer = _trainer_logprobs(reference_model, response, tiny_tokenizer, 1.5, replay=True)
+        assert float((trainer - torch.tensor(response.sampling_masks.logprobs)).abs().max()) < 1e-4
+    assert len(seen) > 1  # sampled, not forced (all 12 alike: p < 1e-3)
+
+
+def test_any_tool_call_calls_one_of_the_functions_with_its_schema(
+    local_engine, tiny_tokenizer, reference_model
+):
+    constraint = OutputConstraint("any_tool_call", functions=FUNCTIONS)
+    names = set()
+    for _ in range(6):
+        response = _generate(
+            local_engine, tiny_tokenizer, temperature=1.0, max_new_tokens=60, constraint=constraint
+        )
+        text = tiny_tokenizer.decode(response.output_tokens_without_stop)
+        assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>"), text
+        body = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+        jsonschema.validate(body["arguments"], FUNCTIONS[body["name"]])
+        names.add(body["name"])
+        trainer = _trainer_logprobs(reference_model, response, tiny_tokenizer, 1.0, replay=True)
+        assert float((trainer - torch.tensor(response.sampling_masks.logprobs)).abs().max()) < 1e-4
+    assert OutputConstraint.from_dict(constraint.to_dict()) == constraint  # what the record carries
+
+
+def test_any_tool_call_names_the_tool_whose_schema_cannot_be_enforced():
+    functions = {**FUNCTIONS, "dedupe": {"type": "array", "uniqueItems": True}}
+    with pytest.raises(InvalidRequestError, match=r"tool 'dedupe'.*uniqueItems"):
+        OutputConstraint("any_tool_call", functions=functions).check()
+    with pytest.raises(InvalidRequestError, match="non-empty strings"):
+        OutputConstraint("choice", choices=()).check()
+
+
 @pytest.mark.parametrize(
     "schema, feature",
     [({"type": "array", "uniqueItems": True}, "uniqueItems"), ({"not": {"type": "string"}}, "not")],

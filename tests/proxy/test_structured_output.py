@@ -163,3 +163,239 @@ def test_agents_sdk_output_type_gets_a_parsed_pydantic_object(local_server, clie
     agent = Agent(name="math", instructions="Answer the question.", model=model, output_type=Answer)
     result = asyncio.run(Runner.run(agent, "What is 12 + 30?", run_config=RunConfig(tracing_disabled=True)))
     assert isinstance(result.final_output, Answer)
+
+
+# ---------------------------------------------------------------- any tool, regex and choice
+# two small tools: with their definitions the prompt still fits tiny-math's 512-token context
+SAY = {
+    "type": "function",
+    "function": {
+        "name": "say",
+        "parameters": {
+            "type": "object",
+            "properties": {"w": {"enum": ["hi", "bye"]}},
+            "required": ["w"],
+            "additionalProperties": False,
+        },
+    },
+}
+NUM = {
+    "type": "function",
+    "function": {
+        "name": "num",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (SAY, NUM)}
+
+
+def test_tool_choice_required_is_a_call_of_one_of_the_tools(local_server, client):
+    import openai
+
+    sid, key = new_session_key(client)
+    sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
+    for _ in range(3):
+        completion = sdk.chat.completions.create(
+            model="tiny-math",
+            messages=[{"role": "user", "content": "What is 3 + 5?"}],
+            max_tokens=80,
+            tools=[SAY, NUM],
+            tool_choice="required",
+        )
+        (call,) = completion.choices[0].message.tool_calls or [None]
+        assert completion.choices[0].finish_reason == "tool_calls", completion.choices[0]
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        constraint = _recorded(local_server, sid, completion.id).model_response.sampling_masks.constraint
+        assert constraint.kind == "any_tool_call" and constraint.functions == SCHEMAS
+
+
+def test_responses_tool_choice_required_is_a_function_call_item(local_server, client):
+    import openai
+
+    _, key = new_session_key(client)
+    sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
+    response = sdk.responses.create(
+        model="tiny-math",
+        input="What is 3 + 5?",
+        max_output_tokens=80,
+        tools=[{"type": "function", **tool["function"]} for tool in (SAY, NUM)],
+        tool_choice="required",
+    )
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+def test_anthropic_tool_choice_any_is_a_tool_use_block(local_server, client):
+    import anthropic
+
+    _, key = new_session_key(client)
+    sdk = anthropic.Anthropic(base_url=local_server.url, api_key=key)
+    tools = [{"name": name, "description": name, "input_schema": schema} for name, schema in SCHEMAS.items()]
+    message = sdk.messages.create(
+        model="tiny-math",
+        max_tokens=80,
+        messages=[{"role": "user", "content": "3 + 5?"}],
+        tools=tools,
+        tool_choice={"type": "any"},
+    )
+    (use,) = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use"
+    jsonschema.validate(use.input, SCHEMAS[use.name])
+
+
+def test_anthropic_output_format_gets_a_parsed_object(local_server, client):
+    import anthropic
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        answer: int = Field(ge=0, le=999)
+
+    sid, key = new_session_key(client)
+    sdk = anthropic.Anthropic(base_url=local_server.url, api_key=key)
+    message = sdk.messages.parse(
+        model="tiny-math",
+        max_tokens=80,
+        messages=[{"role": "user", "content": "What is 12 + 30?"}],
+        output_format=Answer,
+    )
+    assert isinstance(message.parsed_output, Answer)
+    interaction = _recorded(local_server, sid, message.id)
+    assert interaction.model_response.sampling_masks.constraint.kind == "json_schema"
+
+
+@pytest.mark.parametrize(
+    ("extra_body", "kind", "check"),
+    [
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", lambda t: t in ("yes", "no")),
+        ({"guided_choice": ["left", "right"]}, "choice", lambda t: t in ("left", "right")),
+        ({"structured_outputs": {"regex": "[0-9]{1,3}"}}, "regex", str.isdigit),
+        ({"guided_regex": "(yes|no), [a-z]{2,5}"}, "regex", lambda t: t.split(", ")[0] in ("yes", "no")),
+        (
+            {"regex": "[A-Z][a-z]{0,6}"},
+            "regex",
+            lambda t: t[:1].isupper() and t[1:].islower() | (t[1:] == ""),
+        ),
+        ({"guided_json": ANSWER}, "json_schema", lambda t: set(json.loads(t)) == {"answer"}),
+    ],
+    ids=[
+        "vllm-choice",
+        "vllm-guided-choice",
+        "vllm-regex",
+        "vllm-guided-regex",
+        "sglang-regex",
+        "guided-json",
+    ],
+)
+def test_regex_and_choice_where_vllm_and_sglang_clients_send_them(
+    local_server, client, extra_body, kind, check
+):
+    import openai
+
+    sid, key = new_session_key(client)
+    sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
+    completion = sdk.chat.completions.create(
+        model="tiny-math",
+        messages=[{"role": "user", "content": "Is 3 + 5 = 8?"}],
+        max_tokens=40,
+        extra_body=extra_body,
+    )
+    text = completion.choices[0].message.content
+    assert completion.choices[0].finish_reason == "stop" and check(text), text
+    masks = _recorded(local_server, sid, completion.id).model_response.sampling_masks
+    assert masks.constraint.kind == kind
+
+
+def test_responses_take_the_same_choice_option(local_server, client):
+    import openai
+
+    _, key = new_session_key(client)
+    sdk = openai.OpenAI(base_url=local_server.url + "/v1", api_key=key)
+    response = sdk.responses.create(
+        model="tiny-math",
+        input="Is 3 + 5 = 8?",
+        max_output_tokens=20,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert response.output_text in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "tools": [
+                    ADD,
+                    {
+                        **SAY,
+                        "function": {
+                            **SAY["function"],
+                            "parameters": {"type": "array", "uniqueItems": True},
+                        },
+                    },
+                ],
+                "tool_choice": "required",
+            },
+            ["tool 'say'", "uniqueItems"],
+        ),
+        ("/v1/chat/completions", {"guided_grammar": "root ::= 'a'"}, ["guided_grammar", "not supported"]),
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"grammar": "start: 'a'"}},
+            ["structured_outputs.grammar"],
+        ),
+        ("/v1/chat/completions", {"regex": "(?=a)b"}, ["regex", "look-around"]),
+        ("/v1/chat/completions", {"guided_choice": []}, ["guided_choice", "non-empty list"]),
+        (
+            "/v1/chat/completions",
+            {"guided_regex": "[0-9]+", "response_format": {"type": "json_object"}},
+            ["response_format and guided_regex cannot both"],
+        ),
+        (
+            "/v1/responses",
+            {"text": {"format": {"type": "json_object"}}, "guided_choice": ["a"]},
+            ["text.format and guided_choice"],
+        ),
+        (
+            "/v1/messages",
+            {"output_config": {"format": {"type": "json_schema", "schema": {"not": {}}}}},
+            ["not"],
+        ),
+        ("/v1/messages", {"output_config": {"format": {"type": "xml"}}}, ["output_config.format must be"]),
+    ],
+    ids=[
+        "required-tool-schema",
+        "grammar",
+        "structured-grammar",
+        "lookaround",
+        "empty-choice",
+        "two-sources",
+        "responses-two",
+        "anthropic-not",
+        "anthropic-xml",
+    ],
+)
+def test_unsupported_constraints_are_400s_that_name_them(client, path, body, named):
+    _, key = new_session_key(client)
+    if path == "/v1/responses":
+        request = {"model": "tiny-math", "input": "hi", **body}
+    elif path == "/v1/messages":
+        request = {
+            "model": "tiny-math",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            **body,
+        }
+    else:
+        request = {"model": "tiny-math", "messages": [{"role": "user", "content": "hi"}], **body}
+    r = client.post(path, headers={"Authorization": f"Bearer {key}"}, json=request)
+    assert r.status_code == 400, r.text
+    message = json.dumps(r.json())
+    for part in named:
+        assert part in message, message
