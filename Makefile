@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install slurm-packages sglang-wheel demo demo-tools test test-fast lint fix-lint docs bench gpu-wheels clean
+.PHONY: install verifiers-venv slurm-packages sglang-wheel demo demo-tools test test-fast test-verifiers lint fix-lint docs bench gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,10 +27,32 @@ demo-tools: install
 
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
 # the import-linter layer contracts (tests/test_layers.py), the docs build in strict mode
-# (tests/test_docs.py) and the checks against SGLang's own code (sglang-wheel below). -rs prints
-# why a test skipped.
-test: install lint slurm-packages sglang-wheel
-	$(BIN)/python -m pytest -x -q -rs tests
+# (tests/test_docs.py), the checks against SGLang's own code (sglang-wheel below) and the
+# `verifiers` environments in their own virtualenv (test-verifiers below). -rs prints why a test
+# skipped.
+test: install lint slurm-packages sglang-wheel verifiers-venv
+	$(BIN)/python -m pytest -x -q -rs -m "not verifiers" tests
+	$(MAKE) test-verifiers
+
+# `verifiers` environments (tests/envs/test_verifiers.py, marker `verifiers`). The pinned release
+# (the `verifiers` extra) needs openai<3 and .venv has openai 3, so they run in .venv-verifiers: a
+# virtualenv that sees .venv's packages through a .pth file (after its own) and holds only what
+# `verifiers` adds or pins differently (openai 2, mcp 2, prime-*): no second torch, about a minute.
+# pip never uninstalls .venv's copies (they are outside this environment); its own ones come first.
+VF_VENV := .venv-verifiers
+VF_BIN := $(VF_VENV)/bin
+$(VF_BIN)/.installed: pyproject.toml $(BIN)/.installed
+	test -x $(VF_BIN)/python || $(PY) -m venv $(VF_VENV)
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(VF_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/areal-nb-main-venv.pth"
+	$(VF_BIN)/pip install -q $(TORCH_PIN) -e '.[verifiers]'
+	touch $@
+
+verifiers-venv: $(VF_BIN)/.installed
+
+test-verifiers: verifiers-venv
+	$(VF_BIN)/python -c 'import verifiers.v1, openai; print("verifiers", verifiers.__version__, "openai", openai.__version__)'
+	$(VF_BIN)/python -m pytest -x -q -rs -m verifiers tests/envs/test_verifiers.py
 
 # The habits, before any test runs: lint rules and formatting (ruff; rules in pyproject.toml), the type
 # checker over the public API ([tool.mypy] files) and the layer contracts (import-linter).
@@ -99,4 +121,4 @@ gpu-wheels:
 	@du -sh $(GPU_WHEELS); ls $(GPU_WHEELS) | wc -l
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) $(VF_VENV) runs .pytest_cache site

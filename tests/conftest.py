@@ -86,7 +86,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     only under -rs). `slurm` is the folder tests/slurm/, a keyword of every test in it."""
     for report in terminalreporter.stats.get("skipped", []):
         for kind in ("browser", "slurm"):
-            if kind in report.keywords and isinstance(report.longrepr, tuple):
+            # a module skipped as a whole is a CollectReport, which has no keywords
+            if kind in getattr(report, "keywords", ()) and isinstance(report.longrepr, tuple):
                 reason = report.longrepr[2].removeprefix("Skipped: ")
                 terminalreporter.write_sep("!", f"{kind} test skipped", yellow=True)
                 terminalreporter.write_line(f"{report.nodeid}: {reason}", yellow=True)

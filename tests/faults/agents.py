@@ -31,7 +31,9 @@ class BlockedAgent:
 
 class StubbornAgent:
     """Every other episode after the first (the Session's first-episode check) swallows every
-    exception in its retry loop, cancellation included, and never returns."""
+    exception in its retry loop, cancellation included, and never returns. (Not GeneratorExit:
+    the coroutine of an abandoned episode is closed when the interpreter exits, and one that
+    swallowed that too would spin for ever in the exiting process.)"""
 
     def __init__(self) -> None:
         self._count = itertools.count()
@@ -42,7 +44,7 @@ class StubbornAgent:
             while True:
                 try:
                     await asyncio.sleep(0.05)
-                except:  # noqa: E722 - the point: a bare except that catches CancelledError too
+                except (Exception, asyncio.CancelledError):  # the point: cancellation swallowed too
                     pass
         return await _one_call(data, kw)
 

@@ -1,0 +1,180 @@
+"""`verifiers` environments as agents: one episode is the environment's own rollout, its model
+calls through the proxy, its reward the environment's.
+
+A `verifiers` (0.4, `verifiers.v1`) environment is a taskset (typed tasks with their `@reward`s),
+the seats that play it (`AgentConfig`s, each with a harness: the program that talks to the
+model) and `Env.run` (how one task becomes one episode). Every model call of a harness goes to
+the environment's interception server on loopback, which relays it unchanged to the run's
+OpenAI-compatible endpoint — here the proxy, with the episode's key. So the proxy records exactly
+the tokens behind each reply the harness received, and the trace's reward (its `@reward`s,
+weighted and summed by `verifiers`) is the episode's.
+
+    import verifiers.v1 as vf
+    env = vf.load_environment(vf.EnvConfig(taskset={"id": "my_taskset"}))
+    agent = VerifiersAgent(env)
+    Session(dataset=task_rows(env.taskset.take(64)),
+            eval_dataset=task_rows(env.taskset.skip(64).take(16)), agent__workflow=agent)
+
+A task row is the task's own data (`TaskData` as JSON); the agent rebuilds the task from it, so
+any rows the taskset's data type accepts will do. An episode `verifiers` marks failed (the
+harness exited non-zero, a reward raised, `Env.run` raised) is rejected with its errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from .errors import EnvironmentServerError
+
+KEY_VARIABLE_PREFIX = "AREAL_NB_VERIFIERS_KEY_"
+
+
+def _verifiers():
+    try:
+        import verifiers.v1 as vf
+    except ImportError as exc:  # the optional extra
+        raise ImportError(
+            "VerifiersAgent needs the `verifiers` package (0.4): pip install 'areal_nb[verifiers]'"
+        ) from exc
+    return vf
+
+
+def task_rows(tasks: Iterable[Any], limit: int | None = None) -> list[dict[str, Any]]:
+    """The Session's rows for a taskset (or any view of one: `taskset.take(n)`, `.skip(n)`,
+    `.shuffle(seed)`): each task's data as plain JSON. `limit` caps an infinite taskset."""
+    source = tasks if limit is None else itertools.islice(tasks, limit)
+    return [task.data.model_dump(mode="json", exclude_defaults=True) for task in source]
+
+
+class VerifiersAgent:
+    """Plays one `verifiers` episode per task row and returns the environment's reward.
+
+    `env`: a `verifiers.v1.Env`, or the id of an installed taskset (loaded by name, its own
+    environment or `SingleAgentEnv`, each seat in the local subprocess runtime). `model`: the
+    model name the harness sends (the proxy tags calls with it). `sampling`: the `verifiers`
+    sampling fields for every call (e.g. `{"max_tokens": 64}`); None leaves the proxy's
+    defaults. The reward is the sum of the trainable seats' trace rewards (for a single-agent
+    environment: its one trace's reward).
+    """
+
+    def __init__(
+        self, env: Any, *, model: str = "default", sampling: Mapping[str, Any] | None = None
+    ) -> None:
+        vf = _verifiers()
+        if isinstance(env, str):
+            env = vf.load_environment(_local_config(vf, env))
+        if not isinstance(env, vf.Env):
+            raise TypeError(f"env must be a verifiers.v1.Env or a taskset id, got {type(env).__name__}")
+        self.env = env
+        self.model = model
+        self.sampling = vf.Sampling(**dict(sampling or {}))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._holder: tuple[asyncio.Task[None], asyncio.Event] | None = None
+        self._users = 0
+
+    def task(self, row: Mapping[str, Any]) -> Any:
+        """The environment's task for a row (its data type validates the row)."""
+        task_cls = type(self.env.taskset).task_type()
+        data = task_cls.data_type().model_validate(dict(row))
+        return task_cls(data, self.env.taskset.config.task)
+
+    async def run(
+        self,
+        data: dict[str, Any],
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **_unused: Any,
+    ) -> float:
+        vf = _verifiers()
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        if not base_url:
+            raise ValueError("VerifiersAgent.run needs base_url (the proxy's /v1 URL)")
+        task = self.task(data)
+        # verifiers reads the endpoint's key from an environment variable by name: one name per
+        # episode, so concurrent episodes each reach the proxy with their own session key.
+        variable = KEY_VARIABLE_PREFIX + uuid.uuid4().hex
+        os.environ[variable] = api_key
+        try:
+            client = vf.EvalClientConfig(base_url=base_url, api_key_var=variable)
+            context = vf.ModelContext(model=self.model, client=client, sampling=self.sampling)
+            async with self._serving():
+                episode = await self.env.run_episode(task, context)
+        finally:
+            os.environ.pop(variable, None)
+        if not episode.ok:
+            raise EnvironmentServerError(f"the verifiers episode failed: {_errors(episode)}")
+        return float(sum(trace.reward for trace in episode.traces if trace.agent.trainable))
+
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        """The environment's serving resources (its interception server, shared tool servers) for
+        the episodes in flight: brought up by the first, torn down when the last one ends.
+        `Env.serving()` keeps them on the environment, so concurrent episodes must share one; it
+        is entered and left in one holder task, as an async context must be."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (a Session's, or asyncio.run): fresh state
+            self._loop, self._lock, self._holder, self._users = loop, asyncio.Lock(), None, 0
+        async with self._lock:
+            if self._holder is None:
+                ready: asyncio.Future[None] = loop.create_future()
+                release = asyncio.Event()
+                task = asyncio.create_task(self._hold(ready, release))
+                try:
+                    await ready
+                except BaseException:
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise
+                self._holder = (task, release)
+            self._users += 1
+        try:
+            yield
+        finally:
+            async with self._lock:
+                self._users -= 1
+                if self._users == 0 and self._holder is not None:
+                    (task, release), self._holder = self._holder, None
+                    release.set()
+                    await task
+
+    async def _hold(self, ready: asyncio.Future[None], release: asyncio.Event) -> None:
+        try:
+            async with self.env.serving():
+                ready.set_result(None)
+                await release.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                return
+            raise
+
+    def __getstate__(self) -> dict[str, Any]:  # to a worker process: no event-loop state
+        return {**self.__dict__, "_loop": None, "_lock": None, "_holder": None, "_users": 0}
+
+    def close(self) -> None:
+        """Nothing to stop: the environment is served only while episodes are in flight."""
+
+
+def _local_config(vf: Any, taskset_id: str) -> Any:
+    """The run config of a taskset by id, every seat in the local subprocess runtime."""
+    config_type = vf.env_config_type(taskset_id)
+    seats = {
+        name: {"runtime": {"type": "subprocess"}}
+        for name, field in config_type.model_fields.items()
+        if isinstance(field.default, vf.AgentConfig)
+    }
+    return config_type.model_validate({"taskset": {"id": taskset_id}, **seats})
+
+
+def _errors(episode: Any) -> str:
+    errors = [*episode.errors, *(e for trace in episode.traces for e in trace.errors)]
+    if not errors:
+        return "no error recorded"
+    return "; ".join(f"{e.type}: {e.message}" for e in errors)[-2000:]

@@ -1,0 +1,210 @@
+"""`verifiers` environments train through the proxy unchanged: a single-turn taskset, a multi-turn
+environment (the environment plays the user) and a tool-using harness, each defined here
+(tests/envs/vf/) against the pinned `verifiers` release and played by `VerifiersAgent`.
+
+`verifiers` 0.4 needs openai<3, so these tests run in their own virtualenv, .venv-verifiers
+(`make test-verifiers`, which `make test` runs, and which fails if `verifiers` does not import
+there); elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import re
+import sys
+
+import pydantic
+import pytest
+
+from areal_nb import Session
+from areal_nb.envs import EnvironmentServerError, VerifiersAgent, task_rows
+
+HERE = pathlib.Path(__file__).parent
+
+try:
+    import verifiers.v1 as vf
+except ImportError:  # .venv (openai 3); `make test-verifiers` checks the import before it runs these
+    pytest.skip("verifiers is not installed: make test-verifiers runs these tests", allow_module_level=True)
+
+pytestmark = pytest.mark.verifiers
+
+SMALL = {
+    "rollout__batch_size": 2,
+    "rollout__group_size": 2,
+    "rollout__max_concurrent_rollouts": 4,
+    "logging__progress": False,
+    "rollout__prefetch": False,
+    "model__dtype": "float32",
+    "rollout__max_new_tokens": 24,
+}
+
+
+@pytest.fixture(autouse=True)
+def environments_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE / "vf"))
+    yield
+    for name in [m for m in sys.modules if m.startswith("vf_")]:
+        del sys.modules[name]
+
+
+def recorded_episodes(agent):
+    """Every episode `verifiers` returns to the agent, to compare with what the proxy recorded."""
+    episodes = []
+    original = agent.env.run_episode
+
+    async def recording(task, ctx, **kwargs):
+        episode = await original(task, ctx, **kwargs)
+        episodes.append(episode)
+        return episode
+
+    agent.env.run_episode = recording
+    return episodes
+
+
+def seen_by_env(message) -> tuple[str, list]:
+    """An assistant message of a `verifiers` trace: its text and its tool calls (name, arguments)."""
+    calls = [(c.name, json.loads(c.arguments)) for c in message.tool_calls or []]
+    return (message.content or "").strip(), calls
+
+
+def recorded_by_proxy(tok, call) -> tuple[str, list]:
+    """The same for a call the proxy recorded, read from the recorded output tokens alone (a tool
+    call in the tiny models' `<tool_call>{"name", "arguments"}</tool_call>` form)."""
+    text = tok.decode(call.model_response.output_tokens, skip_special_tokens=True)
+    if call.completion.choices[0].message.tool_calls:
+        calls = [json.loads(m) for m in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)]
+        return "", [(c["name"], c["arguments"]) for c in calls]
+    return text.strip(), []
+
+
+def check_episodes(batch, episodes):
+    """Each proxy episode is one `verifiers` episode of its row: the replies the environment's client
+    received are the recorded tokens, call by call, and the episode's reward is the trace's reward.
+    Returns the matched (calls, trace) pairs."""
+    tok = batch.tokenizer
+    pairs = []
+    for i, episode in enumerate(batch.episodes):
+        calls = sorted(batch.calls(i), key=lambda c: c.created_at)
+        recorded = [recorded_by_proxy(tok, c) for c in calls]
+        matches = [
+            trace
+            for e in episodes
+            if e.task.data.model_dump(mode="json", exclude_defaults=True) == episode.data
+            for trace in e.traces
+            if [seen_by_env(m) for m in trace.assistant_messages] == recorded
+        ]
+        assert matches, f"no verifiers episode of {episode.data} received {recorded}"
+        trace = matches[0]
+        assert batch.episode_return(i) == trace.reward
+        assert trace.reward == float(last_number(trace.last_reply) == episode.data["answer"])
+        assert calls[0].messages[0] == {"role": "user", "content": episode.data["prompt"]}
+        pairs.append((calls, trace))
+    return pairs
+
+
+def train_two_steps(taskset_id: str, model: str, check_eval: bool = False, **agent_kwargs):
+    agent = VerifiersAgent(taskset_id, **agent_kwargs)
+    episodes = recorded_episodes(agent)
+    rows = task_rows(agent.env.taskset.take(16))
+    held_out = task_rows(agent.env.taskset.skip(16).take(4))
+    with Session(dataset=rows, eval_dataset=held_out, agent__workflow=agent, model__path=model, **SMALL) as s:
+        history = s.run(2)
+        assert history["step"].tolist() == [1, 2] and s.version == 2
+        batch = s.last_batch
+        assert batch.accepted and not batch.rejected
+        pairs = check_episodes(batch, episodes)
+        if check_eval:  # the held-out tasks are environment episodes too
+            result = s.evaluate()
+            assert result.n == len(held_out) and result.rejected == 0
+            assert [ep.data for ep in result.batch.episodes] == held_out
+            check_episodes(result.batch, episodes)
+    return pairs
+
+
+def last_number(text: str) -> int | None:
+    numbers = re.findall(r"-?\d+", text)
+    return int(numbers[-1]) if numbers else None
+
+
+def test_task_rows_are_the_task_data_and_the_agent_rebuilds_the_task():
+    agent = VerifiersAgent("vf_single_turn")
+    assert isinstance(agent.env, vf.SingleAgentEnv)
+    assert agent.env.config.agent.runtime.type == "subprocess"  # loaded by name: the seat runs here
+    rows = task_rows(agent.env.taskset.take(3))
+    first = next(iter(agent.env.taskset))
+    assert rows[0] == {"idx": 0, "prompt": first.data.prompt, "answer": first.data.answer}
+    assert [r["idx"] for r in task_rows(agent.env.taskset.skip(20))] == [20, 21, 22, 23]
+    task = agent.task(rows[1])
+    assert type(task).__name__ == "SumTask" and task.data.answer == rows[1]["answer"]
+    with pytest.raises(pydantic.ValidationError):
+        agent.task({"prompt": "What is 1 + 1?"})  # the task's data type checks the row
+    with pytest.raises(TypeError, match="verifiers.v1.Env or a taskset id"):
+        VerifiersAgent(object())
+
+
+@pytest.mark.server  # the environment's interception server on loopback
+def test_an_episode_verifiers_marks_failed_is_an_error_naming_the_cause():
+    agent = VerifiersAgent("vf_single_turn")
+    rows = task_rows(agent.env.taskset.take(3))
+
+    async def three_at_once():
+        # nothing listens on port 9: each harness's model call fails, so each episode does
+        runs = [
+            agent.run(row, base_url="http://127.0.0.1:9/v1", api_key=f"k{i}") for i, row in enumerate(rows)
+        ]
+        return await asyncio.gather(*runs, return_exceptions=True)
+
+    errors = asyncio.run(three_at_once())
+    for error in errors:
+        assert isinstance(error, EnvironmentServerError)
+        assert "the verifiers episode failed: ProviderError: All connection attempts failed" in str(error)
+    # the concurrent episodes shared one serving of the environment, torn down after the last
+    assert agent._holder is None and agent._users == 0
+    assert not [k for k in os.environ if k.startswith("AREAL_NB_VERIFIERS_KEY_")]  # no key left behind
+
+
+@pytest.mark.slow
+def test_a_single_turn_taskset_trains_two_steps_with_its_rewards():
+    # the agent's sampling reaches the proxy through verifiers (the Session's default is 24 tokens)
+    lengths = []
+    for calls, trace in train_two_steps(
+        "vf_single_turn", "tiny-math", check_eval=True, sampling={"max_tokens": 3}
+    ):
+        assert len(calls) == 1 and trace.num_turns == 1
+        lengths.append(len(calls[0].model_response.output_tokens))
+    assert max(lengths) == 3  # the tiny model's answers are longer: cut at 3
+
+
+@pytest.mark.slow
+def test_a_multi_turn_environment_trains_two_steps_with_its_rewards():
+    from vf_multi_turn import RETRY
+
+    retried = 0
+    for calls, _trace in train_two_steps("vf_multi_turn", "tiny-math"):
+        assert 1 <= len(calls) <= 2
+        if len(calls) == 2:  # the environment's user turn reached the model after the first reply
+            first_reply = calls[0].completion.choices[0].message.content
+            assert calls[1].messages[-2:] == [
+                {"role": "assistant", "content": first_reply},
+                {"role": "user", "content": RETRY},
+            ]
+            retried += 1
+    assert retried > 0  # the tiny model rarely sums right: most episodes take the second turn
+
+
+@pytest.mark.slow
+def test_a_tool_using_environment_trains_two_steps_with_its_rewards():
+    with_tools = 0
+    for calls, trace in train_two_steps("vf_tools", "tiny-tools"):
+        tool_calls = [c for c in calls if c.completion.choices[0].message.tool_calls]
+        assert len(trace.tool_messages) == sum(
+            len(c.completion.choices[0].message.tool_calls) for c in tool_calls
+        )
+        if tool_calls:  # the harness ran the tool and sent its result back in the next call
+            result = trace.tool_messages[0].content
+            assert calls[1].messages[-1]["role"] == "tool" and calls[1].messages[-1]["content"] == result
+            with_tools += 1
+    assert with_tools > 0  # tiny-tools is warm-started to call the calculator
