@@ -31,6 +31,7 @@ The tree:
     ├── EngineServerError (RuntimeError)    an engine server answered an error or broke the protocol
     │   └── ServerDownError                 the server that held a request is down
     ├── ServerLaunchError (RuntimeError)    an engine server exited or never became healthy at start-up
+    ├── LoraError (ValueError)          a LoRA adapter or flag the engine-server does not load or serve
     ├── ProxyRequestError (RuntimeError)    a proxy endpoint answered an error (client side; `status`)
     ├── EpisodeRejected                     an episode ran but must not be trained on
     ├── RewardError (RuntimeError)          a reward could not be computed
@@ -227,6 +228,11 @@ class ServerDownError(EngineServerError):
 
 class ServerLaunchError(ArealError, RuntimeError):
     """The server process exited (or never became healthy) during start-up."""
+
+
+class LoraError(ArealError, ValueError):
+    """A LoRA adapter (or launch flag) the engine-server does not load or serve; its message is
+    SGLang's answer to the client."""
 
 
 # Status codes that mean "try again later" rather than "your request is wrong".
@@ -435,6 +441,7 @@ __all__ = [
     "InvalidRequestError",
     "JudgeError",
     "LeaderFailed",
+    "LoraError",
     "MessageTypeError",
     "MissingRewardWarning",
     "NotSerializableError",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from areal_nb.errors import LoraError
+
 # SGLang's `--lora-target-modules` choices (`sglang.srt.utils.common.SUPPORTED_LORA_TARGET_MODULES`
 # and "all"), so a flag one refuses the other refuses too.
 LORA_TARGET_ALL = "all"
@@ -46,10 +48,6 @@ _FUSED = {
     "kv_a_proj_with_mqa": "fused_qkv_a_proj_with_mqa",
 }
 DEFAULT_MAX_LORAS_PER_BATCH = 8  # SGLang's default
-
-
-class LoraError(ValueError):
-    """An adapter this server does not load or serve; its message is the client's answer."""
 
 
 def normalized_target_modules(names: str | list[str] | set[str]) -> set[str]:
