@@ -13,32 +13,14 @@ import pytest
 from areal_nb.agents import SolverCheckerAgent
 from areal_nb.agents.solver_checker import checker_reward, final_number
 from areal_nb.capture import InteractionWithTokenLogpReward
-from areal_nb.proxy import ProxySettings, create_app
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
 from areal_nb.testing import ScriptedEngine
+from tests import scripted_episode
 
-ADMIN_KEY = "multi-agent-test-admin-key"
-QUESTION = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}
+QUESTION = scripted_episode.QUESTION
 
 
 def run_episode(tokenizer, agent: Any, replies: list[str], data: dict[str, Any] = QUESTION):
-    """(the episode's interactions in call order, the requests the model got)."""
-    script = iter(replies)
-    engine = ScriptedEngine(tokenizer, lambda req: next(script))
-    app = create_app(engine, tokenizer, ProxySettings(admin_api_key=ADMIN_KEY))
-    wf = OpenAIProxyWorkflow(
-        agent=agent, proxy_addr="http://proxy.invalid:9", admin_api_key=ADMIN_KEY, asgi_app=app, discount=1.0
-    )
-
-    async def run():
-        try:
-            return await wf.arun_episode(None, data)
-        finally:
-            await wf.aclose()
-
-    out = asyncio.run(run())
-    assert wf.last_rejection_reason is None, wf.last_rejection_reason
-    return list(out.values()), engine.requests
+    return scripted_episode.run_episode(tokenizer, agent, replies, data, discount=1.0)
 
 
 class ThreeDoorsAgent:

@@ -4,7 +4,6 @@ prompt until a reply is rewarded or `max_turns` is spent — through the real pr
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -13,34 +12,14 @@ from areal_nb.agents.chat_agent import ChatAgent
 from areal_nb.agents.math_agent import MultiTurnMathAgent
 from areal_nb.agents.sdk_agent import SDKAgent
 from areal_nb.data import CORRECTION_PROMPT
-from areal_nb.proxy import ProxySettings, create_app
 from areal_nb.reward import AsyncRewardWrapper, math_reward
-from areal_nb.rollout.workflow import OpenAIProxyWorkflow
-from areal_nb.testing import ScriptedEngine
+from tests import scripted_episode
 
-ADMIN_KEY = "sdk-agent-test-admin-key"
-QUESTION = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}
+QUESTION = scripted_episode.QUESTION
 
 
 def run_episode(tokenizer, agent: Any, replies: list[str], data: dict[str, Any] = QUESTION):
-    """(the episode's interactions in call order, the requests the model got). No discount: each
-    interaction's reward is the one the agent gave its completion."""
-    script = iter(replies)
-    engine = ScriptedEngine(tokenizer, lambda req: next(script))
-    app = create_app(engine, tokenizer, ProxySettings(admin_api_key=ADMIN_KEY))
-    wf = OpenAIProxyWorkflow(
-        agent=agent, proxy_addr="http://proxy.invalid:9", admin_api_key=ADMIN_KEY, asgi_app=app, discount=0.0
-    )
-
-    async def run():
-        try:
-            return await wf.arun_episode(None, data)
-        finally:
-            await wf.aclose()
-
-    out = asyncio.run(run())
-    assert wf.last_rejection_reason is None, wf.last_rejection_reason
-    return list(out.values()), engine.requests
+    return scripted_episode.run_episode(tokenizer, agent, replies, data, discount=0.0)
 
 
 def test_a_wrong_reply_gets_the_retry_prompt_until_one_is_rewarded(tiny_tokenizer):
