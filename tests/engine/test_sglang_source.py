@@ -111,8 +111,9 @@ class _Captured(Exception):
     pass
 
 
-def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
-    """The GPU config through the Session's path: create_engine → launch_remote_engine → the command."""
+def record_launch_commands(monkeypatch) -> list[list[str]]:
+    """Server launches go to a recorder: each command is kept in the returned list, and waiting for
+    the server raises `_Captured` (nothing is started)."""
     commands: list[list[str]] = []
 
     class Recorder:
@@ -130,6 +131,12 @@ def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
             pass
 
     monkeypatch.setattr(remote_launch, "ServerProcess", Recorder)
+    return commands
+
+
+def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
+    """The GPU config through the Session's path: create_engine → launch_remote_engine → the command."""
+    commands = record_launch_commands(monkeypatch)
     cfg = load_config(
         ROOT / "configs" / "multi_turn_math_qwen1.5b.yaml",
         overrides={
@@ -358,23 +365,7 @@ def test_the_lora_session_launch_command_parses_and_passes_sglangs_lora_check(
     from areal_nb.cli.engine_server import build_parser, lora_settings
     from areal_nb.train.lora import LoraConfig
 
-    commands: list[list[str]] = []
-
-    class Recorder:
-        def __init__(self, command, url, **_kw):
-            commands.append(list(command))
-            self.url = url
-
-        def start(self):
-            return self
-
-        def wait_ready(self, **_kw):
-            raise _Captured
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(remote_launch, "ServerProcess", Recorder)
+    commands = record_launch_commands(monkeypatch)
     cfg = load_config(ROOT / "configs" / "multi_turn_math_qwen1.5b.yaml")
     lora = LoraConfig(r=16, alpha=32.0, target_modules=targets)
     with pytest.raises(_Captured):
