@@ -5,6 +5,7 @@ starts), with the real proxy, agent and tiny model."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -45,13 +46,39 @@ def process_group_gone(pgid: int) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def engine_servers(tmp_path: Path, extra_args: list[str] = ()):
+    """Two `areal-nb engine-server`s someone else started (a, b), sharing one weights folder."""
+    shared = tmp_path / "shared-weights"
+    procs = [
+        start_engine_server(tmp_path / n, name=n, weights_dir=shared, extra_args=extra_args)
+        for n in ("a", "b")
+    ]
+    try:
+        yield procs, shared
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
 @pytest.fixture
 def two_servers(tmp_path):
-    shared = tmp_path / "shared-weights"
-    procs = [start_engine_server(tmp_path / name, name=name, weights_dir=shared) for name in ("a", "b")]
-    yield procs, shared
-    for proc in procs:
-        proc.stop()
+    with engine_servers(tmp_path) as servers:
+        yield servers
+
+
+def remote_config(tmp_path: Path, procs, shared: Path, **kw):
+    """`engine.type: remote` over `procs`, with the shared weights folder."""
+    return config(
+        tmp_path,
+        **{
+            "engine.type": "remote",
+            "engine.addresses": [p.url for p in procs],
+            "engine.api_key": API_KEY,
+            "engine.weights_dir": str(shared),
+            **kw,
+        },
+    )
 
 
 def launch_config(tmp_path: Path, n_servers: int = 2):
@@ -148,15 +175,7 @@ def recomputed_logprobs_match(session, batch) -> float:
 
 def test_demo_config_trains_through_remote_servers_with_exact_logprobs(tmp_path, two_servers):
     procs, shared = two_servers
-    cfg = config(
-        tmp_path,
-        **{
-            "engine.type": "remote",
-            "engine.addresses": [p.url for p in procs],
-            "engine.api_key": API_KEY,
-            "engine.weights_dir": str(shared),
-        },
-    )
+    cfg = remote_config(tmp_path, procs, shared)
     with Session(cfg) as session:
         assert session.version == 0 and session.engine.get_version() == 0
         history = session.run(3)
@@ -212,13 +231,11 @@ def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish
     procs, shared = two_servers
     dead = procs[0]
     agent = KillAfterFirstTurnAgent(dead.pid, episodes=8)
-    cfg = config(
+    cfg = remote_config(
         tmp_path,
+        procs,
+        shared,
         **{
-            "engine.type": "remote",
-            "engine.addresses": [p.url for p in procs],
-            "engine.api_key": API_KEY,
-            "engine.weights_dir": str(shared),
             "rollout.batch_size": 4,
             "rollout.group_size": 2,
             "agent.workflow": agent,
@@ -280,7 +297,7 @@ def check_lora_session(session, weights: Path, synced_base: bool = False) -> Non
     session.run(2)
     # a step whose groups all had equal rewards has no gradient: step on (a few more at most)
     # until the adapter has moved the policy, so the checks below can tell base from adapter
-    while recomputed_logprobs_match(session, before) <= 1e-3 and session.version < 6:
+    while recomputed_logprobs_match(session, before) <= 1e-3 and session.version < 10:
         session.run(1)
     history, last = session.history, session.version
     assert list(history["version"]) == list(range(1, last + 1))
@@ -311,7 +328,7 @@ def test_a_lora_session_pushes_adapters_to_launched_engine_servers_with_exact_lo
             "engine.launch.n_servers": 1,
             "actor.lora": LORA,
             "actor.lr": 5e-3,  # large enough that the adapter moves the log-probs visibly
-            "total_steps": 6,
+            "total_steps": 10,
         },
     )
     with Session(cfg) as session:
@@ -325,27 +342,17 @@ def test_a_lora_session_pushes_adapters_to_remote_engine_servers_with_exact_logp
     """The same on two servers someone else started with the LoRA flags (`engine.type: remote`)."""
     from areal_nb.engine.launcher import lora_server_args
 
-    shared = tmp_path / "shared-weights"
-    flags = lora_server_args(4, "all-linear")
-    procs = [
-        start_engine_server(tmp_path / n, name=n, weights_dir=shared, extra_args=flags) for n in ("a", "b")
-    ]
-    try:
-        cfg = config(
+    with engine_servers(tmp_path, lora_server_args(4, "all-linear")) as (procs, shared):
+        cfg = remote_config(
             tmp_path,
+            procs,
+            shared,
             **{
-                "engine.type": "remote",
-                "engine.addresses": [p.url for p in procs],
-                "engine.api_key": API_KEY,
-                "engine.weights_dir": str(shared),
                 "actor.lora": LORA,
                 "actor.lr": 5e-3,
-                "total_steps": 6,
+                "total_steps": 10,
             },
         )
         with Session(cfg) as session:
             check_lora_session(session, shared, synced_base=True)
             assert all(s["down"] is None and s["assigned"] > 0 for s in session.engine.server_status())
-    finally:
-        for proc in procs:
-            proc.stop()
