@@ -305,14 +305,24 @@ def test_kl_penalty_trains_against_a_frozen_reference_and_reports_kl():
         assert ref is not None and ref is not s.actor.model and not ref.training
         assert not any(p.requires_grad for p in ref.parameters())
         initial = {k: v.clone() for k, v in ref.state_dict().items()}
-        s.run(3)
+        s.run(1)
+        # step 1 samples from the initial policy (= the reference)
+        assert s.history["kl_ref"].tolist()[0] == pytest.approx(0.0, abs=1e-4)
+
+        def moved():
+            return any(not torch.equal(v, initial[k]) for k, v in s.actor.model.state_dict().items())
+
+        # a step whose groups all have equal rewards leaves the policy where it was; step until it moves
+        for _ in range(8):
+            if moved():
+                break
+            s.run(1)
+        assert moved()
+        s.run(1)
         kl = s.history["kl_ref"].tolist()
-        assert len(kl) == 3 and all(math.isfinite(v) for v in kl)
-        # step 1 samples from the initial policy (= the reference); later steps have moved away
-        assert kl[0] == pytest.approx(0.0, abs=1e-4) and all(abs(v) > 1e-6 for v in kl[1:])
+        assert all(math.isfinite(v) for v in kl) and abs(kl[-1]) > 1e-6
         for k, v in ref.state_dict().items():
             torch.testing.assert_close(v, initial[k])
-        assert any(not torch.equal(v, initial[k]) for k, v in s.actor.model.state_dict().items())
 
 
 def test_batches_carry_the_configured_credit_and_train_with_theirs():
