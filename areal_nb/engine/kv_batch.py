@@ -44,6 +44,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..api.attention_window import mask_by_layer_type, sliding_window
 from .packed_prefill import packed_prefill
 from .prefix_cache import LayerKV
 from .qwen2_fast import Qwen2FastForward
@@ -149,6 +150,10 @@ class PaddedKVBatch:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_kwarg = _cache_kwarg(model)
+        # the stock forward takes our masks as they are: its sliding window must be in them, and
+        # its eager attention (soft-capped scores) adds them, so they must be additive there
+        self.window = sliding_window(model.config)
+        self._additive_only = model.config._attn_implementation != "sdpa"
         self.num_layers = int(model.config.num_hidden_layers)
         self.max_rows = max_rows
         self.cache: Cache | None = None
@@ -168,6 +173,23 @@ class PaddedKVBatch:
         self.cache = None
         self.pads = torch.zeros(0, dtype=torch.long, device=self.device)
         self.length = 0
+
+    def _stock_mask(self, allowed: torch.Tensor, distance: torch.Tensor, additive: bool):
+        """The stock forward's prepared mask from `allowed` (bool, True = may attend) and each
+        query-key pair's `distance` in positions: the window applied where the model's layers
+        slide, additive (0 / -inf in the model's dtype) when asked or when its attention needs it."""
+
+        def prepared(keep: torch.Tensor) -> torch.Tensor:
+            if not (additive or self._additive_only):
+                return keep
+            return torch.zeros(keep.shape, device=self.device, dtype=self.dtype).masked_fill_(
+                ~keep, float("-inf")
+            )
+
+        if self.window is None:
+            return prepared(allowed)
+        windowed = prepared(allowed & (distance < self.window))
+        return mask_by_layer_type(self.model.config, prepared(allowed), windowed)
 
     def _forward(self, input_ids, mask, position_ids, cache) -> torch.Tensor:
         """The stock forward (models without `Qwen2FastForward`): next-token logits [B, V]."""
@@ -341,9 +363,10 @@ class PaddedKVBatch:
         q = torch.arange(start, width, device=self.device)[:, None]
         kv = torch.arange(width, device=self.device)[None, :]
         valid_kv = kv[None] >= pads[:, None, None]  # [k, 1, width]
-        mask = ((kv <= q)[None] & valid_kv) | (kv == q)[None]  # [k, fed, width]
+        allowed = ((kv <= q)[None] & valid_kv) | (kv == q)[None]  # [k, fed, width]
+        mask = self._stock_mask(allowed[:, None], (q - kv)[None, None], additive=False)
         positions = (q.T - pads[:, None]).clamp(min=0)
-        logits = self._forward(ids, mask[:, None], positions, new_cache)
+        logits = self._forward(ids, mask, positions, new_cache)
         self.last_prefill_computed += len(prompts) * fed
         return new_cache, pads, width, logits
 
@@ -503,11 +526,10 @@ class PaddedKVBatch:
         width = self.length + 1
         cols = torch.arange(width, device=self.device)
         # additive float mask, built once per step: sdpa would convert a boolean one in every layer
-        hidden = (cols[None, :] < self.pads[:, None]) | (cols > self.length)[None, :]
-        mask = torch.zeros(hidden.shape, device=self.device, dtype=self.dtype).masked_fill_(
-            hidden, float("-inf")
-        )
-        mask = mask[:, None, None, :]  # [B, 1, 1, width]
+        allowed = (cols[None, :] >= self.pads[:, None]) & (cols <= self.length)[None, :]
+        mask = self._stock_mask(
+            allowed[:, None, None, :], self.length - cols, additive=True
+        )  # [B, 1, 1, width]
         positions = (self.length - self.pads)[:, None]
         logits = self._forward(last_tokens[:, None], mask, positions, self.cache)
         self.length += 1

@@ -19,7 +19,7 @@ def load_engine_model(
     device: torch.device,
     dtype: torch.dtype,
 ) -> tuple[PreTrainedModel, Any]:
-    """The engine's own copy of the model (sdpa attention, eval mode) and its tokenizer.
+    """The engine's own copy of the model (sdpa attention, or eager for soft-capped scores; eval mode) and its tokenizer.
 
     `model` is a loaded model, a local `save_pretrained` folder or a Hugging Face id. Built-in
     names such as `tiny-math` belong to `areal_nb.models` (a layer above the engine): resolve
@@ -49,8 +49,10 @@ def load_engine_model(
             tokenizer = load_saved_tokenizer(path)
     else:
         raise TypeError(f"model must be a name, a path or a PreTrainedModel, got {type(model).__name__}")
-    # The engine builds explicit 4-D boolean masks, which the sdpa path takes as they are.
-    engine_model.set_attn_implementation("sdpa")
+    # The engine builds explicit 4-D masks, which the sdpa path takes as they are; sdpa has no
+    # soft-capping of attention scores (Gemma 2, some Gemma 3 configs), the eager path has.
+    soft_capped = getattr(engine_model.config, "attn_logit_softcapping", None)
+    engine_model.set_attn_implementation("eager" if soft_capped else "sdpa")
     engine_model = engine_model.to(device=device, dtype=dtype).eval()
     engine_model.requires_grad_(False)
     return engine_model, tokenizer

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..api.attention_window import mask_by_layer_type, sliding_window
 from .head_forward import head_hidden, head_logits, supports_head_forward
 from .lm_head import chunked_token_logprobs, split_head
 from .tree_attention import TreePlan, plan_tree_attention, tree_attention
@@ -511,16 +512,12 @@ def _dense_mask(
             ~allowed, torch.finfo(dtype).min
         )[:, None]
 
-    config = model.config
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
     full = additive(tree)
-    if not window or (layer_types is not None and "sliding_attention" not in layer_types):
+    window = sliding_window(model.config)
+    if window is None:
         return full
     windowed = additive(tree & ((depth[:, :, None] - depth[:, None, :]) < window))
-    if layer_types is None:
-        return windowed
-    return {kind: windowed if kind == "sliding_attention" else full for kind in set(layer_types)}
+    return mask_by_layer_type(model.config, full, windowed)
 
 
 def _to_rows(per_node: Tensor, node_of: Tensor) -> Tensor:

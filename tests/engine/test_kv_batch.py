@@ -3,6 +3,8 @@ running batch's logits against plain forwards."""
 
 from __future__ import annotations
 
+import pytest
+
 from areal_nb.engine.kv_batch import length_groups
 
 
@@ -159,3 +161,54 @@ def test_rows_joining_freed_slots_are_computed_in_place_and_get_unpadded_logits(
         for _ in range(3):
             logits = step(logits)
             check(logits)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3", "gemma2"])
+def test_a_sliding_window_and_soft_capped_scores_are_kept_by_the_batch(family):
+    """Mistral (every layer slides), Gemma 3 (sliding and full layers) and Gemma 2 (soft-capped
+    attention scores too: eager attention) with a 4-token window, shorter than every row: the
+    running batch's logits equal the model's own forward over each unpadded row, which applies the
+    window and the soft-capping."""
+    import torch
+
+    from areal_nb.engine.kv_batch import PaddedKVBatch
+    from areal_nb.engine.weights import load_engine_model
+
+    from ..train.families import make_family_model
+
+    kw = {"window": 4, "attn_softcap": 50.0 if family == "gemma3" else None}
+    reference = make_family_model(family, 100, **kw)
+    model, _ = load_engine_model(
+        make_family_model(family, 100, **kw), object(), torch.device("cpu"), torch.float32
+    )
+    batch = PaddedKVBatch(model)
+    assert batch.fast is None and batch.window == 4
+    gen = torch.Generator().manual_seed(1)
+    rows = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (6, 15, 9)]
+    check, step = _check_and_step(batch, reference, rows)
+    with torch.inference_mode():
+        logits = batch.prefill([list(r) for r in rows])
+        check(logits)
+        for _ in range(6):
+            logits = step(logits)
+            check(logits)
+        joined = [torch.randint(3, 100, (11,), generator=gen).tolist()]
+        logits = torch.cat([logits, batch.prefill([list(r) for r in joined])])
+        rows += joined
+        check(logits)
+        for _ in range(3):
+            logits = step(logits)
+            check(logits)
+
+
+def test_the_window_changes_the_logits_in_that_check():
+    """(Without it the check above could not fail.)"""
+    import torch
+
+    from ..train.families import make_family_model
+
+    row = torch.tensor([list(range(3, 18))])
+    with torch.inference_mode():
+        narrow = make_family_model("mistral", 100, window=4)(row).logits[0, -1]
+        wide = make_family_model("mistral", 100, window=4096)(row).logits[0, -1]
+    assert (narrow - wide).abs().max() > 1e-3

@@ -1,4 +1,4 @@
-"""The trainer on Llama, Qwen3, Mistral and Gemma 3 (random init, 2 layers), in float32 and
+"""The trainer on Llama, Qwen3, Mistral, Gemma 3 and Gemma 2 (random init, 2 layers), in float32 and
 bfloat16: the fast paths where they are exact, an explicit fallback where they are not, and a
 Session that records log-probs equal to the trainer's recomputation."""
 
@@ -27,6 +27,7 @@ PATHS = {
     "qwen3": (True, False, True),  # query/key norms: the last layer runs whole
     "mistral": (False, False, True),  # sliding window on every layer: the dense tree mask
     "gemma3": (False, False, True),  # sliding layers: the dense tree mask; soft-capped logits in the head
+    "gemma2": (False, False, True),  # the same, and soft-capped attention scores (eager attention)
 }
 
 
@@ -58,8 +59,8 @@ def test_each_family_takes_its_fast_paths_or_an_explicit_fallback(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_logprobs_equal_the_stock_forward_with_the_real_attention(family, chunk):
     """The trainer's packed paths against the model's own padded forward, which applies the
-    sliding window and the soft-capping itself (Gemma 3 with soft-capped attention scores too)."""
-    model = make_family_model(family, VOCAB, window=WINDOW, attn_softcap=50.0 if family == "gemma3" else None)
+    sliding window and the soft-capping itself (Gemma 2's of attention scores too)."""
+    model = make_family_model(family, VOCAB, window=WINDOW)
     ids, attention, mask = rows()
     with torch.no_grad():
         reference = compute_token_logprobs(model, ids, attention)
@@ -120,14 +121,16 @@ BF16_BOUND = 0.1
 
 def family_folder(family: str, folder) -> str:
     """A random-init `family` model with the tiny-math tokenizer (its vocabulary and special
-    tokens, its chat template), saved as a model folder a Session can load."""
+    tokens, its chat template), saved as a model folder a Session can load. Its sliding window
+    (Mistral, Gemma) is shorter than every prompt, and Gemma 2 soft-caps its attention scores:
+    the engine must apply both as the trainer's forward does."""
     from areal_nb.models import resolve_model_path
 
     source = resolve_model_path("tiny-math")
     with open(f"{source}/config.json") as f:
         tiny = json.load(f)
     ids = {k: tiny[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    model = make_family_model(family, tiny["vocab_size"], **ids)
+    model = make_family_model(family, tiny["vocab_size"], window=8, **ids)
     model.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(f"{source}/{name}", folder / name)
