@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
 from areal_nb.engine.defaults import (
@@ -28,13 +30,16 @@ from areal_nb.engine.defaults import (
     DEFAULT_PREFIX_CACHE_TOKENS,
     DEFAULT_SERVER_SINGLE_THREAD_ROWS,
 )
-from areal_nb.engine.factory import API_KEY_ENV
+from areal_nb.engine.factory import API_KEY_ENV  # the key's environment variable, shared with the client
 from areal_nb.engine.lora_flags import (
     DEFAULT_MAX_LORAS_PER_BATCH,
     SGLANG_LORA_TARGET_MODULES,
     LoraSettings,
     parse_lora_paths,
-)  # the key's environment variable, shared with the client
+)
+
+if TYPE_CHECKING:
+    import torch
 
 # The engine's worker thread and the HTTP thread share the GIL: every torch op releases it, every
 # socket call of the HTTP thread does too, and a thread that wants it back while the other runs
@@ -43,6 +48,33 @@ from areal_nb.engine.lora_flags import (
 # bursts into more prefills: the engine thread grabbed the GIL between arrivals), so the default
 # stays Python's; the flag is there to measure it on other machines.
 DEFAULT_SWITCH_INTERVAL = 0.005
+
+
+# SGLang's `--dtype` names (its "auto" casts float32 checkpoints to float16 on GPUs; here "auto"
+# keeps the saved dtype: float16 matmuls are slow on CPUs, where this server mostly runs)
+SERVING_DTYPES = {
+    "auto": None,
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+
+
+def serving_dtype(name: str, model_path: str) -> torch.dtype:
+    """The torch dtype `--dtype name` serves the model at `model_path` in."""
+    import torch
+
+    chosen = SERVING_DTYPES[name]
+    if chosen is None:
+        config = Path(model_path) / "config.json"
+        saved = json.loads(config.read_text()) if config.is_file() else {}
+        chosen = saved.get("dtype") or saved.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(chosen), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{model_path}/config.json names dtype {chosen!r}, which is not a torch dtype")
+    return dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights-dir", default=None, help="the only directory weight updates may load from")
     parser.add_argument("--weight-version", type=int, default=0, help="version of the initial weights")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=sorted(SERVING_DTYPES),
+        help="the dtype the model is served in (SGLang's names; auto: the checkpoint's saved dtype, "
+        "float32 when it names none)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -235,10 +274,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"areal-nb engine-server: {exc}", file=sys.stderr)
         return 2
     model_path = resolve_model_path(args.model)
+    try:
+        dtype = serving_dtype(args.dtype, str(model_path))
+    except ValueError as exc:
+        print(f"areal-nb engine-server: --dtype {args.dtype}: {exc}", file=sys.stderr)
+        return 2
     engine = LocalEngine(
         model_path,
         load_tokenizer(args.model),
         device=args.device,
+        dtype=dtype,
         max_batch_size=args.max_batch_size,
         seed=args.seed,
         prefix_cache_tokens=args.prefix_cache_tokens,
@@ -263,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"areal-nb engine-server: --lora-paths: {exc}", file=sys.stderr)
         return 2
     server = ProxyServer(app, host=args.host, port=args.port)
-    return serve_until_signal(server, engine, "engine-server", args.model)
+    served = f"{args.model}, {str(dtype).removeprefix('torch.')}"
+    return serve_until_signal(server, engine, "engine-server", served)
 
 
 if __name__ == "__main__":

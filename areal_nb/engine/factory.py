@@ -53,7 +53,8 @@ def create_engine(
     servers can read); `device` and `dtype` say where the embedded engine keeps its copy.
     `weights_dir` is where new weights are written for servers to load; `log_dir` and
     `on_log(server_index, line)` receive the launched servers' logs; `max_context` is the
-    model's context length (servers do not report it). `lora` (`actor.lora`: `r`,
+    model's context length (servers do not report it); launched servers serve the model in
+    `dtype` too. `lora` (`actor.lora`: `r`,
     `target_modules`): the servers serve LoRA adapters ("sglang" launches them with the LoRA flags,
     "remote" expects them started so) and the trainer pushes its adapter to them; the embedded
     engine ignores it (it is pushed merged weights).
@@ -99,6 +100,7 @@ def create_engine(
             max_batch_size=spec.max_batch_size,
             single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
             lora=lora,
+            dtype=None if dtype is None else str(dtype).removeprefix("torch."),
         )
     if spec.type == "remote":
         from .remote import SGLangEngine

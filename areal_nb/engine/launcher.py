@@ -105,11 +105,13 @@ def sglang_command(
     api_key: str | None = None,
     weight_version: int = 0,
     max_running_requests: int | None = None,
+    dtype: str | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """`python -m sglang.launch_server ...`; `max_running_requests`: the most requests the server
-    decodes at once (`engine.max_batch_size`; None: SGLang's own choice from its memory).
+    decodes at once (`engine.max_batch_size`; None: SGLang's own choice from its memory); `dtype`:
+    the dtype it serves the model in (`model.dtype`; None: SGLang's "auto").
 
     The flags: docs/reference/sglang-api.md, "Launching and stopping".
     """
@@ -134,6 +136,8 @@ def sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if max_running_requests is not None:
         cmd += ["--max-running-requests", str(int(max_running_requests))]
+    if dtype is not None:
+        cmd += ["--dtype", dtype]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd + list(extra_args)

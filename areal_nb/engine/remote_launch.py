@@ -43,6 +43,7 @@ def launch_remote_engine(
     max_batch_size: int | None = None,
     single_thread_rows: int | None = None,
     lora: Any = None,
+    dtype: str | None = None,
 ) -> SGLangEngine:
     """Start the servers, wait until every one is healthy, return the engine that owns them.
 
@@ -50,7 +51,9 @@ def launch_remote_engine(
     logs also go to `log_dir/server-<i>.log` when `log_dir` is given. `max_batch_size`: the most
     requests each server decodes at once (sglang `--max-running-requests`, engine-server
     `--max-batch-size`); `single_thread_rows`: engine-server's `--single-thread-rows` (these servers
-    share the machine with the trainer, so the Session passes its own setting, not a lone server's)."""
+    share the machine with the trainer, so the Session passes its own setting, not a lone server's);
+    `dtype`: the dtype the servers serve the model in (`--dtype`, SGLang's names; the Session passes
+    `model.dtype`, the dtype its weight pushes come in; None: the servers' own default)."""
     if n_servers < 1:
         raise ValueError(f"n_servers must be >= 1, got {n_servers}")
     if ports is not None and len(ports) != n_servers:
@@ -75,6 +78,7 @@ def launch_remote_engine(
                 n_servers,
                 max_batch_size,
                 single_thread_rows,
+                dtype,
             )
             connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
             log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
@@ -121,7 +125,10 @@ def _command(
     n_servers,
     max_batch_size=None,
     single_thread_rows=None,
+    dtype=None,
 ) -> list[str]:
+    if "--dtype" in extra_args:
+        dtype = None  # the user's own flag wins
     if server == "sglang":
         if "--max-running-requests" in extra_args:
             max_batch_size = None  # the user's own flag wins
@@ -134,11 +141,14 @@ def _command(
             mem_fraction_static=mem_fraction_static,
             api_key=api_key,
             max_running_requests=max_batch_size,
+            dtype=dtype,
             extra_args=extra_args,
         )
     if server == "engine-server":
         if max_batch_size is not None and "--max-batch-size" not in extra_args:
             extra_args = [*extra_args, "--max-batch-size", str(int(max_batch_size))]
+        if dtype is not None:
+            extra_args = [*extra_args, "--dtype", dtype]
         if single_thread_rows is not None and "--single-thread-rows" not in extra_args:
             extra_args = [*extra_args, "--single-thread-rows", str(int(single_thread_rows))]
         if "--torch-threads" not in extra_args:

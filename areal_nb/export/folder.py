@@ -246,6 +246,8 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
                 "ENGINE_PORT": cluster.engine_port,
                 "RDZV_PORT": cluster.rdzv_port,
                 "MODEL": _bash_word(cfg.model.path),
+                "DTYPE": cfg.model.dtype,
+                "MAX_BATCH": cfg.engine.max_batch_size,
             },
         )
     )

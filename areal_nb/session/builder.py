@@ -90,6 +90,7 @@ def build_engine(
         log_dir=str(log_dir),
         on_log=on_log,
         max_context=getattr(policy.config, "max_position_embeddings", None),
+        dtype=getattr(torch, cfg.model.dtype),  # launched servers serve what the trainer pushes
         lora=cfg.actor.lora,  # the servers serve the policy's adapter (launched with the LoRA flags)
     )
 

@@ -3,8 +3,9 @@
 - A server started from a torchrun rank gets none of torchrun's variables (torchrun itself is run
   here to learn which ones it sets), but keeps the rest of the environment and the caller's `env`.
 - Server-side request ids are never a prefix of one another (SGLang aborts by prefix).
-- `engine.max_batch_size` reaches the servers' command lines; a hand-started engine-server and a
-  Session's servers get their own threading defaults.
+- `engine.max_batch_size` and `model.dtype` reach the servers' command lines; a hand-started
+  engine-server and a Session's servers get their own threading defaults; engine-server's
+  `--dtype` takes SGLang's names.
 - A weights folder a server refuses is asked for again with backoff: one that appears late loads,
   one that never appears fails after `weights_wait` naming the path, and changes nothing.
 """
@@ -113,6 +114,59 @@ def test_max_batch_size_and_threading_reach_the_servers_command_lines():
     assert cpu[cpu.index("--single-thread-rows") + 1] == str(DEFAULT_SINGLE_THREAD_ROWS)
     assert build_parser().parse_args([]).single_thread_rows == 0
     assert EngineConfig().single_thread_rows == DEFAULT_SINGLE_THREAD_ROWS > 0
+
+
+def test_the_serving_dtype_reaches_the_servers_command_lines_unless_the_user_gives_one():
+    for server, flag in (("sglang", "--dtype"), ("engine-server", "--dtype")):
+        cmd = _command(
+            server, "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, None, None, "bfloat16"
+        )
+        assert cmd[cmd.index(flag) + 1] == "bfloat16"
+        mine = _command(
+            server,
+            "/m",
+            "127.0.0.1",
+            30000,
+            1,
+            1,
+            None,
+            None,
+            None,
+            [flag, "float16"],
+            1,
+            None,
+            None,
+            "bfloat16",
+        )
+        assert mine.count(flag) == 1 and mine[mine.index(flag) + 1] == "float16"
+    remote = _command(
+        ["serve", "{model}"], "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, None, None, "bfloat16"
+    )
+    assert "--dtype" not in remote  # a command of the user's own gets only what it names
+
+
+def test_engine_server_dtype_names_are_sglangs_and_auto_keeps_the_saved_dtype(tmp_path, tiny_model_path):
+    import torch
+
+    from areal_nb.cli.engine_server import serving_dtype
+
+    assert serving_dtype("auto", tiny_model_path) == torch.float32  # tiny-math is saved in float32
+    assert [
+        serving_dtype(n, tiny_model_path) for n in ("half", "float16", "bfloat16", "float", "float32")
+    ] == [
+        torch.float16,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    ]
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert serving_dtype("auto", str(tmp_path)) == torch.bfloat16
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "complex-ish"}))
+    with pytest.raises(ValueError, match="complex-ish"):
+        serving_dtype("auto", str(tmp_path))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--dtype", "fp8"])
 
 
 @pytest.fixture

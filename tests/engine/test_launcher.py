@@ -202,7 +202,8 @@ def test_a_server_gets_sigterm_when_its_parent_is_killed(tmp_path):
 
 @pytest.mark.slow
 def test_launch_remote_engine_with_engine_servers_serves_and_close_leaves_no_process(tmp_path):
-    """The Session's `engine.type: sglang` path with the command swapped for `areal-nb engine-server`."""
+    """The Session's `engine.type: sglang` path with the command swapped for `areal-nb engine-server`,
+    serving in `model.dtype` as the Session asks."""
     from areal_nb.api import GenerationConfig, ModelRequest
     from areal_nb.engine.remote_launch import launch_remote_engine
 
@@ -215,13 +216,14 @@ def test_launch_remote_engine_with_engine_servers_serves_and_close_leaves_no_pro
         weights_dir=tmp_path / "weights",
         log_dir=tmp_path / "logs",
         on_log=lambda i, line: lines.append((i, line)),
+        dtype="bfloat16",
     )
     pids = [p.pid for p in engine.owned_processes]
     try:
         request = ModelRequest([5, 6, 7], GenerationConfig(max_new_tokens=4, ignore_eos=True))
         response = asyncio.run(engine.agenerate(request))
         assert response.output_len == 4
-        assert {i for i, line in lines if "listening on" in line} == {0, 1}
+        assert {i for i, line in lines if "listening on" in line and "bfloat16" in line} == {0, 1}
         assert all(alive(pid) for pid in pids)
         # the two servers share this machine's cores: half of them each
         share = str(max(1, (os.cpu_count() or 1) // 2))

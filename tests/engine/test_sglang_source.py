@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from sglang_wheel import ROOT, unpacked_wheel
 
 from areal_nb.api import GenerationConfig, ModelRequest, ModelResponse
@@ -148,12 +149,18 @@ def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
     )
     with pytest.raises(_Captured):
         create_engine(
-            cfg.engine, None, None, model_path=str(tmp_path / "model"), weights_dir=str(tmp_path / "w")
+            cfg.engine,
+            None,
+            None,
+            model_path=str(tmp_path / "model"),
+            weights_dir=str(tmp_path / "w"),
+            dtype=getattr(torch, cfg.model.dtype),  # as the Session's builder passes it
         )
     assert len(commands) == 2
     for cmd in commands:
         args = _parses(sglang, _launch_args(cmd))
         assert args["max_running_requests"] == cfg.engine.max_batch_size == 128
+        assert args["dtype"] == cfg.model.dtype == "bfloat16"
         assert args["tp_size"] == 2 and args["api_key"] == "secret" and args["random_seed"] == 0
         assert args["mem_fraction_static"] == cfg.engine.launch.mem_fraction_static
         assert args["weight_version"] == "0" and args["model_path"] == str(tmp_path / "model")
@@ -162,10 +169,10 @@ def test_the_session_launch_command_parses(sglang, monkeypatch, tmp_path):
 def _sbatch_sglang_argv() -> list[str]:
     """job.sbatch's `python -m sglang.launch_server ...` array, expanded by bash with sample values."""
     text = (ROOT / "areal_nb/export/templates/job.sbatch").read_text()
-    match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n', text, re.DOTALL)
+    match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n\s*else', text, re.DOTALL)
     assert match, "job.sbatch has no sglang.launch_server command"
     script = (
-        "PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1\n"
+        "PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1 DTYPE=bfloat16 MAX_BATCH=64\n"
         f'server=({match.group(1)})\nprintf "%s\\0" "${{server[@]}}"'
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
@@ -175,6 +182,7 @@ def _sbatch_sglang_argv() -> list[str]:
 def test_the_job_sbatch_launch_command_parses(sglang):
     args = _parses(sglang, _launch_args(_sbatch_sglang_argv()))
     assert (args["port"], args["tp_size"], args["base_gpu_id"], args["host"]) == (30001, 2, 2, "0.0.0.0")
+    assert (args["dtype"], args["max_running_requests"]) == ("bfloat16", 64)
 
 
 def _benchmark_sglang_commands() -> list[tuple[str, list[str]]]:
