@@ -409,7 +409,7 @@ class Actor:
                 if not policies.engine_as_old:
                     old = policies.prox[micro, cols]
             # algorithm hook: cfg's ratio, objective and mismatch correction (`policy_loss.py`;
-            # algorithm grpo runs `loss.ppo_loss_terms` as it always did)
+            # algorithm grpo: token ratio, PPO objective, no correction)
             terms, _ = variant_loss_terms(
                 cfg,
                 logprobs,

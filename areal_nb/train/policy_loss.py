@@ -28,13 +28,33 @@ aggregation (`loss_agg`, `loss_normalizer`): loss = Σ_t ℓ_t / norm_t over a m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .loss import LossTerms, _frac, _masked_mean, _min_mean_max, ppo_loss_terms
 from .mismatch import MismatchTerms, mismatch_weights
+
+
+@dataclass
+class LossTerms:
+    """One `policy_loss_terms` call: the loss, its stats and the per-token values it is made of.
+
+    Every tensor has the input's shape and is detached except `loss`. Outside `loss_mask` the
+    values are neutral (ratio 1, weight 1, flags False, contribution 0).
+    """
+
+    loss: Tensor  # scalar with gradient: Σ contribution
+    stats: dict[str, float]
+    advantages: Tensor
+    ratio: Tensor  # r = π_θ / π_prox (decoupled) or π_θ / π_old
+    clipped: Tensor  # bool: the clipped branch of the PPO max was taken
+    dual_clipped: Tensor  # bool: dual clip bounded the loss (A < 0)
+    behave_weight: Tensor  # w = π_prox / π_behave (1 without the decoupled loss)
+    behave_capped: Tensor  # bool: w > behave_imp_weight_cap, the token is masked out
+    entropy: Tensor | None
+    contribution: Tensor  # the token's share of `loss` (0 for masked-out tokens)
 
 
 def loss_normalizer(
@@ -82,28 +102,22 @@ def policy_loss_terms(
 ) -> LossTerms:
     """The loss of the module docstring and its per-token values (`LossTerms`).
 
-    Token ratio, PPO, no mismatch weight: `loss.ppo_loss_terms` itself, operation for operation
-    (so `algorithm: grpo` trains exactly as before). `normalizer` may be a tensor shaped like the
-    tokens (`loss_normalizer`). Stats are those of `ppo_loss_terms`; `approx_kl` stays the
-    per-token k3 of π_a → π_θ whatever the ratio level.
+    Token ratio, PPO, no mismatch weight is `loss.ppo_loss_terms` (GRPO's loss). `normalizer` may
+    be a tensor shaped like the tokens (`loss_normalizer`). Stats: `n_tokens`, `clip_frac`,
+    `dual_clip_frac`, `approx_kl` (the per-token k3 of π_a → π_θ whatever the ratio level),
+    `approx_kl_k1`, `importance_weight_mean/min/max`, with `prox_logprobs` the behaviour weight's
+    and `behave_masked_frac`, `entropy` if given.
     """
     if importance_level not in ("token", "sequence"):
         raise ValueError(f"importance_level must be 'token' or 'sequence', got {importance_level!r}")
     if policy_loss not in ("ppo", "cispo"):
         raise ValueError(f"policy_loss must be 'ppo' or 'cispo', got {policy_loss!r}")
-    if importance_level == "token" and policy_loss == "ppo" and mismatch is None:
-        return ppo_loss_terms(
-            logprobs,
-            old_logprobs,
-            advantages,
-            loss_mask,
-            eps_clip,
-            eps_clip_higher,
-            c_clip,
-            prox_logprobs,
-            behave_imp_weight_cap,
-            entropy,
-            normalizer,
+    shapes = {t.shape for t in (logprobs, old_logprobs, advantages, loss_mask)}
+    if prox_logprobs is not None:
+        shapes.add(prox_logprobs.shape)
+    if len(shapes) != 1:
+        raise ValueError(
+            f"logprobs, old/prox logprobs, advantages and loss_mask must share a shape, got {shapes}"
         )
     if c_clip is not None and (c_clip <= 1 or policy_loss == "cispo"):
         raise ValueError(
@@ -231,3 +245,23 @@ def variant_loss_terms(
         mismatch=mismatch,
     )
     return terms, mismatch
+
+
+def _frac(selected: Tensor, n_tokens: int) -> float:
+    return float(selected.sum()) / n_tokens if n_tokens else 0.0
+
+
+def _masked_mean(values: Tensor, mask: Tensor, n_tokens: int) -> float:
+    return float(torch.where(mask, values, 0.0).sum()) / n_tokens if n_tokens else 0.0
+
+
+def _min_mean_max(name: str, values: Tensor, mask: Tensor) -> dict[str, float]:
+    values = values.detach()
+    if not mask.any():
+        return {f"{name}_mean": 0.0, f"{name}_min": 0.0, f"{name}_max": 0.0}
+    selected = values[mask]
+    return {
+        f"{name}_mean": float(selected.mean()),
+        f"{name}_min": float(selected.min()),
+        f"{name}_max": float(selected.max()),
+    }

@@ -272,26 +272,6 @@ def test_variants_apply_the_behaviour_weight_and_cap_on_stale_tokens():
     assert bool(terms.behave_capped[1, 3]) and int(terms.behave_capped.sum()) == 1
 
 
-def test_token_ppo_without_correction_is_todays_loss_exactly():
-    from areal_nb.train.loss import ppo_loss_terms
-
-    mask, logp, prox, old, adv = fixed_batch()
-    a = policy_loss_terms(
-        logp,
-        old,
-        adv,
-        mask,
-        eps_clip=0.2,
-        eps_clip_higher=0.28,
-        c_clip=3.0,
-        prox_logprobs=prox,
-        behave_imp_weight_cap=5.0,
-        normalizer=17,
-    )
-    b = ppo_loss_terms(logp, old, adv, mask, 0.2, 0.28, 3.0, prox, 5.0, None, 17)
-    assert torch.equal(a.loss, b.loss) and a.stats == b.stats
-
-
 # ------------------------------------------------------------------ train-inference mismatch
 def planted():
     """Trainer log-probs and an engine record that differs by known amounts."""
