@@ -1,7 +1,8 @@
 """The two-agent example (a solver and a checker on the math task, configs/solver_checker.yaml)
 trains in a Session on the embedded engine, the real proxy and the tiny model: both agents' calls
 are recorded with their tag, the groups are (prompt, agent) pairs, the history logs each agent's
-reward mean, and two training steps move the version and the weights."""
+reward mean, two training steps move the version and the weights, and evaluation reports each
+agent's reward."""
 
 from __future__ import annotations
 
@@ -68,3 +69,10 @@ def test_the_solver_and_the_checker_train_two_steps():
         from areal_nb.widgets.dashboard_model import history_series
 
         assert {"reward · solver", "reward · checker"} <= {s.label for s in history_series(history)}
+        # evaluation reports each agent's mean return too, from its own greedy episodes
+        result = session.evaluate()
+        assert set(result.agent_rewards) == {"solver", "checker"}
+        assert result.agent_rewards == result.batch.agent_reward_means()
+        figures = result.as_dict()
+        assert figures["eval_reward/solver"] == result.agent_rewards["solver"]
+        assert figures["eval_reward/checker"] == result.agent_rewards["checker"]

@@ -78,7 +78,9 @@ class EvalResult:
     over accepted episodes, the same quantity as the training `reward_mean`. The two accuracies
     count every problem (a rejected episode solved nothing): `accuracy`, the first call of the
     episode was rewarded (> 0) — for the math agent, first-reply accuracy; `agent_accuracy`, some
-    call was rewarded — success within the agent's own turns.
+    call was rewarded — success within the agent's own turns. With several agents in the episodes
+    (calls tagged by their `model`), `agent_rewards` holds each one's mean return over the accepted
+    episodes it took part in, as training's `reward_mean/<agent>`.
     """
 
     reward_mean: float
@@ -93,12 +95,15 @@ class EvalResult:
     k: int | None = None
     pass_at_k: float | None = None
     samples: RolloutBatch | None = field(default=None, repr=False, compare=False)
+    agent_rewards: dict[str | None, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
-        """The figures as `session.history` columns (plus `eval_pass@k` when it was measured)."""
+        """The figures as `session.history` columns (plus `eval_pass@k` when it was measured, and
+        `eval_reward/<agent>` with several agents)."""
         out = dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
         if self.k is not None:
             out[f"eval_pass@{self.k}"] = self.pass_at_k
+        out.update({f"{EVAL_COLUMNS[0]}/{agent}": mean for agent, mean in self.agent_rewards.items()})
         return out
 
 
@@ -175,7 +180,9 @@ def summarize(batch: RolloutBatch) -> EvalResult:
         returns.append(batch.episode_return(i))
         first_ok += bool(rewards) and rewards[0] > 0
         any_ok += any(r > 0 for r in rewards)
+    agent_rewards = batch.agent_reward_means()
     return EvalResult(
+        agent_rewards=agent_rewards if len(agent_rewards) > 1 else {},
         reward_mean=sum(returns) / len(returns) if returns else math.nan,
         accuracy=first_ok / n if n else math.nan,
         agent_accuracy=any_ok / n if n else math.nan,
