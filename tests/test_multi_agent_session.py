@@ -52,8 +52,10 @@ def test_the_solver_and_the_checker_train_two_steps():
             means = batch.agent_reward_means()
             groups = informative_groups(t["rewards"], t["group_ids"].tolist())
             informative |= {(step, g) for g in groups}
-            stats = session.train_step(batch)
+            stats = session.train_step(batch, inspect=step == 2)
             assert stats["step"] == step and session.version == step
+            if step == 2:  # the loss view's rows know their agents (in the tensors' row order)
+                assert session.last_inspection.agents == [r.agent for r in rows]
             assert stats["reward_mean/solver"] == means["solver"]
             assert stats["reward_mean/checker"] == means["checker"]
             assert math.isfinite(stats["loss"])

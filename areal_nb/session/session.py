@@ -424,6 +424,8 @@ class Session:
         self._in_train_step = False
         if message["inspect"]:
             self.last_inspection = self.actor.last_inspection
+            if batch is not None and self.last_inspection is not None and len(batch.agents) > 1:
+                self.last_inspection.agents = [row.agent for row in batch.rows()]  # to_tensors' order
         self.version = self.actor.version
         self.actor.push_weights(self.engine, self.version)  # every rank: FSDP gathers the weights
         if self.engine is not None:  # rank 0

@@ -57,6 +57,9 @@ class LossInspection:
     behave_imp_weight_cap: float | None
     version: int  # the policy version that was updated (the engine serves version + 1 after)
     stats: dict[str, float] = field(default_factory=dict)
+    # per row, the agent whose call it is (the `model` name it sent); set by the Session, which
+    # knows the names (the trainer sees agent indices only); None: one agent, or not known
+    agents: list[str | None] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -67,7 +70,11 @@ class LossInspection:
         if not 0 <= i < self.n_rows:
             raise IndexError(f"row {i} out of range: the step trained {self.n_rows} rows")
         length = int(self.attention_mask[i].sum())
-        out: dict[str, Any] = {"reward": float(self.rewards[i]), "minibatch": int(self.minibatch[i])}
+        out: dict[str, Any] = {
+            "reward": float(self.rewards[i]),
+            "minibatch": int(self.minibatch[i]),
+            "agent": None if self.agents is None else self.agents[i],
+        }
         for name in TOKEN_FIELDS:
             value = getattr(self, name)
             out[name] = None if value is None else value[i, :length].tolist()

@@ -68,6 +68,8 @@ class LossRow:
     minibatch: int
     chips: list[LossChip]
     turns: list[LossTurn]
+    agent: str | None = None  # the agent whose call the row is (several agents only)
+    agent_index: int | None = None  # its place in the view's `agents` (its colour)
 
     @property
     def contribution(self) -> float:
@@ -90,6 +92,7 @@ class LossViewModel:
     eps_clip: float = 0.2
     behave_imp_weight_cap: float | None = None
     version: int = 0
+    agents: list[str | None] = field(default_factory=list)  # several agents: in order of first appearance
 
     @property
     def loss(self) -> float:
@@ -160,7 +163,7 @@ def loss_row(
                 sum(c.advantage for c in members) / len(members),
             )
         )
-    return LossRow(i, r["reward"], r["minibatch"], chips, turns)
+    return LossRow(i, r["reward"], r["minibatch"], chips, turns, agent=r.get("agent"))
 
 
 def build_loss_view(
@@ -179,6 +182,9 @@ def build_loss_view(
     built = [loss_row(inspection, tokenizer, i, loss_filter, specials) for i in indices]
     if loss_filter != "all":
         built = [r for r in built if any(c.selected for c in r.chips)]
+    agents = list(dict.fromkeys(getattr(inspection, "agents", None) or []))
+    for row in built:
+        row.agent_index = agents.index(row.agent) if len(agents) > 1 else None
     return LossViewModel(
         loss_filter,
         built,
@@ -186,4 +192,5 @@ def build_loss_view(
         inspection.eps_clip,
         inspection.behave_imp_weight_cap,
         inspection.version,
+        agents if len(agents) > 1 else [],
     )

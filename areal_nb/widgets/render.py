@@ -446,14 +446,20 @@ def loss_chip_html(c: Any, scale: float) -> str:
 
 
 def loss_row_html(row: Any, scale: float) -> str:
+    agent_index = getattr(row, "agent_index", None)
+    who, agent_attr, bar = "", "", ""
+    if agent_index is not None:  # several agents: the row's agent by name and colour
+        who = f' · agent <b class="anb-row-agent">{esc(row.agent if row.agent is not None else "(no model name)")}</b>'
+        agent_attr = f' data-agent="{esc(row.agent)}"'
+        bar = f";border-left:8px solid {agent_colour(agent_index)};padding-left:4px"
     head = (
-        f'<div class="anb-row-head" style="font-size:11px;margin-top:6px"><b>row {row.index}</b> · reward '
+        f'<div class="anb-row-head"{agent_attr} style="font-size:11px;margin-top:6px{bar}"><b>row {row.index}</b>{who} · reward '
         f"{fmt(row.reward)} · minibatch {row.minibatch} · Σ loss contribution "
         f'<b class="anb-row-sum">{row.contribution:.4g}</b> · {row.n_clipped} clipped · {row.n_capped} capped</div>'
     )
     chips = "".join(loss_chip_html(c, scale) for c in row.chips)
     body = (
-        f'<div class="anb-row anb-loss-row" data-row="{row.index}" style="{FONT};font-size:12px;line-height:2">'
+        f'<div class="anb-row anb-loss-row" data-row="{row.index}"{agent_attr} style="{FONT};font-size:12px;line-height:2">'
         f"{chips}</div>"
     )
     cells = "".join(
@@ -483,5 +489,10 @@ def loss_view_html(model: Any) -> str:
     )
     rows = "".join(loss_row_html(r, scale) for r in model.rows) or "<i>no row has such tokens</i>"
     return (
-        f'<div class="anb-loss" data-filter="{esc(model.filter)}">' + summary + LOSS_LEGEND + rows + "</div>"
+        f'<div class="anb-loss" data-filter="{esc(model.filter)}">'
+        + summary
+        + LOSS_LEGEND
+        + agents_legend_html(getattr(model, "agents", []))
+        + rows
+        + "</div>"
     )

@@ -99,3 +99,24 @@ def test_errors(inspected, tiny_tokenizer):
         build_loss_view(inspected.clipped)
     with pytest.raises(ValueError, match="filter must be one of"):
         build_loss_view(inspected.clipped, tiny_tokenizer, loss_filter="big")
+
+
+def test_rows_of_several_agents_name_and_colour_their_agent(inspected, tiny_tokenizer):
+    """An inspection whose rows the Session labelled with their agents (a multi-agent run): each
+    row's head names its agent, with the agents' legend and colours of the other views."""
+    from dataclasses import replace
+
+    from areal_nb.widgets.render import agent_colour
+
+    labelled = replace(inspected.clipped, agents=["solver", "checker", "solver", "checker"])
+    model = build_loss_view(labelled, tiny_tokenizer)
+    assert model.agents == ["solver", "checker"]
+    assert [(r.agent, r.agent_index) for r in model.rows] == [("solver", 0), ("checker", 1)] * 2
+    html = loss_view_html(model)
+    assert 'class="anb-agents" data-agents="2"' in html
+    assert html.count('class="anb-row-head" data-agent="checker"') == 2
+    assert agent_colour(1) in html and 'agent <b class="anb-row-agent">checker</b>' in html
+    # one agent (or none known): no labels
+    plain = build_loss_view(inspected.clipped, tiny_tokenizer)
+    assert plain.agents == [] and all(r.agent_index is None for r in plain.rows)
+    assert "anb-agents" not in loss_view_html(plain)
