@@ -145,6 +145,19 @@ def test_step_callback_and_history(session):
         assert key in session.history.columns and not math.isnan(float(session.history[key].iloc[-1]))
 
 
+def test_history_reward_mean_is_the_mean_episode_return(session):
+    """The rollout's `reward_mean` (episode returns, as evaluate()'s) is the history's; the
+    trainer's mean over its rows (one per call, discounted) is `row_reward_mean`."""
+    batch = session.rollout()
+    returns = [batch.episode_return(i) for i, ep in enumerate(batch.episodes) if ep.accepted]
+    rows = batch.to_tensors()["rewards"]
+    row = session.train_step(batch)
+    assert row["reward_mean"] == pytest.approx(sum(returns) / len(returns))
+    assert row["row_reward_mean"] == pytest.approx(float(rows.float().mean()))
+    last = session.history.iloc[-1]
+    assert last["reward_mean"] == row["reward_mean"] and last["row_reward_mean"] == row["row_reward_mean"]
+
+
 def test_keyboard_interrupt_during_rollout_leaves_session_usable(session):
     # Ctrl-C once episodes are running (not after a fixed delay: a fast machine could finish the
     # rollout first, and the signal would hit the test itself)

@@ -431,11 +431,13 @@ class Session:
         if self.engine is not None:  # rank 0
             self._rank0_runtime.call_soon(self._rank0_executor.on_version_change)
         self.step_count += 1
-        row = {
-            "step": self.step_count,
-            **(batch.stats if batch is not None and self.rank == 0 else {}),
-            **stats,
-        }
+        rollout_stats = batch.stats if batch is not None and self.rank == 0 else {}
+        row = {"step": self.step_count, **rollout_stats, **stats}
+        if "reward_mean" in rollout_stats:
+            # `reward_mean` is the mean episode return (as `evaluate()`'s); the trainer's mean over
+            # its rows (one per call, discounted rewards) is kept beside it
+            row["row_reward_mean"] = stats.get("reward_mean", float("nan"))
+            row["reward_mean"] = rollout_stats["reward_mean"]
         row["version"] = self.version  # the version the engine serves after this step
         for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
             row.setdefault(key, float("nan"))
