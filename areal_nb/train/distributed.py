@@ -30,6 +30,7 @@ import atexit
 import datetime
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -258,6 +259,7 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
             backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout)
         )
         atexit.register(_destroy_group)
+        sys.excepthook = _note_failure(sys.excepthook)
         logger.info("rank %d/%d joined the %s process group", dist.get_rank(), world_size, dist.get_backend())
     if dist.get_world_size() != world_size:
         raise RuntimeError(
@@ -266,6 +268,28 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
     return DataParallel(rank=dist.get_rank(), world_size=world_size, device=device)
 
 
+# How long a rank that ends its program normally waits at exit for the others (gloo). A rank whose
+# process is torn down while a peer still runs (one rank saves a checkpoint, the other is done)
+# can abort in gloo's teardown ("terminate called without an active exception", SIGABRT), and
+# torchrun then reports the whole job failed; meeting at exit first avoids it.
+EXIT_BARRIER_S = 60.0
+_failed: list[BaseException] = []  # an uncaught exception is ending this rank: do not wait at exit
+
+
+def _note_failure(hook: Any) -> Any:
+    def excepthook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        _failed.append(value)
+        hook(kind, value, traceback)
+
+    return excepthook
+
+
 def _destroy_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo" and not _failed:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
+        except RuntimeError as exc:  # a peer failed or is gone: it reported its own error
+            logger.warning("ranks did not all reach the end of the program: %s", str(exc).splitlines()[0])
+    dist.destroy_process_group()

@@ -122,6 +122,30 @@ def test_a_stalled_rank_0_ends_the_job_at_the_group_timeout(tmp_path):
 
 
 @pytest.mark.slow
+def test_ranks_meet_at_the_end_of_the_program_unless_one_failed(tmp_path):
+    """A rank torn down while a peer still runs can abort in gloo's teardown (SIGABRT) and fail
+    the whole job: a rank that ends normally waits at exit until every rank has ended. A rank that
+    ends with an uncaught exception does not wait."""
+    script = str(Path(__file__).with_name("ddp_exit.py"))
+
+    def stamp(name):
+        path = tmp_path / name
+        return float(path.read_text()) if path.exists() else None
+
+    late = torchrun([script, str(tmp_path), "late"], tmp_path, timeout=120)
+    assert late.returncode == 0, late.stderr[-3000:]
+    # rank 1 reached its end first, but left only after rank 0 reached its own
+    assert stamp("end-1") < stamp("end-0") <= stamp("exit-1")
+
+    for name in ("end-0", "end-1", "exit-0", "exit-1"):
+        (tmp_path / name).unlink(missing_ok=True)
+    failed = torchrun([script, str(tmp_path), "fail"], tmp_path, timeout=120)
+    assert failed.returncode != 0 and "rank 1 fails on purpose" in failed.stderr
+    end_0 = stamp("end-0")  # None when torchrun stopped rank 0 first
+    assert stamp("exit-1") is not None and (end_0 is None or stamp("exit-1") < end_0)
+
+
+@pytest.mark.slow
 def test_fsdp_shards_the_kl_reference_and_keeps_its_log_probs(tmp_path):
     from . import fsdp_ref
 
