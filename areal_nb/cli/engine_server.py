@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import os
 import sys
 from pathlib import Path
@@ -63,18 +62,20 @@ SERVING_DTYPES = {
 
 
 def serving_dtype(name: str, model_path: str) -> torch.dtype:
-    """The torch dtype `--dtype name` serves the model at `model_path` in."""
+    """The torch dtype `--dtype name` serves the model at `model_path` (a folder or a Hugging Face
+    id) in; "auto" reads the dtype its config was saved with."""
     import torch
 
     chosen = SERVING_DTYPES[name]
-    if chosen is None:
-        config = Path(model_path) / "config.json"
-        saved = json.loads(config.read_text()) if config.is_file() else {}
-        chosen = saved.get("dtype") or saved.get("torch_dtype") or "float32"
-    dtype = getattr(torch, str(chosen), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{model_path}/config.json names dtype {chosen!r}, which is not a torch dtype")
-    return dtype
+    if chosen is not None:
+        return getattr(torch, chosen)
+    from transformers import AutoConfig
+
+    try:
+        saved = AutoConfig.from_pretrained(model_path).dtype  # `dtype` or the older `torch_dtype`
+    except (AttributeError, OSError, ValueError) as exc:  # AttributeError: a dtype torch lacks
+        raise ValueError(f"the saved dtype of {model_path} cannot be read: {exc}") from exc
+    return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -160,9 +161,11 @@ def test_engine_server_dtype_names_are_sglangs_and_auto_keeps_the_saved_dtype(tm
         torch.float32,
         torch.float32,
     ]
-    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    saved = json.loads((Path(tiny_model_path) / "config.json").read_text())
+    saved.pop("dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "torch_dtype": "bfloat16"}))  # the older key
     assert serving_dtype("auto", str(tmp_path)) == torch.bfloat16
-    (tmp_path / "config.json").write_text(json.dumps({"dtype": "complex-ish"}))
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "dtype": "complex-ish"}))
     with pytest.raises(ValueError, match="complex-ish"):
         serving_dtype("auto", str(tmp_path))
     with pytest.raises(SystemExit):
