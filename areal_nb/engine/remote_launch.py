@@ -107,6 +107,11 @@ def launch_remote_engine(
         raise
 
 
+def _unless_given(extra_args: Sequence[str], flag: str, value: Any) -> Any:
+    """`value` for `flag`, or None when the user's own `extra_args` give the flag (theirs wins)."""
+    return None if flag in extra_args else value
+
+
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -127,11 +132,7 @@ def _command(
     single_thread_rows=None,
     dtype=None,
 ) -> list[str]:
-    if "--dtype" in extra_args:
-        dtype = None  # the user's own flag wins
     if server == "sglang":
-        if "--max-running-requests" in extra_args:
-            max_batch_size = None  # the user's own flag wins
         return sglang_command(
             model_path,
             host=host,
@@ -140,22 +141,23 @@ def _command(
             dp_size=dp_size,
             mem_fraction_static=mem_fraction_static,
             api_key=api_key,
-            max_running_requests=max_batch_size,
-            dtype=dtype,
+            max_running_requests=_unless_given(extra_args, "--max-running-requests", max_batch_size),
+            dtype=_unless_given(extra_args, "--dtype", dtype),
             extra_args=extra_args,
         )
     if server == "engine-server":
-        if max_batch_size is not None and "--max-batch-size" not in extra_args:
-            extra_args = [*extra_args, "--max-batch-size", str(int(max_batch_size))]
-        if dtype is not None:
-            extra_args = [*extra_args, "--dtype", dtype]
-        if single_thread_rows is not None and "--single-thread-rows" not in extra_args:
-            extra_args = [*extra_args, "--single-thread-rows", str(int(single_thread_rows))]
-        if "--torch-threads" not in extra_args:
-            # the servers run on this machine, beside each other and the trainer: each gets its share
-            # of the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a
-            # loaded machine, against ~11 s with 1 each)
-            extra_args = [*extra_args, "--torch-threads", str(max(1, (os.cpu_count() or 1) // n_servers))]
+        # the servers run on this machine, beside each other and the trainer: each gets its share of
+        # the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a
+        # loaded machine, against ~11 s with 1 each)
+        threads = max(1, (os.cpu_count() or 1) // n_servers)
+        for flag, value in (
+            ("--max-batch-size", max_batch_size),
+            ("--dtype", dtype),
+            ("--single-thread-rows", single_thread_rows),
+            ("--torch-threads", threads),
+        ):
+            if _unless_given(extra_args, flag, value) is not None:
+                extra_args = [*extra_args, flag, str(value)]
         return engine_server_command(
             model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir, extra_args=extra_args
         )
