@@ -14,6 +14,7 @@ from areal_nb.api import ModelRequest, ModelResponse
 from areal_nb.capture import ArealOpenAI, check_retokenization, concat_padded_tensors
 from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.reward.gsm8k import math_reward
+from tests.structured_tools import SAY
 
 
 class RecordingEngine:
@@ -108,18 +109,6 @@ def test_areal_openai_takes_choice_regex_and_required_tool_calls(local_engine, t
     import json
 
     client = ArealOpenAI(local_engine, tiny_tokenizer)
-    say = {
-        "type": "function",
-        "function": {
-            "name": "say",
-            "parameters": {
-                "type": "object",
-                "properties": {"w": {"enum": ["hi", "bye"]}},
-                "required": ["w"],
-                "additionalProperties": False,
-            },
-        },
-    }
     messages = [{"role": "user", "content": "Is 3 + 5 = 8?"}]
 
     async def calls():
@@ -132,7 +121,7 @@ def test_areal_openai_takes_choice_regex_and_required_tool_calls(local_engine, t
             extra_body={"structured_outputs": {"regex": "[0-9]{2}"}},
         )
         tool = await client.chat.completions.create(
-            messages=messages, max_completion_tokens=60, tools=[say], tool_choice="required"
+            messages=messages, max_completion_tokens=60, tools=[SAY], tool_choice="required"
         )
         return choice, regex, tool
 

@@ -13,6 +13,7 @@ import pytest
 
 from areal_nb.capture.structured import FORMAT_INSTRUCTION
 from tests.proxy.hostile import new_session_key
+from tests.structured_tools import NUM, SAY, SCHEMAS
 
 pytestmark = pytest.mark.server
 
@@ -166,32 +167,6 @@ def test_agents_sdk_output_type_gets_a_parsed_pydantic_object(local_server, clie
 
 
 # ---------------------------------------------------------------- any tool, regex and choice
-# two small tools: with their definitions the prompt still fits tiny-math's 512-token context
-SAY = {
-    "type": "function",
-    "function": {
-        "name": "say",
-        "parameters": {
-            "type": "object",
-            "properties": {"w": {"enum": ["hi", "bye"]}},
-            "required": ["w"],
-            "additionalProperties": False,
-        },
-    },
-}
-NUM = {
-    "type": "function",
-    "function": {
-        "name": "num",
-        "parameters": {
-            "type": "object",
-            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
-            "required": ["n"],
-            "additionalProperties": False,
-        },
-    },
-}
-SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (SAY, NUM)}
 
 
 def test_tool_choice_required_is_a_call_of_one_of_the_tools(local_server, client):

@@ -38,30 +38,23 @@ def family_config(family: str, vocab_size: int, window: int = 4096, **ids: int |
         return Qwen3Config(vocab_size=vocab_size, head_dim=16, **COMMON, **ids)
     if family == "mistral":
         return MistralConfig(vocab_size=vocab_size, sliding_window=window, **COMMON, **ids)
+    # Gemma: sliding and full layers, soft-capped logits
+    gemma = {
+        "vocab_size": vocab_size,
+        "head_dim": 16,
+        "sliding_window": window,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "final_logit_softcapping": 30.0,
+        **COMMON,
+        **ids,
+    }
     if family == "gemma3":
-        return Gemma3TextConfig(
-            vocab_size=vocab_size,
-            head_dim=16,
-            sliding_window=window,
-            layer_types=["sliding_attention", "full_attention"],
-            final_logit_softcapping=30.0,
-            **COMMON,
-            **ids,
-        )
+        return Gemma3TextConfig(**gemma)
     if family == "gemma2":
-        # weights 10x the usual init scale make attention scores of a few units, so the cap at 1
-        # changes the log-probs by ~1: a path that dropped the soft-capping would be caught
-        return Gemma2Config(
-            vocab_size=vocab_size,
-            head_dim=16,
-            sliding_window=window,
-            layer_types=["sliding_attention", "full_attention"],
-            final_logit_softcapping=30.0,
-            attn_logit_softcapping=1.0,
-            initializer_range=0.2,
-            **COMMON,
-            **ids,
-        )
+        # soft-capped attention scores too; weights 10x the usual init scale make those scores a
+        # few units, so the cap at 1 changes the log-probs by ~1: a path that dropped the
+        # soft-capping would be caught
+        return Gemma2Config(**gemma, attn_logit_softcapping=1.0, initializer_range=0.2)
     raise ValueError(family)
 
 
