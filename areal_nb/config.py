@@ -41,6 +41,7 @@ from areal_nb.engine.defaults import (
 )
 from areal_nb.errors import ConfigError  # noqa: F401 (re-exported)
 from areal_nb.train import GRPOConfig
+from areal_nb.train.lora import LoraConfig
 
 
 class _Section(BaseModel):
@@ -177,6 +178,14 @@ class AgentConfig(_Section):
     None: no limit."""
     subproc_max_workers: int = Field(2, ge=1)
     """Agent processes in mode "subproc"."""
+
+
+class AgentTrainingConfig(_Section):
+    """One entry of `agents`: how the agent of that name (the `model` its calls send) trains."""
+
+    lora: LoraConfig
+    """The agent's own LoRA adapter ({r, alpha, dropout, target_modules}) on the frozen base that
+    every agent shares: each agent is its own policy, trained on its own calls only."""
 
 
 class RolloutConfig(_Section):
@@ -370,6 +379,11 @@ class SessionConfig(_Section):
     """Episodes per step and their sampling (`RolloutConfig`)."""
     actor: GRPOConfig = Field(default_factory=GRPOConfig)
     """The trainer: optimizer, algorithm, loss (`GRPOConfig`)."""
+    agents: dict[str, AgentTrainingConfig] = Field(default_factory=dict)
+    """Agents that train their own LoRA adapter on one shared base: `{solver: {lora: {r: 8}},
+    checker: {lora: {r: 8}}}` (`AgentTrainingConfig`). A call trains, and is served by, the adapter
+    of the agent its `model` names; a call naming another agent is refused (400). Empty: one
+    policy plays every agent (`actor.lora` or full weights)."""
     data: DataConfig = Field(default_factory=DataConfig)
     """The task's rows (`DataConfig`)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -395,12 +409,29 @@ class SessionConfig(_Section):
                 "embedded engine records which tokens each sampled token was drawn among (grammar, top-k, "
                 "top-p); SGLang's replies do not say, so there is nothing to replay"
             )
+        if self.agents:
+            self._check_agents()
         if self.rollout.max_concurrent_rollouts < self.rollout.group_size:
             raise ValueError(
                 f"rollout.max_concurrent_rollouts ({self.rollout.max_concurrent_rollouts}) must be >= "
                 f"rollout.group_size ({self.rollout.group_size}): a group starts all its samples together"
             )
         return self
+
+    def _check_agents(self) -> None:
+        if self.actor.lora is not None:
+            raise ValueError(
+                "agents gives each agent its own LoRA adapter; actor.lora trains one adapter for all: "
+                "set one or the other"
+            )
+        if self.engine.type != "local":
+            raise ValueError(
+                f"agents (one adapter per agent) needs engine.type 'local', got {self.engine.type!r}: "
+                "the embedded engines serve each agent's adapter"
+            )
+        blank = [name for name in self.agents if not name.strip()]
+        if blank:
+            raise ValueError("agents: an agent's name (the `model` its calls send) cannot be blank")
 
     @property
     def run_dir(self) -> Path:

@@ -13,8 +13,9 @@ The tree:
     │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
     │   │   │   └── MessageTypeError (TypeError)  messages of the wrong type
     │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
-    │   │   └── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
-    │   │       └── ContractViolation             a body the SGLang API schema rejects (same body)
+    │   │   ├── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
+    │   │   │   └── ContractViolation             a body the SGLang API schema rejects (same body)
+    │   │   └── UnknownAgentError                 a call from an agent with no adapter of its own (`agents`)
     │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
     │   ├── BodyTooLarge                413 body_too_large
     │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
@@ -128,6 +129,12 @@ class BadRequest(InvalidRequestError):
 
 class ContractViolation(BadRequest):
     """A body the SGLang API schema rejects (its api_contract check): a 400 like any BadRequest."""
+
+
+class UnknownAgentError(InvalidRequestError):
+    """A call from an agent that has no engine of its own, where each agent trains its own adapter."""
+
+    code = "unknown_agent"
 
 
 class ProxyError(HTTPError):
@@ -426,6 +433,7 @@ __all__ = [
     "ConcatAlignmentError",
     "ConfigError",
     "ContractViolation",
+    "UnknownAgentError",
     "ConversationLinkWarning",
     "DatasetError",
     "Dialect",

@@ -154,6 +154,9 @@ class ModelRequest:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
+    # the agent that made the call (the `model` name it sent); an engine serving one adapter per
+    # agent (`AgentEngines`) generates with that agent's weights. None: the one policy.
+    agent: str | None = None
 
     def copy(self) -> ModelRequest:
         return ModelRequest(
@@ -162,6 +165,7 @@ class ModelRequest:
             rid=self.rid,
             metadata=dict(self.metadata),
             tokenizer=self.tokenizer,
+            agent=self.agent,
         )
 
 

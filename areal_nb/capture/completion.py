@@ -385,7 +385,7 @@ async def generate_for_messages(
     if cache is not None:
         cache.insert(interaction_id, interaction, resolve_parent=False)  # parent found above
     request = ModelRequest(
-        input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer
+        input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer, agent=agent
     )
     try:
         response = await engine.agenerate(request)

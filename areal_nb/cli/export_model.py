@@ -2,7 +2,8 @@
 folder's latest checkpoint) as a Hugging Face folder (`session.save_pretrained(DIR)` without a
 notebook): weights in the run's `model.dtype`, config, generation config and tokenizer, which
 `transformers.AutoModelForCausalLM.from_pretrained` loads. `--adapter`: a LoRA run's adapter
-alone, which `peft.PeftModel.from_pretrained(base, DIR)` loads on its base.
+alone, which `peft.PeftModel.from_pretrained(base, DIR)` loads on its base. `--agent NAME`: a run
+that trains one adapter per agent (`agents`) exports that agent's policy.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="LoRA runs: write the adapter alone (for peft), not merged weights",
     )
+    parser.add_argument(
+        "--agent",
+        metavar="NAME",
+        help="runs with one adapter per agent (the agents config): the agent whose policy to write",
+    )
     args = parser.parse_args(argv)
 
     from areal_nb.config import ConfigError
@@ -33,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         checkpoint = find_checkpoint(args.checkpoint)
-        out = export_checkpoint(checkpoint, args.out, merged=not args.adapter)
+        out = export_checkpoint(checkpoint, args.out, merged=not args.adapter, agent=args.agent)
     except (FileNotFoundError, ConfigError, CheckpointError, ValueError) as exc:
         print(f"areal-nb export-model: {exc}", file=sys.stderr)
         return 2

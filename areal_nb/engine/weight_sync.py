@@ -26,19 +26,24 @@ def version_dir(weights_dir: str | os.PathLike, version: int) -> Path:
     return Path(weights_dir) / f"{VERSION_PREFIX}{int(version)}"
 
 
+def write_adapter_files(folder: Path, adapter: Any) -> None:
+    """A `LoraAdapter` as peft's two files in `folder`: `adapter_model.safetensors` and
+    `adapter_config.json` (what `peft.PeftModel.from_pretrained` and SGLang load)."""
+    from safetensors.torch import save_file
+
+    tensors = {k: t.detach().to("cpu").contiguous().clone() for k, t in adapter.tensors.items()}
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, sort_keys=True))
+
+
 def write_adapter(weights_dir: str | os.PathLike, version: int, adapter: Any, *, keep: int = 2) -> Path:
     """Write a LoRA adapter (`areal_nb.api.LoraAdapter`) as peft's folder
     `weights_dir/adapter-<version>` (adapter_config.json, adapter_model.safetensors), in one
     atomic step like `write_weights`; older adapter folders beyond `keep` are removed."""
-    from safetensors.torch import save_file
-
-    def write(folder: Path) -> None:
-        tensors = {k: t.detach().to("cpu").contiguous().clone() for k, t in adapter.tensors.items()}
-        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-        (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, sort_keys=True))
-
     root = Path(weights_dir)
-    target = _write_atomically(root, root / f"{ADAPTER_PREFIX}{int(version)}", write)
+    target = _write_atomically(
+        root, root / f"{ADAPTER_PREFIX}{int(version)}", lambda folder: write_adapter_files(folder, adapter)
+    )
     _prune(root, keep=keep, current=target, prefix=ADAPTER_PREFIX)
     return target
 

@@ -69,14 +69,22 @@ def build_engine(
     from areal_nb.engine import create_engine
 
     if cfg.engine.type == "local":
-        return create_engine(
-            cfg.engine,
-            policy,
-            tokenizer,
-            model_path=cfg.model.path,
-            device=policy_device(cfg),
-            dtype=getattr(torch, cfg.model.dtype),
-        )
+
+        def local() -> InferenceEngine:
+            return create_engine(
+                cfg.engine,
+                policy,
+                tokenizer,
+                model_path=cfg.model.path,
+                device=policy_device(cfg),
+                dtype=getattr(torch, cfg.model.dtype),
+            )
+
+        if cfg.agents:  # one adapter per agent: an engine per agent, each its own merged weights
+            from areal_nb.engine.agent_engines import AgentEngines
+
+            return AgentEngines({agent: local() for agent in cfg.agents})
+        return local()
     from areal_nb.models import resolve_model_path
 
     weights_dir = Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()
@@ -119,7 +127,7 @@ def build_actor(
     if actor_cfg.lr_schedule != "constant" and actor_cfg.lr_decay_steps is None:
         actor_cfg = dataclasses.replace(actor_cfg, lr_decay_steps=cfg.total_steps)  # the run's length
     ref_model = None
-    if actor_cfg.kl_ctl > 0 and actor_cfg.lora is None:  # (LoRA: the base with the adapters off)
+    if actor_cfg.kl_ctl > 0 and actor_cfg.lora is None and not cfg.agents:  # (LoRA: the base, adapters off)
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     return Actor(
         policy,
@@ -129,6 +137,7 @@ def build_actor(
         parallel=parallel,
         compute_dtype=getattr(torch, cfg.model.dtype),
         tokenizer=tokenizer,
+        agent_lora={agent: seat.lora for agent, seat in cfg.agents.items()} or None,
     )
 
 

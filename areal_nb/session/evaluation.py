@@ -9,6 +9,7 @@ executor: they are never training data, and the policy version does not move.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,13 +33,7 @@ class GreedyEngine:
         self.engine = engine
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        greedy = ModelRequest(
-            input_ids=req.input_ids,
-            gconfig=req.gconfig.new(greedy=True),
-            rid=req.rid,
-            metadata=req.metadata,
-            tokenizer=req.tokenizer,
-        )
+        greedy = dataclasses.replace(req, gconfig=req.gconfig.new(greedy=True))
         return await self.engine.agenerate(greedy)
 
     def get_version(self) -> int:

@@ -10,6 +10,10 @@ With a LoRA actor (`actor.lora`), `merged=True` folds the adapter into the base 
 model folder as above); `merged=False` writes only the adapter (`adapter_config.json` +
 `adapter_model.safetensors`), which `peft.PeftModel.from_pretrained(base, dir)` loads on the base.
 
+With one adapter per agent (the `agents` config) each agent is its own policy: `agent=` names
+the one to write, merged into the base or as its adapter alone (at the folder's top, as peft saves
+a single adapter).
+
 `export_checkpoint` does the same from a checkpoint, or from a run folder's latest checkpoint.
 """
 
@@ -22,7 +26,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_nb.config import load_config
-from areal_nb.train.lora import is_lora_model, load_adapter_state, lora_base, merged_weights, wrap_lora
+from areal_nb.engine.weight_sync import write_adapter_files
+from areal_nb.train.lora import (
+    is_lora_model,
+    load_adapter_state,
+    lora_adapter,
+    lora_base,
+    merged_weights,
+    use_adapter,
+    wrap_agent_lora,
+    wrap_lora,
+)
 from areal_nb.train.precision import serving_weights
 
 from .base_model import base_reference, check_same_base
@@ -38,13 +52,22 @@ __all__ = ["export_checkpoint", "find_checkpoint", "save_pretrained", "write_mod
 
 
 def save_pretrained(
-    session: Session, path: str | Path, *, merged: bool = True, weights: dict[str, Any] | None = None
+    session: Session,
+    path: str | Path,
+    *,
+    merged: bool = True,
+    weights: dict[str, Any] | None = None,
+    agent: str | None = None,
 ) -> Path:
     """Write the session's current policy to `path` (see the module doc); returns the path.
     `weights`: what the caller gathered (FSDP: every rank does): the policy's full weights
-    (`Actor.policy_weights`, LoRA merged), or with `merged=False` the adapter's."""
+    (`Actor.policy_weights`, LoRA merged), or with `merged=False` the adapter's. `agent`: with
+    one adapter per agent, whose policy (required then, refused otherwise)."""
     actor = session.actor
     dtype = getattr(torch, session.config.model.dtype)
+    agent = check_agent(list(session.config.agents), agent)
+    if agent is not None:
+        return write_agent_policy(actor.model, agent, session.tokenizer, dtype, path, merged=merged)
     if not merged and not is_lora_model(actor.model):
         raise ValueError(
             "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "
@@ -75,6 +98,38 @@ def write_model_folder(
         model.generation_config.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)  # (with its chat template)
+    return path
+
+
+def check_agent(agents: list[str], agent: str | None) -> str | None:
+    """`agent`, checked against the run's agents with an adapter of their own (ValueError)."""
+    if agents and agent not in agents:
+        raise ValueError(
+            f"this run trains one adapter per agent: name the agent to export ({', '.join(agents)})"
+            + ("" if agent is None else f"; {agent!r} is not one of them")
+        )
+    if not agents and agent is not None:
+        raise ValueError(
+            f"agent={agent!r} names an agent's own adapter, but this run trains one policy for every "
+            "agent (no `agents` config): export without agent"
+        )
+    return agent
+
+
+def write_agent_policy(
+    model: torch.nn.Module, agent: str, tokenizer: Any, dtype: torch.dtype, path: str | Path, *, merged: bool
+) -> Path:
+    """One agent's policy of a model with one adapter per agent: the base with its adapter merged
+    (a plain transformers folder), or its adapter alone (peft's files at the folder's top)."""
+    with use_adapter(model, agent):
+        if merged:
+            return write_model_folder(lora_base(model), merged_weights(model), tokenizer, dtype, path)
+        adapter = lora_adapter(model)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    write_adapter_files(path, adapter)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     return path
 
 
@@ -116,10 +171,13 @@ def find_checkpoint(path: str | Path) -> Path:
     return max(found, key=lambda folder: ((folder / MANIFEST).stat().st_mtime_ns, str(folder)))
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merged: bool = True) -> Path:
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, *, merged: bool = True, agent: str | None = None
+) -> Path:
     """A `Session.save` checkpoint's policy (or a run folder's latest one, `find_checkpoint`) as a
     transformers folder, or with `merged=False` a LoRA run's adapter for peft (no Session, no
-    engine). A LoRA checkpoint's base is loaded from where it names it, and must be the same."""
+    engine). A LoRA checkpoint's base is loaded from where it names it, and must be the same.
+    `agent`: a run with one adapter per agent exports that agent's policy."""
     from areal_nb.models import load_model, load_tokenizer
 
     checkpoint = find_checkpoint(checkpoint)
@@ -127,19 +185,27 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merged: bool =
     base = state["base_model"]  # LoRA: the base the adapter was trained on (None: model/ holds it)
     model_path = base["path"] if base is not None else str(checkpoint / "model")
     cfg = load_config(checkpoint / "config.yaml", {"model.path": model_path})
-    if not merged and cfg.actor.lora is None:
+    agent = check_agent(list(cfg.agents), agent)
+    if not merged and cfg.actor.lora is None and agent is None:
         raise ValueError(
             f"{checkpoint} is a full-weight run's checkpoint: it has no LoRA adapter to export alone"
         )
     model = load_model(model_path, dtype=torch.float32)
     if base is not None:
         check_same_base(base, base_reference(model_path, model), str(checkpoint))
-    if cfg.actor.lora is not None:  # the trained adapters are in state.pt
+    if agent is not None:  # every agent's adapter is in state.pt
+        model = wrap_agent_lora(model, {name: seat.lora for name, seat in cfg.agents.items()})
+        load_adapter_state(model, state["actor"]["model"])
+    elif cfg.actor.lora is not None:  # the trained adapters are in state.pt
         model = wrap_lora(model, cfg.actor.lora)
         load_adapter_state(model, state["actor"]["model"])
     else:
         model.load_state_dict(state["actor"]["model"])
     tokenizer = load_tokenizer(str(checkpoint / "model"))
+    if agent is not None:
+        return write_agent_policy(
+            model, agent, tokenizer, getattr(torch, cfg.model.dtype), out, merged=merged
+        )
     if not merged:
         return write_adapter_folder(model, tokenizer, out)
     return write_model_folder(model, model.state_dict(), tokenizer, getattr(torch, cfg.model.dtype), out)

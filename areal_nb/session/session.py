@@ -157,7 +157,9 @@ class Session:
             # data first: a bad dataset fails before anything is built
             task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
-            if cfg.actor.lora is not None:  # what a checkpoint names instead of copying the base
+            if (
+                cfg.actor.lora is not None or cfg.agents
+            ):  # what a checkpoint names instead of copying the base
                 self.lora_base = base_reference(cfg.model.path, policy)
             if self._resume_state is not None:  # an adapter goes on the base it was trained on only
                 check_same_base(
@@ -410,7 +412,12 @@ class Session:
             if batch is None:
                 raise TypeError("train_step() needs a RolloutBatch (from rollout()), got None")
             # the batch's credit (config's actor.credit, or a reexport's) is what its views showed
-            message = {"tensors": batch.to_tensors(), "credit": batch.credit, "inspect": inspect}
+            message = {
+                "tensors": batch.to_tensors(),
+                "credit": batch.credit,
+                "inspect": inspect,
+                "agents": batch.agents,
+            }
         if self._channel is not None:
             message = self._channel.send("train", message)  # ranks ≠ 0 receive rank 0's
         assert message is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
@@ -418,7 +425,11 @@ class Session:
         self._in_train_step = True  # a failure from here on is inside the ranks' collectives
         stats = dict(
             self.actor.train_step(
-                tensors, tensors["group_ids"], credit=message["credit"], inspect=message["inspect"]
+                tensors,
+                tensors["group_ids"],
+                credit=message["credit"],
+                inspect=message["inspect"],
+                agents=message["agents"],
             )
         )
         self._in_train_step = False
@@ -629,14 +640,17 @@ class Session:
         return self._written_by_rank_0(lambda: save_checkpoint(self, path, actor_state, ref_weights))
 
     @one_call
-    def save_pretrained(self, path: str | Path, *, merged: bool = True) -> Path:
+    def save_pretrained(self, path: str | Path, *, merged: bool = True, agent: str | None = None) -> Path:
         """The current policy as a Hugging Face folder that `transformers` loads (weights in
         `model.dtype`, config, generation config, tokenizer with its chat template). With
         `actor.lora`, `merged=False` writes the adapter for `peft.PeftModel.from_pretrained`
-        instead (`hf_export.py`). Under torchrun only rank 0 writes."""
+        instead (`hf_export.py`). With one adapter per agent (`agents`), `agent` names whose
+        policy to write. Under torchrun only rank 0 writes."""
         from .hf_export import save_pretrained
 
         self._check_open()
+        if self.config.agents or agent is not None:  # (one process: agent adapters do not shard)
+            return Path(save_pretrained(self, path, merged=merged, agent=agent))
         if not merged and not self.actor.lora:
             raise ValueError(
                 "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal_nb.api import CreditMode, InferenceEngine
+from areal_nb.api import AgentWeights, CreditMode, InferenceEngine
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
@@ -39,12 +39,17 @@ from .distributed import DataParallel, full_state_dict, fully_shard_model, shard
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .lora import (
+    LoraConfig,
+    adapter_name,
     adapter_state,
     check_shardable,
+    is_adapter_key,
     load_adapter_state,
     lora_adapter,
     lora_base,
     merged_weights,
+    use_adapter,
+    wrap_agent_lora,
     wrap_lora,
 )
 from .memory import check_train_memory
@@ -74,6 +79,8 @@ class _StepBatch:
     group_ids: Tensor | Sequence[Any] | None
     pack_ids: Tensor | None  # [B] dense group index: the rows merged into one trie
     lengths: Tensor  # [B] tokens per row
+    # agent adapters (`Actor(agent_lora=...)`): each row's agent, whose adapter its forwards run
+    row_agents: list[str] | None = None
     # `cfg.replay_sampling_masks`: per row with masked tokens, their positions [k] and allowed sets [k, V]
     allowed: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
@@ -115,7 +122,11 @@ class Actor:
         parallel: DataParallel | None = None,
         compute_dtype: torch.dtype | None = None,
         tokenizer: Any = None,
+        agent_lora: dict[str, LoraConfig] | None = None,
     ) -> None:
+        """`agent_lora` ({agent: LoraConfig}): one LoRA adapter per agent on the frozen base, each
+        trained on its agent's rows only (see `_agent_micro_batches`); `train_step` then needs
+        the names of the batch's `agent_ids`."""
         self.model = model
         self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
         self.parallel = parallel  # None: one process trains on the whole batch
@@ -131,15 +142,23 @@ class Actor:
         to_master_weights(model)
         # LoRA (`lora.py`): the base frozen, only the adapters train (and hold AdamW state); the
         # KL reference is the base with the adapters off, not a copy (`_reference_logprobs`)
-        self.lora = self.cfg.lora is not None
+        self.agents = list(agent_lora or ())  # agents with an adapter of their own
+        self.lora = self.cfg.lora is not None or bool(self.agents)
         if self.lora:
             if ref_model is not None:
                 raise ValueError(
                     "actor.lora uses the base model with the adapters off as the KL reference: "
                     "pass no ref_model"
                 )
+            if self.agents and (self.cfg.lora is not None or parallel is not None):
+                raise ValueError(
+                    "agent adapters (agent_lora) train in one process, with no actor.lora: "
+                    + ("unset actor.lora" if self.cfg.lora is not None else "run without torchrun")
+                )
             # (peft first: FSDP then shards the injected layers, adapters and frozen base alike)
-            model = self.model = wrap_lora(model, self.cfg.lora)
+            model = self.model = (
+                wrap_agent_lora(model, agent_lora) if agent_lora else wrap_lora(model, self.cfg.lora)
+            )
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
         # FSDP2 (data-parallel only): parameters, gradients and Adam state sharded over the ranks
@@ -160,6 +179,15 @@ class Actor:
         if self.cfg.gradient_checkpointing:
             checkpoint_layers(lora_base(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # each agent's adapter is clipped on its own: the agents are separate policies
+        self.agent_params = {
+            agent: [
+                p
+                for n, p in model.named_parameters()
+                if is_adapter_key(n) and adapter_name(agent) in n.split(".")
+            ]
+            for agent in self.agents
+        }
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=self.cfg.lr,
@@ -188,6 +216,7 @@ class Actor:
         group_ids: Tensor | Sequence[Any] | None = None,
         credit: CreditMode | None = None,
         inspect: bool = False,
+        agents: Sequence[str | None] | None = None,
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
@@ -201,10 +230,12 @@ class Actor:
 
         `credit` ("leaf" | "turn") overrides `cfg.credit` for this step (a RolloutBatch's own
         setting). `inspect=True` keeps the update's per-token values in `self.last_inspection`
-        (a `LossInspection`). Returns the step's stats; afterwards `self.version` is one higher.
+        (a `LossInspection`). `agents`: the names `batch["agent_ids"]` index (needed with agent
+        adapters). Returns the step's stats; afterwards `self.version` is one higher.
         """
         start = time.perf_counter()
         step = self._prepare(batch, group_ids)
+        step.row_agents = self._row_agents(batch, agents)
         lr = self._set_learning_rate()
         policies = self._policies_before_update(step)
         adv, kl_stats = self._advantages(step, policies.old, credit)
@@ -248,6 +279,23 @@ class Actor:
             lengths=attention.sum(1),
             allowed=allowed,
         )
+
+    def _row_agents(self, batch: dict[str, Any], agents: Sequence[str | None] | None) -> list[str] | None:
+        """Each row's agent (agent adapters only), checked to have an adapter."""
+        if not self.agents:
+            return None
+        if agents is None or "agent_ids" not in batch:
+            raise ValueError(
+                f"this Actor trains one adapter per agent ({self.agents}): train_step needs "
+                "batch['agent_ids'] and the agents' names (agents=)"
+            )
+        names = [agents[int(i)] for i in batch["agent_ids"].tolist()]
+        strangers = sorted({str(n) for n in names if n not in self.agents})
+        if strangers:
+            raise ValueError(
+                f"rows of agent(s) {strangers}, which have no adapter: this Actor trains {self.agents}"
+            )
+        return [str(n) for n in names]
 
     def _allowed_sets(self, batch: dict[str, Any]) -> dict[int, tuple[Tensor, Tensor]]:
         """Each masked token's allowed set, rebuilt from the batch's `sampling_spans` (the grammar
@@ -393,6 +441,7 @@ class Actor:
             # per-row [b, width] log-probs and entropy, packed or not: the loss sees rows. They are
             # read only on the loss mask (loss, advantages, KL, stats and inspection are masked),
             # so the packed forward runs the LM head there only.
+            self._use_adapter_of(step, micro)
             logprobs, entropy, positions = self._row_logprobs(
                 self.model,
                 step.input_ids[micro, cols],
@@ -429,13 +478,20 @@ class Actor:
         return minibatch_loss
 
     def _clip_and_step(self) -> float:
-        """Sum the ranks' gradients (DDP), clip them, take one optimizer step; the gradient norm."""
+        """Sum the ranks' gradients (DDP), clip them, take one optimizer step; the gradient norm
+        (agent adapters: each adapter clipped on its own, the norm over all of them)."""
         if self.parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
             self.parallel.all_reduce_grads(self.params)
         if self.grad_scaler is not None:
             self.grad_scaler.unscale_(self.optimizer)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
+        if self.agents:
+            norms = [
+                torch.nn.utils.clip_grad_norm_(params, max_norm) for params in self.agent_params.values()
+            ]
+            norm = torch.stack(norms).norm()
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
         if self.grad_scaler is None:
             self.optimizer.step()
         else:
@@ -482,8 +538,23 @@ class Actor:
     # ------------------------------------------------------------ helpers
     def _micro_batches(self, rows: Tensor, step: _StepBatch) -> list[Tensor]:
         """The micro-batches of `rows` this process computes (all rows without data parallelism);
-        through the sharded model, as many as every other rank (some empty)."""
+        through the sharded model, as many as every other rank (some empty). With agent adapters
+        each micro-batch holds one agent's rows (a forward runs one adapter)."""
         cfg = self.cfg
+        if step.row_agents is not None:
+            by_agent: dict[str, list[int]] = {}
+            for row in rows.tolist():
+                by_agent.setdefault(step.row_agents[row], []).append(row)
+            return [
+                micro
+                for agent_rows in by_agent.values()
+                for micro in split_micro_batches(
+                    torch.tensor(agent_rows, device=rows.device),
+                    step.lengths,
+                    cfg.micro_batch_size,
+                    cfg.max_tokens_per_microbatch,
+                )
+            ]
         if self.parallel is None:
             return split_micro_batches(
                 rows, step.lengths, cfg.micro_batch_size, cfg.max_tokens_per_microbatch
@@ -497,6 +568,11 @@ class Actor:
             pack_ids=step.pack_ids if same_count and cfg.pack else None,
             max_tokens=cfg.max_tokens_per_microbatch,
         )
+
+    def _use_adapter_of(self, step: _StepBatch, micro: Tensor) -> None:
+        """Agent adapters: the next forwards run the adapter of `micro`'s agent (one per micro-batch)."""
+        if step.row_agents is not None:
+            self.model.set_adapter(adapter_name(step.row_agents[int(micro[0])]))
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
@@ -600,6 +676,8 @@ class Actor:
                 self._empty_pass(model, input_ids, backward=False)
                 continue
             width = int(attention[micro].sum(1).max())
+            if model is self.model:
+                self._use_adapter_of(step, micro)
             out[micro, :width] = self._row_logprobs(
                 model,
                 input_ids[micro, :width],
@@ -640,6 +718,13 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
+        if self.agents:  # each agent's engine serves base + its ΔW merged (engine.agent_engines)
+            if engine is not None:
+                weights = {
+                    a: serving_weights(self.policy_weights(a), self.compute_dtype) for a in self.agents
+                }
+                engine.update_weights(AgentWeights(weights), version=version)
+            return version
         serves_adapters = self.lora and getattr(engine, "serves_lora_adapters", False)
         if self.lora and self.sharded:  # every rank takes part in the same gathers: rank 0's engine decides
             assert self.parallel is not None
@@ -662,13 +747,30 @@ class Actor:
         """The model's full weights by name. Sharded (FSDP) a gather that every rank calls."""
         return full_state_dict(self.model.state_dict()) if self.sharded else self.model.state_dict()
 
-    def policy_weights(self) -> dict[str, Tensor]:
+    def policy_weights(self, agent: str | None = None) -> dict[str, Tensor]:
         """The policy's full weights under the plain model's names: with LoRA the base with each
-        ΔW merged in (what the engine serves). Sharded (FSDP) a gather that every rank calls."""
+        ΔW merged in (what the engine serves). Sharded (FSDP) a gather that every rank calls.
+        Agent adapters: `agent`'s policy (the base with its adapter's ΔW)."""
         if not self.lora:
             return self.weights()
+        if self.agents:
+            with use_adapter(self.model, self._known_agent(agent)):
+                return merged_weights(self.model)
         base = lora_base(self.model).state_dict()
         return merged_weights(self.model, state=full_state_dict(base) if self.sharded else None)
+
+    def agent_adapter(self, agent: str) -> Any:
+        """Agent adapters: `agent`'s adapter as peft saves it (a `LoraAdapter`)."""
+        with use_adapter(self.model, self._known_agent(agent)):
+            return lora_adapter(self.model)
+
+    def _known_agent(self, agent: str | None) -> str:
+        if agent not in self.agents:
+            raise ValueError(
+                f"this Actor trains one adapter per agent: name one of {self.agents}, got {agent!r}"
+            )
+        assert agent is not None
+        return agent
 
     def adapter_weights(self) -> dict[str, Tensor]:
         """A LoRA actor's adapter tensors, full (sharded: a gather every rank calls)."""

@@ -19,7 +19,10 @@ those the trainer's base + adapter computes with. An engine that serves adapters
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,7 @@ from areal_nb.api import LoraAdapter
 
 __all__ = [
     "LoraConfig",
+    "adapter_name",
     "adapter_state",
     "check_shardable",
     "is_lora_model",
@@ -37,6 +41,8 @@ __all__ = [
     "lora_adapter",
     "lora_base",
     "merged_weights",
+    "use_adapter",
+    "wrap_agent_lora",
     "wrap_lora",
 ]
 
@@ -74,13 +80,12 @@ class LoraConfig:
             )
 
 
-def wrap_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """`model` with trainable LoRA adapters (a `peft.PeftModel`); only the adapters require grad."""
+def _peft_config(cfg: LoraConfig) -> Any:
     try:
         import peft
     except ImportError as exc:
-        raise ImportError("actor.lora needs peft: pip install 'areal_nb[lora]'") from exc
-    config = peft.LoraConfig(
+        raise ImportError("LoRA needs peft: pip install 'areal_nb[lora]'") from exc
+    return peft.LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
@@ -88,7 +93,57 @@ def wrap_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return peft.get_peft_model(model, config)
+
+
+def wrap_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """`model` with trainable LoRA adapters (a `peft.PeftModel`); only the adapters require grad."""
+    import peft
+
+    return peft.get_peft_model(model, _peft_config(cfg))
+
+
+def adapter_name(agent: str) -> str:
+    """The peft adapter name of an agent's adapter: its name with every character a module name
+    cannot hold (a dot splits state-dict keys) replaced by "_"."""
+    return re.sub(r"[^0-9A-Za-z_-]", "_", agent)
+
+
+def wrap_agent_lora(model: torch.nn.Module, configs: dict[str, LoraConfig]) -> torch.nn.Module:
+    """`model` with one LoRA adapter per agent (`adapter_name(agent)`), all on the one frozen base.
+    Every adapter requires grad; `use_adapter` picks the one a forward runs."""
+    import peft
+
+    names = {agent: adapter_name(agent) for agent in configs}
+    clash = len(set(names.values())) < len(names)
+    if clash or not names:
+        raise ValueError(
+            f"agents {sorted(configs)}: each agent needs a name of its own once characters other than "
+            "letters, digits, '_' and '-' are replaced by '_' (the adapter names)"
+            if clash
+            else "wrap_agent_lora needs at least one agent"
+        )
+    agents = list(configs)
+    wrapped = peft.get_peft_model(model, _peft_config(configs[agents[0]]), adapter_name=names[agents[0]])
+    for agent in agents[1:]:
+        wrapped.add_adapter(names[agent], _peft_config(configs[agent]))
+    _all_adapters_train(wrapped)
+    return wrapped
+
+
+def _all_adapters_train(model: torch.nn.Module) -> None:
+    # peft marks only the active adapter trainable; an inactive adapter takes no part in the
+    # forward, so it gets no gradient either way, and AdamW skips a parameter whose grad is None
+    for name, param in model.named_parameters():
+        if is_adapter_key(name):
+            param.requires_grad_(True)
+
+
+@contextlib.contextmanager
+def use_adapter(model: torch.nn.Module, agent: str) -> Iterator[None]:
+    """The forwards (and `merged_weights`, `lora_adapter`) inside run `agent`'s adapter."""
+    model.set_adapter(adapter_name(agent))
+    _all_adapters_train(model)
+    yield
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:
