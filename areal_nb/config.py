@@ -382,8 +382,9 @@ class SessionConfig(_Section):
     agents: dict[str, AgentTrainingConfig] = Field(default_factory=dict)
     """Agents that train their own LoRA adapter on one shared base: `{solver: {lora: {r: 8}},
     checker: {lora: {r: 8}}}` (`AgentTrainingConfig`). A call trains, and is served by, the adapter
-    of the agent its `model` names; a call naming another agent is refused (400). Empty: one
-    policy plays every agent (`actor.lora` or full weights)."""
+    of the agent its `model` names; a call naming another agent is refused (400). The embedded
+    engine runs one copy per agent; engine servers hold every agent's adapter. Empty: one policy
+    plays every agent (`actor.lora` or full weights)."""
     data: DataConfig = Field(default_factory=DataConfig)
     """The task's rows (`DataConfig`)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -423,11 +424,6 @@ class SessionConfig(_Section):
             raise ValueError(
                 "agents gives each agent its own LoRA adapter; actor.lora trains one adapter for all: "
                 "set one or the other"
-            )
-        if self.engine.type != "local":
-            raise ValueError(
-                f"agents (one adapter per agent) needs engine.type 'local', got {self.engine.type!r}: "
-                "the embedded engines serve each agent's adapter"
             )
         blank = [name for name in self.agents if not name.strip()]
         if blank:

@@ -45,29 +45,39 @@ def _scramble_adapters(session: Session, seed: int) -> None:
     session.actor.push_weights(session.engine, session.version)
 
 
+def _check_each_call_is_served_by_its_own_agents_adapter(session: Session) -> None:
+    """After a step and distinct adapters pushed, a batch's recorded log-probs are the trainer's
+    under each call's own agent's adapter (and the two policies differ clearly on those rows)."""
+    session.train_step(session.rollout())
+    _scramble_adapters(session, seed=1)
+    batch = session.rollout()
+    assert batch.accepted and batch.agents == AGENTS
+    # the two policies differ clearly on these rows, so a call served by the other agent's
+    # adapter would show in the recorded log-probs
+    tensors = batch.to_tensors()
+    mask = tensors["loss_mask"].bool()
+    per_agent = {}
+    for agent in AGENTS:
+        session.actor.model.set_adapter(adapter_name(agent))
+        with torch.no_grad():
+            logits = session.actor.model(input_ids=tensors["input_ids"]).logits.log_softmax(-1)
+        per_agent[agent] = logits[:, :-1].gather(-1, tensors["input_ids"][:, 1:, None]).squeeze(-1)
+    assert float((per_agent["solver"] - per_agent["checker"]).abs()[mask[:, 1:]].max()) > 0.05
+    stats = session.train_step(batch)
+    assert stats["logprob_abs_diff_max"] < 1e-4, stats["logprob_abs_diff_max"]
+    assert session.version == 2 and {"reward_mean/solver", "reward_mean/checker"} <= set(stats)
+    with pytest.raises(UnknownAgentError, match="'solver', 'checker'"):
+        asyncio.run(
+            session.engine.agenerate(ModelRequest([3, 4, 5], GenerationConfig(max_new_tokens=2), agent="x"))
+        )
+
+
 @pytest.mark.slow
 def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path):
     config = load_config(CONFIG, [*OVERRIDES, f"logging.run_dir={tmp_path / 'run'}"])
     with Session(config) as session:
         assert isinstance(session.engine, AgentEngines) and session.engine.agents == AGENTS
-        session.train_step(session.rollout())
-        _scramble_adapters(session, seed=1)
-        batch = session.rollout()
-        assert batch.accepted and batch.agents == AGENTS
-        # the two policies differ clearly on these rows, so a call served by the other agent's
-        # adapter would show in the recorded log-probs
-        tensors = batch.to_tensors()
-        mask = tensors["loss_mask"].bool()
-        per_agent = {}
-        for agent in AGENTS:
-            session.actor.model.set_adapter(adapter_name(agent))
-            with torch.no_grad():
-                logits = session.actor.model(input_ids=tensors["input_ids"]).logits.log_softmax(-1)
-            per_agent[agent] = logits[:, :-1].gather(-1, tensors["input_ids"][:, 1:, None]).squeeze(-1)
-        assert float((per_agent["solver"] - per_agent["checker"]).abs()[mask[:, 1:]].max()) > 0.05
-        stats = session.train_step(batch)
-        assert stats["logprob_abs_diff_max"] < 1e-4, stats["logprob_abs_diff_max"]
-        assert session.version == 2 and {"reward_mean/solver", "reward_mean/checker"} <= set(stats)
+        _check_each_call_is_served_by_its_own_agents_adapter(session)
         # each engine serves its own agent's base + ΔW, at the new version
         for agent in AGENTS:
             engine = session.engine.engines[agent]
@@ -79,12 +89,6 @@ def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path):
             session.engine.engines["solver"].model.state_dict()[KEY],
             session.engine.engines["checker"].model.state_dict()[KEY],
         )
-        with pytest.raises(UnknownAgentError, match="'solver', 'checker'"):
-            asyncio.run(
-                session.engine.agenerate(
-                    ModelRequest([3, 4, 5], GenerationConfig(max_new_tokens=2), agent="x")
-                )
-            )
         saved = {agent: session.actor.policy_weights(agent) for agent in AGENTS}
         session.save(tmp_path / "checkpoint")
         session.save_pretrained(tmp_path / "solver", agent="solver")
@@ -123,11 +127,46 @@ def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path):
         )
 
 
+@pytest.mark.slow
+@pytest.mark.server
+def test_agent_adapters_on_launched_engine_servers(tmp_path):
+    """The same on the launch path (`engine.type: sglang`, the command swapped for `areal-nb
+    engine-server`): the server starts with room for every agent's adapter, each push loads
+    every agent's adapter, and each call names its agent's."""
+    config = load_config(
+        CONFIG,
+        [
+            *OVERRIDES,
+            f"logging.run_dir={tmp_path / 'run'}",
+            "engine.type=sglang",
+            "engine.launch.command=engine-server",
+            "engine.launch.n_servers=1",
+        ],
+    )
+    with Session(config) as session:
+        (proc,) = session.engine.owned_processes
+        flags = proc.command[proc.command.index("--enable-lora") :]
+        assert flags[:7] == [
+            "--enable-lora",
+            "--max-lora-rank",
+            "4",
+            "--lora-target-modules",
+            "all",
+            "--max-loras-per-batch",
+            "4",
+        ]
+        _check_each_call_is_served_by_its_own_agents_adapter(session)
+        folders = sorted(
+            p.name for p in (tmp_path / "run" / "weights").iterdir() if not p.name.startswith(".")
+        )
+        # each agent's adapters only (the last two versions of each), never a model
+        assert folders == sorted(f"adapter-{a}-{v}" for a in AGENTS for v in (1, 2)), folders
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["agents.a.lora.r=4", "actor.lora.r=4"], "set one or the other"),
-        (["agents.a.lora.r=4", "engine.type=sglang"], "needs engine.type 'local'"),
         (["agents.a.lora.r=0"], "lora.r must be >= 1"),
         (["agents.a.lora=null"], "agents.a.lora"),
     ],

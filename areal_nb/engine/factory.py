@@ -46,6 +46,7 @@ def create_engine(
     on_log: Callable[[int, str], None] | None = None,
     max_context: int | None = None,
     lora: Any = None,
+    lora_adapters: int | None = None,
 ) -> InferenceEngine:
     """An engine serving `model` (a loaded model, or a path for engines that load their own).
 
@@ -57,7 +58,8 @@ def create_engine(
     `dtype` too. `lora` (`actor.lora`: `r`,
     `target_modules`): the servers serve LoRA adapters ("sglang" launches them with the LoRA flags,
     "remote" expects them started so) and the trainer pushes its adapter to them; the embedded
-    engine ignores it (it is pushed merged weights).
+    engine ignores it (it is pushed merged weights). `lora_adapters`: adapters the launched
+    servers hold per batch (one adapter per agent: two per agent; None: the launcher's default).
     """
     if spec.type == "local":
         import torch
@@ -101,6 +103,7 @@ def create_engine(
             single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
             lora=lora,
             dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+            **({} if lora_adapters is None else {"lora_adapters": lora_adapters}),
         )
     if spec.type == "remote":
         from .remote import SGLangEngine

@@ -149,9 +149,13 @@ def sglang_command(
 LORA_ADAPTERS_PER_BATCH = 2
 
 
-def lora_server_args(rank: int, target_modules: str | Sequence[str]) -> list[str]:
+def lora_server_args(
+    rank: int, target_modules: str | Sequence[str], adapters_per_batch: int = LORA_ADAPTERS_PER_BATCH
+) -> list[str]:
     """SGLang's LoRA flags for a policy trained with `actor.lora` (rank `rank`, peft's
-    `target_modules`: module names or "all-linear"); `areal-nb engine-server` takes the same."""
+    `target_modules`: module names or "all-linear"); `areal-nb engine-server` takes the same.
+    `adapters_per_batch`: with one adapter per agent, two per agent (each agent's current and
+    next version)."""
     if isinstance(target_modules, str):
         # "all-linear", or a peft regex over module paths, which names no modules before loading
         targets = ["all"]
@@ -164,7 +168,7 @@ def lora_server_args(rank: int, target_modules: str | Sequence[str]) -> list[str
         "--lora-target-modules",
         *targets,
         "--max-loras-per-batch",
-        str(LORA_ADAPTERS_PER_BATCH),
+        str(int(adapters_per_batch)),
     ]
 
 

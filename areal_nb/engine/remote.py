@@ -41,6 +41,10 @@ given a `LoraAdapter` (or a peft adapter folder) writes it under `weights_dir` a
 version → `/update_weight_version` → continue on every live server; every request sent afterwards
 (the interrupted ones re-sent too) names it in `lora_path`, and the previous version's adapter is
 unloaded. Full weights are still the base (`/update_weights_from_disk`); the adapter stays on top.
+With one adapter per agent (`AgentWeights` of `LoraAdapter`s, the Session's `agents`) each agent's
+adapter is written as `adapter-<agent>-<v>/` and loaded under a name of its own in the same pause,
+and each request names the adapter of its agent (`ModelRequest.agent`); a request from another
+agent is refused (`UnknownAgentError`). SGLang batches requests of several adapters together.
 """
 
 from __future__ import annotations
@@ -65,8 +69,15 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
-from areal_nb.api import GenerationConfig, InvalidRequestError, LoraAdapter, ModelRequest, ModelResponse
-from areal_nb.errors import EngineServerError, ServerDownError  # noqa: F401 (re-exported)
+from areal_nb.api import (
+    AgentWeights,
+    GenerationConfig,
+    InvalidRequestError,
+    LoraAdapter,
+    ModelRequest,
+    ModelResponse,
+)
+from areal_nb.errors import EngineServerError, ServerDownError, UnknownAgentError  # noqa: F401 (re-exported)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
 from .weight_sync import write_adapter, write_weights
@@ -188,6 +199,7 @@ class SGLangEngine:
         self.weights_wait = weights_wait
         self.serves_lora_adapters = lora  # the Actor reads this: push the adapter, not merged weights
         self._adapter: str | None = None  # the loaded adapter every request names (lora_path)
+        self._agent_adapters: dict[str, str] = {}  # one adapter per agent: agent → loaded name
         self._adapter_count = itertools.count()
         self._pause_epoch = 0
         self._user_aborted: set[str] = set()
@@ -410,6 +422,9 @@ class SGLangEngine:
         await self._on_loop(run())
 
     async def aupdate_weights(self, weights: Any, version: int | None = None) -> None:
+        if isinstance(weights, AgentWeights):
+            await self._aupdate_agent_adapters(weights, version)
+            return
         if isinstance(weights, LoraAdapter) or (
             isinstance(weights, (str, os.PathLike))
             and os.path.isfile(os.path.join(weights, "adapter_config.json"))
@@ -499,23 +514,73 @@ class SGLangEngine:
             path = os.path.abspath(adapter)
         await self._on_loop(self._aload_adapter(path, target))
 
+    async def _aupdate_agent_adapters(self, weights: AgentWeights, version: int | None) -> None:
+        """Each agent's adapter on every live server under a new name, each request naming its
+        agent's from now on (see the module docstring)."""
+        if not self.serves_lora_adapters or self.weights_dir is None:
+            raise ValueError(
+                "one adapter per agent needs servers that serve LoRA adapters (lora=True) and weights_dir"
+            )
+        strangers = [a for a, w in weights.per_agent.items() if not isinstance(w, LoraAdapter)]
+        if strangers:
+            raise ValueError(f"AgentWeights for SGLangEngine hold LoraAdapters; agent(s) {strangers} do not")
+        target = self._version + 1 if version is None else int(version)
+        weights_dir = self.weights_dir
+        paths = {
+            agent: str(await asyncio.to_thread(write_adapter, weights_dir, target, adapter, agent=agent))
+            for agent, adapter in weights.per_agent.items()
+        }
+        await self._on_loop(self._aload_adapters(paths, target))
+
     async def _aload_adapter(self, path: str, version: int) -> None:
+        await self._aload_adapters({None: path}, version)
+
+    async def _aload_adapters(self, paths: dict[str | None, str], version: int) -> None:
+        """Load `paths` (agent → adapter folder; None: the one policy's) in one pause; the
+        requests sent afterwards name them, and the adapters they replace are unloaded."""
         # a name per push: a version pushed twice (a restored run) never meets its own name
-        name = f"policy-v{version}-{self._rid_prefix[:8]}-{next(self._adapter_count)}"
-        load = load_adapter_body(name, path)
+        names = {
+            agent: f"{agent or 'policy'}-v{version}-{self._rid_prefix[:8]}-{next(self._adapter_count)}"
+            for agent in paths
+        }
         set_version = {"new_version": str(version), "abort_all_requests": False}
         async with self._update_lock:
-            await self.apause()  # requests in flight come back and are re-sent naming the new adapter
+            await self.apause()  # requests in flight come back and are re-sent naming the new adapters
             try:
-                await self._gather_live(lambda s: self._update_from_disk_on(s, load, "/load_lora_adapter"))
+                for agent, path in paths.items():
+                    load = load_adapter_body(names[agent], path)
+                    await self._gather_live(
+                        lambda s, load=load: self._update_from_disk_on(s, load, "/load_lora_adapter")
+                    )
                 await self._gather_live(lambda s: self._post(s, "/update_weight_version", set_version))
-                previous, self._adapter = self._adapter, name
+                if None in names:
+                    previous = [self._adapter] if self._adapter is not None else []
+                    self._adapter = names[None]
+                else:
+                    previous = list(self._agent_adapters.values())
+                    self._agent_adapters = {str(a): n for a, n in names.items()}
                 self._version = version
             finally:
                 await self.aresume()
-            if previous is not None:  # (the servers answer once no request names it any more)
-                unload = unload_adapter_body(previous)
-                await self._gather_live(lambda s: self._post(s, "/unload_lora_adapter", unload))
+            for name in previous:  # (the servers answer once no request names it any more)
+                unload = unload_adapter_body(name)
+                await self._gather_live(
+                    lambda s, unload=unload: self._post(s, "/unload_lora_adapter", unload)
+                )
+
+    def _adapter_of(self, agent: str | None) -> str | None:
+        """The adapter a request of `agent` names: its agent's (one adapter per agent, refusing
+        other agents), else the one policy's (None: the base)."""
+        if not self._agent_adapters:
+            return self._adapter
+        if agent in self._agent_adapters:
+            return self._agent_adapters[agent]
+        named = ", ".join(repr(a) for a in self._agent_adapters)
+        said = "names no agent" if agent is None else f"comes from agent {agent!r}"
+        raise UnknownAgentError(
+            f"this call {said}, but each agent trains its own adapter here and only {named} have one "
+            "(the `agents` config): send the agent's name as the request's `model`"
+        )
 
     async def aabort(self, rid: str) -> None:
         async def run() -> None:
@@ -533,6 +598,7 @@ class SGLangEngine:
         if g.n_samples != 1:
             raise ValueError(f"SGLangEngine sends one sample per request, got n_samples={g.n_samples}")
         prompt = list(req.input_ids)
+        self._adapter_of(req.agent)  # a request of an agent with no adapter is refused before it is sent
         budget = min(g.max_new_tokens, g.max_tokens - len(prompt))
         if budget <= 0:
             raise ValueError(
@@ -557,7 +623,7 @@ class SGLangEngine:
                     g,
                     len(tokens),
                     server_rid(self._rid_prefix, next(self._rid_counter)),
-                    self._adapter,
+                    self._adapter_of(req.agent),
                 )
                 self._attempts[req.rid] = (server, payload["rid"])
                 out = await self._generate_on(server, payload)

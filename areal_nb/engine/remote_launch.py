@@ -9,6 +9,8 @@ All servers start at once; if one fails, the ones already started are stopped be
 (with that server's log tail) is raised. With `lora` (the policy's LoRA settings: `r`,
 `target_modules`) the SGLang and engine-server commands get the LoRA flags
 (`launcher.lora_server_args`) and the engine takes adapter pushes; a command list gets none.
+`lora_adapters`: how many adapters a batch may hold (`--max-loras-per-batch`; two per agent when
+each agent trains its own).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .launcher import ServerProcess, engine_server_command, free_port, lora_server_args, sglang_command
+from .launcher import (
+    LORA_ADAPTERS_PER_BATCH,
+    ServerProcess,
+    engine_server_command,
+    free_port,
+    lora_server_args,
+    sglang_command,
+)
 from .remote import SGLangEngine
 
 
@@ -44,6 +53,7 @@ def launch_remote_engine(
     single_thread_rows: int | None = None,
     lora: Any = None,
     dtype: str | None = None,
+    lora_adapters: int = LORA_ADAPTERS_PER_BATCH,
 ) -> SGLangEngine:
     """Start the servers, wait until every one is healthy, return the engine that owns them.
 
@@ -59,7 +69,7 @@ def launch_remote_engine(
     if ports is not None and len(ports) != n_servers:
         raise ValueError(f"{len(ports)} ports for {n_servers} servers")
     if lora is not None and server in ("sglang", "engine-server") and "--enable-lora" not in extra_args:
-        extra_args = [*lora_server_args(lora.r, lora.target_modules), *extra_args]
+        extra_args = [*lora_server_args(lora.r, lora.target_modules, lora_adapters), *extra_args]
     procs: list[ServerProcess] = []
     try:
         for i in range(n_servers):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,15 +37,19 @@ def write_adapter_files(folder: Path, adapter: Any) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, sort_keys=True))
 
 
-def write_adapter(weights_dir: str | os.PathLike, version: int, adapter: Any, *, keep: int = 2) -> Path:
+def write_adapter(
+    weights_dir: str | os.PathLike, version: int, adapter: Any, *, keep: int = 2, agent: str | None = None
+) -> Path:
     """Write a LoRA adapter (`areal_nb.api.LoraAdapter`) as peft's folder
     `weights_dir/adapter-<version>` (adapter_config.json, adapter_model.safetensors), in one
-    atomic step like `write_weights`; older adapter folders beyond `keep` are removed."""
+    atomic step like `write_weights`; older adapter folders beyond `keep` are removed. `agent`:
+    one agent's adapter, `adapter-<agent>-<version>` (its older ones pruned apart from the others')."""
     root = Path(weights_dir)
+    prefix = ADAPTER_PREFIX if agent is None else f"{ADAPTER_PREFIX}{re.sub(r'[^0-9A-Za-z_-]', '_', agent)}-"
     target = _write_atomically(
-        root, root / f"{ADAPTER_PREFIX}{int(version)}", lambda folder: write_adapter_files(folder, adapter)
+        root, root / f"{prefix}{int(version)}", lambda folder: write_adapter_files(folder, adapter)
     )
-    _prune(root, keep=keep, current=target, prefix=ADAPTER_PREFIX)
+    _prune(root, keep=keep, current=target, prefix=prefix)
     return target
 
 

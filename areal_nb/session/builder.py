@@ -99,8 +99,30 @@ def build_engine(
         on_log=on_log,
         max_context=getattr(policy.config, "max_position_embeddings", None),
         dtype=getattr(torch, cfg.model.dtype),  # launched servers serve what the trainer pushes
-        lora=cfg.actor.lora,  # the servers serve the policy's adapter (launched with the LoRA flags)
+        # the servers serve the policy's adapter, or each agent's (launched with the LoRA flags)
+        lora=cfg.actor.lora if not cfg.agents else servers_lora(cfg),
+        lora_adapters=2 * len(cfg.agents) if cfg.agents else None,
     )
+
+
+def servers_lora(cfg: SessionConfig) -> Any:
+    """The LoRA launch settings that admit every agent's adapter: the largest rank, and every
+    agent's target modules ("all-linear" when one adapts them all)."""
+    from areal_nb.train.lora import LoraConfig
+
+    adapters = [seat.lora for seat in cfg.agents.values()]
+    rank = max(a.r for a in adapters)
+    if any(isinstance(a.target_modules, str) for a in adapters):
+        return LoraConfig(r=rank, target_modules="all-linear")
+    modules = [m for a in adapters for m in a.target_modules]
+    return LoraConfig(r=rank, target_modules=list(dict.fromkeys(modules)))
+
+
+def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:
+    """Servers that apply adapters get every agent's adapter at once, so each call names its
+    agent's from the first one (and a call from another agent is refused from the start)."""
+    if cfg.agents and getattr(engine, "serves_lora_adapters", False):
+        actor.push_weights(engine, actor.version)
 
 
 def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: InferenceEngine) -> None:

@@ -180,6 +180,7 @@ class Session:
                 tokenizer=self.tokenizer,
             )
             self.version = self.actor.version
+            builder.sync_agent_adapters(cfg, self.actor, engine)
             self._proxy = proxy = builder.build_proxy(cfg, engine, self.tokenizer)
             self._runtime = runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
             self.workflow = workflow = builder.build_workflow(cfg, proxy)

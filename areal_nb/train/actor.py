@@ -718,12 +718,16 @@ class Actor:
         changes in place).
         """
         version = self.version if version is None else version
-        if self.agents:  # each agent's engine serves base + its ΔW merged (engine.agent_engines)
-            if engine is not None:
-                weights = {
+        if self.agents:
+            if engine is None:
+                return version
+            if getattr(engine, "serves_lora_adapters", False):  # servers apply each agent's adapter
+                per_agent = {a: self.agent_adapter(a) for a in self.agents}
+            else:  # each agent's embedded engine serves base + its ΔW merged (engine.agent_engines)
+                per_agent = {
                     a: serving_weights(self.policy_weights(a), self.compute_dtype) for a in self.agents
                 }
-                engine.update_weights(AgentWeights(weights), version=version)
+            engine.update_weights(AgentWeights(per_agent), version=version)
             return version
         serves_adapters = self.lora and getattr(engine, "serves_lora_adapters", False)
         if self.lora and self.sharded:  # every rank takes part in the same gathers: rank 0's engine decides
