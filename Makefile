@@ -34,10 +34,12 @@ test: install lint slurm-packages sglang-wheel verifiers-venv
 	$(BIN)/python -m pytest -x -q -rs -m "not verifiers" tests
 	$(MAKE) test-verifiers
 
-# `verifiers` environments (tests/envs/test_verifiers.py, marker `verifiers`). The pinned release
-# (the `verifiers` extra) needs openai<3 and .venv has openai 3, so they run in .venv-verifiers: a
-# virtualenv that sees .venv's packages through a .pth file (after its own) and holds only what
-# `verifiers` adds or pins differently (openai 2, mcp 2, prime-*): no second torch, about a minute.
+# `verifiers` environments (marker `verifiers`: tests/envs/test_verifiers.py, and the tutorial
+# tutorials/08_verifiers_environments.ipynb, executed by tests/test_notebooks.py in a kernel on this
+# interpreter). The pinned release (the `verifiers` extra) needs openai<3 and .venv has openai 3, so
+# they run in .venv-verifiers: a virtualenv that sees .venv's packages through a .pth file (after
+# its own) and holds only what `verifiers` adds or pins differently (openai 2, mcp 2, prime-*): no
+# second torch, about a minute. Jupyter (ipykernel, nbclient) is .venv's.
 # pip never uninstalls .venv's copies (they are outside this environment); its own ones come first.
 VF_VENV := .venv-verifiers
 VF_BIN := $(VF_VENV)/bin
@@ -51,8 +53,8 @@ $(VF_BIN)/.installed: pyproject.toml $(BIN)/.installed
 verifiers-venv: $(VF_BIN)/.installed
 
 test-verifiers: verifiers-venv
-	$(VF_BIN)/python -c 'import verifiers.v1, openai; print("verifiers", verifiers.__version__, "openai", openai.__version__)'
-	$(VF_BIN)/python -m pytest -x -q -rs -m verifiers tests/envs/test_verifiers.py
+	$(VF_BIN)/python -c 'import verifiers.v1, openai, ipykernel, nbclient; print("verifiers", verifiers.__version__, "openai", openai.__version__)'
+	$(VF_BIN)/python -m pytest -x -q -rs -m verifiers tests/envs/test_verifiers.py tests/test_notebooks.py
 
 # The habits, before any test runs: lint rules and formatting (ruff; rules in pyproject.toml), the type
 # checker over the public API ([tool.mypy] files) and the layer contracts (import-linter).

@@ -18,12 +18,24 @@ weighted and summed by `verifiers`) is the episode's.
 A task row is the task's own data (`TaskData` as JSON); the agent rebuilds the task from it, so
 any rows the taskset's data type accepts will do. An episode `verifiers` marks failed (the
 harness exited non-zero, a reward raised, `Env.run` raised) is rejected with its errors.
+
+Seats that are not trainable (`agents.user.trainable = False` in the environment's `Env.setup`:
+a simulated user, a judge) play against the same engine through the same proxy, but their calls
+are not training data: right after `Env.setup`, each untrainable seat whose calls reach the proxy
+gets `store: false` in its sampling, so `verifiers` sends it with every one of that seat's
+calls and the proxy answers them without recording them. Only the trainable seats' calls are in
+the episode's rows, and the reward is theirs. The proxy honours `store: false` on Chat
+Completions only, so an untrainable seat whose harness calls the Responses or Messages API, or a
+seat marked untrainable later than `Env.setup`, would be recorded: such an episode is rejected
+with that reason instead of being trained on. A seat with a client of its own (`AgentConfig`'s
+`client`) does not reach the proxy and is left as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import uuid
@@ -33,6 +45,8 @@ from typing import Any
 from .errors import EnvironmentServerError
 
 KEY_VARIABLE_PREFIX = "AREAL_NB_VERIFIERS_KEY_"
+# the one door of the proxy that answers a call without recording it when the body says `store: false`
+UNRECORDED_PATH = "/chat/completions"
 
 
 def _verifiers():
@@ -60,7 +74,8 @@ class VerifiersAgent:
     model name the harness sends (the proxy tags calls with it). `sampling`: the `verifiers`
     sampling fields for every call (e.g. `{"max_tokens": 64}`); None leaves the proxy's
     defaults. The reward is the sum of the trainable seats' trace rewards (for a single-agent
-    environment: its one trace's reward).
+    environment: its one trace's reward); the untrainable seats' calls are answered but not
+    recorded (see the module's docstring). The agent wraps `env.setup` to mark them.
     """
 
     def __init__(
@@ -71,6 +86,11 @@ class VerifiersAgent:
             env = vf.load_environment(_local_config(vf, env))
         if not isinstance(env, vf.Env):
             raise TypeError(f"env must be a verifiers.v1.Env or a taskset id, got {type(env).__name__}")
+        # `Env.setup` is where an environment decides which seats train, and the one hook
+        # `run_episode` calls between building the episode's agents and running them: the
+        # untrainable seats' calls are marked unrecorded there, on this environment object.
+        if not isinstance(env.__dict__.get("setup"), _SetupThenUnrecordUntrainable):
+            env.setup = _SetupThenUnrecordUntrainable(env)
         self.env = env
         self.model = model
         self.sampling = vf.Sampling(**dict(sampling or {}))
@@ -111,6 +131,7 @@ class VerifiersAgent:
             os.environ.pop(variable, None)
         if not episode.ok:
             raise EnvironmentServerError(f"the verifiers episode failed: {_errors(episode)}")
+        _check_untrainable_unrecorded(episode)
         return float(sum(trace.reward for trace in episode.traces if trace.agent.trainable))
 
     @contextlib.asynccontextmanager
@@ -122,7 +143,9 @@ class VerifiersAgent:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a new event loop (a Session's, or asyncio.run): fresh state
             self._loop, self._lock, self._holder, self._users = loop, asyncio.Lock(), None, 0
-        async with self._lock:
+        lock = self._lock
+        assert lock is not None  # made with the loop's state just above
+        async with lock:
             if self._holder is None:
                 ready: asyncio.Future[None] = loop.create_future()
                 release = asyncio.Event()
@@ -137,7 +160,7 @@ class VerifiersAgent:
         try:
             yield
         finally:
-            async with self._lock:
+            async with lock:
                 self._users -= 1
                 if self._users == 0 and self._holder is not None:
                     (task, release), self._holder = self._holder, None
@@ -160,6 +183,60 @@ class VerifiersAgent:
 
     def close(self) -> None:
         """Nothing to stop: the environment is served only while episodes are in flight."""
+
+
+class _SetupThenUnrecordUntrainable:
+    """The environment's own `Env.setup`, then `store: false` in the sampling of every seat it
+    left untrainable whose calls go to the proxy (the episode's key variable): `verifiers` imposes
+    a seat's sampling on each call it relays, extra keys included, and the proxy does not record a
+    call that says `store: false`. The seat's config gets the same sampling, so its trace records
+    it (`_check_untrainable_unrecorded` reads it back). The environment run elsewhere (another
+    endpoint, no episode key) is unchanged. A class, not a closure: the agent, and so the
+    environment, may be pickled to a worker process."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    async def __call__(self, agents: Any) -> None:
+        from verifiers.v1.configs.agent import agent_config_fields  # the seats `Agents` is built from
+
+        await type(self.env).setup(self.env, agents)
+        for name in agent_config_fields(self.env.config):
+            agent = getattr(agents, name)
+            if agent.trainable or not _reaches_proxy(agent.ctx.client):
+                continue
+            sampling = agent.ctx.sampling.model_copy(update={"store": False})
+            agent.ctx = dataclasses.replace(agent.ctx, sampling=sampling)
+            agent.config = agent.config.model_copy(update={"sampling": sampling})
+
+
+def _reaches_proxy(client: Any) -> bool:
+    """Whether a seat's client is the run's: the proxy, with an episode's key."""
+    return client is not None and client.api_key_var.startswith(KEY_VARIABLE_PREFIX)
+
+
+def _check_untrainable_unrecorded(episode: Any) -> None:
+    """Refuses an episode in which an untrainable seat's call may have been recorded for training:
+    the seat was marked untrainable after `Env.setup` (its calls did not say `store: false`), or
+    its harness called a door that records regardless of `store`."""
+    for trace in episode.traces:
+        config = trace.agent.config
+        if trace.agent.trainable or not trace.calls or not _reaches_proxy(config.client):
+            continue
+        seat = trace.agent.name
+        if (config.sampling.model_extra or {}).get("store") is not False:
+            raise EnvironmentServerError(
+                f"the verifiers seat {seat!r} is not trainable but its calls were recorded for "
+                "training: it was marked untrainable after Env.setup(); set `trainable = False` "
+                "in the environment's setup()"
+            )
+        recorded = sorted({call.endpoint for call in trace.calls if call.endpoint != UNRECORDED_PATH})
+        if recorded:
+            raise EnvironmentServerError(
+                f"the verifiers seat {seat!r} is not trainable but its harness called "
+                f"{', '.join(recorded)}, where the proxy records every call for training; give "
+                f"that seat a harness that calls {UNRECORDED_PATH}, or a client of its own"
+            )
 
 
 def _local_config(vf: Any, taskset_id: str) -> Any:

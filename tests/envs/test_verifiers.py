@@ -1,6 +1,7 @@
 """`verifiers` environments train through the proxy unchanged: a single-turn taskset, a multi-turn
 environment (the environment plays the user) and a tool-using harness, each defined here
-(tests/envs/vf/) against the pinned `verifiers` release and played by `VerifiersAgent`.
+(tests/envs/vf/) against the pinned `verifiers` release and played by `VerifiersAgent`; and an
+environment with two seats, of which only one trains (a simulated user played by the same model).
 
 `verifiers` 0.4 needs openai<3, so these tests run in their own virtualenv, .venv-verifiers
 (`make test-verifiers`, which `make test` runs, and which fails if `verifiers` does not import
@@ -105,8 +106,7 @@ def check_episodes(batch, episodes):
     return pairs
 
 
-def train_two_steps(taskset_id: str, model: str, check_eval: bool = False, **agent_kwargs):
-    agent = VerifiersAgent(taskset_id, **agent_kwargs)
+def train_two_steps(agent: VerifiersAgent, model: str, check_eval: bool = False):
     episodes = recorded_episodes(agent)
     rows = task_rows(agent.env.taskset.take(16))
     held_out = task_rows(agent.env.taskset.skip(16).take(4))
@@ -127,6 +127,48 @@ def train_two_steps(taskset_id: str, model: str, check_eval: bool = False, **age
 def last_number(text: str) -> int | None:
     numbers = re.findall(r"-?\d+", text)
     return int(numbers[-1]) if numbers else None
+
+
+USER_PERSONA = "You are the user. Say whether the assistant's answer is right."
+USER_MAX_TOKENS = 8
+
+
+class UserSimConfig(vf.EnvConfig):
+    assistant: vf.AgentConfig = vf.AgentConfig(runtime={"type": "subprocess"})
+    user: vf.AgentConfig = vf.AgentConfig(
+        runtime={"type": "subprocess"}, sampling={"max_tokens": USER_MAX_TOKENS}
+    )
+
+
+class UserSimEnv(vf.Env[UserSimConfig]):
+    """The assistant answers the task, a simulated user (the same model, its own seat) answers
+    that, and the assistant replies to the user; the user's seat is not trainable."""
+
+    async def setup(self, agents):
+        agents.user.trainable = False
+
+    async def run(self, task, agents):
+        persona = vf.Task(vf.TaskData(idx=task.data.idx, prompt=None, system_prompt=USER_PERSONA))
+        async with agents.assistant.interaction(task) as assistant, agents.user.interaction(persona) as user:
+            answer = await assistant.turn()
+            said = await user.turn(answer.last_reply or "(no answer)")
+            await assistant.turn(said.last_reply or "(no reply)")
+
+
+class LateUserSimEnv(UserSimEnv):
+    """The same, with the user's seat marked untrainable only once the episode runs."""
+
+    async def setup(self, agents):
+        pass
+
+    async def run(self, task, agents):
+        agents.user.trainable = False
+        await super().run(task, agents)
+
+
+def user_sim_env(env_type=UserSimEnv, **config):
+    # the seed taskset: the single-turn sums (tests/envs/vf/vf_single_turn.py), its harness for both seats
+    return env_type(UserSimConfig(taskset={"id": "vf_single_turn"}, **config))
 
 
 def test_task_rows_are_the_task_data_and_the_agent_rebuilds_the_task():
@@ -170,9 +212,8 @@ def test_an_episode_verifiers_marks_failed_is_an_error_naming_the_cause():
 def test_a_single_turn_taskset_trains_two_steps_with_its_rewards():
     # the agent's sampling reaches the proxy through verifiers (the Session's default is 24 tokens)
     lengths = []
-    for calls, trace in train_two_steps(
-        "vf_single_turn", "tiny-math", check_eval=True, sampling={"max_tokens": 3}
-    ):
+    agent = VerifiersAgent("vf_single_turn", sampling={"max_tokens": 3})
+    for calls, trace in train_two_steps(agent, "tiny-math", check_eval=True):
         assert len(calls) == 1 and trace.num_turns == 1
         lengths.append(len(calls[0].model_response.output_tokens))
     assert max(lengths) == 3  # the tiny model's answers are longer: cut at 3
@@ -183,7 +224,7 @@ def test_a_multi_turn_environment_trains_two_steps_with_its_rewards():
     from vf_multi_turn import RETRY
 
     retried = 0
-    for calls, _trace in train_two_steps("vf_multi_turn", "tiny-math"):
+    for calls, _trace in train_two_steps(VerifiersAgent("vf_multi_turn"), "tiny-math"):
         assert 1 <= len(calls) <= 2
         if len(calls) == 2:  # the environment's user turn reached the model after the first reply
             first_reply = calls[0].completion.choices[0].message.content
@@ -198,7 +239,7 @@ def test_a_multi_turn_environment_trains_two_steps_with_its_rewards():
 @pytest.mark.slow
 def test_a_tool_using_environment_trains_two_steps_with_its_rewards():
     with_tools = 0
-    for calls, trace in train_two_steps("vf_tools", "tiny-tools"):
+    for calls, trace in train_two_steps(VerifiersAgent("vf_tools"), "tiny-tools"):
         tool_calls = [c for c in calls if c.completion.choices[0].message.tool_calls]
         assert len(trace.tool_messages) == sum(
             len(c.completion.choices[0].message.tool_calls) for c in tool_calls
@@ -208,3 +249,110 @@ def test_a_tool_using_environment_trains_two_steps_with_its_rewards():
             assert calls[1].messages[-1]["role"] == "tool" and calls[1].messages[-1]["content"] == result
             with_tools += 1
     assert with_tools > 0  # tiny-tools is warm-started to call the calculator
+
+
+@pytest.mark.slow
+def test_an_untrainable_seat_plays_the_same_model_but_only_the_trainable_seat_is_trained_on():
+    agent = VerifiersAgent(user_sim_env())
+    episodes = recorded_episodes(agent)
+    # the recorded calls of each exported episode are exactly the assistant's, call by call
+    # (check_episodes matches them against a trace's replies), and the reward is the assistant's
+    pairs = train_two_steps(agent, "tiny-math")
+    for calls, trace in pairs:
+        assert trace.agent.name == "assistant" and trace.agent.trainable
+        assert len(calls) == 2 == trace.num_turns
+        (episode,) = [e for e in episodes if any(t is trace for t in e.traces)]
+        (user,) = [t for t in episode.traces if t is not trace]
+        # the user's seat was answered by the engine, with its own pinned sampling, unrecorded
+        assert user.agent.name == "user" and not user.agent.trainable
+        assert user.num_turns == 1 and user.calls and not user.calls[0].error
+        assert all(0 < call.usage.completion_tokens <= USER_MAX_TOKENS for call in user.calls)
+        assert user.agent.config.sampling.model_extra == {"store": False}
+        assert trace.agent.config.sampling.model_extra == {}
+        # and its reply is what the assistant's second call answered
+        first_reply = calls[0].completion.choices[0].message.content
+        assert calls[1].messages[-2:] == [
+            {"role": "assistant", "content": first_reply},
+            {"role": "user", "content": user.last_reply or "(no reply)"},
+        ]
+
+
+SCRIPTED_REPLY = "It is 5."
+
+
+@pytest.fixture
+def scripted_proxy(tiny_tokenizer):
+    """A proxy on loopback whose engine always answers `SCRIPTED_REPLY`; yields `play(agent, row)`:
+    one episode in a session of its own, returning the agent's result (or the exception it
+    raised) and the calls the proxy recorded for training."""
+    import httpx
+
+    from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
+    from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
+
+    engine = ScriptedEngine(tiny_tokenizer, SCRIPTED_REPLY)
+    app = create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    with ProxyServer(app) as server, httpx.Client(base_url=server.url) as client:
+
+        def play(agent, row):
+            session_id, key = start_session(client)
+            try:
+                result = asyncio.run(agent.run(row, base_url=f"{server.url}/v1", api_key=key))
+            except Exception as exc:
+                result = exc
+            # the reward the workflow would set (a rejected episode's calls are read, not trained on)
+            reward = result if isinstance(result, float) else 0.0
+            headers = {"x-api-key": key}
+            assert client.post("/rl/set_reward", headers=headers, json={"reward": reward}).status_code == 200
+            assert client.post("/rl/end_session", headers=headers).status_code == 200
+            exported = client.post(
+                "/export_trajectories", headers=admin_headers(), json={"session_id": session_id}
+            )
+            assert exported.status_code == 200, exported.text
+            return result, list(exported.json()["interactions"].values())
+
+        yield play
+
+
+@pytest.mark.server  # a proxy on loopback and the environment's interception server
+def test_an_untrainable_seats_calls_are_answered_but_not_recorded(scripted_proxy):
+    agent = VerifiersAgent(user_sim_env(), sampling={"max_tokens": 8})
+    episodes = recorded_episodes(agent)
+    row = task_rows(agent.env.taskset.take(1))[0]
+    reward, recorded = scripted_proxy(agent, row)
+    (episode,) = episodes
+    assistant, user = sorted(episode.traces, key=lambda t: t.agent.name)
+    assert [seen_by_env(m) for m in user.assistant_messages] == [(SCRIPTED_REPLY, [])]  # answered
+    assert len(assistant.calls) == 2 and len(user.calls) == 1
+    # recorded: the assistant's two calls, the second one answering the user's reply
+    assert [r["messages"][0] for r in recorded] == [{"role": "user", "content": row["prompt"]}] * 2
+    assert recorded[1]["messages"][-1] == {"role": "user", "content": SCRIPTED_REPLY}
+    assert reward == assistant.reward == float(last_number(SCRIPTED_REPLY) == row["answer"])
+
+
+@pytest.mark.server  # a proxy on loopback and the environment's interception server
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        (
+            lambda: user_sim_env(LateUserSimEnv),
+            "'user' is not trainable but its calls were recorded for training: it was marked "
+            "untrainable after Env.setup()",
+        ),
+        (
+            lambda: user_sim_env(
+                user=vf.AgentConfig(runtime={"type": "subprocess"}, harness={"id": "vf_responses"})
+            ),
+            "'user' is not trainable but its harness called /responses, where the proxy records",
+        ),
+    ],
+    ids=["marked-after-setup", "responses-harness"],
+)
+# the user's recorded call is a conversation of its own, a leaf the one reward does not reach
+@pytest.mark.filterwarnings("ignore:.*leaf interaction.*no reward set")
+def test_an_untrainable_seat_the_proxy_would_record_rejects_the_episode(scripted_proxy, env, reason):
+    agent = VerifiersAgent(env(), sampling={"max_tokens": 8})
+    error, recorded = scripted_proxy(agent, task_rows(agent.env.taskset.take(1))[0])
+    assert isinstance(error, EnvironmentServerError) and reason in str(error)
+    assert len(recorded) == 3  # the user's call was recorded: the episode must not train
