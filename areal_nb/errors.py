@@ -136,6 +136,16 @@ class UnknownAgentError(InvalidRequestError):
 
     code = "unknown_agent"
 
+    @classmethod
+    def of(cls, agent: str | None, agents: Any) -> UnknownAgentError:
+        """The error for a call of `agent` (None: the call named none) where only `agents` have one."""
+        named = ", ".join(repr(a) for a in agents)
+        said = "names no agent" if agent is None else f"comes from agent {agent!r}"
+        return cls(
+            f"this call {said}, but each agent trains its own adapter here and only {named} have one "
+            "(the `agents` config): send the agent's name as the request's `model`"
+        )
+
 
 class ProxyError(HTTPError):
     """An HTTP error a proxy route answers, with a clear message and its status and code."""

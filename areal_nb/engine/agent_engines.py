@@ -41,12 +41,7 @@ class AgentEngines:
         """The engine of `agent`; UnknownAgentError (400) names the agents that have one."""
         engine = self.engines.get(agent) if agent is not None else None
         if engine is None:
-            named = ", ".join(repr(a) for a in self.engines)
-            said = "names no agent" if agent is None else f"comes from agent {agent!r}"
-            raise UnknownAgentError(
-                f"this call {said}, but each agent trains its own adapter here and only {named} have "
-                "one (the `agents` config): send the agent's name as the request's `model`"
-            )
+            raise UnknownAgentError.of(agent, self.engines)
         return engine
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:

@@ -575,12 +575,7 @@ class SGLangEngine:
             return self._adapter
         if agent in self._agent_adapters:
             return self._agent_adapters[agent]
-        named = ", ".join(repr(a) for a in self._agent_adapters)
-        said = "names no agent" if agent is None else f"comes from agent {agent!r}"
-        raise UnknownAgentError(
-            f"this call {said}, but each agent trains its own adapter here and only {named} have one "
-            "(the `agents` config): send the agent's name as the request's `model`"
-        )
+        raise UnknownAgentError.of(agent, self._agent_adapters)
 
     async def aabort(self, rid: str) -> None:
         async def run() -> None:
