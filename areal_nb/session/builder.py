@@ -121,7 +121,7 @@ def servers_lora(cfg: SessionConfig) -> Any:
 def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:
     """Servers that apply adapters get every agent's adapter at once, so each call names its
     agent's from the first one (and a call from another agent is refused from the start)."""
-    if cfg.agents and getattr(engine, "serves_lora_adapters", False):
+    if cfg.agents and cfg.engine.type != "local":  # (the embedded engines start as the base: B = 0)
         actor.push_weights(engine, actor.version)
 
 
