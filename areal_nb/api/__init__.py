@@ -1,5 +1,6 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
+from .agent_rewards import AgentRewards
 from .agent_weights import AgentWeights
 from .by_value import NotSerializableError
 from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks, SamplingSpan
@@ -34,6 +35,7 @@ from .vocabulary import (
 from .workflow_api import RolloutWorkflow
 
 __all__ = [
+    "AgentRewards",
     "AgentWeights",
     "CONSTRAINT_KINDS",
     "OutputConstraint",

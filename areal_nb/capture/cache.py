@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, check_export_style
@@ -112,12 +112,19 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     @property
     def last_interaction_id(self) -> str | None:
         """The most recently *completed* interaction (not the most recently started)."""
+        return self._last_completed(lambda interaction: True)
+
+    def last_interaction_id_of(self, agent: str | None) -> str | None:
+        """The most recently completed interaction of `agent` (the `model` its calls sent)."""
+        return self._last_completed(lambda interaction: interaction.agent == agent)
+
+    def _last_completed(self, keep: Callable[[InteractionWithTokenLogpReward], bool]) -> str | None:
         with self._lock:
             for key, value in self.items():  # complete entries filled in by hand
                 if value.is_complete and key not in self._completed_order:
                     self._completed_order.append(key)
             for key in reversed(self._completed_order):
-                if key in self and self[key].is_complete:
+                if key in self and self[key].is_complete and keep(self[key]):
                     return key
             return None
 

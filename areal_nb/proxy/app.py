@@ -332,7 +332,11 @@ async def end_session(request: Request, session: KeyedSession) -> dict[str, Any]
 @router.post("/rl/set_reward")
 async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str, Any]:
     cache = session.cache
-    if body.interaction_id is None:
+    if body.agent is not None and body.interaction_id is not None:
+        raise ProxyError(400, "set_reward takes interaction_id or agent, not both", "invalid_request")
+    if body.agent is not None:
+        session.set_agent_reward(body.agent, body.reward)
+    elif body.interaction_id is None:
         session.set_last_reward(body.reward)
     else:
         try:

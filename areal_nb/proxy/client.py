@@ -198,6 +198,10 @@ class OpenAIProxyClient:
     async def set_last_reward(self, reward: float) -> None:
         await self._post("rl/set_reward", self.session_api_key, {"reward": reward})
 
+    async def set_agent_reward(self, agent: str, reward: float) -> None:
+        """`agent`'s most recently completed call takes `reward`."""
+        await self._post("rl/set_reward", self.session_api_key, {"agent": agent, "reward": reward})
+
     # ----------------------------------------------------------------- export
     async def export_interactions(
         self, discount: float = 1.0, style: ExportStyle = "individual", discount_mode: DiscountMode = "tree"

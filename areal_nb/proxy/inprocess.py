@@ -207,6 +207,11 @@ class InProcessProxyClient:
         with _as_request_error("rl/set_reward"):
             self._started().set_last_reward(reward)
 
+    async def set_agent_reward(self, agent: str, reward: float) -> None:
+        self._live_cache("rl/set_reward")
+        with _as_request_error("rl/set_reward"):
+            self._started().set_agent_reward(agent, reward)
+
     def _live_cache(self, endpoint: str) -> Any:
         """The session's cache, or the 410 the HTTP endpoint answers once the session is gone."""
         session = self._started()

@@ -55,6 +55,9 @@ class StartSessionResponse(BaseModel):
 class SetRewardRequest(_Body):
     interaction_id: str | None = None
     reward: Number = Field(allow_inf_nan=False)
+    # the agent (the `model` its calls sent) whose most recently completed call takes the reward;
+    # with neither this nor interaction_id: the session's most recently completed call
+    agent: str | None = None
 
 
 class ExportTrajectoriesRequest(_Body):

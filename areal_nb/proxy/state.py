@@ -68,6 +68,19 @@ class SessionData:
             )
         self.cache.set_last_reward(reward)
 
+    def set_agent_reward(self, agent: str, reward: float) -> None:
+        """Reward `agent`'s most recently completed call; a 400 when it has none."""
+        key = self.cache.last_interaction_id_of(agent)
+        if key is None:
+            agents = sorted({str(i.agent) for i in self.cache.values()})
+            raise ProxyError(
+                400,
+                f"agent {agent!r} has no completed call in session {self.session_id!r} to reward "
+                f"(the calls' agents: {', '.join(agents) or 'none'})",
+                "no_interactions",
+            )
+        self.cache.set_reward(key, reward)
+
     def is_stale(self, timeout: float, now: float) -> bool:
         return now - self.last_access > timeout
 

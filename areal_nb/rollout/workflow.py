@@ -45,6 +45,7 @@ import httpx
 
 from areal_nb.api import (
     DISCOUNT_MODES,
+    AgentRewards,
     DiscountMode,
     ExportStyle,
     InferenceEngine,
@@ -120,8 +121,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
-def parse_agent_rewards(value: Any) -> float | dict[str, float]:
+def parse_agent_rewards(value: Any) -> float | dict[str, float] | AgentRewards:
     """The agent's return value as a reward, or EpisodeRejected saying what is wrong with it."""
+    if isinstance(value, AgentRewards):
+        if not value.per_agent:
+            raise EpisodeRejected("invalid_reward", "agent returned AgentRewards for no agent")
+        for agent, reward in value.per_agent.items():
+            if not isinstance(agent, str) or not _is_number(reward) or not math.isfinite(float(reward)):
+                raise EpisodeRejected(
+                    "invalid_reward",
+                    f"AgentRewards maps agent names to finite numbers, got {agent!r}: {reward!r}",
+                )
+        return AgentRewards({agent: float(r) for agent, r in value.per_agent.items()})
     if _is_number(value):
         reward = float(value)
         if not math.isfinite(reward):
@@ -144,7 +155,8 @@ def parse_agent_rewards(value: Any) -> float | dict[str, float]:
         return out
     raise EpisodeRejected(
         "invalid_reward",
-        f"agent.run must return a number or a dict {{interaction_id: number}}, got {type(value).__name__}: {value!r:.200}",
+        f"agent.run must return a number, a dict {{interaction_id: number}} or AgentRewards, "
+        f"got {type(value).__name__}: {value!r:.200}",
     )
 
 
@@ -388,8 +400,22 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             raise
 
     async def _assign_rewards(
-        self, client: OpenAIProxyClient | InProcessProxyClient, reward: float | dict[str, float]
+        self,
+        client: OpenAIProxyClient | InProcessProxyClient,
+        reward: float | dict[str, float] | AgentRewards,
     ) -> None:
+        if isinstance(reward, AgentRewards):
+            for agent, value in reward.per_agent.items():
+                try:
+                    await client.set_agent_reward(agent, value)
+                except ProxyRequestError as exc:
+                    if exc.status in (400, 404):
+                        raise EpisodeRejected(
+                            "invalid_reward",
+                            f"reward for agent {agent!r} could not be assigned: {exc.detail}",
+                        ) from exc
+                    raise
+            return
         if isinstance(reward, dict):
             for interaction_id, value in reward.items():
                 try:
