@@ -29,6 +29,13 @@ Completions only, so an untrainable seat whose harness calls the Responses or Me
 seat marked untrainable later than `Env.setup`, would be recorded: such an episode is rejected
 with that reason instead of being trained on. A seat with a client of its own (`AgentConfig`'s
 `client`) does not reach the proxy and is left as it is.
+
+Several trainable seats (two players, a proposer and a solver) are several agents: when more than
+one trainable seat plays the run's model through the proxy, each seat's calls name the seat as
+their `model`, so the proxy tags them apart (each seat's calls form their own trees, and GRPO
+compares a seat's rows only with the same seat's), and the episode's reward is `AgentRewards`:
+each seat's trace reward on its own last call. With the Session's `agents: {seat: {lora: ...}}`
+each seat then trains an adapter of its own. A seat that pins a model of its own keeps it.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
+
+from areal_nb.api import AgentRewards
 
 from .errors import EnvironmentServerError
 
@@ -74,8 +83,9 @@ class VerifiersAgent:
     model name the harness sends (the proxy tags calls with it). `sampling`: the `verifiers`
     sampling fields for every call (e.g. `{"max_tokens": 64}`); None leaves the proxy's
     defaults. The reward is the sum of the trainable seats' trace rewards (for a single-agent
-    environment: its one trace's reward); the untrainable seats' calls are answered but not
-    recorded (see the module's docstring). The agent wraps `env.setup` to mark them.
+    environment: its one trace's reward), or with several trainable seats each seat's own
+    (`AgentRewards`); the untrainable seats' calls are answered but not recorded (see the
+    module's docstring). The agent wraps `env.setup` to mark them.
     """
 
     def __init__(
@@ -90,7 +100,8 @@ class VerifiersAgent:
         # `run_episode` calls between building the episode's agents and running them: the
         # untrainable seats' calls are marked unrecorded there, on this environment object.
         if not isinstance(env.__dict__.get("setup"), _SetupThenUnrecordUntrainable):
-            env.setup = _SetupThenUnrecordUntrainable(env)
+            env.setup = _SetupThenUnrecordUntrainable(env, model)
+        env.setup.model = model
         self.env = env
         self.model = model
         self.sampling = vf.Sampling(**dict(sampling or {}))
@@ -132,7 +143,7 @@ class VerifiersAgent:
         if not episode.ok:
             raise EnvironmentServerError(f"the verifiers episode failed: {_errors(episode)}")
         _check_untrainable_unrecorded(episode)
-        return float(sum(trace.reward for trace in episode.traces if trace.agent.trainable))
+        return _episode_reward(episode, self.model)
 
     @contextlib.asynccontextmanager
     async def _serving(self) -> AsyncIterator[None]:
@@ -194,20 +205,49 @@ class _SetupThenUnrecordUntrainable:
     endpoint, no episode key) is unchanged. A class, not a closure: the agent, and so the
     environment, may be pickled to a worker process."""
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, model: str) -> None:
         self.env = env
+        self.model = model  # the run's model: what an unpinned seat sends
 
     async def __call__(self, agents: Any) -> None:
         from verifiers.v1.configs.agent import agent_config_fields  # the seats `Agents` is built from
 
         await type(self.env).setup(self.env, agents)
-        for name in agent_config_fields(self.env.config):
-            agent = getattr(agents, name)
+        seats = {name: getattr(agents, name) for name in agent_config_fields(self.env.config)}
+        for agent in seats.values():
             if agent.trainable or not _reaches_proxy(agent.ctx.client):
                 continue
             sampling = agent.ctx.sampling.model_copy(update={"store": False})
             agent.ctx = dataclasses.replace(agent.ctx, sampling=sampling)
             agent.config = agent.config.model_copy(update={"sampling": sampling})
+        # several trainable seats on the run's model: each seat's calls name the seat (one agent each)
+        players = {
+            name: a
+            for name, a in seats.items()
+            if a.trainable and _reaches_proxy(a.ctx.client) and a.ctx.model == self.model
+        }
+        if len(players) > 1:
+            for name, agent in players.items():
+                agent.ctx = dataclasses.replace(agent.ctx, model=name)
+                agent.config = agent.config.model_copy(update={"model": name})
+
+
+def _episode_reward(episode: Any, model: str) -> float | AgentRewards:
+    """The trainable seats' rewards: their sum when they all play one agent (the `model` their
+    calls send), else each agent's (`AgentRewards`), for the seats whose calls reach the proxy."""
+    rewards: dict[str, float] = {}
+    for trace in episode.traces:
+        if trace.agent.trainable:
+            agent = trace.agent.config.model or model
+            rewards[agent] = rewards.get(agent, 0.0) + float(trace.reward)
+    if len(rewards) <= 1:
+        return float(sum(rewards.values()))
+    playing = {
+        t.agent.config.model or model
+        for t in episode.traces
+        if t.agent.trainable and _reaches_proxy(t.agent.config.client) and t.calls
+    }
+    return AgentRewards({agent: reward for agent, reward in rewards.items() if agent in playing})
 
 
 def _reaches_proxy(client: Any) -> bool:

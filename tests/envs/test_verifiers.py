@@ -356,3 +356,71 @@ def test_an_untrainable_seat_the_proxy_would_record_rejects_the_episode(scripted
     error, recorded = scripted_proxy(agent, task_rows(agent.env.taskset.take(1))[0])
     assert isinstance(error, EnvironmentServerError) and reason in str(error)
     assert len(recorded) == 3  # the user's call was recorded: the episode must not train
+
+
+class PlayersConfig(vf.EnvConfig):
+    alice: vf.AgentConfig = vf.AgentConfig(runtime={"type": "subprocess"})
+    bob: vf.AgentConfig = vf.AgentConfig(runtime={"type": "subprocess"})
+
+
+class PlayersEnv(vf.Env[PlayersConfig]):
+    """Two trainable seats, alice and bob, each answering the task on its own: two agents."""
+
+    async def run(self, task, agents):
+        async with agents.alice.interaction(task) as alice, agents.bob.interaction(task) as bob:
+            await alice.turn()
+            await bob.turn()
+
+
+def players_env():
+    return PlayersEnv(PlayersConfig(taskset={"id": "vf_single_turn"}))
+
+
+@pytest.mark.server  # a proxy on loopback and the environment's interception server
+def test_several_trainable_seats_are_several_agents_each_with_its_own_reward(scripted_proxy):
+    from areal_nb.api import AgentRewards
+
+    agent = VerifiersAgent(players_env(), sampling={"max_tokens": 8})
+    episodes = recorded_episodes(agent)
+    row = task_rows(agent.env.taskset.take(1))[0]
+    result, recorded = scripted_proxy(agent, row)
+    (episode,) = episodes
+    traces = {t.agent.name: t for t in episode.traces}
+    assert set(traces) == {"alice", "bob"} and all(t.agent.trainable for t in traces.values())
+    # each seat's calls name the seat: the proxy tags them as two agents
+    assert sorted(r["agent"] for r in recorded) == ["alice", "bob"]
+    assert result == AgentRewards({"alice": traces["alice"].reward, "bob": traces["bob"].reward})
+
+
+@pytest.mark.slow
+def test_two_seats_train_one_adapter_each():
+    agent = VerifiersAgent(players_env())
+    episodes = recorded_episodes(agent)
+    rows = task_rows(agent.env.taskset.take(16))
+    adapters = {"agents": {"alice": {"lora": {"r": 4}}, "bob": {"lora": {"r": 4}}}}
+    with Session(dataset=rows, agent__workflow=agent, model__path="tiny-math", **adapters, **SMALL) as s:
+        history = s.run(2)
+        assert history["step"].tolist() == [1, 2] and {"reward_mean/alice", "reward_mean/bob"} <= set(history)
+        batch = s.last_batch
+        assert batch.accepted and not batch.rejected and sorted(batch.agents) == ["alice", "bob"]
+        assert (history["logprob_abs_diff_max"] < 1e-4).all()  # each call served by its seat's adapter
+        tok = batch.tokenizer
+        for i, ep in enumerate(batch.episodes):
+            calls = {c.agent: c for c in batch.calls(i)}
+            assert set(calls) == {"alice", "bob"}
+            # a verifiers episode whose two replies are these calls' recorded tokens (a group's samples
+            # may reply alike: the same texts, so the same rewards)
+            matches = [
+                e
+                for e in episodes
+                if e.task.data.model_dump(mode="json", exclude_defaults=True) == ep.data
+                and all(
+                    [seen_by_env(m) for m in t.assistant_messages]
+                    == [recorded_by_proxy(tok, calls[t.agent.name])]
+                    for t in e.traces
+                )
+            ]
+            assert matches, ep.data
+            match = matches[0]
+            for trace in match.traces:  # each seat's reward is on its own call, and only there
+                assert calls[trace.agent.name].reward == trace.reward
