@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install verifiers-venv slurm-packages sglang-wheel demo demo-tools test test-fast test-verifiers lint fix-lint docs bench gpu-wheels clean
+.PHONY: install verifiers-venv verifiers-legacy-venv slurm-packages sglang-wheel demo demo-tools test test-fast test-verifiers lint fix-lint docs bench gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,9 +28,9 @@ demo-tools: install
 # Everything, as CI runs it: unit tests, real servers, training, notebooks, the browser test,
 # the import-linter layer contracts (tests/test_layers.py), the docs build in strict mode
 # (tests/test_docs.py), the checks against SGLang's own code (sglang-wheel below) and the
-# `verifiers` environments in their own virtualenv (test-verifiers below). -rs prints why a test
+# `verifiers` environments in their own virtualenvs (test-verifiers below). -rs prints why a test
 # skipped.
-test: install lint slurm-packages sglang-wheel verifiers-venv
+test: install lint slurm-packages sglang-wheel verifiers-venv verifiers-legacy-venv
 	$(BIN)/python -m pytest -x -q -rs -m "not verifiers" tests
 	$(MAKE) test-verifiers
 
@@ -52,9 +52,27 @@ $(VF_BIN)/.installed: pyproject.toml $(BIN)/.installed
 
 verifiers-venv: $(VF_BIN)/.installed
 
-test-verifiers: verifiers-venv
+# The classic `verifiers` environments (SingleTurnEnv, MultiTurnEnv, ToolEnv with a Rubric; marker
+# `verifiers_legacy`: tests/envs/test_verifiers_legacy.py). 0.4 dropped them and 0.3.1 (the
+# `verifiers-legacy` extra) ships them; it needs mcp<2 and datasets<6 where .venv-verifiers has
+# 0.4's mcp 2, so they get a virtualenv of their own made the same way: .venv's packages through a
+# .pth file, its own only what 0.3.1 adds or pins differently (mcp 1, prime-*, gepa, renderers).
+VFL_VENV := .venv-verifiers-legacy
+VFL_BIN := $(VFL_VENV)/bin
+$(VFL_BIN)/.installed: pyproject.toml $(BIN)/.installed
+	test -x $(VFL_BIN)/python || $(PY) -m venv $(VFL_VENV)
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(VFL_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/areal-nb-main-venv.pth"
+	$(VFL_BIN)/pip install -q $(TORCH_PIN) -e '.[verifiers-legacy]'
+	touch $@
+
+verifiers-legacy-venv: $(VFL_BIN)/.installed
+
+test-verifiers: verifiers-venv verifiers-legacy-venv
 	$(VF_BIN)/python -c 'import verifiers.v1, openai, ipykernel, nbclient; print("verifiers", verifiers.__version__, "openai", openai.__version__)'
 	$(VF_BIN)/python -m pytest -x -q -rs -m verifiers tests/envs/test_verifiers.py tests/test_notebooks.py
+	$(VFL_BIN)/python -c 'import verifiers as vf, openai; vf.SingleTurnEnv, vf.MultiTurnEnv, vf.ToolEnv, vf.Rubric; print("verifiers", vf.__version__, "openai", openai.__version__)'
+	$(VFL_BIN)/python -m pytest -x -q -rs -m verifiers_legacy tests/envs/test_verifiers_legacy.py
 
 # The habits, before any test runs: lint rules and formatting (ruff; rules in pyproject.toml), the type
 # checker over the public API ([tool.mypy] files) and the layer contracts (import-linter).
@@ -123,4 +141,4 @@ gpu-wheels:
 	@du -sh $(GPU_WHEELS); ls $(GPU_WHEELS) | wc -l
 
 clean:
-	rm -rf $(VENV) $(VF_VENV) runs .pytest_cache site
+	rm -rf $(VENV) $(VF_VENV) $(VFL_VENV) runs .pytest_cache site
