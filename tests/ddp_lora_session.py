@@ -1,8 +1,9 @@
 """A LoRA run's user script on every rank, run by tests/test_distributed_session.py under torchrun:
 two steps, `save`, `save_pretrained` (merged and the adapter alone), then `Session.load` of the
 checkpoint and one more step. Each rank writes what it saw to OUT/rank<R>.pt (for the test only).
+Mode `agents`: the solver and the checker with one adapter each (`agents`), data-parallel (ddp).
 
-`python -m torch.distributed.run --nproc-per-node 2 tests/ddp_lora_session.py OUT ddp|fsdp`
+`python -m torch.distributed.run --nproc-per-node 2 tests/ddp_lora_session.py OUT ddp|fsdp|agents`
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from areal_nb.config import load_config
 from areal_nb.session import Session
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SMALL = [
     "rollout.batch_size=2",
     "rollout.group_size=2",
@@ -24,8 +25,9 @@ SMALL = [
     "total_steps=10",
     "actor.lr=5e-2",  # adapters that move the policy: an engine left on the base would be seen
     "actor.kl_ctl=0.01",  # the reference: the base with the adapters off
-    "actor.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}",
 ]
+ONE_ADAPTER = ["actor.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}"]
+AGENT_ADAPTERS = ["agents.solver.lora={r: 4, alpha: 8}", "agents.checker.lora={r: 2, alpha: 8}"]
 
 
 def flat(tensors) -> torch.Tensor:
@@ -33,12 +35,19 @@ def flat(tensors) -> torch.Tensor:
 
 
 def main(out: Path, mode: str) -> None:
-    cfg = load_config(CONFIG, [*SMALL, f"actor.parallel={mode}", f"logging.run_dir={out}"])
+    agents = mode == "agents"
+    config, adapters = ("solver_checker", AGENT_ADAPTERS) if agents else ("multi_turn_math", ONE_ADAPTER)
+    parallel = "ddp" if agents else mode
+    cfg = load_config(
+        CONFIGS / f"{config}.yaml",
+        [*SMALL, *adapters, f"actor.parallel={parallel}", f"logging.run_dir={out}"],
+    )
+    export = {"agent": "solver"} if agents else {}  # (each agent's policy is its own)
     with Session(cfg) as session:
         drift = [session.train_step(session.rollout())["logprob_abs_diff_max"] for _ in range(2)]
         session.save(out / "final")
-        session.save_pretrained(out / "hf")  # every rank: FSDP gathers the merged weights
-        session.save_pretrained(out / "adapter", merged=False)
+        session.save_pretrained(out / "hf", **export)  # every rank: FSDP gathers the merged weights
+        session.save_pretrained(out / "adapter", merged=False, **export)
         actor = session.actor
         adapters = flat(actor.adapter_weights().values())
         trainable = [p for p in actor.model.parameters() if p.requires_grad]

@@ -103,15 +103,17 @@ def test_areal_nb_train_under_torchrun(tmp_path):
     assert result.stdout.count("done: ddp-run, 2 steps") == 1  # rank 0 reports; rank 1 only trains
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "agents"])
 def test_a_lora_run_trains_saves_and_resumes_on_two_ranks(tmp_path, mode):
+    """`agents`: one adapter per agent, data-parallel: each call is still served by its own
+    agent's adapter after every push (drift), and the replicas hold the same adapters."""
     result = torchrun([str(ROOT / "tests" / "ddp_lora_session.py"), str(tmp_path), mode], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     leader, replica = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     for r in (leader, replica):
         assert r["all_adapters"], mode  # only the adapters train, and hold Adam state
         held = r["trainable_held"] / r["trainable_numel"]
-        assert held == 1.0 if mode == "ddp" else 0.4 < held < 0.6, (mode, held)
+        assert held == 1.0 if mode != "fsdp" else 0.4 < held < 0.6, (mode, held)
         assert r["optimizer_numel"] == r["trainable_held"], mode
         assert r["resumed_equal"], mode  # fsdp: rank 0 sent the checkpoint's adapter to rank 1
     # the engine on rank 0 sampled from base + ΔW after every push, and after the resume

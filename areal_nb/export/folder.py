@@ -248,11 +248,27 @@ def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
                 "MODEL": _bash_word(cfg.model.path),
                 "DTYPE": cfg.model.dtype,
                 "MAX_BATCH": cfg.engine.max_batch_size,
+                "LORA_ARGS": _lora_server_args(cfg),
             },
         )
     )
     for script in (local, sbatch):
         script.chmod(0o755)
+
+
+def _lora_server_args(cfg: SessionConfig) -> str:
+    """The servers' LoRA flags as bash words (`actor.lora`: the policy's adapter; `agents`: every
+    agent's), the ones the Session passes to servers it launches; empty without LoRA."""
+    from areal_nb.engine.launcher import lora_server_args
+    from areal_nb.session.builder import servers_lora
+
+    if cfg.agents:
+        lora, adapters = servers_lora(cfg), {"adapters_per_batch": 2 * len(cfg.agents)}
+    elif cfg.actor.lora is not None:
+        lora, adapters = cfg.actor.lora, {}
+    else:
+        return ""
+    return " ".join(shlex.quote(arg) for arg in lora_server_args(lora.r, lora.target_modules, **adapters))
 
 
 def _bash_word(value: str) -> str:

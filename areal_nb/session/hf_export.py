@@ -121,10 +121,10 @@ def write_agent_policy(
 ) -> Path:
     """One agent's policy of a model with one adapter per agent: the base with its adapter merged
     (a plain transformers folder), or its adapter alone (peft's files at the folder's top)."""
-    with use_adapter(model, agent):
-        if merged:
-            return write_model_folder(lora_base(model), merged_weights(model), tokenizer, dtype, path)
-        adapter = lora_adapter(model)
+    use_adapter(model, agent)
+    if merged:
+        return write_model_folder(lora_base(model), merged_weights(model), tokenizer, dtype, path)
+    adapter = lora_adapter(model)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     write_adapter_files(path, adapter)

@@ -650,8 +650,8 @@ class Session:
         from .hf_export import save_pretrained
 
         self._check_open()
-        if self.config.agents or agent is not None:  # (one process: agent adapters do not shard)
-            return Path(save_pretrained(self, path, merged=merged, agent=agent))
+        if self.config.agents or agent is not None:  # (agent adapters do not shard: nothing to gather)
+            return self._written_by_rank_0(lambda: save_pretrained(self, path, merged=merged, agent=agent))
         if not merged and not self.actor.lora:
             raise ValueError(
                 "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "

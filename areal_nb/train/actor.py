@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -150,10 +150,14 @@ class Actor:
                     "actor.lora uses the base model with the adapters off as the KL reference: "
                     "pass no ref_model"
                 )
-            if self.agents and (self.cfg.lora is not None or parallel is not None):
+            if self.agents and self.cfg.lora is not None:
                 raise ValueError(
-                    "agent adapters (agent_lora) train in one process, with no actor.lora: "
-                    + ("unset actor.lora" if self.cfg.lora is not None else "run without torchrun")
+                    "agent adapters (agent_lora) and actor.lora exclude each other: unset actor.lora"
+                )
+            if self.agents and parallel is not None and self.cfg.parallel == "fsdp":
+                raise ValueError(
+                    "agent adapters train data-parallel with actor.parallel=ddp, not fsdp (a sharded "
+                    "forward needs every rank to run the same adapter at once)"
                 )
             # (peft first: FSDP then shards the injected layers, adapters and frozen base alike)
             model = self.model = (
@@ -404,7 +408,8 @@ class Actor:
             result.minibatch_losses.append(
                 self._accumulate_gradients(step, rows, minibatch, advantages, policies, result)
             )
-            result.grad_norms.append(self._clip_and_step())
+            trained = None if step.row_agents is None else {step.row_agents[r] for r in rows.tolist()}
+            result.grad_norms.append(self._clip_and_step(trained))
         self.optimizer.zero_grad(set_to_none=True)
         if self.parallel is not None:  # every rank reports the whole batch's figures
             result.loss_stats, result.minibatch_losses, result.trained_positions = _gather_step(
@@ -477,11 +482,16 @@ class Actor:
             result.loss_stats.append(terms.stats)
         return minibatch_loss
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, trained_agents: set[str] | None = None) -> float:
         """Sum the ranks' gradients (DDP), clip them, take one optimizer step; the gradient norm
-        (agent adapters: each adapter clipped on its own, the norm over all of them)."""
+        (agent adapters: each adapter clipped on its own, the norm over all of them; an agent
+        with no row in the minibatch, `trained_agents`, takes no step, as in one process)."""
         if self.parallel is not None and not self.sharded:  # (FSDP has reduce-scattered them)
             self.parallel.all_reduce_grads(self.params)
+            for agent, params in self.agent_params.items():
+                if trained_agents is not None and agent not in trained_agents:
+                    for p in params:  # (the all-reduce gave it zeros, which AdamW's momentum would step)
+                        p.grad = None
         if self.grad_scaler is not None:
             self.grad_scaler.unscale_(self.optimizer)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
@@ -545,15 +555,11 @@ class Actor:
             by_agent: dict[str, list[int]] = {}
             for row in rows.tolist():
                 by_agent.setdefault(step.row_agents[row], []).append(row)
+            agent_step = replace(step, row_agents=None)
             return [
                 micro
                 for agent_rows in by_agent.values()
-                for micro in split_micro_batches(
-                    torch.tensor(agent_rows, device=rows.device),
-                    step.lengths,
-                    cfg.micro_batch_size,
-                    cfg.max_tokens_per_microbatch,
-                )
+                for micro in self._micro_batches(torch.tensor(agent_rows, device=rows.device), agent_step)
             ]
         if self.parallel is None:
             return split_micro_batches(
@@ -572,7 +578,7 @@ class Actor:
     def _use_adapter_of(self, step: _StepBatch, micro: Tensor) -> None:
         """Agent adapters: the next forwards run the adapter of `micro`'s agent (one per micro-batch)."""
         if step.row_agents is not None:
-            self.model.set_adapter(adapter_name(step.row_agents[int(micro[0])]))
+            use_adapter(self.model, step.row_agents[int(micro[0])])
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
@@ -758,15 +764,15 @@ class Actor:
         if not self.lora:
             return self.weights()
         if self.agents:
-            with use_adapter(self.model, self._known_agent(agent)):
-                return merged_weights(self.model)
+            use_adapter(self.model, self._known_agent(agent))
+            return merged_weights(self.model)
         base = lora_base(self.model).state_dict()
         return merged_weights(self.model, state=full_state_dict(base) if self.sharded else None)
 
     def agent_adapter(self, agent: str) -> Any:
         """Agent adapters: `agent`'s adapter as peft saves it (a `LoraAdapter`)."""
-        with use_adapter(self.model, self._known_agent(agent)):
-            return lora_adapter(self.model)
+        use_adapter(self.model, self._known_agent(agent))
+        return lora_adapter(self.model)
 
     def _known_agent(self, agent: str | None) -> str:
         if agent not in self.agents:

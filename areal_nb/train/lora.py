@@ -19,10 +19,8 @@ those the trainer's base + adapter computes with. An engine that serves adapters
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,12 +136,11 @@ def _all_adapters_train(model: torch.nn.Module) -> None:
             param.requires_grad_(True)
 
 
-@contextlib.contextmanager
-def use_adapter(model: torch.nn.Module, agent: str) -> Iterator[None]:
-    """The forwards (and `merged_weights`, `lora_adapter`) inside run `agent`'s adapter."""
+def use_adapter(model: torch.nn.Module, agent: str) -> None:
+    """The next forwards (and `merged_weights`, `lora_adapter`) run `agent`'s adapter; every
+    adapter stays trainable (peft's `set_adapter` freezes the others)."""
     model.set_adapter(adapter_name(agent))
     _all_adapters_train(model)
-    yield
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:

@@ -1,8 +1,9 @@
 """job.sbatch runs end to end on this machine with `srun` and `scontrol` stubbed: the engine
 server comes up (`areal-nb engine-server`, CPU path), the trainer finds it through
 `engine.type=remote engine.addresses=...`, trains, pushes weights through the shared
-`weights/` folder and saves. (A real Slurm runs the same script in tests/slurm/, where Slurm
-can be installed; this test checks the script's own logic everywhere.)"""
+`weights/` folder and saves. A LoRA run's servers start with the LoRA flags and get adapters, not
+weights; with one adapter per agent (`agents`), each agent's. (A real Slurm runs the same script
+in tests/slurm/, where Slurm can be installed; this test checks the script's own logic everywhere.)"""
 
 from __future__ import annotations
 
@@ -17,8 +18,24 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
+CONFIGS = ROOT / "configs"
 NPROC = 2
+RUNS = {  # config, its overrides, the LoRA flags the server gets, what the trainer pushes to weights/
+    # (remote servers get the trainer's weights once at start: version-0)
+    "full": ("multi_turn_math", [], None, ["version-0", "version-1"]),
+    "lora": (
+        "multi_turn_math",
+        ["actor.lora.r=4"],
+        "--enable-lora --max-lora-rank 4 --lora-target-modules all --max-loras-per-batch 2",
+        ["adapter-1", "version-0"],
+    ),
+    "agents": (
+        "solver_checker",
+        ["agents.solver.lora.r=4", "agents.checker.lora.r=2"],
+        "--enable-lora --max-lora-rank 4 --lora-target-modules all --max-loras-per-batch 4",
+        ["adapter-checker-0", "adapter-checker-1", "adapter-solver-0", "adapter-solver-1", "version-0"],
+    ),
+}
 
 SCONTROL = """#!/bin/bash
 # scontrol show hostnames LIST: one host per line
@@ -42,7 +59,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path):
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path, kind):
+    config, overrides, lora_flags, pushed = RUNS[kind]
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
@@ -60,7 +79,8 @@ def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path):
             "-m",
             "areal_nb.cli",
             "export",
-            str(CONFIG),
+            str(CONFIGS / f"{config}.yaml"),
+            *overrides,
             "total_steps=1",
             "rollout.batch_size=2",
             "rollout.group_size=2",
@@ -94,10 +114,13 @@ def test_job_sbatch_starts_an_engine_server_and_trains_against_it(tmp_path):
     assert f"rank 0 of {NPROC}: done at step 1, policy version 1" in job.stdout
     final = run / "runs" / "sbatch" / "final"
     assert (final / "state.pt").exists()
-    assert any((run / "weights").iterdir())  # the new policy went to the servers through the shared folder
+    # the new policy went to the servers through the shared folder (LoRA: the adapters alone)
+    assert sorted(p.name for p in (run / "weights").iterdir() if not p.name.startswith(".")) == pushed
     assert "engine-server: stopping" in server_log  # the job stopped its server when the trainer ended
     # The server listened on 0.0.0.0, so it had a key, and the trainer sent it: both read it from
     # $AREAL_NB_API_KEY, neither command line shows it.
     steps = (stubs / "srun-commands.log").read_text().splitlines()
     assert any("engine-server" in line for line in steps) and any("torchrun" in line for line in steps)
+    (server,) = [line for line in steps if "engine-server" in line]
+    assert (lora_flags in server) if lora_flags else ("--enable-lora" not in server), server
     assert not [line for line in steps if "api-key" in line or "api_key" in line], steps
