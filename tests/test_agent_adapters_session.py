@@ -89,6 +89,9 @@ def test_each_agent_trains_and_is_served_by_its_own_adapter(tmp_path):
             session.engine.engines["solver"].model.state_dict()[KEY],
             session.engine.engines["checker"].model.state_dict()[KEY],
         )
+        # greedy evaluation goes to each agent's own engine too, and reports each agent
+        result = session.evaluate()
+        assert result.rejected == 0 and set(result.agent_rewards) == set(AGENTS)
         saved = {agent: session.actor.policy_weights(agent) for agent in AGENTS}
         session.save(tmp_path / "checkpoint")
         session.save_pretrained(tmp_path / "solver", agent="solver")
