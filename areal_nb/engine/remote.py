@@ -41,6 +41,8 @@ given a `LoraAdapter` (or a peft adapter folder) writes it under `weights_dir` a
 version → `/update_weight_version` → continue on every live server; every request sent afterwards
 (the interrupted ones re-sent too) names it in `lora_path`, and the previous version's adapter is
 unloaded. Full weights are still the base (`/update_weights_from_disk`); the adapter stays on top.
+`close()` unloads the adapters this engine loaded from servers someone else runs (launched servers
+are stopped).
 With one adapter per agent (`AgentWeights` of `LoraAdapter`s, the Session's `agents`) each agent's
 adapter is written as `adapter-<agent>-<v>/` and loaded under a name of its own in the same pause,
 and each request names the adapter of its agent (`ModelRequest.agent`); a request from another
@@ -52,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import math
@@ -83,6 +86,9 @@ from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
 from .weight_sync import write_adapter, write_weights
 
 T = TypeVar("T")
+# how long close() waits for servers someone else runs to unload this engine's adapters (a server
+# answers once no request names the adapter any more)
+UNLOAD_AT_CLOSE_S = 10.0
 
 
 @dataclass(eq=False)
@@ -796,7 +802,25 @@ class SGLangEngine:
             for task in list(server.tasks):
                 task.cancel()
         await asyncio.sleep(0)
+        await self._unload_adapters()
         await self._client.aclose()
+
+    async def _unload_adapters(self) -> None:
+        """Servers someone else runs keep serving after this engine: the adapters it loaded are
+        unloaded, so runs that come and go do not fill their adapter memory. Launched servers are
+        stopped instead. Best effort, within UNLOAD_AT_CLOSE_S."""
+        names = [*([self._adapter] if self._adapter else []), *self._agent_adapters.values()]
+        if self.owned_processes or not names:
+            return
+        unloads = [
+            self._post(server, "/unload_lora_adapter", unload_adapter_body(name))
+            for name in names
+            for server in self.servers
+            if server.down is None
+        ]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*unloads, return_exceptions=True), UNLOAD_AT_CLOSE_S)
+        self._adapter, self._agent_adapters = None, {}
 
 
 def _copy_outcome(fut: concurrent.futures.Future, task: asyncio.Task) -> None:

@@ -356,3 +356,15 @@ def test_a_lora_session_pushes_adapters_to_remote_engine_servers_with_exact_logp
         with Session(cfg) as session:
             check_lora_session(session, shared, synced_base=True)
             assert all(s["down"] is None and s["assigned"] > 0 for s in session.engine.server_status())
+            loaded = session.engine._adapter
+        # the servers outlive the run: closing it unloaded its adapter from them
+        import httpx
+
+        for proc in procs:
+            again = httpx.post(
+                f"{proc.url}/unload_lora_adapter",
+                json={"lora_name": loaded},
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                timeout=30,
+            )
+            assert again.status_code == 400 and "does not exist" in again.text, again.text
