@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from ddp_session import flat  # (torchrun runs this file as a script: its folder is on sys.path)
 
 from areal_nb.config import load_config
 from areal_nb.session import Session
@@ -28,10 +29,6 @@ SMALL = [
 ]
 ONE_ADAPTER = ["actor.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}"]
 AGENT_ADAPTERS = ["agents.solver.lora={r: 4, alpha: 8}", "agents.checker.lora={r: 2, alpha: 8}"]
-
-
-def flat(tensors) -> torch.Tensor:
-    return torch.cat([t.detach().flatten() for t in tensors])
 
 
 def main(out: Path, mode: str) -> None:
