@@ -15,7 +15,8 @@ from .io_struct import ModelRequest, ModelResponse
 @runtime_checkable
 class InferenceEngine(Protocol):
     # The model's context length (prompt + output tokens), or None where the engine does not know it.
-    max_context: int | None
+    @property
+    def max_context(self) -> int | None: ...
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse: ...
 

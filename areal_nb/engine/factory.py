@@ -24,7 +24,9 @@ API_KEY_ENV = "AREAL_NB_API_KEY"  # the engine servers' key, read where no key i
 class EngineSpec(Protocol):
     """What the factory reads of a config section (`areal_nb.config.EngineConfig` is one)."""
 
-    type: str
+    @property
+    def type(self) -> str: ...
+
     max_batch_size: int
     seed: int
     # prefix_cache_tokens, single_thread_rows: int (read by "local" when present)
@@ -68,7 +70,7 @@ def create_engine(
         from .local import LocalEngine
 
         return LocalEngine(
-            model if model is not None else model_path,
+            model if model is not None else _need_path(model_path, spec.type),
             tokenizer,
             device=device,
             dtype=dtype or torch.float32,

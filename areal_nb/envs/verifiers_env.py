@@ -122,7 +122,7 @@ class VerifiersAgent:
         base_url: str | None = None,
         api_key: str | None = None,
         **_unused: Any,
-    ) -> float:
+    ) -> float | AgentRewards:
         vf = _verifiers()
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"

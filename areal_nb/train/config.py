@@ -163,7 +163,7 @@ class GRPOConfig:
     off. None: full fine-tuning."""
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # YAML gives lists
+        self.betas = tuple(self.betas)  # type: ignore[assignment]  # YAML gives lists; AdamW checks the length
         if isinstance(
             self.lora, dict
         ):  # (a plain GRPOConfig(lora={...}) call; the Session's config converts it)
@@ -171,6 +171,7 @@ class GRPOConfig:
         from .algorithms import check_algorithm, resolve_preset
 
         resolve_preset(self)  # the preset's values where a knob is None
+        assert self.eps_clip is not None, "every preset sets eps_clip"
         check_algorithm(self)
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -85,7 +85,7 @@ def _peft_config(cfg: LoraConfig) -> Any:
         raise ImportError("LoRA needs peft: pip install 'areal_nb[lora]'") from exc
     return peft.LoraConfig(
         r=cfg.r,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # (peft annotates int; scaling = alpha / r takes any)
         lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules,
         bias="none",
@@ -136,7 +136,7 @@ def _all_adapters_train(model: torch.nn.Module) -> None:
             param.requires_grad_(True)
 
 
-def use_adapter(model: torch.nn.Module, agent: str) -> None:
+def use_adapter(model: Any, agent: str) -> None:
     """The next forwards (and `merged_weights`, `lora_adapter`) run `agent`'s adapter; every
     adapter stays trainable (peft's `set_adapter` freezes the others)."""
     model.set_adapter(adapter_name(agent))
@@ -153,7 +153,7 @@ def is_lora_model(model: torch.nn.Module) -> bool:
 
 def lora_base(model: torch.nn.Module) -> torch.nn.Module:
     """The model the forwards run: a PeftModel's base (adapters injected), else `model` itself."""
-    return model.get_base_model() if is_lora_model(model) else model
+    return cast(Any, model).get_base_model() if is_lora_model(model) else model
 
 
 def is_adapter_key(name: str) -> bool:
@@ -252,7 +252,7 @@ def check_shardable(model: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def lora_adapter(model: torch.nn.Module, state: dict[str, Tensor] | None = None) -> LoraAdapter:
+def lora_adapter(model: Any, state: dict[str, Tensor] | None = None) -> LoraAdapter:
     """The active adapter as peft's `save_pretrained` writes it: its tensors (detached copies, in
     the dtype they train in) under peft's saved names, and adapter_config.json's content.
     `state`: the adapter's full tensors when the caller gathered them (FSDP shards the model)."""
