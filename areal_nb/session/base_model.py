@@ -55,15 +55,20 @@ def write_base_file(reference: dict[str, Any], folder: Path) -> None:
     (folder / BASE_FILE).write_text(json.dumps(reference, indent=1))
 
 
+def read_json_file(file: Path) -> Any:
+    """A checkpoint's JSON file, or CheckpointError naming it when it cannot be read as JSON."""
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: not readable JSON ({e})") from e
+
+
 def read_base_file(folder: Path) -> dict[str, Any] | None:
     """The checkpoint's base reference (None: not a LoRA checkpoint); CheckpointError if damaged."""
     file = folder / BASE_FILE
     if not file.exists():
         return None
-    try:
-        reference = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{file}: not readable JSON ({e})") from e
+    reference = read_json_file(file)
     if not isinstance(reference, dict) or not all(
         isinstance(reference.get(k), str) and reference[k] for k in ("path", "sha256")
     ):

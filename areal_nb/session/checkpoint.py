@@ -55,7 +55,7 @@ from areal_nb.data import load_rows, write_jsonl
 from areal_nb.errors import CheckpointError
 from areal_nb.train.lora import adapter_state, lora_base
 
-from .base_model import BASE_FILE, read_base_file, write_base_file
+from .base_model import BASE_FILE, read_base_file, read_json_file, write_base_file
 
 if TYPE_CHECKING:
     from .session import Session
@@ -376,10 +376,7 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
     file = folder / MANIFEST
     if not file.exists():
         return None
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{file}: unreadable ({e})") from e
+    manifest = read_json_file(file)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise CheckpointError(f"{file}: not an areal_nb checkpoint manifest")
     files = manifest.get("files")
@@ -430,10 +427,7 @@ def _check_config(folder: Path) -> None:
 
 
 def _check_history(file: Path) -> list[Any]:
-    try:
-        history = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{file}: not readable JSON ({e})") from e
+    history = read_json_file(file)
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
         raise CheckpointError(f"{file}: not a list of stats rows")
     return history
