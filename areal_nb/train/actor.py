@@ -125,7 +125,7 @@ class Actor:
         agent_lora: dict[str, LoraConfig] | None = None,
     ) -> None:
         """`agent_lora` ({agent: LoraConfig}): one LoRA adapter per agent on the frozen base, each
-        trained on its agent's rows only (see `_agent_micro_batches`); `train_step` then needs
+        trained on its agent's rows only (see `_micro_batches`); `train_step` then needs
         the names of the batch's `agent_ids`."""
         self.model = model
         self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
