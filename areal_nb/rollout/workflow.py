@@ -37,6 +37,7 @@ import numbers
 import os
 import uuid
 import weakref
+from collections.abc import Awaitable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -158,6 +159,18 @@ def parse_agent_rewards(value: Any) -> float | dict[str, float] | AgentRewards:
         f"agent.run must return a number, a dict {{interaction_id: number}} or AgentRewards, "
         f"got {type(value).__name__}: {value!r:.200}",
     )
+
+
+async def _assigned_or_rejected(what: str, assignment: Awaitable[None]) -> None:
+    """Await a reward's assignment; the proxy's 400/404 (no such call or agent) rejects the episode."""
+    try:
+        await assignment
+    except ProxyRequestError as exc:
+        if exc.status in (400, 404):
+            raise EpisodeRejected(
+                "invalid_reward", f"reward for {what} could not be assigned: {exc.detail}"
+            ) from exc
+        raise
 
 
 class OpenAIProxyWorkflow(RolloutWorkflow):
@@ -406,27 +419,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
     ) -> None:
         if isinstance(reward, AgentRewards):
             for agent, value in reward.per_agent.items():
-                try:
-                    await client.set_agent_reward(agent, value)
-                except ProxyRequestError as exc:
-                    if exc.status in (400, 404):
-                        raise EpisodeRejected(
-                            "invalid_reward",
-                            f"reward for agent {agent!r} could not be assigned: {exc.detail}",
-                        ) from exc
-                    raise
+                await _assigned_or_rejected(f"agent {agent!r}", client.set_agent_reward(agent, value))
             return
         if isinstance(reward, dict):
             for interaction_id, value in reward.items():
-                try:
-                    await client.set_reward(interaction_id, value)
-                except ProxyRequestError as exc:
-                    if exc.status in (400, 404):
-                        raise EpisodeRejected(
-                            "invalid_reward",
-                            f"reward for {interaction_id!r} could not be assigned: {exc.detail}",
-                        ) from exc
-                    raise
+                await _assigned_or_rejected(repr(interaction_id), client.set_reward(interaction_id, value))
             return
         try:
             await client.set_last_reward(reward)
