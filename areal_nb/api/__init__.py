@@ -1,7 +1,7 @@
 """Shared vocabulary of areal_nb. Imports nothing else from the package."""
 
 from .agent_rewards import AgentRewards
-from .agent_weights import AgentWeights
+from .agent_weights import AgentWeights, agent_token
 from .by_value import NotSerializableError
 from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks, SamplingSpan
 from .engine_api import InferenceEngine
@@ -37,6 +37,7 @@ from .workflow_api import RolloutWorkflow
 __all__ = [
     "AgentRewards",
     "AgentWeights",
+    "agent_token",
     "CONSTRAINT_KINDS",
     "OutputConstraint",
     "SamplingMasks",

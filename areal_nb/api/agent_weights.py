@@ -8,8 +8,16 @@ in `ModelRequest.agent`, and the engine generates with that agent's weights.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+
+def agent_token(agent: str) -> str:
+    """An agent's name where its adapter is named: the trainer's peft adapter (a module name, where
+    a dot would split state-dict keys) and the adapter folders pushed to engine servers. Every
+    character but letters, digits, "_" and "-" becomes "_"."""
+    return re.sub(r"[^0-9A-Za-z_-]", "_", agent)
 
 
 @dataclass(frozen=True)

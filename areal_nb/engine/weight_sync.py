@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from areal_nb.api import agent_token
 
 VERSION_PREFIX = "version-"
 ADAPTER_PREFIX = "adapter-"
@@ -45,7 +46,7 @@ def write_adapter(
     atomic step like `write_weights`; older adapter folders beyond `keep` are removed. `agent`:
     one agent's adapter, `adapter-<agent>-<version>` (its older ones pruned apart from the others')."""
     root = Path(weights_dir)
-    prefix = ADAPTER_PREFIX if agent is None else f"{ADAPTER_PREFIX}{re.sub(r'[^0-9A-Za-z_-]', '_', agent)}-"
+    prefix = ADAPTER_PREFIX if agent is None else f"{ADAPTER_PREFIX}{agent_token(agent)}-"
     target = _write_atomically(
         root, root / f"{prefix}{int(version)}", lambda folder: write_adapter_files(folder, adapter)
     )

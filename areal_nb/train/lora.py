@@ -20,14 +20,13 @@ those the trainer's base + adapter computes with. An engine that serves adapters
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from torch import Tensor
 
-from areal_nb.api import LoraAdapter
+from areal_nb.api import LoraAdapter, agent_token
 
 __all__ = [
     "LoraConfig",
@@ -100,10 +99,7 @@ def wrap_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     return peft.get_peft_model(model, _peft_config(cfg))
 
 
-def adapter_name(agent: str) -> str:
-    """The peft adapter name of an agent's adapter: its name with every character a module name
-    cannot hold (a dot splits state-dict keys) replaced by "_"."""
-    return re.sub(r"[^0-9A-Za-z_-]", "_", agent)
+adapter_name = agent_token  # the peft adapter name of an agent's adapter
 
 
 def wrap_agent_lora(model: torch.nn.Module, configs: dict[str, LoraConfig]) -> torch.nn.Module:
