@@ -262,13 +262,11 @@ def _lora_server_args(cfg: SessionConfig) -> str:
     from areal_nb.engine.launcher import lora_server_args
     from areal_nb.session.builder import servers_lora
 
-    if cfg.agents:
-        lora, adapters = servers_lora(cfg), {"adapters_per_batch": 2 * len(cfg.agents)}
-    elif cfg.actor.lora is not None:
-        lora, adapters = cfg.actor.lora, {}
-    else:
+    lora, adapters = servers_lora(cfg)
+    if lora is None:
         return ""
-    return " ".join(shlex.quote(arg) for arg in lora_server_args(lora.r, lora.target_modules, **adapters))
+    per_batch = {} if adapters is None else {"adapters_per_batch": adapters}
+    return " ".join(shlex.quote(a) for a in lora_server_args(lora.r, lora.target_modules, **per_batch))
 
 
 def _bash_word(value: str) -> str:

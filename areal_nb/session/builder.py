@@ -87,6 +87,7 @@ def build_engine(
         return local()
     from areal_nb.models import resolve_model_path
 
+    lora, lora_adapters = servers_lora(cfg)
     weights_dir = Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()
     log_dir = Path(cfg.engine.launch.log_dir or cfg.run_dir / "engine_logs").absolute()
     return create_engine(
@@ -100,22 +101,28 @@ def build_engine(
         max_context=getattr(policy.config, "max_position_embeddings", None),
         dtype=getattr(torch, cfg.model.dtype),  # launched servers serve what the trainer pushes
         # the servers serve the policy's adapter, or each agent's (launched with the LoRA flags)
-        lora=cfg.actor.lora if not cfg.agents else servers_lora(cfg),
-        lora_adapters=2 * len(cfg.agents) if cfg.agents else None,
+        lora=lora,
+        lora_adapters=lora_adapters,
     )
 
 
-def servers_lora(cfg: SessionConfig) -> Any:
-    """The LoRA launch settings that admit every agent's adapter: the largest rank, and every
-    agent's target modules ("all-linear" when one adapts them all)."""
+def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:
+    """What engine servers are launched with for a LoRA run, as (LoRA settings, adapters per
+    batch): `actor.lora` and the launcher's default; with `agents`, settings that admit every
+    agent's adapter (the largest rank, every agent's target modules, "all-linear" when one adapts
+    them all) and two adapters per agent (its current and next version). (None, None): no LoRA.
+    The Session's launches and an exported job's `job.sbatch` both read it."""
     from areal_nb.train.lora import LoraConfig
 
+    if not cfg.agents:
+        return cfg.actor.lora, None
     adapters = [seat.lora for seat in cfg.agents.values()]
-    rank = max(a.r for a in adapters)
-    if any(isinstance(a.target_modules, str) for a in adapters):
-        return LoraConfig(r=rank, target_modules="all-linear")
-    modules = [m for a in adapters for m in a.target_modules]
-    return LoraConfig(r=rank, target_modules=list(dict.fromkeys(modules)))
+    targets: str | list[str] = (
+        "all-linear"
+        if any(isinstance(a.target_modules, str) for a in adapters)
+        else list(dict.fromkeys(m for a in adapters for m in a.target_modules))
+    )
+    return LoraConfig(r=max(a.r for a in adapters), target_modules=targets), 2 * len(adapters)
 
 
 def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:
