@@ -430,6 +430,17 @@ class SessionConfig(_Section):
             raise ValueError("agents: an agent's name (the `model` its calls send) cannot be blank")
 
     @property
+    def agent_lora(self) -> dict[str, LoraConfig]:
+        """`agents`' adapters by agent name (empty: no agent trains an adapter of its own)."""
+        return {name: seat.lora for name, seat in self.agents.items()}
+
+    @property
+    def trains_adapters(self) -> bool:
+        """Whether the policy is LoRA adapters on a frozen base (`actor.lora` or `agents`): a
+        checkpoint then names the base instead of copying it, and the KL reference is the base."""
+        return self.actor.lora is not None or bool(self.agents)
+
+    @property
     def run_dir(self) -> Path:
         """Where this run writes logs, metrics and its final checkpoint."""
         return Path(self.logging.run_dir or Path("runs") / self.experiment_name)

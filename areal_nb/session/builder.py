@@ -116,7 +116,7 @@ def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:
 
     if not cfg.agents:
         return cfg.actor.lora, None
-    adapters = [seat.lora for seat in cfg.agents.values()]
+    adapters = list(cfg.agent_lora.values())
     targets: str | list[str] = (
         "all-linear"
         if any(isinstance(a.target_modules, str) for a in adapters)
@@ -156,7 +156,7 @@ def build_actor(
     if actor_cfg.lr_schedule != "constant" and actor_cfg.lr_decay_steps is None:
         actor_cfg = dataclasses.replace(actor_cfg, lr_decay_steps=cfg.total_steps)  # the run's length
     ref_model = None
-    if actor_cfg.kl_ctl > 0 and actor_cfg.lora is None and not cfg.agents:  # (LoRA: the base, adapters off)
+    if actor_cfg.kl_ctl > 0 and not cfg.trains_adapters:  # (LoRA: the base with the adapters off)
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     return Actor(
         policy,
@@ -166,7 +166,7 @@ def build_actor(
         parallel=parallel,
         compute_dtype=getattr(torch, cfg.model.dtype),
         tokenizer=tokenizer,
-        agent_lora={agent: seat.lora for agent, seat in cfg.agents.items()} or None,
+        agent_lora=cfg.agent_lora or None,
     )
 
 

@@ -194,7 +194,7 @@ def export_checkpoint(
     if base is not None:
         check_same_base(base, base_reference(model_path, model), str(checkpoint))
     if agent is not None:  # every agent's adapter is in state.pt
-        model = wrap_agent_lora(model, {name: seat.lora for name, seat in cfg.agents.items()})
+        model = wrap_agent_lora(model, cfg.agent_lora)
         load_adapter_state(model, state["actor"]["model"])
     elif cfg.actor.lora is not None:  # the trained adapters are in state.pt
         model = wrap_lora(model, cfg.actor.lora)

@@ -157,9 +157,7 @@ class Session:
             # data first: a bad dataset fails before anything is built
             task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
             self.tokenizer, policy = builder.build_policy(cfg)
-            if (
-                cfg.actor.lora is not None or cfg.agents
-            ):  # what a checkpoint names instead of copying the base
+            if cfg.trains_adapters:  # what a checkpoint names instead of copying the base
                 self.lora_base = base_reference(cfg.model.path, policy)
             if self._resume_state is not None:  # an adapter goes on the base it was trained on only
                 check_same_base(
