@@ -11,17 +11,18 @@ there); elsewhere they skip.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pathlib
-import re
 import sys
 
 import pydantic
 import pytest
 
 from areal_nb import Session
+from areal_nb.api import AgentRewards
 from areal_nb.envs import EnvironmentServerError, VerifiersAgent, task_rows
+from tests.envs.replies import last_number, recorded_by_proxy
+from tests.envs.replies import seen_message as seen_by_env
 
 HERE = pathlib.Path(__file__).parent
 
@@ -65,22 +66,6 @@ def recorded_episodes(agent):
     return episodes
 
 
-def seen_by_env(message) -> tuple[str, list]:
-    """An assistant message of a `verifiers` trace: its text and its tool calls (name, arguments)."""
-    calls = [(c.name, json.loads(c.arguments)) for c in message.tool_calls or []]
-    return (message.content or "").strip(), calls
-
-
-def recorded_by_proxy(tok, call) -> tuple[str, list]:
-    """The same for a call the proxy recorded, read from the recorded output tokens alone (a tool
-    call in the tiny models' `<tool_call>{"name", "arguments"}</tool_call>` form)."""
-    text = tok.decode(call.model_response.output_tokens, skip_special_tokens=True)
-    if call.completion.choices[0].message.tool_calls:
-        calls = [json.loads(m) for m in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)]
-        return "", [(c["name"], c["arguments"]) for c in calls]
-    return text.strip(), []
-
-
 def check_episodes(batch, episodes):
     """Each proxy episode is one `verifiers` episode of its row: the replies the environment's client
     received are the recorded tokens, call by call, and the episode's reward is the trace's reward.
@@ -122,11 +107,6 @@ def train_two_steps(agent: VerifiersAgent, model: str, check_eval: bool = False)
             assert [ep.data for ep in result.batch.episodes] == held_out
             check_episodes(result.batch, episodes)
     return pairs
-
-
-def last_number(text: str) -> int | None:
-    numbers = re.findall(r"-?\d+", text)
-    return int(numbers[-1]) if numbers else None
 
 
 USER_PERSONA = "You are the user. Say whether the assistant's answer is right."
@@ -378,8 +358,6 @@ def players_env():
 
 @pytest.mark.server  # a proxy on loopback and the environment's interception server
 def test_several_trainable_seats_are_several_agents_each_with_its_own_reward(scripted_proxy):
-    from areal_nb.api import AgentRewards
-
     agent = VerifiersAgent(players_env(), sampling={"max_tokens": 8})
     episodes = recorded_episodes(agent)
     row = task_rows(agent.env.taskset.take(1))[0]

@@ -20,6 +20,7 @@ import pytest
 
 from areal_nb import Session
 from areal_nb.envs import EnvironmentServerError, LegacyVerifiersAgent, legacy_rows
+from tests.envs.replies import last_number, recorded_by_proxy, seen_message
 
 try:
     import verifiers.legacy  # noqa: F401  (the classic stack: 0.3.1 has it, 0.4 does not)
@@ -46,11 +47,6 @@ SMALL = {
 RETRY = "That is not right. Try again."
 # the rubric's weights: a correct answer scores 1, a reply with a number in it 0.25 more
 CORRECT_WEIGHT, NUMBER_WEIGHT = 1.0, 0.25
-
-
-def last_number(text: str | None) -> int | None:
-    numbers = re.findall(r"-?\d+", text or "")
-    return int(numbers[-1]) if numbers else None
 
 
 def sums(n: int, seed: int) -> Dataset:
@@ -158,19 +154,7 @@ def recorded_states(env):
 
 def seen_by_env(response) -> tuple[str, list]:
     """A reply the environment's client received: its text and its tool calls (name, arguments)."""
-    message = response.message
-    calls = [(c.name, json.loads(c.arguments)) for c in message.tool_calls or []]
-    return (message.content or "").strip(), calls
-
-
-def recorded_by_proxy(tok, call) -> tuple[str, list]:
-    """The same for a call the proxy recorded, read from the recorded output tokens alone (a tool
-    call in the tiny models' `<tool_call>{"name", "arguments"}</tool_call>` form)."""
-    text = tok.decode(call.model_response.output_tokens, skip_special_tokens=True)
-    if call.completion.choices[0].message.tool_calls:
-        calls = [json.loads(m) for m in re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)]
-        return "", [(c["name"], c["arguments"]) for c in calls]
-    return text.strip(), []
+    return seen_message(response.message)
 
 
 def check_episodes(batch, states):
