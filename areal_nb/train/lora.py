@@ -107,14 +107,13 @@ def wrap_agent_lora(model: torch.nn.Module, configs: dict[str, LoraConfig]) -> t
     Every adapter requires grad; `use_adapter` picks the one a forward runs."""
     import peft
 
+    if not configs:
+        raise ValueError("wrap_agent_lora needs at least one agent")
     names = {agent: adapter_name(agent) for agent in configs}
-    clash = len(set(names.values())) < len(names)
-    if clash or not names:
+    if len(set(names.values())) < len(names):
         raise ValueError(
             f"agents {sorted(configs)}: each agent needs a name of its own once characters other than "
             "letters, digits, '_' and '-' are replaced by '_' (the adapter names)"
-            if clash
-            else "wrap_agent_lora needs at least one agent"
         )
     agents = list(configs)
     wrapped = peft.get_peft_model(model, _peft_config(configs[agents[0]]), adapter_name=names[agents[0]])
