@@ -1,7 +1,7 @@
 """areal_nb: Jupyter-first agentic reinforcement learning of language models.
 
-`from areal_nb import Session` is the entry point; the packages below it are listed in docs/design.md;
-docs/getting-started.md has a tour.
+`from areal_nb import Session` is the entry point; the packages below it are listed in
+docs/reference/packages.md; docs/getting-started.md has a tour.
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """Where a LocalEngine decoding step's CPU time goes at N rows, and what attending only over each
-row's own keys would save: the measurements behind the decoding-attention note in docs/design.md.
+row's own keys would save: the measurements behind the decoding-step note in docs/guides/cpu-engine.md.
 
 Builds the engine's batch (`PaddedKVBatch`, fast Qwen2 forward) for N prompts of 8..64 random
 tokens (as engine_throughput.py), runs --steps decoding steps, then times on ONE torch thread, in

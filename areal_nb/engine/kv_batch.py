@@ -17,7 +17,7 @@ A running row's other columns hold zeros (finite, so a masked-out score stays ex
 weight 0); rows beyond `size` hold anything (never read) until a joining row clears its row.
 - A decoding step writes one column (spare columns: no re-concatenation of the whole cache, what
   the stock `DynamicLayer` does) and attends over the whole column capacity, spare columns masked
-  (and left padding: at 128 rows ~40 % of the columns read; docs/design.md says why neither a
+  (and left padding: at 128 rows ~40 % of the columns read; docs/guides/cpu-engine.md says why neither a
   trimmed view nor buffers bucketed by length paid for reading less).
 - Rows join (`prefill`) in the spare rows, right-aligned at `length`, when they fit there: the
   running rows are not touched. Only when they do not (more rows than the capacity, a prompt

@@ -1,4 +1,5 @@
-"""How the Session runs on several ranks (torchrun, WORLD_SIZE > 1; docs/design.md "Data-parallel").
+"""How the Session runs on several ranks (torchrun, WORLD_SIZE > 1; docs/guides/data-parallel.md,
+"How the replicas stay equal").
 
 Rank 0 is the whole Session: engine, proxy, rollouts, evaluation, checkpoints, metrics. Every other
 rank holds only a replica of the actor and follows rank 0: the same user code runs everywhere
