@@ -15,6 +15,7 @@ The tree:
     │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
     │   │   ├── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
     │   │   │   └── ContractViolation             a body the SGLang API schema rejects (same body)
+    │   │   ├── EngineRefused                     an engine server's 400 as its client (SGLangEngine) raises it
     │   │   └── UnknownAgentError                 a call from an agent with no adapter of its own (`agents`)
     │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
     │   ├── BodyTooLarge                413 body_too_large
@@ -129,6 +130,12 @@ class BadRequest(InvalidRequestError):
 
 class ContractViolation(BadRequest):
     """A body the SGLang API schema rejects (its api_contract check): a 400 like any BadRequest."""
+
+
+class EngineRefused(InvalidRequestError):
+    """An engine server (SGLang or `areal-nb engine-server`) answered a request with 400: the
+    request can never succeed there, so the caller gets a 400 naming the server's reason, not
+    a 500 (raised by `SGLangEngine`, the client side of `BadRequest`)."""
 
 
 class UnknownAgentError(InvalidRequestError):
@@ -448,6 +455,7 @@ __all__ = [
     "DatasetError",
     "Dialect",
     "EngineClosedError",
+    "EngineRefused",
     "EngineServerError",
     "EpisodeRejected",
     "ErrorReply",

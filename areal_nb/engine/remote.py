@@ -23,7 +23,8 @@ Failure. Connecting times out after `connect_timeout` s. A transport error on a 
 process died, the connection was reset) marks that server down: the request fails with
 `ServerDownError` naming the server and the cause, every later request goes to the other servers, and
 a down server never comes back by itself (a restarted server could serve other weights). With no live
-server left, `agenerate` fails at once. A 400 from the server is a `ValueError` with its message.
+server left, `agenerate` fails at once. A 400 from the server is an `EngineRefused` (an
+`InvalidRequestError`, so a `ValueError`) with its message: the proxy answers the agent 400 too.
 
 Pause and weight updates. `pause()` sends `/pause_generation` in `abort` mode: in-flight requests come
 back with partial output and are re-sent, after `resume()`, with the partial output appended to the
@@ -80,7 +81,12 @@ from areal_nb.api import (
     ModelRequest,
     ModelResponse,
 )
-from areal_nb.errors import EngineServerError, ServerDownError, UnknownAgentError  # noqa: F401 (re-exported)
+from areal_nb.errors import (  # noqa: F401 (re-exported)
+    EngineRefused,
+    EngineServerError,
+    ServerDownError,
+    UnknownAgentError,
+)
 
 from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
 from .weight_sync import write_adapter, write_weights
@@ -932,7 +938,7 @@ def _error_message(response: httpx.Response) -> str:
 
 def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
     if response.status_code == 400:
-        raise ValueError(f"engine server {url}{path} rejected the request: {_error_message(response)}")
+        raise EngineRefused(f"engine server {url}{path} rejected the request: {_error_message(response)}")
     if response.status_code != 200:
         raise EngineServerError(
             f"engine server {url}{path} answered {response.status_code}: {_error_message(response)}"
