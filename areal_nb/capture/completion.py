@@ -311,53 +311,23 @@ async def generate_for_messages(
     """
     if cache is not None and interaction_id in cache:
         raise CompletionRequestError(f"interaction id {interaction_id} already exists in the cache")
-    check_chat_messages(messages)
-    chat_template_kwargs = check_chat_template_kwargs(chat_template_kwargs, tokenizer)
+    chat_template_kwargs = _checked_chat_input(messages, tokenizer, chat_template_kwargs)
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
     sampling_config(
         tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs
     )  # bad values fail before rendering
-    parent = cache.find_parent(messages, agent) if cache is not None else None
-    if (
-        parent is not None
-        and settings.chat_template_type == "concat"
-        and not _renders_like(parent, tools, chat_template_kwargs)
-    ):
-        warnings.warn(
-            f"this call continues interaction {parent.interaction_id}, but its tools or chat_template_kwargs "
-            "differ from that call's, so the template renders the shared history differently and the "
-            "parent's tokens cannot start this prompt: it is rendered whole and trained as a new root "
-            "(concat mode; the earlier call gets no return from this one)",
-            ConversationLinkWarning,
-            stacklevel=3,
-        )
-        parent = None
-
-    # the schema is shown to the model where the prompt is rendered whole (a concat child reuses
-    # its parent's tokens, which show it already)
-    shown = (
-        messages
-        if parent is not None and settings.chat_template_type == "concat"
-        else (with_format_instruction(messages, sampling_kwargs.get("constraint")))
+    prompt, parent = await _render_chat_prompt(
+        tokenizer=tokenizer,
+        settings=settings,
+        cache=cache,
+        messages=messages,
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+        constraint=sampling_kwargs.get("constraint"),
+        agent=agent,
+        context=context,
     )
-
-    def render() -> list[int]:
-        check_prompt_size(shown, tools, tokenizer, context)
-        return build_prompt_ids(
-            settings=settings,
-            tokenizer=tokenizer,
-            messages=shown,
-            parent=parent,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-
-    # Rendering is work proportional to the input: a long conversation goes off the event loop,
-    # a short one renders in place (a thread hop costs more than rendering a few hundred chars,
-    # and with 128 episodes in flight those hops were a fifth of the loop's time).
-    long_input = text_chars(messages, tools) > INLINE_RENDER_CHARS
-    prompt = await asyncio.to_thread(render) if long_input else render()
     budget = resolve_token_budget(
         len(prompt),
         engine_max_tokens=settings.engine_max_tokens,
@@ -398,6 +368,75 @@ async def generate_for_messages(
         response.tokenizer = tokenizer
     interaction.model_response = response
     return interaction, response
+
+
+def _checked_chat_input(
+    messages: list[dict[str, Any]], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    check_chat_messages(messages)
+    return check_chat_template_kwargs(chat_template_kwargs, tokenizer)
+
+
+async def _render_chat_prompt(
+    *,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    cache: InteractionCache | None,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    constraint: OutputConstraint | None,
+    agent: str | None,
+    context: int | None,
+    add_generation_prompt: bool = True,
+) -> tuple[list[int], InteractionWithTokenLogpReward | None]:
+    """The prompt ids of a chat call and the call it continues (its parent in `cache`).
+    `add_generation_prompt=False` (`/tokenize`) renders the whole conversation, no parent."""
+    parent = cache.find_parent(messages, agent) if cache is not None and add_generation_prompt else None
+    if (
+        parent is not None
+        and settings.chat_template_type == "concat"
+        and not _renders_like(parent, tools, chat_template_kwargs)
+    ):
+        warnings.warn(
+            f"this call continues interaction {parent.interaction_id}, but its tools or chat_template_kwargs "
+            "differ from that call's, so the template renders the shared history differently and the "
+            "parent's tokens cannot start this prompt: it is rendered whole and trained as a new root "
+            "(concat mode; the earlier call gets no return from this one)",
+            ConversationLinkWarning,
+            stacklevel=4,
+        )
+        parent = None
+
+    # the schema is shown to the model where the prompt is rendered whole (a concat child reuses
+    # its parent's tokens, which show it already)
+    shown = (
+        messages
+        if parent is not None and settings.chat_template_type == "concat"
+        else (with_format_instruction(messages, constraint))
+    )
+
+    def render() -> list[int]:
+        check_prompt_size(shown, tools, tokenizer, context)
+        if not add_generation_prompt:
+            return render_prompt_ids(
+                tokenizer, shown, tools, chat_template_kwargs, add_generation_prompt=False
+            )
+        return build_prompt_ids(
+            settings=settings,
+            tokenizer=tokenizer,
+            messages=shown,
+            parent=parent,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    # Rendering is work proportional to the input: a long conversation goes off the event loop,
+    # a short one renders in place (a thread hop costs more than rendering a few hundred chars,
+    # and with 128 episodes in flight those hops were a fifth of the loop's time).
+    long_input = text_chars(messages, tools) > INLINE_RENDER_CHARS
+    prompt = await asyncio.to_thread(render) if long_input else render()
+    return prompt, parent
 
 
 def _renders_like(parent: InteractionWithTokenLogpReward, tools: Any, chat_template_kwargs: Any) -> bool:
@@ -474,14 +513,7 @@ async def create_chat_completion(
     normalized = normalize_messages(messages)
     n_choices = _check_choices(n)
     tools_list = _normalize_tools(tools)
-    check_tools(tools_list, tool_choice)
-    constraint = request_constraint(
-        {
-            "response_format": constraint_of_format(response_format, "response_format"),
-            "tool_choice": constraint_of_tool_choice(tools_list, tool_choice),
-            **constraint_of_guided(extra_body),
-        }
-    )
+    constraint = _chat_constraint(tools_list, tool_choice, response_format, extra_body)
     record = cache if store is not False else None
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
     ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
@@ -545,6 +577,56 @@ async def create_chat_completion(
         object="chat.completion",
         usage=_usage(prompt_len, sum(response.output_len for _, response in samples)),
     )
+
+
+def _chat_constraint(
+    tools_list: list[dict[str, Any]] | None, tool_choice: Any, response_format: Any, extra_body: Any
+) -> OutputConstraint | None:
+    check_tools(tools_list, tool_choice)
+    return request_constraint(
+        {
+            "response_format": constraint_of_format(response_format, "response_format"),
+            "tool_choice": constraint_of_tool_choice(tools_list, tool_choice),
+            **constraint_of_guided(extra_body),
+        }
+    )
+
+
+async def chat_prompt_ids(
+    *,
+    engine: InferenceEngine,
+    tokenizer: Any,
+    settings: CompletionSettings,
+    cache: InteractionCache | None,
+    messages: Any,
+    tools: Any = None,
+    tool_choice: Any = None,
+    response_format: Any = None,
+    extra_body: dict[str, Any] | None = None,
+    model: str | None = None,
+    add_generation_prompt: bool = True,
+    **ignored: Any,
+) -> list[int]:
+    """The prompt ids `create_chat_completion` with these arguments would give the engine now
+    (in `concat` mode its parent's tokens first, as `cache` stands): the same checks and
+    rendering, nothing generated, nothing recorded. The proxy counts and tokenizes with it.
+    `add_generation_prompt=False`: the conversation alone, without the assistant's opening."""
+    normalized = normalize_messages(messages)
+    tools_list = _normalize_tools(tools)
+    constraint = _chat_constraint(tools_list, tool_choice, response_format, extra_body)
+    prompt, _ = await _render_chat_prompt(
+        tokenizer=tokenizer,
+        settings=settings,
+        cache=cache,
+        messages=normalized,
+        tools=tools_list,
+        chat_template_kwargs=_checked_chat_input(normalized, tokenizer, _chat_template_kwargs(extra_body)),
+        constraint=constraint,
+        agent=_agent_name(model),
+        context=context_tokens(engine, settings.engine_max_tokens),
+        add_generation_prompt=add_generation_prompt,
+    )
+    return prompt
 
 
 MAX_CHOICES = 16

@@ -25,20 +25,23 @@ def render_prompt_ids(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     """The tokenizer's chat template over `messages`, with the generation prompt, as ids.
 
     A conversation rendered recently comes from the tokenizer's `PromptMemo` (a GRPO group
     sends its prompt once per sample). A conversation the template rejects
     (`raise_exception` in the template) is the caller's input error: `CompletionRequestError`.
+    `add_generation_prompt=False` (what `/tokenize` may ask for) renders without the
+    assistant's opening and is never memoised.
     """
     tools = tools or None
     memo = prompt_memo(tokenizer)
 
     def render() -> list[int]:
-        return _render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs)
+        return _render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs, add_generation_prompt)
 
-    if memo is None:
+    if memo is None or not add_generation_prompt:
         return render()
     return memo.ids(
         getattr(tokenizer, "chat_template", None), (messages, tools, chat_template_kwargs), render
@@ -50,6 +53,7 @@ def _render_prompt_ids(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     chat_template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     from jinja2 import TemplateError
 
@@ -57,7 +61,7 @@ def _render_prompt_ids(
         ids = tokenizer.apply_chat_template(
             messages,
             tools=tools,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=False,
             **(chat_template_kwargs or {}),

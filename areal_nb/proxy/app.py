@@ -52,12 +52,14 @@ from areal_nb.capture.cache import InteractionCache
 from areal_nb.capture.completion import (
     CompletionSettings,
     chat_completion_stream_chunks,
+    chat_prompt_ids,
     create_chat_completion,
 )
 from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
 from areal_nb.capture.response_stream import format_response_sse, response_stream_events
 from areal_nb.capture.responses import create_response
 from areal_nb.capture.structured import GUIDED_KEYS
+from areal_nb.capture.tokens import check_token_ids, decode_ids, encode_text, token_strings
 from areal_nb.errors import HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 
@@ -67,6 +69,8 @@ from .logs import RepeatFilter
 from .options import check_chat_options, check_responses_options
 from .schemas import (
     ChatCompletionRequest,
+    CountTokensRequest,
+    DetokenizeRequest,
     ExportTrajectoriesRequest,
     GrantCapacityRequest,
     MessagesRequest,
@@ -74,6 +78,7 @@ from .schemas import (
     SetRewardRequest,
     StartSessionRequest,
     StartSessionResponse,
+    TokenizeRequest,
 )
 from .settings import ProxySettings
 from .state import ProxyState, SessionData
@@ -448,6 +453,74 @@ async def messages(body: MessagesRequest, request: Request, session: OpenSession
             format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS
         )
     return JSONResponse(message)
+
+
+# ---------------------------------------------------------------------- counting (nothing generated or recorded)
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request, session: KeyedSession) -> dict[str, int]:
+    """Anthropic's token count: the prompt `/v1/messages` would send the engine for this body
+    now (same conversion and rendering, the session's concat parent included)."""
+    try:
+        chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
+    except AnthropicRequestError as exc:
+        raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
+    prompt = await generate(
+        chat_prompt_ids(**capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
+        request,
+    )
+    return {"input_tokens": len(prompt)}
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request, session: KeyedSession) -> dict[str, Any]:
+    """vLLM's `/tokenize`: a `prompt` as `/v1/completions` encodes it, or `messages` as
+    `/v1/chat/completions` renders them (tools, template variables, the concat parent)."""
+    state = request.app.state
+    if (body.prompt is None) == (body.messages is None):
+        raise ProxyError(
+            400, "send either prompt (a string) or messages (a list), not both", "invalid_request"
+        )
+    if body.messages is None:
+        ids = await encode_text(state.tokenizer, body.prompt or "", body.add_special_tokens is not False)
+    else:
+        if body.continue_final_message:
+            raise ProxyError(
+                400,
+                "continue_final_message is not supported: the chat door never continues a message",
+                "unsupported_option",
+            )
+        if body.add_special_tokens:
+            raise ProxyError(
+                400,
+                "add_special_tokens=true is not supported with messages: the chat template places "
+                "the special tokens (the chat door adds none)",
+                "unsupported_option",
+            )
+        extra = {"chat_template_kwargs": body.chat_template_kwargs} if body.chat_template_kwargs else None
+        ids = await generate(
+            chat_prompt_ids(
+                **capture_kwargs(state, session),
+                messages=body.messages,
+                tools=body.tools,
+                extra_body=extra,
+                model=body.model,
+                add_generation_prompt=body.add_generation_prompt,
+            ),
+            request,
+        )
+    return {
+        "count": len(ids),
+        "max_model_len": context_tokens(state.engine, state.completion.engine_max_tokens),
+        "tokens": ids,
+        "token_strs": token_strings(state.tokenizer, ids) if body.return_token_strs else None,
+    }
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request, session: KeyedSession) -> dict[str, str]:
+    """vLLM's `/detokenize`: the text of token ids, special tokens included."""
+    tokenizer = request.app.state.tokenizer
+    return {"prompt": decode_ids(tokenizer, check_token_ids(body.tokens, tokenizer, "tokens"))}
 
 
 # ---------------------------------------------------------------------- the direct lane

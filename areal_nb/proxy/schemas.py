@@ -140,3 +140,33 @@ class MessagesRequest(_Body):
     top_p: Number | None = Field(None, allow_inf_nan=False)
     stop_sequences: list[str] | None = None
     top_k: Count | None = None  # ≥ 1; honoured by the engine
+
+
+class CountTokensRequest(_Body):
+    """Anthropic's `/v1/messages/count_tokens`: a Messages body without `max_tokens`."""
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's `/tokenize`: a plain `prompt`, or `messages` rendered as the chat door renders them."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
+    # vLLM's defaults: True for a prompt (a BOS where the tokenizer has one), False for messages
+    add_special_tokens: Flag | None = None
+    add_generation_prompt: Flag = True
+    continue_final_message: Flag = False  # declared to be refused clearly (400)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: Flag = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[Count]
