@@ -1,10 +1,22 @@
 """Worker processes started with `spawn` from any kind of main program, and why one cannot start.
 
-A spawned worker first re-imports the parent's `__main__` from its file. A program read from
-stdin (`python - <<EOF`) has the file name `<stdin>`, which does not exist: every worker dies
-before it runs anything, and the pool only says a process "terminated abruptly". areal_nb's
-workers need nothing from `__main__` (user code travels by value, `by_value.py`), so while a
-pool starts its processes `spawn_safely()` hides a `__main__` file that does not exist.
+A `spawn` worker first runs the parent's main program again: the preparation data it is sent
+names `__main__`'s file (`init_main_from_path`) or module (`init_main_from_name`, `python -m`),
+and the worker executes it as `__mp_main__`. A training script written at top level (no
+`if __name__ == "__main__":`, as most are) would start a whole Session in every worker, which
+multiprocessing stops with its "bootstrapping phase" error, so every worker died, on every
+attempt of every episode; a program read from stdin (`<stdin>`) has no file to run at all.
+
+areal_nb's workers need nothing from the main program: user code travels by value
+(`by_value.py`: cloudpickle sends a function, a class or an agent defined in `__main__` with what
+it refers to, importable ones by name), and so do the arguments that might hold a `__main__`
+object. So every process of a `spawn_pool` starts with `__main__` hidden from its preparation
+data (`spawn_context()`): a script works as written, as a notebook does (a kernel's `__main__`
+has no file). The other ways out were weighed: `forkserver` imports `__main__` into its server
+too and leaves that process running after the pool; running importable reward functions in
+threads would leave no way to stop one that hangs (math-verify can). The price: a worker does
+not see what the script's top level did to other modules (a registry it filled, a setting it
+changed), only what the function itself refers to, as in a notebook.
 
 `why_spawn_fails()` starts one interpreter the way `spawn` prepares its workers and returns its
 traceback: what a pool that broke at start-up reports instead of "terminated abruptly".
@@ -26,11 +38,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 _lock = threading.Lock()
-_hidden = {"depth": 0, "file": None}
+_hidden: dict[str, Any] = {"depth": 0, "saved": None}
+_ABSENT = object()
 
 _PREPARE = (
     "import pickle, sys\n"
@@ -39,32 +51,53 @@ _PREPARE = (
 )
 
 
-def _unimportable_main_file() -> str | None:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None or getattr(getattr(main, "__spec__", None), "name", None):
-        return None  # no file, or imported by module name (python -m, Jupyter): spawn manages
-    return None if Path(path).is_file() else path
-
-
 @contextmanager
 def spawn_safely() -> Iterator[None]:
-    """Around the call that starts a spawn pool's processes (its first `submit`)."""
+    """While processes start: `__main__` shows spawn no file and no module name to run again.
+
+    (Attributes of `__main__` are hidden, not `sys.modules["__main__"]` replaced: another thread
+    may be pickling a `__main__` object by name meanwhile.) Re-entrant; restored on the way out."""
     main = sys.modules.get("__main__")
     with _lock:
-        if _hidden["depth"] == 0:
-            _hidden["file"] = _unimportable_main_file()
-            if _hidden["file"] is not None:
-                del main.__file__
+        if _hidden["depth"] == 0 and main is not None:
+            saved = {name: main.__dict__.get(name, _ABSENT) for name in ("__file__", "__spec__")}
+            main.__dict__.pop("__file__", None)
+            if saved["__spec__"] is not _ABSENT:
+                main.__spec__ = None
+            _hidden["saved"] = saved
         _hidden["depth"] += 1
     try:
         yield
     finally:
         with _lock:
             _hidden["depth"] -= 1
-            if _hidden["depth"] == 0 and _hidden["file"] is not None:
-                main.__file__ = _hidden["file"]
-                _hidden["file"] = None
+            if _hidden["depth"] == 0 and _hidden["saved"] is not None:
+                for name, value in _hidden["saved"].items():
+                    if value is not _ABSENT:
+                        setattr(main, name, value)
+                _hidden["saved"] = None
+
+
+class SpawnProcess(multiprocessing.context.SpawnProcess):
+    """A `spawn` process that does not run the parent's main program before its target.
+
+    (Named as the standard class: processes keep their names, `SpawnProcess-N`.)"""
+
+    def start(self) -> None:
+        with spawn_safely():
+            super().start()
+
+
+class _MainlessSpawnContext(multiprocessing.context.SpawnContext):
+    Process = SpawnProcess  # what ProcessPoolExecutor starts its workers with
+
+
+_CONTEXT = _MainlessSpawnContext()
+
+
+def spawn_context() -> multiprocessing.context.SpawnContext:
+    """The `spawn` context of areal_nb's worker pools (its processes start without `__main__`)."""
+    return _CONTEXT
 
 
 def why_spawn_fails(timeout: float = 120.0) -> str | None:
@@ -96,10 +129,11 @@ _pools_lock = threading.Lock()
 def spawn_pool(
     max_workers: int, initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
 ) -> ProcessPoolExecutor:
-    """A `spawn` process pool whose workers are killed at interpreter exit if still alive."""
+    """A `spawn` process pool whose workers start without `__main__` and are killed at
+    interpreter exit if still alive."""
     pool = ProcessPoolExecutor(
         max_workers=max_workers,
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=_CONTEXT,
         initializer=initializer,
         initargs=initargs,
     )

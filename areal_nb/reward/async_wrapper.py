@@ -5,10 +5,11 @@ processes") with these deliberate differences:
 
 - Workers are started with the `spawn` context: the notebook kernel runs threads, and `fork`
   copies their locks in whatever state they are in. (`forkserver` would leave its server
-  process running after the pool is gone.) The reward function travels by value with
-  cloudpickle (`areal_nb.api.by_value`), so one defined in a notebook cell works; one that
-  closes over something that cannot travel (a lock, a socket) is refused at construction with
-  `NotSerializableError` naming it.
+  process running after the pool is gone.) They start without running the main program again
+  (`areal_nb.api.spawn`), so a script with a top-level Session works unguarded. The reward
+  function and its arguments travel by value with cloudpickle (`areal_nb.api.by_value`), so
+  one defined in a notebook cell or a script works; one that closes over something that cannot
+  travel (a lock, a socket) is refused at construction with `NotSerializableError` naming it.
 - The reward function may be `async def`: the worker runs it to completion with `asyncio.run`.
 - A call that times out does not leave a hung process occupying a worker: the pool is
   replaced at once (new calls go to the fresh pool) and the old one is killed as soon as no
@@ -42,7 +43,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
-from areal_nb.api.spawn import spawn_pool, spawn_safely, why_spawn_fails
+from areal_nb.api.spawn import spawn_pool, why_spawn_fails
 from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,11 @@ def _reward_function(payload: bytes) -> Callable[..., Any]:
     return loads_by_value(payload)
 
 
-def _call_reward(payload: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Worker entry: the reward function from its cloudpickle bytes, called (and awaited)."""
+def _call_reward(payload: bytes, arguments: bytes) -> Any:
+    """Worker entry: the reward function and its arguments from their cloudpickle bytes, called
+    (and awaited). (By value: a row may hold an object of a class the main program defined, which
+    the worker, not running that program, could not find by name.)"""
+    args, kwargs = loads_by_value(arguments)
     result = _reward_function(payload)(*args, **kwargs)
     if inspect.isawaitable(result):
         result = asyncio.run(_await(result))
@@ -96,8 +100,7 @@ class _Pool:
         start-up must not count against the per-call timeout.
         """
         if module not in self.warm:
-            with spawn_safely():  # (this first submit starts the processes)
-                self.warm[module] = self.executor.submit(_import_module, module)
+            self.warm[module] = self.executor.submit(_import_module, module)
         return self.warm[module]
 
     def kill(self) -> None:
@@ -225,7 +228,9 @@ class AsyncRewardWrapper:
         if shared is None:
             raise RuntimeError("AsyncRewardWrapper is closed")
         loop = asyncio.get_running_loop()
-        job = functools.partial(_call_reward, self._payload, args, kwargs)
+        job = functools.partial(
+            _call_reward, self._payload, dumps_by_value((args, kwargs), "reward arguments")
+        )
         attempts = self.max_retries + 1
         last: BaseException | None = None
         # The timeout measures the reward function, not the queue: at most max_workers calls

@@ -18,8 +18,9 @@ straight to the app's `ProxyState` and the agent's `http_client` calls the app i
 over HTTP. `subproc` `subproc` runs
 `asyncio.run(agent.run(data))` in a spawn-context process pool with `OPENAI_BASE_URL`,
 `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` set, so sync SDK code works.
-The agent travels to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class
-defined in a notebook cell works; an agent holding something that cannot travel (a lock, a
+The workers do not run the main program again (`areal_nb.api.spawn`); the agent and the row
+travel to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class defined in a
+notebook cell or a script works; an agent holding something that cannot travel (a lock, a
 socket) is refused at construction with `NotSerializableError` naming the attribute.
 """
 
@@ -32,7 +33,6 @@ import importlib
 import inspect
 import logging
 import math
-import multiprocessing
 import numbers
 import os
 import uuid
@@ -55,7 +55,7 @@ from areal_nb.api import (
 )
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.deadline import TaskAbandoned, run_within
-from areal_nb.api.spawn import spawn_pool, spawn_safely, why_spawn_fails
+from areal_nb.api.spawn import spawn_context, spawn_pool, why_spawn_fails
 from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
@@ -85,12 +85,13 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _run_agent_in_subprocess(agent_payload: bytes, data: dict[str, Any], env: dict[str, str]) -> Any:
+def _run_agent_in_subprocess(agent_payload: bytes, data_payload: bytes, env: dict[str, str]) -> Any:
     """Pool worker entry: set the session's env, run a fresh copy of the agent, restore the env.
 
     Workers are reused across episodes, so the previous episode's key must not linger.
     """
     agent = loads_by_value(agent_payload)
+    data = loads_by_value(data_payload)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -269,7 +270,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            barrier = multiprocessing.get_context("spawn").Barrier(self.subproc_max_workers)
+            barrier = spawn_context().Barrier(self.subproc_max_workers)
             self._pool = spawn_pool(self.subproc_max_workers, _worker_started, (barrier,))
             self._pool_ready = None
         return self._pool
@@ -288,10 +289,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         if self._pool_ready is None:
             # one job per worker: a spawn pool starts a process per job it has no idle worker for,
             # and the initializer's barrier holds every job until all the workers are up
-            with spawn_safely():
-                jobs = [
-                    asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)
-                ]
+            jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
             self._pool_ready = asyncio.gather(*jobs)
         try:
             await asyncio.wait_for(asyncio.shield(self._pool_ready), WORKER_START_TIMEOUT_S)
@@ -376,10 +374,11 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         }
         pool = await self._started_pool()
         payload = dumps_by_value(self.agent, "agent")  # per episode: the agent's current state
+        data_payload = dumps_by_value(data, "the episode's row")
         # at most one episode per worker is handed to the pool: the clock runs from when a worker
         # takes the episode, not while it waits in the pool's queue behind others
         async with self._worker_slots():
-            return await self._run_in_pool(pool, payload, data, env)
+            return await self._run_in_pool(pool, payload, data_payload, env)
 
     def _worker_slots(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -388,10 +387,10 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         return self._slots
 
     async def _run_in_pool(
-        self, pool: ProcessPoolExecutor, payload: bytes, data: dict[str, Any], env: dict[str, str]
+        self, pool: ProcessPoolExecutor, payload: bytes, data_payload: bytes, env: dict[str, str]
     ) -> Any:
         future = asyncio.get_running_loop().run_in_executor(
-            pool, _run_agent_in_subprocess, payload, data, env
+            pool, _run_agent_in_subprocess, payload, data_payload, env
         )
         try:
             return await asyncio.wait_for(future, self.agent_timeout)

@@ -43,10 +43,44 @@ def test_a_reward_function_defined_in_a_program_read_from_stdin_runs_in_its_work
 
 UNIMPORTABLE_MAIN = textwrap.dedent("""
     import asyncio
-    if __name__ != "__main__":  # what a spawned worker runs first: this file again, as __mp_main__
+    import dataclasses
+    if __name__ != "__main__":  # what a worker would run first if it ran this program again
         raise RuntimeError("this program cannot be imported by a worker")
+    from areal_nb.reward.async_wrapper import AsyncRewardWrapper
+
+    @dataclasses.dataclass
+    class Row:  # a class of the main program in the reward's arguments
+        target: int
+
+    def score(row, reply):  # defined here, at top level, with no main guard
+        return float(reply == row.target)
+
+    async def main():
+        # two workers: the second starts on a later call, from another submit than the first
+        return await asyncio.gather(*(wrapper(Row(n), 2) for n in range(4)))
+
+    wrapper = AsyncRewardWrapper(score, max_workers=2, max_retries=0)
+    print("rewards", asyncio.run(main()))
+    wrapper.close()
+""")
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_a_reward_defined_in_an_unguarded_main_program_runs_in_workers_that_do_not_rerun_it(tmp_path, how):
+    # `python job.py` sends spawn workers the file to run, `python -m job` the module name
+    (tmp_path / "job.py").write_text(UNIMPORTABLE_MAIN)
+    command = [sys.executable, "job.py"] if how == "file" else [sys.executable, "-m", "job"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rewards [0.0, 0.0, 1.0, 0.0]" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "cannot be imported by a worker" not in done.stderr
+
+
+WORKERS_CANNOT_START = textwrap.dedent("""
+    import asyncio, os
     from areal_nb.reward.async_wrapper import AsyncRewardWrapper, RewardWorkerCrashedError
 
+    os.getcwd = lambda: "/no/such/folder"  # the folder a worker is told to enter first
     wrapper = AsyncRewardWrapper(abs, max_workers=1, max_retries=3)
     try:
         asyncio.run(wrapper(-1))
@@ -58,14 +92,14 @@ UNIMPORTABLE_MAIN = textwrap.dedent("""
 
 def test_a_worker_that_cannot_start_reports_its_own_traceback(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(UNIMPORTABLE_MAIN)
+    script.write_text(WORKERS_CANNOT_START)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     message = done.stdout.split("ERROR>>", 1)[1]
     assert "its worker processes cannot start" in message
-    assert "Traceback" in message and "RuntimeError: this program cannot be imported by a worker" in message
+    assert "Traceback" in message and "FileNotFoundError" in message and "/no/such/folder" in message
     assert "on all 4 attempts" not in message  # said once, not retried
 
 
@@ -100,3 +134,69 @@ def test_a_session_started_from_stdin_scores_its_episodes(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "accepted 2 rejected []" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+# A training script as most are written: everything at top level, no `if __name__ == "__main__":`.
+# Its reward worker processes (the math agent's) must not run it again.
+TOP_LEVEL_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from areal_nb import Session
+    from tests.faults.conftest import small_config
+
+    session = Session(small_config())
+    history = session.run(2)
+    print("steps", list(history["step"]), "rejected", int(history["rejected"].sum()))
+    session.close()
+""")
+
+# The agent and its reward defined in the script itself, unguarded, run in `subproc` workers.
+TOP_LEVEL_SUBPROC_AGENT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from areal_nb import Session
+    from areal_nb.agents.chat_agent import ChatAgent
+    from tests.faults.conftest import small_config
+
+    def ends_with_target(row, reply):
+        return reply.strip().endswith(str(row["target"]))
+
+    class ScriptAgent(ChatAgent):
+        pass
+
+    rows = [{{"prompt": f"{{a}}+{{a}}=", "target": 2 * a}} for a in range(1, 9)]
+    session = Session(
+        small_config(**{{"agent.mode": "subproc", "agent.workflow_kwargs": "{{}}"}}),
+        dataset=rows,
+        eval_dataset=rows[:2],
+        agent__workflow=ScriptAgent(reward_fn=ends_with_target),
+        agent__subproc_max_workers=2,
+    )
+    row = session.step()
+    print("steps", row["step"], "episodes", row["episodes"], "rejected", row["rejected"])
+    session.close()
+""")
+
+
+def _run_script(tmp_path, text: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(text.format(root=str(ROOT)))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path
+    )
+
+
+@pytest.mark.slow
+def test_a_script_with_a_top_level_session_trains(tmp_path):
+    done = _run_script(tmp_path, TOP_LEVEL_SCRIPT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "steps [1, 2] rejected 0" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "bootstrapping phase" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_script_with_a_top_level_session_runs_its_own_agent_in_subprocesses(tmp_path):
+    done = _run_script(tmp_path, TOP_LEVEL_SUBPROC_AGENT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "steps 1 episodes 4 rejected 0" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "bootstrapping phase" not in done.stderr

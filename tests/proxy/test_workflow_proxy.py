@@ -101,11 +101,17 @@ def test_subprocess_entry_sets_and_restores_the_environment(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "outer")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     env = {"OPENAI_API_KEY": "session-key", "ANTHROPIC_API_KEY": "session-key"}
-    seen = _run_agent_in_subprocess(dumps_by_value(_EnvAgent(), "agent"), {"keys": list(env)}, env)
+    row = dumps_by_value({"keys": list(env)}, "row")
+    seen = _run_agent_in_subprocess(dumps_by_value(_EnvAgent(), "agent"), row, env)
     assert seen == env
     assert os.environ["OPENAI_API_KEY"] == "outer" and "ANTHROPIC_API_KEY" not in os.environ
     # a sync run is called as is
-    assert _run_agent_in_subprocess(dumps_by_value(agents.SyncRunAgent(), "agent"), {}, {}) == 1.0
+    assert (
+        _run_agent_in_subprocess(
+            dumps_by_value(agents.SyncRunAgent(), "agent"), dumps_by_value({}, "row"), {}
+        )
+        == 1.0
+    )
 
 
 class _SocketAgent:
