@@ -344,9 +344,18 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         self._http_loop = None
 
     async def aclose(self) -> None:
+        """`close()` on the loop that ran the episodes: an agent's `async def aclose()` is awaited
+        first (what it holds on this loop, e.g. MCP server connections, is closed here), then its
+        `close()` runs as well."""
         if self._http is not None and self._http_loop is asyncio.get_running_loop():
             await self._http.aclose()
         self._http = None
+        aclose_agent = getattr(self.agent, "aclose", None)
+        if callable(aclose_agent):
+            try:
+                await aclose_agent()
+            except Exception:  # closing must go on
+                logger.warning("closing the agent %r failed", self.agent, exc_info=True)
         self.close()
 
     # ----------------------------------------------------------------- the episode

@@ -114,6 +114,40 @@ def test_subprocess_entry_sets_and_restores_the_environment(monkeypatch):
     )
 
 
+class _ClosingAgent:
+    """Records how it was closed, and on which event loop."""
+
+    def __init__(self, fail_aclose: bool = False):
+        self.closed: list[tuple[str, object]] = []
+        self.fail_aclose = fail_aclose
+
+    async def run(self, data, **kw):
+        return 1.0
+
+    async def aclose(self):
+        self.closed.append(("aclose", asyncio.get_running_loop()))
+        if self.fail_aclose:
+            raise RuntimeError("the agent's resources would not close")
+
+    def close(self):
+        self.closed.append(("close", None))
+
+
+@pytest.mark.parametrize("fail_aclose", [False, True])
+def test_aclose_awaits_the_agents_aclose_on_its_loop_then_calls_close(fail_aclose):
+    agent = _ClosingAgent(fail_aclose)
+    wf = OpenAIProxyWorkflow(agent=agent, proxy_addr="http://127.0.0.1:1", admin_api_key=ADMIN_KEY)
+
+    async def close_it():
+        await wf.aclose()
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(close_it())
+    assert agent.closed == [("aclose", loop), ("close", None)]  # a failing aclose does not stop close
+    wf.close()  # the sync close (no loop) calls close only
+    assert [how for how, _ in agent.closed] == ["aclose", "close", "close"]
+
+
 class _SocketAgent:
     def __init__(self):
         self.conn = socket.socket()
