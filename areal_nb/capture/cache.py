@@ -80,8 +80,8 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         with self._lock:
             candidates = list(self.values())
         for candidate in candidates:
-            if not candidate.is_complete or candidate.agent != agent:
-                continue  # in-flight calls and other agents' calls are never parents
+            if not candidate.is_complete or candidate.agent != agent or candidate.is_text_completion:
+                continue  # in-flight calls, other agents' calls and text completions are never parents
             history = candidate.messages + (candidate.output_message_list or [])
             if is_prefix(history, messages):
                 if len(history) > best_len:
@@ -98,6 +98,11 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                 stacklevel=3,
             )
         return best
+
+    def snapshot(self) -> list[InteractionWithTokenLogpReward]:
+        """The interactions now, in insertion order: a list to iterate while calls insert."""
+        with self._lock:
+            return list(self.values())
 
     def mark_completed(self, key: str) -> None:
         """Record that the call `key` returned (it becomes a parent and reward candidate)."""

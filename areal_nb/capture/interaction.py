@@ -63,7 +63,7 @@ class InteractionWithTokenLogpReward:
     chat_template_type: ChatTemplateType = "hf"
     messages: list[dict[str, Any]] = field(default_factory=list)
     output_message_list: list[dict[str, Any]] | None = None
-    completion: Any = None  # openai ChatCompletion
+    completion: Any = None  # openai ChatCompletion, or Completion for a text completion
     response: Any = None  # openai Response
     input_data: Any = ""  # the raw Responses `input`
     tools: list[dict[str, Any]] | None = None
@@ -111,6 +111,12 @@ class InteractionWithTokenLogpReward:
     @property
     def is_completion(self) -> bool:
         return self.completion is not None
+
+    @property
+    def is_text_completion(self) -> bool:
+        """A `/v1/completions` call: its prompt is text without a chat template, so it is linked
+        only to other text completions (`text_completion.find_text_parent`)."""
+        return self.completion is not None and getattr(self.completion, "object", None) == "text_completion"
 
     @property
     def is_response(self) -> bool:

@@ -143,12 +143,16 @@ def check_retokenization(
     if interaction.model_response is None:
         raise ValueError(f"interaction {interaction.interaction_id} has no model_response")
     prompt = list(interaction.model_response.input_tokens)
-    rendered = render_prompt_ids(
-        tokenizer,
-        interaction.messages,
-        tools if tools is not None else interaction.tools,
-        chat_template_kwargs if chat_template_kwargs is not None else interaction.chat_template_kwargs,
-    )
+    if interaction.is_text_completion:  # no template: the prompt's text encoded as the door encodes it
+        text = interaction.messages[0]["content"] if interaction.messages else ""
+        rendered = [int(t) for t in tokenizer.encode(text, add_special_tokens=True)]
+    else:
+        rendered = render_prompt_ids(
+            tokenizer,
+            interaction.messages,
+            tools if tools is not None else interaction.tools,
+            chat_template_kwargs if chat_template_kwargs is not None else interaction.chat_template_kwargs,
+        )
     first = next((i for i, (a, b) in enumerate(zip(prompt, rendered, strict=False)) if a != b), None)
     if first is None and len(prompt) != len(rendered):
         first = min(len(prompt), len(rendered))

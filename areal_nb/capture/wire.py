@@ -60,7 +60,6 @@ def interaction_from_wire(
     data: dict[str, Any],
     parents: dict[str, InteractionWithTokenLogpReward],
 ) -> InteractionWithTokenLogpReward:
-    from openai.types.chat import ChatCompletion
     from openai.types.responses import Response
 
     if data.get("wire_version") != WIRE_VERSION:
@@ -77,7 +76,7 @@ def interaction_from_wire(
         chat_template_type=data["chat_template_type"],
         messages=data.get("messages") or [],
         output_message_list=data.get("output_message_list"),
-        completion=ChatCompletion.model_validate(data["completion"]) if data.get("completion") else None,
+        completion=_completion_from_wire(data.get("completion")),
         response=Response.model_validate(data["response"]) if data.get("response") else None,
         tools=data.get("tools"),
         agent=data.get("agent"),
@@ -90,6 +89,17 @@ def interaction_from_wire(
             it._frozen_row = TokenRow(**{k: list(data["tensor_dict"][k]) for k in _ROW_KEYS})
             it._frozen_turn_returns = data["tensor_dict"].get("turn_returns")
     return it
+
+
+def _completion_from_wire(data: dict[str, Any] | None) -> Any:
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    if not data:
+        return None
+    if data.get("object") == "text_completion":  # built leniently, as it was (echoed None log-probs)
+        return Completion.construct(**data)
+    return ChatCompletion.model_validate(data)
 
 
 def interactions_to_wire(interactions: dict[str, InteractionWithTokenLogpReward]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
 from areal_nb.capture.response_stream import format_response_sse, response_stream_events
 from areal_nb.capture.responses import create_response
 from areal_nb.capture.structured import GUIDED_KEYS
+from areal_nb.capture.text_completion import create_text_completion, text_completion_stream_chunks
 from areal_nb.capture.tokens import check_token_ids, decode_ids, encode_text, token_strings
 from areal_nb.errors import HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
@@ -66,9 +67,10 @@ from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
-from .options import check_chat_options, check_responses_options
+from .options import check_chat_options, check_completion_options, check_responses_options
 from .schemas import (
     ChatCompletionRequest,
+    CompletionRequest,
     CountTokensRequest,
     DetokenizeRequest,
     ExportTrajectoriesRequest,
@@ -91,7 +93,7 @@ T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
 # A route of `app.state.direct_routes`: `await route(path, body, headers)` answers a request the
-# way the app would, or returns None when only the full ASGI stack can (see `direct_chat_completions`).
+# way the app would, or returns None when only the full ASGI stack can (see `direct_route`).
 DirectRoute = Callable[[str, bytes, Mapping[str, str]], Awaitable["Response | None"]]
 
 
@@ -116,8 +118,12 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(router)
     app.state.direct_routes = {
-        f"{prefix}/chat/completions": functools.partial(direct_chat_completions, app.state)
+        f"{prefix}{path}": functools.partial(direct_route, schema, respond, app.state)
         for prefix in ("/v1", "")
+        for path, schema, respond in (
+            ("/chat/completions", ChatCompletionRequest, chat_completion_response),
+            ("/completions", CompletionRequest, text_completion_response),
+        )
     }
     return app
 
@@ -398,6 +404,40 @@ async def chat_completion_response(
     return Response(completion.model_dump_json(), media_type="application/json")
 
 
+async def completions(body: CompletionRequest, request: Request, session: OpenSession) -> Response:
+    return await text_completion_response(request.app.state, body, session, request)
+
+
+async def text_completion_response(
+    state: State, body: CompletionRequest, session: SessionData, request: Request | None = None
+) -> Response:
+    check_completion_options(body)
+    completion = await generate(
+        create_text_completion(
+            **capture_kwargs(state, session),
+            prompt=body.prompt,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            stop=body.stop,
+            logprobs=body.logprobs,
+            echo=body.echo,
+            n=body.n,
+            store=body.store,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            top_k=body.top_k,
+            model=body.model,  # names the agent that made the call
+        ),
+        request,
+    )
+    if body.stream:  # generated already: the chunks replay the recorded completion
+        chunks = text_completion_stream_chunks(completion)
+        text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
+    return Response(completion.model_dump_json(), media_type="application/json")
+
+
 async def responses(body: ResponsesRequest, request: Request, session: OpenSession) -> Response:
     check_responses_options(body)
     response = await generate(
@@ -434,6 +474,9 @@ for _prefix in ("/v1", ""):  # SDKs differ in where `/v1` goes
         f"{_prefix}/chat/completions", chat_completions, methods=["POST"], include_in_schema=bool(_prefix)
     )
     router.add_api_route(f"{_prefix}/responses", responses, methods=["POST"], include_in_schema=bool(_prefix))
+    router.add_api_route(
+        f"{_prefix}/completions", completions, methods=["POST"], include_in_schema=bool(_prefix)
+    )
 
 
 @router.post("/v1/messages")
@@ -524,34 +567,38 @@ async def detokenize(body: DetokenizeRequest, request: Request, session: KeyedSe
 
 
 # ---------------------------------------------------------------------- the direct lane
-async def direct_chat_completions(
-    state: State, path: str, raw: bytes, headers: Mapping[str, str]
+async def direct_route(
+    schema: type[ChatCompletionRequest] | type[CompletionRequest],
+    respond: Callable[..., Awaitable[Response]],
+    state: State,
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
 ) -> Response | None:
-    """`/v1/chat/completions` for callers in this process (`proxy.inprocess`), without the
-    ASGI stack: the same body checks, model, key check and handler as the route, so the
-    same answer, at a fifth of the cost per call (middleware, routing and dependency
-    solving were most of what an in-process call cost). Whatever is unusual — a body the
-    middleware or the model would refuse, a non-JSON content type, a large body — returns
-    None before anything happened, and the caller sends the request through the full stack,
-    which answers it: the lane never has to reproduce an error it did not raise itself.
-    `create_app` binds `state` (the app's), giving a `DirectRoute`."""
+    """A generating route (`/v1/chat/completions`, `/v1/completions`) for callers in this
+    process (`proxy.inprocess`), without the ASGI stack: the same body checks, model, key check
+    and handler as the route, so the same answer, at a fifth of the cost per call (middleware,
+    routing and dependency solving were most of what an in-process call cost). Whatever is
+    unusual — a body the middleware or the model would refuse, a non-JSON content type, a large
+    body — returns None before anything happened, and the caller sends the request through the
+    full stack, which answers it: the lane never has to reproduce an error it did not raise
+    itself. `create_app` binds `schema`, `respond` (the route's handler) and `state` (the app's),
+    giving a `DirectRoute`."""
     content_type = headers.get("content-type")
     if content_type is not None and content_type.split(";", 1)[0].strip().lower() != "application/json":
         return None
     if not raw or len(raw) > min(state.max_body_bytes, THREAD_BYTES) or body_problem(raw) is not None:
         return None
     try:
-        body = ChatCompletionRequest.model_validate(json.loads(raw))
+        body = schema.model_validate(json.loads(raw))
     except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
         return None
     try:
-        return await chat_completion_response(
-            state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers)))
-        )
+        return await respond(state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers))))
     except HTTPError as exc:
         return http_error_response(path, exc)
     except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug
-        logger.exception("chat completion failed")
+        logger.exception("%s failed", path)
         return PlainTextResponse("Internal Server Error", status_code=500)
 
 

@@ -9,7 +9,7 @@ agents:
 - `asgi_http_client(app)`: an `httpx.AsyncClient` whose transport calls the app in-process,
   handed to inline agents as their `http_client`, so the OpenAI / Anthropic SDK request still
   goes through the app's routes, auth and validation — only the socket, the HTTP parser and the
-  second thread hop are gone. Chat completions, the call every agent makes, take the app's
+  second thread hop are gone. Chat and text completions, the calls agents make, take the app's
   direct lane (`app.state.direct_routes`, built by `create_app`: same checks and handler
   without the ASGI middleware, routing and dependency solving); everything else, and any
   request the lane hands back, goes through `httpx.ASGITransport`.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ProxyError
-from .schemas import ChatCompletionRequest, ResponsesRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
 _FORMATS = "use 'text', 'json_object' or 'json_schema'"
 _ONLY_SAMPLED_LOGPROBS = "only the sampled tokens' log-probs are known (logprobs=true gives those)"
@@ -66,3 +66,15 @@ def check_responses_options(body: ResponsesRequest) -> None:
         raise _unsupported(f"text.format {kind!r} is not supported: {_FORMATS}")
     if body.top_logprobs:
         raise _unsupported(f"top_logprobs={body.top_logprobs} is not supported: {_ONLY_SAMPLED_LOGPROBS}")
+
+
+def check_completion_options(body: CompletionRequest) -> None:
+    if body.logit_bias:
+        raise _unsupported(
+            "logit_bias is not supported: the engine samples from the model's own distribution "
+            "(whose log-probs training uses); send {} or omit it"
+        )
+    if body.best_of not in (None, 1):
+        raise _unsupported(f"best_of={body.best_of} is not supported; send separate requests")
+    if body.suffix:
+        raise _unsupported("suffix is not supported: the model writes after the prompt only")

@@ -104,6 +104,32 @@ class ChatCompletionRequest(_Body):
     top_k: Count | None = None  # vLLM/SGLang's extra sampling parameter: ≥ 1, or -1 for no limit
 
 
+class CompletionRequest(_Body):
+    """OpenAI's legacy text completions; the prompt's forms (a string, token ids, a list of
+    either) are checked by the capture layer."""
+
+    prompt: str | list[Any]
+    model: str | None = None
+    stream: Flag | None = None
+    stream_options: dict[str, Any] | None = None
+    max_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
+    top_p: Number | None = Field(None, allow_inf_nan=False)
+    stop: str | list[str] | None = None
+    logprobs: Count | None = Field(None, ge=0)  # only 0 is served: a 400 from the capture layer
+    echo: Flag | None = None
+    n: Count | None = Field(None, ge=1)
+    store: Flag | None = None
+    seed: Count | None = None  # best effort in OpenAI's API too: accepted, not reproduced
+    user: str | None = None
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    best_of: Count | None = Field(None, ge=1)
+    logit_bias: dict[str, Number] | None = None
+    suffix: str | None = None
+    top_k: Count | None = None  # vLLM/SGLang's extra sampling parameter: ≥ 1, or -1 for no limit
+
+
 class ResponsesRequest(_Body):
     input: str | list[dict[str, Any]]
     model: str | None = None

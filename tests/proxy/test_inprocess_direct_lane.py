@@ -1,4 +1,4 @@
-"""The in-process transport's direct lane for chat completions answers exactly what the app's
+"""The in-process transport's direct lane for chat and text completions answers exactly what the app's
 ASGI stack answers: same status, headers and body, for served calls and for every refusal.
 
 Each request runs twice, on two apps in the same state (a fresh session with the same history),
@@ -126,9 +126,23 @@ SERVED = {
 }
 
 
-@pytest.mark.parametrize("name", list(SERVED))
+TEXT = "/v1/completions"
+SERVED_TEXT = {
+    "text completion, echo and log-probs": {
+        "prompt": "2 + 2 =",
+        "max_tokens": 8,
+        "echo": True,
+        "logprobs": 0,
+    },
+    "text completion streamed": {"prompt": "2 + 2 =", "stream": True, "logprobs": 0},
+    "token ids, two samples": {"prompt": [[5, 6, 7], [8, 9]], "n": 2, "stop": ["\n"]},
+}
+
+
+@pytest.mark.parametrize("name", list(SERVED) + list(SERVED_TEXT))
 def test_served_calls_take_the_lane_and_answer_like_the_app(make_app, tiny_tokenizer, name):
-    lane, plain, fallbacks = both(make_app, tiny_tokenizer, chat_request(SERVED[name]))
+    send = chat_request(SERVED[name]) if name in SERVED else chat_request(SERVED_TEXT[name], path=TEXT)
+    lane, plain, fallbacks = both(make_app, tiny_tokenizer, send)
     assert lane == plain and lane[0] == 200
     assert fallbacks == 1 + 1  # only grant_capacity and start_session went through ASGI
 
@@ -148,6 +162,10 @@ REFUSED = {
     "no messages": (chat_request({"model": "m"}), 422),
     "text/plain": (chat_request(chat(), headers={"content-type": "text/plain"}), 422),
     "empty body": (chat_request(b""), 422),
+    "text: top-k log-probs": (chat_request({"prompt": "a", "logprobs": 2}, path=TEXT), 400),
+    "text: no prompt": (chat_request({"model": "m"}, path=TEXT), 422),
+    "text: ended session": (chat_request({"prompt": "a"}, end=True, path=TEXT), 409),
+    "text: unknown key": (chat_request({"prompt": "a"}, key="no-such-key", path=TEXT), 401),
 }
 
 
@@ -172,10 +190,10 @@ def test_mounted_apps_get_their_lane_under_the_mount_path(make_app):
     root, twin = make_app(), make_app()
     root.mount("/eval", twin)
     assert set(direct_routes(root)) == {
-        "/v1/chat/completions",
-        "/chat/completions",
-        "/eval/v1/chat/completions",
-        "/eval/chat/completions",
+        f"{mount}{prefix}/{path}"
+        for mount in ("", "/eval")
+        for prefix in ("/v1", "")
+        for path in ("chat/completions", "completions")
     }
 
     async def main() -> httpx.Response:
