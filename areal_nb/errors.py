@@ -26,6 +26,8 @@ The tree:
     ├── ConfigError (ValueError)        a config file or override is invalid
     ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
     ├── ExportError (ValueError)        a run that cannot be exported
+    ├── ModelFileError (ValueError)     a model file that cannot be loaded (missing, not GGUF, an unread architecture)
+    ├── MissingPackageError (ImportError)   an optional package a feature needs is not installed (says what to pip install)
     ├── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
     ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
     ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
@@ -225,6 +227,15 @@ class TrainMemoryError(ArealError, ValueError):
 
 class ExportError(ArealError, ValueError):
     """The run cannot be exported; the message names what and why."""
+
+
+class ModelFileError(ArealError, ValueError):
+    """`model.path` names a file that cannot be loaded: missing, not GGUF, or of an architecture
+    transformers does not read from GGUF; the message names the file."""
+
+
+class MissingPackageError(ArealError, ImportError):
+    """An optional package a feature needs is not installed; the message says what to pip install."""
 
 
 class NotSerializableError(ArealError, TypeError):
@@ -469,7 +480,9 @@ __all__ = [
     "LeaderFailed",
     "LoraError",
     "MessageTypeError",
+    "MissingPackageError",
     "MissingRewardWarning",
+    "ModelFileError",
     "NotSerializableError",
     "ProxyError",
     "ProxyRequestError",

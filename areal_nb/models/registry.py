@@ -1,4 +1,5 @@
-"""Model names → local folders: the built-in `tiny-math` and `tiny-tools`, local folders, Hugging Face ids.
+"""Model names → local folders: the built-in `tiny-math` and `tiny-tools`, local folders, GGUF
+files (converted once to a cached folder, `gguf.py`), Hugging Face ids.
 
 A built-in name resolves to the folder shipped with the package (`shipped.py`) while it matches
 the current recipe; otherwise it is built from the recipe on first use and cached.
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .cache import cache_root, cached_build, recipe_hash
+from .gguf import gguf_model_dir, is_gguf_path
 from .shipped import shipped_folder
 
 TINY_MATH = "tiny-math"
@@ -122,6 +124,7 @@ _BUILT_IN = {
 
 def resolve_model_path(name_or_path: str) -> str:
     """ "tiny-math" / "tiny-tools" → its cached folder (built on first use); a local folder → itself;
+    a `.gguf` file → its cached Hugging Face folder (converted on first use, `gguf.gguf_model_dir`);
     anything else is returned unchanged (a Hugging Face id for `from_pretrained`)."""
     if not isinstance(name_or_path, str | Path) or not str(name_or_path):
         raise ValueError(f"expected a model name or path, got {name_or_path!r}")
@@ -131,6 +134,8 @@ def resolve_model_path(name_or_path: str) -> str:
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return str(local)
+    if is_gguf_path(name_or_path):
+        return str(gguf_model_dir(local))
     return name_or_path
 
 

@@ -2,7 +2,7 @@
 
 A LoRA run's checkpoint does not copy the frozen base weights: it names them. `base_model.json`
 records `path` (what `model.path` loads: a built-in name or a Hugging Face id as given, a local
-folder as an absolute path), `resolved` (where that led when the run started; for the reader) and
+folder or GGUF file as an absolute path), `resolved` (where that led when the run started; for the reader) and
 `sha256`, a hash of the base's float32 tensors as loaded (names, shapes and bytes), so a load
 whose `model.path` now gives other weights (a rebuilt tiny model, another revision of a hub
 model, a different folder) is refused with both hashes before anything is built on them.
@@ -33,7 +33,7 @@ def base_reference(model_path: str, policy: torch.nn.Module) -> dict[str, Any]:
 
     local = Path(str(model_path)).expanduser()
     return {
-        "path": str(local.resolve()) if local.is_dir() else str(model_path),
+        "path": str(local.resolve()) if local.is_dir() or local.is_file() else str(model_path),
         "resolved": str(resolve_model_path(str(model_path))),
         "sha256": weights_sha256(policy),
         "parameters": sum(p.numel() for p in policy.parameters()),
