@@ -188,6 +188,7 @@ async def create_text_completion(
             check_text_fits(item, tokenizer, context, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
             text, ids = item, await encode_text(tokenizer, item, add_special_tokens=True)
         else:
+            check_prompt_tokens(len(item), context)  # before decoding a long list
             text, ids = decode_ids(tokenizer, item), item
         if not ids:
             raise CompletionRequestError(f"prompt{'' if len(prompts) == 1 else f'[{i}]'} is empty")

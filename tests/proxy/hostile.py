@@ -492,6 +492,39 @@ HOSTILE: list[Hostile] = [
         400,
         "UTF-8",
     ),
+    # the text-completion and counting doors
+    Hostile(
+        "prompt over the context (text)",
+        "/v1/completions",
+        {"prompt": LONG, "max_tokens": 4},
+        400,
+        f"context is {CONTEXT} tokens",
+    ),
+    Hostile(
+        "token ids over the context (text)",
+        "/v1/completions",
+        {"prompt": [7] * (CONTEXT + 88), "max_tokens": 4},
+        400,
+        f"context is {CONTEXT} tokens",
+    ),
+    Hostile("7 MB prompt (text)", "/v1/completions", {"prompt": HUGE}, 413, "body too large"),
+    Hostile("800 kB prompt (text)", "/v1/completions", {"prompt": BIG}, 400, "prompt is too long"),
+    Hostile(
+        "800 kB prompt (count_tokens)",
+        "/v1/messages/count_tokens",
+        {"model": "tiny-math", "messages": [{"role": "user", "content": BIG}]},
+        400,
+        "prompt is too long",
+    ),
+    Hostile("lone surrogate (text)", "/v1/completions", {"prompt": "2+2" + LONE}, 400, "surrogate"),
+    Hostile("lone surrogate (tokenize)", "/tokenize", {"prompt": LONE}, 400, "surrogate"),
+    Hostile(
+        "temperature 1e-300 (text)",
+        "/v1/completions",
+        {"prompt": "hi", "temperature": 1e-300},
+        400,
+        "temperature must be 0",
+    ),
 ]
 
 
@@ -513,7 +546,7 @@ def check_answer(case: Hostile, response: httpx.Response) -> None:
     """The expected status, the needle in the message, the route's error dialect, no retry."""
     assert response.status_code == case.status, f"{case.name}: {response.status_code} {response.text[:300]}"
     body = response.json()
-    if case.path == "/v1/messages":
+    if case.path.startswith("/v1/messages"):
         kind = "request_too_large" if case.status == 413 else "invalid_request_error"
         assert body["type"] == "error" and body["error"]["type"] == kind, body
     else:

@@ -257,3 +257,40 @@ def test_store_false_and_the_refusals(scripted, tiny_tokenizer):
         assert export(http, sid, key) == {}  # store=false and every refusal recorded nothing
         ended = http.post("/v1/completions", headers=headers, json={"prompt": "a"})
         assert ended.status_code in (409, 410), ended.text  # ended, then exported: the key is gone
+
+
+def test_a_tokenizer_with_a_bos_token_puts_it_before_text_prompts_only(make_app, tiny_tokenizer):
+    """vLLM's `add_special_tokens`: a text prompt (completions, `/tokenize` of a prompt) is encoded
+    with the tokenizer's special tokens, a chat prompt gets only what its template writes, and
+    token ids are sent as they are."""
+    import copy
+
+    from fastapi.testclient import TestClient
+    from tokenizers.processors import TemplateProcessing
+
+    from areal_nb.proxy import ProxySettings, create_app
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    bos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    body = tokenizer.encode("2 + 2 =", add_special_tokens=False)
+    assert tokenizer.encode("2 + 2 =", add_special_tokens=True) == [bos, *body]
+    engine = ScriptedEngine(tokenizer, SCRIPTED_REPLY)
+    app = create_app(engine, tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    with TestClient(app) as http:
+        _, key = start_session(http, "bos")
+        headers = session_headers(key)
+        for prompt in ("2 + 2 =", body):
+            assert http.post("/v1/completions", headers=headers, json={"prompt": prompt}).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "2 + 2 ="}]}
+        assert http.post("/v1/chat/completions", headers=headers, json=chat).status_code == 200
+        tokenized = http.post("/tokenize", headers=headers, json={"prompt": "2 + 2 ="}).json()["tokens"]
+        plain = http.post(
+            "/tokenize", headers=headers, json={"prompt": "2 + 2 =", "add_special_tokens": False}
+        ).json()["tokens"]
+    text_prompt, ids_prompt, chat_prompt = (list(r.input_ids) for r in engine.requests)
+    assert text_prompt == tokenized == [bos, *body] and plain == body
+    assert ids_prompt == body  # ids are never touched
+    assert chat_prompt[0] != bos and chat_prompt.count(bos) == 0

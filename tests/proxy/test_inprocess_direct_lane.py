@@ -21,7 +21,7 @@ from tests.proxy.hostile import CONTEXT, HOSTILE, Hostile, chat, encode
 
 BASE = "http://proxy.invalid"
 ADMIN = {"Authorization": f"Bearer {PROXY_ADMIN_KEY}"}
-CHAT_CASES = [c for c in HOSTILE if c.path == "/v1/chat/completions"]
+CHAT_CASES = [c for c in HOSTILE if c.path in ("/v1/chat/completions", "/v1/completions")]
 
 
 class CountingASGI(httpx.ASGITransport):
@@ -149,7 +149,7 @@ def test_served_calls_take_the_lane_and_answer_like_the_app(make_app, tiny_token
 
 @pytest.mark.parametrize("case", CHAT_CASES, ids=[c.name for c in CHAT_CASES])
 def test_every_hostile_chat_request_gets_the_apps_answer(make_app, tiny_tokenizer, case: Hostile):
-    lane, plain, _ = both(make_app, tiny_tokenizer, chat_request(case.body))
+    lane, plain, _ = both(make_app, tiny_tokenizer, chat_request(case.body, path=case.path))
     assert lane == plain and lane[0] == case.status
 
 
