@@ -27,6 +27,7 @@ from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
 
 from .cache import ConversationLinkWarning, InteractionCache
 from .completion import (
+    MODEL_NAME,
     CompletionSettings,
     TokenBudget,
     _agent_name,
@@ -44,7 +45,6 @@ from .messages import CompletionRequestError
 from .request_limits import check_max_tokens, check_prompt_tokens, context_tokens
 from .tokens import check_text_fits, check_token_ids, decode_ids, encode_text
 
-MODEL_NAME = "areal-nb"
 MAX_GENERATIONS = 64  # len(prompts) × n in one call; each is a full generation and a row
 PROMPT_ROLE = "prompt"  # the recorded `messages` of a text completion: [{"role": "prompt", ...}]
 

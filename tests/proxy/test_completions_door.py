@@ -294,3 +294,26 @@ def test_a_tokenizer_with_a_bos_token_puts_it_before_text_prompts_only(make_app,
     assert text_prompt == tokenized == [bos, *body] and plain == body
     assert ids_prompt == body  # ids are never touched
     assert chat_prompt[0] != bos and chat_prompt.count(bos) == 0
+
+
+def test_a_stop_string_ends_the_text_and_stays_in_the_tokens(make_app, tiny_tokenizer):
+    """A reply a stop string ended: the text stops before it (`stop_reason` names it, as vLLM
+    reports it), the recorded tokens keep it (the model sampled them)."""
+    from fastapi.testclient import TestClient
+
+    sampled = tiny_tokenizer.encode("The answer is 4. Then more", add_special_tokens=False)
+    engine = ScriptedEngine(tiny_tokenizer, sampled)  # ids without an end token: a stop string ended it
+    with TestClient(make_app(engine)) as http:
+        sid, key = start_session(http, "stop")
+        answer = http.post(
+            "/v1/completions", headers=session_headers(key), json={"prompt": "Q:", "stop": [".", "!"]}
+        )
+        assert answer.status_code == 200, answer.text
+        choice = answer.json()["choices"][0]
+        cache = http.app.state.proxy.sessions[sid].cache
+    assert (
+        choice["text"] == "The answer is 4"
+        and choice["stop_reason"] == "."
+        and choice["finish_reason"] == "stop"
+    )
+    assert cache[answer.json()["id"]].model_response.output_tokens == sampled
