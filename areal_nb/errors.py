@@ -11,7 +11,8 @@ The tree:
     ├── HTTPError                       an HTTP answer: `status`, `code`, `message`
     │   ├── InvalidRequestError (ValueError)      400 invalid_request: the request can never succeed as sent
     │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
-    │   │   │   └── MessageTypeError (TypeError)  messages of the wrong type
+    │   │   │   ├── MessageTypeError (TypeError)  messages of the wrong type
+    │   │   │   └── ContextLengthExceeded         a conversation longer than the model's context
     │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
     │   │   ├── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
     │   │   │   └── ContractViolation             a body the SGLang API schema rejects (same body)
@@ -60,9 +61,12 @@ The tree:
     └── IncompleteInteractionWarning        an export skipped calls that have not returned
 
 `render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
-three dialects the servers speak: `"openai"` (`{"error": {"message", "type", "code"}}`),
-`"anthropic"` (`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the
-engine-server's native API: `{"error": {"message", "code"}}`, SGLang's `ErrorBody`).
+dialects the servers speak: `"openai"` (`{"error": {"message", "type", "param", "code"}}`),
+`"responses"` (the same shape; the Responses API words some errors its own way), `"anthropic"`
+(`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the engine-server's native
+API: `{"error": {"message", "code"}}`, SGLang's `ErrorBody`). An error may word itself per
+dialect (`message_in`, `param_in`): agent harnesses recognise a context overflow by the words
+of the API they speak (`ContextLengthExceeded`).
 
 This module imports nothing of areal_nb: every layer may raise these.
 """
@@ -72,8 +76,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Dialect = Literal["openai", "anthropic", "sglang"]
-DIALECTS: tuple[Dialect, ...] = ("openai", "anthropic", "sglang")
+Dialect = Literal["openai", "responses", "anthropic", "sglang"]
+DIALECTS: tuple[Dialect, ...] = ("openai", "responses", "anthropic", "sglang")
 
 
 class ArealError(Exception):
@@ -90,6 +94,7 @@ class HTTPError(ArealError):
 
     status: int = 500
     code: str | None = None
+    retry_after: int | None = None  # seconds; sent as `Retry-After` where a later retry can succeed
 
     def __init__(self, message: str = "", *, status: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -101,6 +106,14 @@ class HTTPError(ArealError):
     @property
     def message(self) -> str:
         return str(self) or type(self).__name__
+
+    def message_in(self, dialect: Dialect) -> str:
+        """The message as a client of `dialect` reads it (the same in every dialect by default)."""
+        return self.message
+
+    def param_in(self, dialect: Dialect) -> str | None:
+        """The request field at fault, for OpenAI's `param` (None: none in particular)."""
+        return None
 
 
 class InvalidRequestError(HTTPError, ValueError):
@@ -120,6 +133,46 @@ class CompletionRequestError(InvalidRequestError):
 
 class MessageTypeError(CompletionRequestError, TypeError):
     """Messages of the wrong type (a `TypeError` that is also a `CompletionRequestError`)."""
+
+
+class ContextLengthExceeded(CompletionRequestError):
+    """A conversation longer than the model's context: 400 `context_length_exceeded`, worded in
+    each API's own overflow words (OpenAI and vLLM's chat, the Responses API, Anthropic), which
+    agent harnesses (verifiers, LangChain, LiteLLM, the Agents SDK) match to end an episode with
+    its conversation instead of failing it.
+
+    `tokens`: the prompt's tokens, or with `at_least` a lower bound on them found before
+    tokenizing; `context`: the model's context (prompt + output) in tokens; `detail`: how the
+    proxy found it. Every door that checks a prompt's size raises this one error."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, context: int, *, at_least: bool = False, detail: str = "") -> None:
+        self.tokens, self.context, self.at_least, self.detail = tokens, context, at_least, detail
+        super().__init__(self.message_in("openai"))
+
+    def message_in(self, dialect: Dialect) -> str:
+        n = f"{'at least ' if self.at_least else ''}{self.tokens}"
+        if dialect == "anthropic":  # Anthropic's words; the most prompt tokens leave one for output
+            head = f"prompt is too long: {self.tokens} tokens > {self.context - 1} maximum"
+            return f"{head} ({self.detail})" if self.detail else head
+        if dialect == "responses":
+            head = (
+                "Your input exceeds the context window of this model. Please adjust your input and try again."
+            )
+            why = f"{n} tokens; the model's context is {self.context} tokens"
+        else:
+            head = (
+                f"This model's maximum context length is {self.context} tokens. However, your messages "
+                f"resulted in {n} tokens. Please reduce the length of the messages."
+            )
+            why = ""
+        # "prompt is too long" too: clients that read only the message (LangChain on openai 3) match it
+        why = "; ".join(part for part in (why, self.detail) if part)
+        return f"{head} (the prompt is too long{': ' + why if why else ''})"
+
+    def param_in(self, dialect: Dialect) -> str | None:
+        return "input" if dialect == "responses" else "messages"
 
 
 class AnthropicRequestError(InvalidRequestError):
@@ -159,8 +212,11 @@ class UnknownAgentError(InvalidRequestError):
 class ProxyError(HTTPError):
     """An HTTP error a proxy route answers, with a clear message and its status and code."""
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, code: str | None = None, *, retry_after: int | None = None
+    ) -> None:
         super().__init__(message, status=status, code=code)
+        self.retry_after = retry_after
 
 
 class BodyTooLarge(HTTPError):
@@ -418,27 +474,30 @@ class ErrorReply:
 
 def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
     """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
-    status, message = error.status, error.message
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
+    status, message = error.status, error.message_in(dialect)
     if dialect == "sglang":
         # SGLang's API types' ErrorBody, which its clients decode (SGLang's own /generate sends a
         # schema violation as a bare {"error": "..."}; SGLangEngine reads both)
         return ErrorReply(status, {"error": {"message": message, "code": status}})
     headers = {"x-should-retry": "false"} if status in _NO_RETRY else {}
+    if error.retry_after is not None:  # the OpenAI and Anthropic SDKs wait this long before retrying
+        headers["retry-after"] = str(error.retry_after)
     if dialect == "anthropic":
         body = {
             "type": "error",
             "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message},
         }
-    elif dialect == "openai":
+    else:  # "openai", "responses"
         body = {
             "error": {
                 "message": message,
                 "type": _OPENAI_TYPES.get(status, "invalid_request_error"),
+                "param": error.param_in(dialect),
                 "code": error.code,
             }
         }
-    else:
-        raise ValueError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
     return ErrorReply(status, body, headers)
 
 
@@ -460,6 +519,7 @@ __all__ = [
     "CompletionRequestError",
     "ConcatAlignmentError",
     "ConfigError",
+    "ContextLengthExceeded",
     "ContractViolation",
     "UnknownAgentError",
     "ConversationLinkWarning",

@@ -123,9 +123,11 @@ def test_render_error_shapes():
         "error": {
             "message": "temperature must be in range",
             "type": "invalid_request_error",
+            "param": None,
             "code": "invalid_request",
         }
     }
+    assert render_error(bad, "responses").body == render_error(bad, "openai").body
     assert render_error(bad, "openai").headers == {"x-should-retry": "false"}
     assert render_error(bad, "anthropic").body == {
         "type": "error",
@@ -140,6 +142,9 @@ def test_render_error_shapes():
     busy = errors.ProxyError(429, "no capacity", "no_capacity")
     assert render_error(busy, "openai").status == 429
     assert render_error(busy, "openai").headers == {}  # the SDKs may retry a 429
+    later = errors.ProxyError(429, "no capacity", "no_capacity", retry_after=1)
+    assert render_error(later, "openai").headers == {"retry-after": "1"}
+    assert render_error(later, "anthropic").headers == {"retry-after": "1"}
     assert render_error(busy, "anthropic").body["error"]["type"] == "rate_limit_error"
     with pytest.raises(ValueError, match="unknown error dialect"):
         render_error(bad, "grpc")  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from areal_nb.api import (
     OutputConstraint,
 )
 from areal_nb.api.io_struct import with_pad_and_eos_ids
+from areal_nb.errors import ContextLengthExceeded
 
 from .cache import ConversationLinkWarning, InteractionCache
 from .interaction import InteractionWithTokenLogpReward
@@ -174,7 +175,10 @@ def resolve_token_budget(
         total = limits[name]
         max_new = total - prompt_len
         if max_new <= 0:
-            raise CompletionRequestError(f"len of prompt tokens {prompt_len} exceeds {name} {total}")
+            detail = f"len of prompt tokens {prompt_len} exceeds {name} {total}"  # AReaL's words
+            if name == "engine_max_tokens":  # the server's cap: the conversation outgrew the model
+                raise ContextLengthExceeded(prompt_len, total, detail=detail)
+            raise CompletionRequestError(detail)  # the request's own cap
     if max_completion_tokens is not None:
         max_new = max_completion_tokens if max_new is None else min(max_new, max_completion_tokens)
     if max_new is None:

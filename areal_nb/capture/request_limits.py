@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from areal_nb.errors import ContextLengthExceeded
+
 from .messages import CompletionRequestError
 
 # Filled in by transformers' renderer or jinja itself, never by a request.
@@ -77,28 +79,42 @@ def text_chars(*values: Any) -> int:
 
 
 def check_prompt_size(messages: list[Any], tools: Any, tokenizer: Any, context: int | None) -> None:
-    """Reject conversations that surely exceed `context` tokens, before rendering them."""
+    """Reject conversations that surely exceed `context` tokens, before rendering them
+    (`ContextLengthExceeded` with a lower bound on their tokens)."""
     if context is None:
         return
     if len(messages) >= context:  # every message renders to at least one token
-        raise CompletionRequestError(
-            f"{len(messages)} messages cannot fit the model context of {context} tokens "
-            f"(at most {context - 1} messages)"
+        raise ContextLengthExceeded(
+            len(messages),
+            context,
+            at_least=True,
+            detail=(
+                f"{len(messages)} messages cannot fit the model context of {context} tokens "
+                f"(at most {context - 1} messages)"
+            ),
         )
-    limit = (context - 1) * max_chars_per_token(tokenizer)
+    per_token = max_chars_per_token(tokenizer)
+    limit = (context - 1) * per_token
     chars = text_chars(messages, tools)
     if chars > limit:
-        raise CompletionRequestError(
-            f"the prompt is too long: its messages and tools hold {chars} characters, more than the "
-            f"{limit} characters that could fit the model context of {context} tokens"
+        raise ContextLengthExceeded(
+            -(-chars // per_token),  # no token covers more than `per_token` characters
+            context,
+            at_least=True,
+            detail=(
+                f"its messages and tools hold {chars} characters, more than the {limit} characters "
+                f"that could fit the model context of {context} tokens"
+            ),
         )
 
 
 def check_prompt_tokens(prompt_len: int, context: int | None) -> None:
+    """Reject a rendered prompt that leaves no room for one output token in `context`."""
     if context is not None and prompt_len >= context:
-        raise CompletionRequestError(
-            f"the prompt is {prompt_len} tokens; the model context is {context} tokens "
-            f"(at most {context - 1} prompt tokens leave room for one output token)"
+        raise ContextLengthExceeded(
+            prompt_len,
+            context,
+            detail=f"at most {context - 1} prompt tokens leave room for one output token",
         )
 
 

@@ -1,4 +1,5 @@
-"""The proxy's two error dialects: OpenAI on every route, Anthropic on /v1/messages.
+"""The proxy's error dialects: OpenAI on every route, Anthropic on /v1/messages, and the
+Responses API's own words (same shape as OpenAI's) on /v1/responses.
 
 The bodies come from `areal_nb.errors.render_error` (through `areal_nb.serving.error_json`); this
 module only picks the dialect a path speaks.
@@ -20,8 +21,13 @@ def is_anthropic_path(path: str) -> bool:
     return path.startswith(ANTHROPIC_PATHS)
 
 
+RESPONSES_PATHS = ("/v1/responses", "/responses")
+
+
 def dialect_of(path: str) -> Dialect:
-    return "anthropic" if is_anthropic_path(path) else "openai"
+    if is_anthropic_path(path):
+        return "anthropic"
+    return "responses" if path.startswith(RESPONSES_PATHS) else "openai"
 
 
 def http_error_response(path: str, error: HTTPError) -> JSONResponse:

@@ -173,6 +173,7 @@ class ProxyState:
                     429,
                     "no available capacity to start a new session: call /grant_capacity first",
                     "no_capacity",
+                    retry_after=1,  # a slot frees when a session ends or capacity is granted
                 )
             if api_key is not None:
                 self._check_requested_key_locked(api_key)

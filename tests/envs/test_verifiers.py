@@ -402,3 +402,53 @@ def test_two_seats_train_one_adapter_each():
             match = matches[0]
             for trace in match.traces:  # each seat's reward is on its own call, and only there
                 assert calls[trace.agent.name].reward == trace.reward
+
+
+@pytest.fixture
+def small_context_proxy(tiny_tokenizer):
+    """A proxy on loopback over an engine whose context is 64 tokens; yields its URL."""
+    from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
+    from tests.proxy.conftest import PROXY_ADMIN_KEY
+
+    engine = ScriptedEngine(tiny_tokenizer, SCRIPTED_REPLY)
+    engine.max_context = 64
+    app = create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    with ProxyServer(app) as server:
+        yield server.url
+
+
+@pytest.mark.server  # a proxy on loopback
+@pytest.mark.parametrize("too_long", ["1+" * 100, "7+" * 1000], ids=["tokens", "characters"])
+def test_verifiers_recognises_an_overflow_through_every_door(small_context_proxy, too_long):
+    """verifiers' own overflow check (its chat program ends the run with the conversation so far
+    when it matches) matches what each door answers; other 400s it does not."""
+    import anthropic
+    import httpx
+    import openai
+    from verifiers.v1.harnesses.utils.compaction import is_context_overflow
+
+    from tests.proxy.conftest import start_session
+
+    with httpx.Client(base_url=small_context_proxy) as admin:
+        _, key = start_session(admin)
+    oai = openai.OpenAI(base_url=f"{small_context_proxy}/v1", api_key=key, max_retries=0)
+    ant = anthropic.Anthropic(base_url=small_context_proxy, api_key=key, max_retries=0)
+    calls = {
+        "chat": lambda: oai.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": too_long}], max_tokens=4
+        ),
+        "responses": lambda: oai.responses.create(model="m", input=too_long, max_output_tokens=4),
+        "messages": lambda: ant.messages.create(
+            model="m", max_tokens=4, messages=[{"role": "user", "content": too_long}]
+        ),
+    }
+    for door, call in calls.items():
+        with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+            call()
+        assert is_context_overflow(caught.value), (door, caught.value)
+    with pytest.raises(openai.BadRequestError) as caught:  # not an overflow
+        oai.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, frequency_penalty=1
+        )
+    assert not is_context_overflow(caught.value)

@@ -25,6 +25,8 @@ def _chat(client, key, messages):
 def test_no_capacity_is_429_and_each_session_uses_one_slot(app_client):
     r = app_client.post("/rl/start_session", headers=admin_headers(), json={"task_id": "t"})
     assert r.status_code == 429 and "capacity" in r.json()["error"]["message"]
+    assert r.headers["retry-after"] == "1"  # a slot frees when a session ends: a retry can succeed
+    assert r.json()["error"]["type"] == "rate_limit_error"
     assert app_client.post("/grant_capacity", headers=admin_headers(), json={"count": 2}).json() == {
         "capacity": 2
     }
