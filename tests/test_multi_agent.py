@@ -89,6 +89,14 @@ def test_the_agent_tag_survives_the_wire():
     assert InteractionWithTokenLogpReward.from_wire(it.to_wire()).agent == "checker"
 
 
+@pytest.fixture(scope="module")
+def solver_checker():
+    """One agent for the four episodes below: its reward worker pool starts once."""
+    agent = SolverCheckerAgent()
+    yield agent
+    agent.close()
+
+
 @pytest.mark.parametrize(
     ("solver", "checker", "rewards"),
     [
@@ -98,12 +106,8 @@ def test_the_agent_tag_survives_the_wire():
         ("The sum is 4. #### 4", "#### 7", [1.0, 0.0]),  # false alarm
     ],
 )
-def test_the_solver_checker_agent_rewards_each_part(tiny_tokenizer, solver, checker, rewards):
-    agent = SolverCheckerAgent()
-    try:
-        calls, requests = run_episode(tiny_tokenizer, agent, [solver, checker])
-    finally:
-        agent.close()
+def test_the_solver_checker_agent_rewards_each_part(tiny_tokenizer, solver_checker, solver, checker, rewards):
+    calls, requests = run_episode(tiny_tokenizer, solver_checker, [solver, checker])
     assert [c.agent for c in calls] == ["solver", "checker"]
     assert [c.reward for c in calls] == rewards
     # the checker was shown the problem and the solver's answer
