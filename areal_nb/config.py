@@ -185,7 +185,7 @@ class AgentTrainingConfig(_Section):
     """One entry of `agents`: how the agent of that name (the `model` its calls send) trains."""
 
     lora: LoraConfig
-    """The agent's own LoRA adapter ({r, alpha, dropout, target_modules}) on the frozen base that
+    """The agent's own LoRA adapter ({r, alpha, target_modules}) on the frozen base that
     every agent shares: each agent is its own policy, trained on its own calls only."""
 
 
@@ -202,7 +202,7 @@ class RolloutConfig(_Section):
     """Episodes in flight at once (at least `group_size`: a group starts all its samples together)."""
     temperature: float = Field(1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)
     """The sampling temperature the proxy uses when an agent's request leaves it out (agents
-    normally do); it must equal `actor.temperature`. Above 0, since the log-probs of a greedy
+    normally do), and the one the trainer recomputes log-probs at. Above 0, since the log-probs of a greedy
     policy are degenerate for RL; below MIN_TEMPERATURE logits / T overflows float32 and the
     engine refuses the request."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -400,11 +400,6 @@ class SessionConfig(_Section):
         check_export_style(
             self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type}
         )
-        if self.actor.temperature != self.rollout.temperature:
-            raise ValueError(
-                f"actor.temperature ({self.actor.temperature}) must equal rollout.temperature "
-                f"({self.rollout.temperature}): the trainer recomputes log-probs of the sampling distribution"
-            )
         if self.actor.replay_sampling_masks and self.engine.type != "local":
             raise ValueError(
                 f"actor.replay_sampling_masks needs engine.type 'local', got {self.engine.type!r}: only the "
@@ -469,6 +464,14 @@ def _field_types(node: Any) -> dict[str, Any]:
     return {}
 
 
+# Keys a config no longer has, by their last two parts: an old file that sets one is told why.
+REMOVED_KEYS = {
+    ("actor", "temperature"): "the trainer recomputes log-probs at the temperature the engine sampled "
+    "at, rollout.temperature: set that one",
+    ("lora", "dropout"): "the actor trains in eval mode (so that π_θ is the policy that sampled), where "
+    "dropout never runs: delete the key",
+}
+
 _TYPE_WORDS = {
     "int": "an integer",
     "float": "a number",
@@ -491,6 +494,9 @@ def _describe(error: Mapping[str, Any]) -> str:
     key = ".".join(str(p) for p in loc)
     kind, value = error["type"], error.get("input")
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        removed = REMOVED_KEYS.get((str(loc[-2]), str(loc[-1]))) if len(loc) >= 2 else None
+        if removed is not None:
+            return f"{key} is no longer a config key: {removed}"
         names = list(_field_types(_section_at(loc[:-1])))
         close = difflib.get_close_matches(str(loc[-1]), names, n=1)
         prefix = ".".join(str(p) for p in loc[:-1])

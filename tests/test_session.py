@@ -73,7 +73,7 @@ def test_rollout_train_and_versions(session):
     assert max(outputs) <= session.config.rollout.max_new_tokens
     before = session.version
     stats = session.train_step(batch)
-    # ... and rollout.temperature: the trainer's recomputed log-probs at actor.temperature (1.0)
+    # ... and rollout.temperature: the trainer's recomputed log-probs at it too
     # equal those the engine recorded, which holds only if the engine sampled at 1.0 too
     assert stats["logprob_abs_diff_max"] < 1e-4
     assert stats["importance_weight_max"] == pytest.approx(1.0, abs=1e-3)

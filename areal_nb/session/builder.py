@@ -167,6 +167,7 @@ def build_actor(
         compute_dtype=getattr(torch, cfg.model.dtype),
         tokenizer=tokenizer,
         agent_lora=cfg.agent_lora or None,
+        temperature=cfg.rollout.temperature,  # the trainer's log-probs are the sampler's
     )
 
 

@@ -123,10 +123,15 @@ class Actor:
         compute_dtype: torch.dtype | None = None,
         tokenizer: Any = None,
         agent_lora: dict[str, LoraConfig] | None = None,
+        temperature: float = 1.0,
     ) -> None:
         """`agent_lora` ({agent: LoraConfig}): one LoRA adapter per agent on the frozen base, each
         trained on its agent's rows only (see `_micro_batches`); `train_step` then needs
-        the names of the batch's `agent_ids`."""
+        the names of the batch's `agent_ids`. `temperature`: the one the engine sampled at (the
+        Session's `rollout.temperature`); log-probs are recomputed at it."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = temperature
         self.model = model
         self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
         self.parallel = parallel  # None: one process trains on the whole batch
@@ -625,7 +630,7 @@ class Actor:
             logprobs, entropy = packed_token_logprobs_and_entropy(
                 model,
                 packed,
-                self.cfg.temperature,
+                self.temperature,
                 positions=needed,
                 last_layer_at_heads=self.cfg.last_layer_at_heads,
                 chunk=self.cfg.logprob_chunk_size,
@@ -636,7 +641,7 @@ class Actor:
             model,
             input_ids,
             attention,
-            self.cfg.temperature,
+            self.temperature,
             chunk=self.cfg.logprob_chunk_size,
             allowed=allowed,
         )

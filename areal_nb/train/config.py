@@ -123,8 +123,6 @@ class GRPOConfig:
     so rollouts that ran ahead of training stay correct."""
     behave_imp_weight_cap: float | None = 5.0
     """With the decoupled loss: tokens whose π_prox/π_behave is above it are masked (> 1); None: no cap."""
-    temperature: float = 1.0
-    """The temperature log-probs are recomputed at; must equal the sampling temperature."""
     recompute_logprob: bool = True
     """Recompute the log-probs with the current weights before updating (π_old), rather than
     trusting the engine's."""
@@ -158,7 +156,7 @@ class GRPOConfig:
     every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process."""
     lora: LoraConfig | None = None
-    """LoRA (`LoraConfig`, `lora.py`): {r, alpha, dropout, target_modules} trains low-rank adapters
+    """LoRA (`LoraConfig`, `lora.py`): {r, alpha, target_modules} trains low-rank adapters
     on the frozen base instead of every weight; the KL reference is the base with the adapters
     off. None: full fine-tuning."""
 
@@ -211,7 +209,6 @@ class GRPOConfig:
                 self.behave_imp_weight_cap is None or self.behave_imp_weight_cap > 1,
                 f"behave_imp_weight_cap must be > 1 or None, got {self.behave_imp_weight_cap}",
             ),
-            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
             (
                 self.lr_schedule in LR_SCHEDULES,
                 f"lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}",

@@ -52,9 +52,6 @@ class LoraConfig:
     """The adapters' rank."""
     alpha: float = 16.0
     """ΔW is scaled by alpha / r."""
-    dropout: float = 0.0
-    """Dropout on the adapters' input. The actor runs the model in eval mode (dropout would make
-    π_θ differ from the policy that sampled), so it is off in training as well."""
     target_modules: list[str] | str = field(default="all-linear")
     """peft's names: module-name suffixes (["q_proj", "v_proj"]) or "all-linear" (every linear
     layer but the LM head). The LM head cannot be adapted: the log-prob pass reads its weight."""
@@ -64,8 +61,6 @@ class LoraConfig:
             raise ValueError(f"lora.r must be >= 1, got {self.r}")
         if self.alpha <= 0:
             raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         targets = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
         if not targets:
             raise ValueError(
@@ -85,7 +80,8 @@ def _peft_config(cfg: LoraConfig) -> Any:
     return peft.LoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # (peft annotates int; scaling = alpha / r takes any)
-        lora_dropout=cfg.dropout,
+        # none: the actor trains in eval mode, so that π_θ is the policy the engine sampled from
+        lora_dropout=0.0,
         target_modules=cfg.target_modules,
         bias="none",
         task_type="CAUSAL_LM",

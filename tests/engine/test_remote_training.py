@@ -60,7 +60,7 @@ def rollout(engine, n_samples: int = 4):
 def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):
     engine, model_path, tol = remote
     actor = Actor(
-        load_reference(model_path), GRPOConfig(lr=1e-2, temperature=TEMPERATURE), version=engine.get_version()
+        load_reference(model_path), GRPOConfig(lr=1e-2), version=engine.get_version(), temperature=TEMPERATURE
     )
     start = engine.get_version()
     # earlier tests may have left other weights on the servers: start from the trainer's own

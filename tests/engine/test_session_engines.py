@@ -166,7 +166,7 @@ def recomputed_logprobs_match(session, batch) -> float:
             session.actor.model,
             t["input_ids"],
             t["attention_mask"],
-            temperature=session.config.actor.temperature,
+            temperature=session.actor.temperature,
         )
     mask = t["loss_mask"].bool()
     assert mask.any()

@@ -226,3 +226,14 @@ def test_bad_batches_are_refused(tiny_qwen2):
 def test_config_validation(kw):
     with pytest.raises(ValueError, match="GRPOConfig"):
         GRPOConfig(**kw)
+
+
+def test_the_session_actor_recomputes_log_probs_at_the_rollout_temperature():
+    """One key: the trainer's temperature is derived from rollout.temperature, not set beside it."""
+    from areal_nb.config import load_config
+    from areal_nb.session.builder import build_actor
+
+    actor = build_actor(load_config(None, ["rollout.temperature=0.7"]), make_tiny_qwen2())
+    assert actor.temperature == 0.7
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        Actor(make_tiny_qwen2(), GRPOConfig(), temperature=0.0)

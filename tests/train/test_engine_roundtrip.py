@@ -29,7 +29,7 @@ def engine_and_actor():
     model = make_tiny_qwen2()
     engine = LocalEngine(model, device="cpu", seed=0)
     try:
-        yield engine, Actor(model, GRPOConfig(lr=1e-2, temperature=0.8), version=engine.get_version())
+        yield engine, Actor(model, GRPOConfig(lr=1e-2), version=engine.get_version(), temperature=0.8)
     finally:
         engine.close()
 

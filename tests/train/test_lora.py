@@ -98,7 +98,7 @@ def test_engine_logprobs_equal_the_trainers_after_an_adapter_push():
     engine = LocalEngine(make_tiny_qwen2(), device="cpu", seed=0)
     try:
         actor = Actor(
-            make_tiny_qwen2(), GRPOConfig(lr=5e-2, temperature=0.8, lora=LORA), version=engine.get_version()
+            make_tiny_qwen2(), GRPOConfig(lr=5e-2, lora=LORA), version=engine.get_version(), temperature=0.8
         )
         for step in range(3):
             batch, group_ids = rollout(engine, temperature=0.8)
@@ -140,7 +140,6 @@ def test_adapter_and_merged_folders_round_trip(tmp_path):
     [
         ({"r": 0}, "lora.r"),
         ({"alpha": 0}, "lora.alpha"),
-        ({"dropout": 1.0}, "lora.dropout"),
         ({"target_modules": []}, "target_modules"),
         ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"),
     ],
