@@ -27,18 +27,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp")
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
-IMPORTANCE_LEVELS = ("token", "sequence")
-POLICY_LOSSES = ("ppo", "cispo")
-MISMATCH_CORRECTIONS = (None, "tis", "mis")
-MISMATCH_LEVELS = ("token", "sequence")
+from .config import (
+    AdvEstimator,
+    Algorithm,
+    ImportanceLevel,
+    LossAggregation,
+    MismatchCorrection,
+    MismatchLevel,
+    PolicyLoss,
+)
+
+# The choices, as `GRPOConfig`'s `Literal` types name them (checked there, when a config is made).
+ALGORITHMS = get_args(Algorithm)
+ADV_ESTIMATORS = get_args(AdvEstimator)
+LOSS_AGGREGATIONS = get_args(LossAggregation)
+IMPORTANCE_LEVELS = get_args(ImportanceLevel)
+POLICY_LOSSES = get_args(PolicyLoss)
+MISMATCH_CORRECTIONS = (None, *get_args(MismatchCorrection))
+MISMATCH_LEVELS = get_args(MismatchLevel)
 
 _GRPO = {
     "adv_estimator": "grpo",
@@ -104,51 +115,14 @@ def resolve_preset(cfg: Any) -> None:
 
 
 def check_algorithm(cfg: Any) -> None:
-    """The algorithm knobs' own checks (after `resolve_preset`); ValueError naming the knob."""
+    """The checks that tie algorithm knobs together (after `resolve_preset`; each knob's own type
+    and bounds are `GRPOConfig`'s); ValueError naming the knob."""
     checks = [
-        (
-            cfg.adv_estimator in ADV_ESTIMATORS,
-            f"adv_estimator must be one of {list(ADV_ESTIMATORS)}, got {cfg.adv_estimator!r}",
-        ),
-        (
-            cfg.loss_agg in LOSS_AGGREGATIONS,
-            f"loss_agg must be one of {list(LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}",
-        ),
-        (
-            cfg.loss_agg_constant is None or cfg.loss_agg_constant >= 1,
-            f"loss_agg_constant must be >= 1 or None, got {cfg.loss_agg_constant}",
-        ),
-        (
-            cfg.importance_level in IMPORTANCE_LEVELS,
-            f"importance_level must be one of {list(IMPORTANCE_LEVELS)}, got {cfg.importance_level!r}",
-        ),
-        (
-            cfg.policy_loss in POLICY_LOSSES,
-            f"policy_loss must be one of {list(POLICY_LOSSES)}, got {cfg.policy_loss!r}",
-        ),
-        (
-            cfg.dynamic_sampling_max_rounds >= 0,
-            f"dynamic_sampling_max_rounds must be >= 0, got {cfg.dynamic_sampling_max_rounds}",
-        ),
-        (
-            cfg.overlong_max_len is None or cfg.overlong_max_len >= 1,
-            f"overlong_max_len must be >= 1 or None, got {cfg.overlong_max_len}",
-        ),
         (
             cfg.overlong_buffer is None
             or (cfg.overlong_max_len is not None and 1 <= cfg.overlong_buffer <= cfg.overlong_max_len),
             f"overlong_buffer must be in [1, overlong_max_len] (and needs overlong_max_len), got {cfg.overlong_buffer}",
         ),
-        (cfg.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {cfg.overlong_penalty}"),
-        (
-            cfg.mismatch_correction in MISMATCH_CORRECTIONS,
-            f"mismatch_correction must be 'tis', 'mis' or None, got {cfg.mismatch_correction!r}",
-        ),
-        (
-            cfg.mismatch_level in MISMATCH_LEVELS,
-            f"mismatch_level must be one of {list(MISMATCH_LEVELS)}, got {cfg.mismatch_level!r}",
-        ),
-        (cfg.mismatch_threshold > 1, f"mismatch_threshold must be > 1, got {cfg.mismatch_threshold}"),
         (
             cfg.mismatch_correction is None or not cfg.use_decoupled_loss,
             (

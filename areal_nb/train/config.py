@@ -1,25 +1,44 @@
-"""`GRPOConfig`: every knob of one GRPO/PPO training step (defaults follow AReaL's actor)."""
+"""`GRPOConfig`: every knob of one GRPO/PPO training step (defaults follow AReaL's actor).
+
+A pydantic dataclass: each knob's type (a `Literal` for a choice) and bounds are checked once,
+when the config is made, whether from YAML through the Session's config or by hand; the checks
+that tie knobs together run after (`__post_init__`, `algorithms.check_algorithm`).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
 
-from areal_nb.api import CREDIT_MODES, CREDIT_NORMS, CreditMode, CreditNorm
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+from areal_nb.api import CreditMode, CreditNorm
 
 from .lora import LoraConfig
 
-LR_SCHEDULES = ("constant", "linear", "cosine")
-PARALLEL_MODES = ("ddp", "fsdp")
+LrSchedule = Literal["constant", "linear", "cosine"]
+ParallelMode = Literal["ddp", "fsdp"]
+Algorithm = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"]
+AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
+ImportanceLevel = Literal["token", "sequence"]
+PolicyLoss = Literal["ppo", "cispo"]
+MismatchCorrection = Literal["tis", "mis"]
+MismatchLevel = Literal["token", "sequence"]
+RewardNorm = Literal["group", "batch"]
+KlEstimator = Literal["k1", "k2", "k3"]
+LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
+PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class GRPOConfig:
     """`actor`: the trainer. The algorithm's knobs marked "preset" take the value of `algorithm`'s
     preset unless set (docs/algorithms.md); the rest apply to every algorithm."""
 
     # optimizer
-    lr: float = 3e-4
+    lr: Annotated[float, Field(gt=0)] = 3e-4
     """AdamW's learning rate (the peak, with a schedule)."""
     weight_decay: float = 0.0
     """AdamW's weight decay."""
@@ -30,65 +49,65 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     """Gradients are clipped to this total norm; <= 0: no clipping."""
     # learning-rate schedule over train steps (one train step = ppo_n_minibatches optimizer steps)
-    lr_schedule: str = "constant"
+    lr_schedule: LrSchedule = "constant"
     """"constant", "linear" or "cosine" (decay after the warm-up, over train steps)."""
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Train steps of linear warm-up, from lr/(warmup+1) to lr."""
-    lr_decay_steps: int | None = None
+    lr_decay_steps: Annotated[int | None, Field(ge=1)] = None
     """Train steps to reach `min_lr_ratio`·lr; None: the Session's `total_steps`."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Where the decay ends, as a fraction of lr."""
     # The algorithm (`algorithms.py`): a preset of the knobs below marked "preset", each of which
     # an explicit value overrides (None: the preset's value, filled in when the config is made).
-    algorithm: str = "grpo"
+    algorithm: Algorithm = "grpo"
     """The preset: grpo | dr_grpo | dapo | gspo | cispo | rloo | reinforce_pp."""
-    adv_estimator: str | None = None
+    adv_estimator: AdvEstimator | None = None
     """Preset: grpo | dr_grpo | rloo | reinforce_pp, how advantages come from rewards (adv_estimators.py)."""
-    loss_agg: str | None = None
+    loss_agg: LossAggregation | None = None
     """Preset: token_mean | seq_mean_token_mean | seq_sum_norm, how token losses are averaged (policy_loss.py)."""
-    loss_agg_constant: int | None = None
+    loss_agg_constant: Annotated[int | None, Field(ge=1)] = None
     """seq_sum_norm's divisor; None: the batch's longest generated row."""
-    importance_level: str | None = None
+    importance_level: ImportanceLevel | None = None
     """Preset: token (PPO's ratio per token) | sequence (GSPO's geometric mean over the row)."""
-    policy_loss: str | None = None
+    policy_loss: PolicyLoss | None = None
     """Preset: ppo | cispo."""
     dynamic_sampling: bool | None = None
     """Preset: drop groups whose rewards are all equal and refill the batch (DAPO)."""
-    dynamic_sampling_max_rounds: int = 3
+    dynamic_sampling_max_rounds: Annotated[int, Field(ge=0)] = 3
     """Extra rollouts at most per step to refill the batch."""
-    overlong_max_len: int | None = None
+    overlong_max_len: Annotated[int | None, Field(ge=1)] = None
     """DAPO's soft overlong penalty: L_max in generated tokens; None: no penalty."""
     overlong_buffer: int | None = None
     """The penalty's ramp, L_cache tokens before L_max; None: a fifth of L_max."""
-    overlong_penalty: float = 1.0
+    overlong_penalty: Annotated[float, Field(ge=0)] = 1.0
     """The penalty at and beyond L_max."""
     # Train-inference mismatch (`mismatch.py`): engine log-probs vs the trainer's recomputation
-    mismatch_correction: str | None = None
+    mismatch_correction: MismatchCorrection | None = None
     """The engine's log-probs vs the trainer's: "tis" truncates each token's weight at
     `mismatch_threshold`, "mis" masks tokens above it; None: no correction."""
-    mismatch_level: str = "token"
+    mismatch_level: MismatchLevel = "token"
     """"token": a weight per token; "sequence": the row's product on all its tokens."""
-    mismatch_threshold: float = 2.0
+    mismatch_threshold: Annotated[float, Field(gt=1)] = 2.0
     """C: a weight above it is truncated to it (tis) or its token masked (mis)."""
     # PPO objective
-    eps_clip: float | None = None
+    eps_clip: Annotated[float | None, Field(gt=0)] = None
     """Preset: the clip range ε of the ratio (grpo: 0.2)."""
-    eps_clip_higher: float | None = None
+    eps_clip_higher: Annotated[float | None, Field(gt=0)] = None
     """Preset: the upper clip range, if it differs (grpo: None, symmetric clipping)."""
-    c_clip: float | None = None
+    c_clip: Annotated[float | None, Field(gt=1)] = None
     """Dual clip for negative advantages (> 1); None: off."""
-    ppo_n_minibatches: int = 1
+    ppo_n_minibatches: Annotated[int, Field(ge=1)] = 1
     """Optimizer steps per train step (the batch split into this many minibatches)."""
-    micro_batch_size: int | None = None
+    micro_batch_size: Annotated[int | None, Field(ge=1)] = None
     """Rows per forward/backward; None: the whole minibatch."""
-    max_tokens_per_microbatch: int | None = None
+    max_tokens_per_microbatch: Annotated[int | None, Field(ge=1)] = None
     """Tokens per forward/backward (the rows' tokens, prompt included): consecutive rows of a
     minibatch join a micro-batch while their tokens stay within it (a longer row runs alone).
     Bounds activation memory whatever the rows' lengths. None: no token limit."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them
     (torch.utils.checkpoint per layer): activation memory ~1/layers for ~1/3 more compute."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: Annotated[int, Field(ge=0)] = 1024
     """The LM head and log-softmax run this many tokens at a time, forward and backward
     (`lm_head.py`): no float32 [tokens, vocab] tensor larger than one chunk. 0: all at once."""
     # rewards and advantages
@@ -96,11 +115,11 @@ class GRPOConfig:
     """Rewards are shaped as clip((reward + bias) · scaling, −clip, clip) before the advantages."""
     reward_bias: float = 0.0
     """See `reward_scaling`."""
-    reward_clip: float = 20.0
+    reward_clip: Annotated[float, Field(gt=0)] = 20.0
     """See `reward_scaling`."""
-    reward_norm: str | None = "group"
+    reward_norm: RewardNorm | None = "group"
     """The pool the advantage's baseline is taken over: "group" (GRPO), "batch", or None (no baseline)."""
-    adv_norm: str | None = None
+    adv_norm: Literal["batch"] | None = None
     """"batch": advantages normalised over the batch's generated tokens; None: not."""
     norm_eps: float = 1e-5
     """Added to the standard deviation in every normalisation."""
@@ -113,15 +132,15 @@ class GRPOConfig:
     credit_norm: CreditNorm = "turn"
     """With credit "turn" and reward_norm "group": the group baseline per turn index ("turn") or
     over whole episodes ("episode")."""
-    kl_ctl: float = 0.0
+    kl_ctl: Annotated[float, Field(ge=0)] = 0.0
     """The weight of the KL-to-reference penalty folded into the token rewards; 0: no reference model."""
-    kl_estimator: str = "k1"
+    kl_estimator: KlEstimator = "k1"
     """The KL estimate: "k1", "k2" or "k3"."""
     # log-probabilities
     use_decoupled_loss: bool = False
     """The behaviour-weighted (decoupled) PPO loss: stale tokens are weighted by π_prox/π_behave,
     so rollouts that ran ahead of training stay correct."""
-    behave_imp_weight_cap: float | None = 5.0
+    behave_imp_weight_cap: Annotated[float | None, Field(gt=1)] = 5.0
     """With the decoupled loss: tokens whose π_prox/π_behave is above it are masked (> 1); None: no cap."""
     recompute_logprob: bool = True
     """Recompute the log-probs with the current weights before updating (π_old), rather than
@@ -151,7 +170,7 @@ class GRPOConfig:
     the nodes whose logits the loss reads (`head_forward.py`; Qwen2/Llama layouts, not under
     FSDP): every other node needs only its keys and values there. Same values; False runs the
     whole last layer (the A/B baseline of benchmarks/train_tokens.py)."""
-    parallel: str = "ddp"
+    parallel: ParallelMode = "ddp"
     """Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
     every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process."""
@@ -161,72 +180,11 @@ class GRPOConfig:
     off. None: full fine-tuning."""
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]  # YAML gives lists; AdamW checks the length
-        if isinstance(
-            self.lora, dict
-        ):  # (a plain GRPOConfig(lora={...}) call; the Session's config converts it)
-            self.lora = LoraConfig(**self.lora)
         from .algorithms import check_algorithm, resolve_preset
 
         resolve_preset(self)  # the preset's values where a knob is None
         assert self.eps_clip is not None, "every preset sets eps_clip"
-        check_algorithm(self)
-        checks = [
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.eps_clip > 0, f"eps_clip must be > 0, got {self.eps_clip}"),
-            (
-                self.eps_clip_higher is None or self.eps_clip_higher > 0,
-                f"eps_clip_higher must be > 0 or None, got {self.eps_clip_higher}",
-            ),
-            (self.c_clip is None or self.c_clip > 1, f"c_clip must be > 1 or None, got {self.c_clip}"),
-            (self.ppo_n_minibatches >= 1, f"ppo_n_minibatches must be >= 1, got {self.ppo_n_minibatches}"),
-            (
-                self.micro_batch_size is None or self.micro_batch_size >= 1,
-                f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
-            ),
-            (
-                self.max_tokens_per_microbatch is None or self.max_tokens_per_microbatch >= 1,
-                f"max_tokens_per_microbatch must be >= 1 or None, got {self.max_tokens_per_microbatch}",
-            ),
-            (self.logprob_chunk_size >= 0, f"logprob_chunk_size must be >= 0, got {self.logprob_chunk_size}"),
-            (self.reward_clip > 0, f"reward_clip must be > 0, got {self.reward_clip}"),
-            (
-                self.reward_norm in (None, "group", "batch"),
-                f"reward_norm must be 'group', 'batch' or None, got {self.reward_norm!r}",
-            ),
-            (self.credit in CREDIT_MODES, f"credit must be one of {list(CREDIT_MODES)}, got {self.credit!r}"),
-            (
-                self.credit_norm in CREDIT_NORMS,
-                f"credit_norm must be one of {list(CREDIT_NORMS)}, got {self.credit_norm!r}",
-            ),
-            (self.adv_norm in (None, "batch"), f"adv_norm must be 'batch' or None, got {self.adv_norm!r}"),
-            (self.kl_ctl >= 0, f"kl_ctl must be >= 0, got {self.kl_ctl}"),
-            (
-                self.kl_estimator in ("k1", "k2", "k3"),
-                f"kl_estimator must be 'k1', 'k2' or 'k3', got {self.kl_estimator!r}",
-            ),
-            (
-                self.behave_imp_weight_cap is None or self.behave_imp_weight_cap > 1,
-                f"behave_imp_weight_cap must be > 1 or None, got {self.behave_imp_weight_cap}",
-            ),
-            (
-                self.lr_schedule in LR_SCHEDULES,
-                f"lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}",
-            ),
-            (self.lr_warmup_steps >= 0, f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}"),
-            (
-                self.lr_decay_steps is None or self.lr_decay_steps >= 1,
-                f"lr_decay_steps must be >= 1 or None, got {self.lr_decay_steps}",
-            ),
-            (
-                self.parallel in PARALLEL_MODES,
-                f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}",
-            ),
-            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"GRPOConfig: {message}")
+        check_algorithm(self)  # the checks that tie knobs together
 
     def lr_at(self, step: int) -> float:
         """Learning rate of train step `step` (0-based).
