@@ -148,8 +148,10 @@ class AgentConfig(_Section):
     """An import string, a class, or an instance with `async run(data, **kw)` (it talks to the
     proxy), or a `RolloutWorkflow` (it calls the engine directly). Strings keep the config
     serialisable."""
-    workflow_kwargs: dict[str, Any] = Field(default_factory=lambda: {"max_turns": 2})
-    """Exactly what the agent class is constructed with; nothing else is injected."""
+    workflow_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Exactly what the agent class is constructed with; nothing else is injected (none by
+    default: the default agent's own defaults hold, and an agent given as an instance is not
+    told that keys nobody set are ignored)."""
     mode: Literal["inline", "subproc"] = "inline"
     """"inline": agents run on the Session's event loop; "subproc": in worker processes (blocking
     or CPU-heavy agents)."""

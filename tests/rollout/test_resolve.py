@@ -163,3 +163,24 @@ def test_group_rejects_bad_construction():
         GroupedRolloutWorkflow(agents.ConstWorkflow(), 0)
     with pytest.raises(TypeError, match="wraps a RolloutWorkflow"):
         GroupedRolloutWorkflow(agents.ChatAgent(), 2)
+
+
+def test_an_agent_instance_logs_only_the_workflow_kwargs_the_user_set(caplog):
+    """The config's default sets none, so an instance (a VerifiersAgent, any agent object) is not
+    told that a default it never saw is ignored; keys the user did set are named."""
+    from areal_nb.agents.math_agent import MultiTurnMathAgent
+    from areal_nb.config import load_config
+
+    agent = agents.ChatAgent()
+    cfg = load_config(None, {"agent.workflow": agent})
+    with caplog.at_level(logging.WARNING, logger="areal_nb.rollout.resolve"):
+        assert resolve_workflow(cfg.agent.workflow, dict(cfg.agent.workflow_kwargs), **PROXY).agent is agent
+    assert "ignored" not in caplog.text
+    cfg = load_config(None, {"agent.workflow": agent, "agent.workflow_kwargs": {"turns": 3}})
+    with caplog.at_level(logging.WARNING, logger="areal_nb.rollout.resolve"):
+        resolve_workflow(cfg.agent.workflow, dict(cfg.agent.workflow_kwargs), **PROXY)
+    assert "workflow_kwargs ['turns'] are ignored" in caplog.text
+    # the default agent keeps its two turns without the config saying so
+    default = load_config(None)
+    wf = resolve_workflow(default.agent.workflow, dict(default.agent.workflow_kwargs), **PROXY)
+    assert isinstance(wf.agent, MultiTurnMathAgent) and wf.agent.max_turns == 2
