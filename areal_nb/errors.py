@@ -58,7 +58,8 @@ The tree:
     ArealWarning (UserWarning)              what areal_nb warns about (`warnings.warn`), never raises
     ├── ConversationLinkWarning             a call that looks like a continuation is not linked as one
     ├── MissingRewardWarning                a reward discount found calls without a reward (they count 0.0)
-    └── IncompleteInteractionWarning        an export skipped calls that have not returned
+    ├── IncompleteInteractionWarning        an export skipped calls that have not returned
+    └── NoLearningSignalWarning             most groups of a training step had equal rewards (zero advantage)
 
 `render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
 dialects the servers speak: `"openai"` (`{"error": {"message", "type", "param", "code"}}`),
@@ -439,6 +440,11 @@ class IncompleteInteractionWarning(ArealWarning):
     """An export skipped calls that have not returned."""
 
 
+class NoLearningSignalWarning(ArealWarning):
+    """Most groups of a training step had equal rewards in every episode: their advantages are 0
+    and they teach nothing. The message says what to try."""
+
+
 # ---------------------------------------------------------------------------------- rendering
 
 _OPENAI_TYPES = {
@@ -510,6 +516,7 @@ __all__ = [
     "AnthropicRequestError",
     "ArealError",
     "ArealWarning",
+    "NoLearningSignalWarning",
     "BadRequest",
     "BodyError",
     "BodyOverLimit",

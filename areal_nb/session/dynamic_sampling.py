@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 from areal_nb.rollout.batch import RolloutBatch
+from areal_nb.rollout.learning_signal import group_returns
 from areal_nb.train.algorithms import informative_groups
 
 
@@ -25,15 +26,12 @@ def informative_episodes(batch: RolloutBatch) -> tuple[list, int]:
 
     With several agents a prompt's group is informative when some agent's returns differ among
     its episodes (the trainer's baselines are per (prompt, agent)); one agent: its episode returns.
+    The same groups count as carrying signal in the history's `zero_signal_groups`.
     """
-    pairs = [
-        ((ep.group_id, agent), value)
-        for i, ep in enumerate(batch.episodes)
-        if ep.accepted
-        for agent, value in batch.agent_returns(i).items()
-    ]
-    informative = informative_groups([v for _, v in pairs], [key for key, _ in pairs])
-    keep = {group for group, _ in informative}
+    groups = group_returns(batch)
+    keys = [key for key, returns in groups.items() for _ in returns]
+    informative = informative_groups([value for returns in groups.values() for value in returns], keys)
+    keep = {prompt for prompt, _ in informative}
     return [ep for ep in batch.episodes if ep.group_id in keep], len(batch.groups) - len(keep)
 
 

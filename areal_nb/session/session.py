@@ -31,6 +31,7 @@ from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig, load_config, to_dict
 from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
+from areal_nb.rollout.learning_signal import progress_note, signal_stats
 from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog, view_batch
 
@@ -38,6 +39,7 @@ from . import builder
 from .base_model import BASE_FILE, base_reference, check_same_base
 from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
 from .data import DataStream, load_task_data
+from .diagnostics import SignalWatch
 from .dynamic_sampling import refill_informative
 from .evaluation import EVAL_COLUMNS, EvalResult, pass_at_k, run_episodes, run_greedy_episodes, summarize
 from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
@@ -121,6 +123,7 @@ class Session:
         self._resume_state: dict[str, Any] | None = None
         self.lora_base: dict[str, Any] | None = None  # actor.lora: the base's reference (base_model.py)
         self._first_episode_checked = False  # see preflight.py
+        self._signal_watch = SignalWatch()  # diagnostics.py: says when steps teach nothing
         self._parallel: distributed.DataParallel | None = None  # under torchrun: this rank's place
         self._channel: RankChannel | None = None
         self._in_train_step = False  # rank 0 inside the ranks' collective training step
@@ -441,7 +444,8 @@ class Session:
         if self.engine is not None:  # rank 0
             self._rank0_runtime.call_soon(self._rank0_executor.on_version_change)
         self.step_count += 1
-        rollout_stats = batch.stats if batch is not None and self.rank == 0 else {}
+        # the batch's figures, and whether it can teach anything (zero_signal_groups, ...: learning_signal.py)
+        rollout_stats = {**batch.stats, **signal_stats(batch)} if batch is not None and self.rank == 0 else {}
         row = {"step": self.step_count, **rollout_stats, **stats}
         if "reward_mean" in rollout_stats:
             # `reward_mean` is the mean episode return (as `evaluate()`'s); the trainer's mean over
@@ -452,6 +456,7 @@ class Session:
         for key in EVAL_COLUMNS:  # filled in by run() on evaluation steps
             row.setdefault(key, float("nan"))
         self._history.append(row)
+        self._signal_watch.observe(row)
         self._after_step(row)
         return row
 
@@ -549,7 +554,9 @@ class Session:
                     self.save(due)
                 bar.update(1)
                 bar.set_postfix(
-                    reward=f"{row.get('reward_mean', float('nan')):.3f}", loss=f"{row.get('loss', 0):.4f}"
+                    reward=f"{row.get('reward_mean', float('nan')):.3f}",
+                    loss=f"{row.get('loss', 0):.4f}",
+                    **progress_note(row),  # most groups without signal: what to try
                 )
         finally:
             bar.close()

@@ -256,6 +256,7 @@ class Actor:
             self.last_inspection = self._inspection(
                 update.collector, step.batch, step.mask, policies.old, policies.prox, out
             )
+            self.last_inspection.groups = None if step.pack_ids is None else step.pack_ids.cpu()
         self.version += 1
         self.steps_done += 1
         return out

@@ -57,6 +57,9 @@ class LossInspection:
     behave_imp_weight_cap: float | None
     version: int  # the policy version that was updated (the engine serves version + 1 after)
     stats: dict[str, float] = field(default_factory=dict)
+    # [B]: each row's group (a dense index of the step's group ids; None: the step had none). The
+    # loss view marks a group whose advantages are all 0 (its rewards were equal: no signal)
+    groups: Tensor | None = None
     # per row, the agent whose call it is (the `model` name it sent); set by the Session, which
     # knows the names (the trainer sees agent indices only); None: one agent, or not known
     agents: list[str | None] | None = None

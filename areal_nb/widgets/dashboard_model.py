@@ -1,4 +1,5 @@
-"""Training curves as plain series, read from `session.history` (one row per step)."""
+"""Training curves as plain series, read from `session.history` (one row per step), and the
+warning the dashboard shows when the latest step's groups mostly carried no learning signal."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.rollout.learning_signal import no_signal_advice
+
 # (history column, label); columns missing from a session's history are skipped.
 METRICS: tuple[tuple[str, str], ...] = (
     ("reward_mean", "reward"),
+    ("zero_signal_groups", "groups without signal"),  # equal rewards in the group: advantage 0
     ("eval_accuracy", "held-out accuracy"),  # evaluate(): first reply rewarded
     ("eval_reward", "held-out reward"),  # evaluate(): mean episode return of the greedy agent
     ("loss", "loss"),
@@ -22,6 +26,8 @@ METRICS: tuple[tuple[str, str], ...] = (
         "dynamic_sampling_dropped_groups",
         "groups dropped (dynamic sampling)",
     ),  # only with actor.dynamic_sampling
+    ("truncated_share", "replies cut at max_new_tokens"),
+    ("reply_len_mean", "reply length (tokens)"),
     ("rollout_tokens_per_s", "rollout tokens/s"),
     ("train_tokens_per_s", "train tokens/s"),
 )
@@ -63,6 +69,12 @@ def history_series(history: Any) -> list[Series]:
                 values = [_num(r.get(agent_column)) for r in records]
                 out.append(Series(agent_column, f"reward · {agent}", steps, values))
     return out
+
+
+def signal_warning(history: Any) -> str | None:
+    """What to try, when most groups of the latest step carried no signal (else None)."""
+    records = _records(history)
+    return no_signal_advice(records[-1]) if records else None
 
 
 def _agent_columns(records: list[dict]) -> list[str]:

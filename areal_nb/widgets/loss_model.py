@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from .token_model import special_ids, visible_text
 
+# |advantage| at or below this is 0: a group of equal rewards normalises to ~1e-12, not exactly 0
+ZERO_ADVANTAGE = 1e-6
+
 LossFilter = Literal["all", "clipped", "capped", "clipped or capped"]
 LOSS_FILTERS: tuple[LossFilter, ...] = ("all", "clipped", "capped", "clipped or capped")
 
@@ -70,6 +73,8 @@ class LossRow:
     turns: list[LossTurn]
     agent: str | None = None  # the agent whose call the row is (several agents only)
     agent_index: int | None = None  # its place in the view's `agents` (its colour)
+    # its group's advantages are 0 on every trained token (equal rewards): it teaches nothing
+    zero_signal: bool = False
 
     @property
     def contribution(self) -> float:
@@ -93,6 +98,7 @@ class LossViewModel:
     behave_imp_weight_cap: float | None = None
     version: int = 0
     agents: list[str | None] = field(default_factory=list)  # several agents: in order of first appearance
+    n_zero_signal: int = 0  # rows of the step (shown or not) in groups without signal
 
     @property
     def loss(self) -> float:
@@ -110,6 +116,18 @@ def resolve_loss_source(source: Any, tokenizer: Any | None) -> tuple[Any, Any]:
     if tokenizer is None:
         raise ValueError("a LossInspection needs tokenizer=... to decode its tokens (e.g. session.tokenizer)")
     return inspection, tokenizer
+
+
+def zero_signal_rows(inspection: Any) -> set[int]:
+    """The rows of groups whose every trained token has advantage 0 (their rewards were all equal:
+    nothing to learn); an inspection without groups: the rows whose own trained tokens all have."""
+    silent = ((inspection.advantages.abs() <= ZERO_ADVANTAGE) | ~inspection.loss_mask.bool()).all(dim=1)
+    groups = getattr(inspection, "groups", None)
+    if groups is None:
+        return {i for i, flag in enumerate(silent.tolist()) if flag}
+    groups = groups.tolist()
+    loud = {g for g, flag in zip(groups, silent.tolist(), strict=True) if not flag}
+    return {i for i, g in enumerate(groups) if g not in loud}
 
 
 def _matches(chip: LossChip, loss_filter: LossFilter) -> bool:
@@ -183,8 +201,10 @@ def build_loss_view(
     if loss_filter != "all":
         built = [r for r in built if any(c.selected for c in r.chips)]
     agents = list(dict.fromkeys(getattr(inspection, "agents", None) or []))
+    silent = zero_signal_rows(inspection)
     for row in built:
         row.agent_index = agents.index(row.agent) if len(agents) > 1 else None
+        row.zero_signal = row.index in silent
     return LossViewModel(
         loss_filter,
         built,
@@ -193,4 +213,5 @@ def build_loss_view(
         inspection.behave_imp_weight_cap,
         inspection.version,
         agents if len(agents) > 1 else [],
+        len(silent),
     )

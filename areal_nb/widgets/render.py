@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from .dashboard_model import Series
+from .loss_model import ZERO_ADVANTAGE
 from .reward_model import RewardViewState
 from .token_model import RowView, TokenViewModel
 from .tree_model import TreeModel, TreeNode
@@ -313,9 +314,18 @@ def reward_html(state: RewardViewState) -> str:
             f'<td class="anb-advantage">{r.advantage:+.4f}</td><td class="anb-adv-turns">{turns}</td></tr>'
         )
     table.append("</table>")
+    silent = (
+        '<div class="anb-zero-signal" style="font-size:12px;margin:4px 0;padding:2px 6px;border:2px solid #e67e00;'
+        'background:#fff4e0">⚠ <b>no signal</b>: every row of this group has the same reward, so every '
+        "advantage is 0 and the group does not move the policy (a larger group_size, or "
+        "actor.dynamic_sampling, which drops such groups)</div>"
+        if state.zero_signal
+        else ""
+    )
     return (
         '<div class="anb-rewards">'
         + head
+        + silent
         + tree_svg(state.tree, rewards=focus)
         + TREE_LEGEND
         + "".join(table)
@@ -363,11 +373,18 @@ def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
     )
 
 
-def dashboard_html(series: list[Series], n_steps: int, table: str = "") -> str:
+def dashboard_html(series: list[Series], n_steps: int, table: str = "", warning: str | None = None) -> str:
+    """The curves; `warning` (most groups of the latest step without signal, and what to try) above them."""
     plots = "".join(f'<div style="display:inline-block;margin:2px">{sparkline_svg(s)}</div>' for s in series)
+    banner = (
+        '<div class="anb-signal-warning" role="alert" style="font-size:12px;margin:4px 0;padding:4px 6px;'
+        f'border:2px solid #e67e00;background:#fff4e0">⚠ <b>little to learn from</b>: {esc(warning)}</div>'
+        if warning
+        else ""
+    )
     return (
         f'<div class="anb-dashboard" data-steps="{n_steps}"><div style="font-size:12px"><b>training</b>: '
-        f"{n_steps} step(s) · each dot is one step (hover for the value)</div>{plots}"
+        f"{n_steps} step(s) · each dot is one step (hover for the value)</div>{banner}{plots}"
         + (f'<div class="anb-batch" style="font-size:11px"><b>latest batch</b>{table}</div>' if table else "")
         + "</div>"
     )
@@ -407,11 +424,15 @@ LOSS_LEGEND = (
     "ratio clipped (no gradient through it) · "
     '<span style="text-decoration:line-through;padding:0 3px">⊘ struck through</span> = behaviour weight above '
     "the cap: masked out of the loss · dashed grey = not trained · faded = not matching the filter · "
+    '<span style="background:#e4e4e4;padding:0 3px">grey</span> A=0: no push; a row marked '
+    "<b>no signal</b> is in a group whose rewards were all equal (every advantage 0) · "
     "hover a chip for advantage, ratio, behaviour weight, entropy and loss contribution</div>"
 )
 
 
 def _loss_background(c: Any, scale: float) -> str:
+    if abs(c.advantage) <= ZERO_ADVANTAGE:
+        return "#e4e4e4"  # no push either way
     strength = min(abs(c.contribution) / scale, 1.0) if scale > 0 else 0.0
     fade = int(round(255 - 70 * (0.3 + 0.7 * strength)))
     return f"rgb({fade},240,{fade})" if c.advantage >= 0 else f"rgb(250,{fade},{fade})"
@@ -455,7 +476,15 @@ def loss_row_html(row: Any, scale: float) -> str:
     head = (
         f'<div class="anb-row-head"{agent_attr} style="font-size:11px;margin-top:6px{bar}"><b>row {row.index}</b>{who} · reward '
         f"{fmt(row.reward)} · minibatch {row.minibatch} · Σ loss contribution "
-        f'<b class="anb-row-sum">{row.contribution:.4g}</b> · {row.n_clipped} clipped · {row.n_capped} capped</div>'
+        f'<b class="anb-row-sum">{row.contribution:.4g}</b> · {row.n_clipped} clipped · {row.n_capped} capped'
+        + (
+            ' · <b class="anb-zero-signal" style="color:#9a5a00" title="every row of its group had the same '
+            'reward, so every advantage is 0: this row does not move the policy">no signal: '
+            "its group's rewards were all equal</b>"
+            if getattr(row, "zero_signal", False)
+            else ""
+        )
+        + "</div>"
     )
     chips = "".join(loss_chip_html(c, scale) for c in row.chips)
     body = (
@@ -485,7 +514,14 @@ def loss_view_html(model: Any) -> str:
     summary = (
         f'<div class="anb-loss-summary" style="font-size:11px">update of policy version {model.version} · '
         f"eps_clip {fmt(model.eps_clip)} · behaviour-weight cap {cap} · filter <b>{esc(model.filter)}</b>: "
-        f"{len(model.rows)} of {model.n_rows_total} rows · Σ shown contributions {model.loss:.4g}</div>"
+        f"{len(model.rows)} of {model.n_rows_total} rows · Σ shown contributions {model.loss:.4g}"
+        + (
+            f' · <b class="anb-zero-signal-count" style="color:#9a5a00">{model.n_zero_signal} of '
+            f"{model.n_rows_total} rows in groups without signal</b>"
+            if getattr(model, "n_zero_signal", 0)
+            else ""
+        )
+        + "</div>"
     )
     rows = "".join(loss_row_html(r, scale) for r in model.rows) or "<i>no row has such tokens</i>"
     return (

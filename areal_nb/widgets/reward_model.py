@@ -22,6 +22,7 @@ from areal_nb.api import (
     check_export_style,
 )
 
+from .loss_model import ZERO_ADVANTAGE
 from .sources import collect_interactions, is_complete, node_key, raw_reward
 from .tree_model import TreeModel, build_tree
 
@@ -139,6 +140,12 @@ class RewardViewState:
     focus: int
     credit: CreditMode = "leaf"
     credit_norm: CreditNorm = "turn"
+
+    @property
+    def zero_signal(self) -> bool:
+        """Every advantage of the group's rows is 0 (its rewards were all equal): it teaches nothing."""
+        values = [a for r in self.rows for a in [r.advantage, *(t.advantage for t in r.turns)]]
+        return bool(values) and all(abs(a) <= ZERO_ADVANTAGE for a in values)
 
     def node(self, node_id: str) -> RewardNode:
         for n in self.nodes:

@@ -15,7 +15,7 @@ import ipywidgets as w
 from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES
 
 from . import render
-from .dashboard_model import history_length, history_series
+from .dashboard_model import history_length, history_series, signal_warning
 from .live import Refresher
 from .loss_model import LOSS_FILTERS, build_loss_view
 from .reward_model import RewardSource, reward_state
@@ -292,7 +292,9 @@ class Dashboard(LiveView):
         history = getattr(self.session, "history", None)
         batch = getattr(self.session, "last_batch", None)
         table = render.batch_table_html(batch) if batch is not None else ""
-        return render.dashboard_html(history_series(history), history_length(history), table)
+        return render.dashboard_html(
+            history_series(history), history_length(history), table, warning=signal_warning(history)
+        )
 
 
 class LossView(LiveView):

@@ -120,3 +120,31 @@ def test_rows_of_several_agents_name_and_colour_their_agent(inspected, tiny_toke
     plain = build_loss_view(inspected.clipped, tiny_tokenizer)
     assert plain.agents == [] and all(r.agent_index is None for r in plain.rows)
     assert "anb-agents" not in loss_view_html(plain)
+
+
+def test_a_group_whose_advantages_are_all_zero_is_marked_and_a_row_at_its_groups_mean_is_not(tiny_tokenizer):
+    import torch
+
+    actor = Actor(make_tiny_qwen2(), GRPOConfig())
+    # group 0: rows 0 and 1 scored alike (no signal); group 1: rewards 0, 0.5, 1, so row 3, at the
+    # mean, has advantage 0 too, but its group teaches
+    batch = make_batch(actor.model, rewards=(1.0, 1.0, 0.0, 0.5))
+    batch = {k: torch.cat([v, v[2:3]]) for k, v in batch.items()}
+    batch["rewards"][4] = 1.0
+    actor.train_step(batch, [0, 0, 1, 1, 1], inspect=True)
+    ins = actor.last_inspection
+    assert ins.groups.tolist() == [0, 0, 1, 1, 1]
+    model = build_loss_view(ins, tiny_tokenizer)
+    assert [r.zero_signal for r in model.rows] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ] and model.n_zero_signal == 2
+    html = loss_view_html(model)
+    assert html.count('class="anb-zero-signal"') == 2 and "2 of 5 rows in groups without signal" in html
+    grey = [c for r in (model.rows[0], model.rows[1], model.rows[3]) for c in r.chips if c.trained]
+    assert grey and all(abs(c.advantage) <= 1e-6 for c in grey)
+    assert html.count("background:#e4e4e4;color:#000") == len(grey)  # grey chips: no push either way
+    assert torch.all(ins.advantages[[2, 4]][ins.loss_mask[[2, 4]].bool()] != 0)

@@ -109,3 +109,55 @@ def test_dashboard_series_skip_unmeasured_points():
     assert 'data-metric="reward_mean" data-points="2"' in html
     assert 'data-metric="eval_accuracy" data-points="1"' in html and html.count('class="anb-pt"') == 5
     assert len(history_series(pd.DataFrame())) == len(METRICS)  # empty history: every metric, no points
+
+
+def test_a_group_of_equal_rewards_is_shown_as_carrying_no_signal(captured):
+    from areal_nb.widgets.render import reward_html
+
+    group = group_of(captured)
+    mixed = reward_state(RewardSource.from_any(group[0], group=group), 1.0, "tree")
+    assert not mixed.zero_signal and "anb-zero-signal" not in reward_html(mixed)
+    every_call = [
+        x.interaction_id for cache in (captured.concat_a, captured.concat_b) for x in cache.values()
+    ]
+    equal = RewardSource.from_any(group[0], group=group, raw_rewards=dict.fromkeys(every_call, 1.0))
+    state = reward_state(equal, 1.0, "tree")
+    assert state.zero_signal and [r.advantage for r in state.rows] == [0.0, 0.0]
+    html = reward_html(state)
+    assert (
+        html.count('class="anb-zero-signal"') == 1 and "every row of this group has the same reward" in html
+    )
+
+
+def test_the_dashboard_warns_while_most_groups_carry_no_signal():
+    from types import SimpleNamespace
+
+    from areal_nb.widgets.views import Dashboard
+
+    rows = [
+        {
+            "step": 1,
+            "reward_mean": 0.5,
+            "zero_signal_groups": 0.25,
+            "truncated_share": 0.0,
+            "reply_len_mean": 7.0,
+        },
+        {
+            "step": 2,
+            "reward_mean": 1.0,
+            "zero_signal_groups": 0.75,
+            "truncated_share": 0.9,
+            "reply_len_mean": 16.0,
+        },
+    ]
+    session = SimpleNamespace(history=pd.DataFrame(rows), last_batch=None)
+    view = Dashboard(session, live=False)
+    html = view.to_html()
+    assert html.count('class="anb-signal-warning"') == 1
+    assert "75% of the groups had equal rewards" in html and "rollout.group_size" in html
+    assert "90% of the replies were cut" in html and "rollout.max_new_tokens" in html
+    for column in ("zero_signal_groups", "truncated_share", "reply_len_mean"):
+        assert f'data-metric="{column}" data-points="2"' in html
+    session.history = pd.DataFrame(rows[:1])  # the latest step has signal: no warning
+    assert "anb-signal-warning" not in view.to_html()
+    view.close()
