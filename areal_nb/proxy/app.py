@@ -60,7 +60,7 @@ from areal_nb.capture.response_stream import format_response_sse, response_strea
 from areal_nb.capture.responses import create_response
 from areal_nb.capture.structured import GUIDED_KEYS
 from areal_nb.capture.text_completion import create_text_completion, text_completion_stream_chunks
-from areal_nb.capture.tokens import check_token_ids, decode_ids, encode_text, token_strings
+from areal_nb.capture.tokens import check_text_fits, check_token_ids, decode_ids, encode_text, token_strings
 from areal_nb.errors import HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 
@@ -524,7 +524,11 @@ async def tokenize(body: TokenizeRequest, request: Request, session: KeyedSessio
             400, "send either prompt (a string) or messages (a list), not both", "invalid_request"
         )
     if body.messages is None:
-        ids = await encode_text(state.tokenizer, body.prompt or "", body.add_special_tokens is not False)
+        text = body.prompt or ""
+        check_text_fits(
+            text, state.tokenizer, context_tokens(state.engine, state.completion.engine_max_tokens), "prompt"
+        )
+        ids = await encode_text(state.tokenizer, text, body.add_special_tokens is not False)
     else:
         if body.continue_final_message:
             raise ProxyError(

@@ -518,6 +518,7 @@ HOSTILE: list[Hostile] = [
     ),
     Hostile("lone surrogate (text)", "/v1/completions", {"prompt": "2+2" + LONE}, 400, "surrogate"),
     Hostile("lone surrogate (tokenize)", "/tokenize", {"prompt": LONE}, 400, "surrogate"),
+    Hostile("800 kB prompt (tokenize)", "/tokenize", {"prompt": BIG}, 400, "prompt is too long"),
     Hostile(
         "temperature 1e-300 (text)",
         "/v1/completions",

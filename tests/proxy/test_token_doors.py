@@ -174,3 +174,39 @@ def test_tokenize_prompt_detokenize_and_their_refusals(server, tiny_tokenizer):
             json={"model": "m", "messages": [{"role": "user", "content": [{"type": "video"}]}]},
         )
         assert bad_block.status_code == 400 and bad_block.json()["type"] == "error", bad_block.text
+
+
+def test_counting_answers_past_the_context_but_reads_no_text_that_cannot_fit(make_app, tiny_tokenizer):
+    from fastapi.testclient import TestClient
+
+    from areal_nb.capture.request_limits import max_chars_per_token
+
+    engine = ScriptedEngine(tiny_tokenizer, "4")
+    engine.max_context = 8
+    longest = max_chars_per_token(tiny_tokenizer)
+    over = "1+" * 10  # 20 tokens: over the context, still counted
+    unreadable = "x" * (7 * longest + 1)  # more characters than 7 tokens can hold
+    with TestClient(make_app(engine)) as http:
+        _, key = start_session(http, "context")
+        headers = session_headers(key)
+        counted = http.post("/tokenize", headers=headers, json={"prompt": over})
+        assert counted.status_code == 200 and counted.json()["count"] == 20
+        assert counted.json()["max_model_len"] == 8
+        messages = {"model": "m", "messages": [{"role": "user", "content": over}]}
+        assert (
+            http.post("/v1/messages/count_tokens", headers=headers, json=messages).json()["input_tokens"] > 20
+        )
+        for path, body in (
+            ("/tokenize", {"prompt": unreadable}),
+            (
+                "/v1/messages/count_tokens",
+                {"model": "m", "messages": [{"role": "user", "content": unreadable}]},
+            ),
+            ("/v1/completions", {"prompt": unreadable}),
+        ):
+            refused = http.post(path, headers=headers, json=body)
+            assert (
+                refused.status_code == 400 and "prompt is too long" in refused.json()["error"]["message"]
+            ), path
+        generating = http.post("/v1/completions", headers=headers, json={"prompt": over})
+        assert generating.status_code == 400 and "context" in generating.json()["error"]["message"]
