@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from areal_nb.errors import ContextLengthExceeded
+
 from .messages import CompletionRequestError
 from .request_limits import max_chars_per_token
 
@@ -38,15 +40,22 @@ def check_token_ids(ids: Any, tokenizer: Any, where: str) -> list[int]:
 
 
 def check_text_fits(text: str, tokenizer: Any, context: int | None, where: str) -> None:
-    """Refuse, before encoding it, text that cannot fit `context` tokens: no token stands for
-    more than `max_chars_per_token` characters (as `check_prompt_size` does for chat)."""
+    """Refuse, before encoding it, text that cannot fit `context` tokens (`ContextLengthExceeded`
+    with a lower bound on its tokens): no token stands for more than `max_chars_per_token`
+    characters (as `check_prompt_size` does for chat)."""
     if context is None:
         return
-    limit = (context - 1) * max_chars_per_token(tokenizer)
+    per_token = max_chars_per_token(tokenizer)
+    limit = (context - 1) * per_token
     if len(text) > limit:
-        raise CompletionRequestError(
-            f"the prompt is too long: {where} holds {len(text)} characters, more than the {limit} "
-            f"characters that could fit the model context of {context} tokens"
+        raise ContextLengthExceeded(
+            -(-len(text) // per_token),  # no token covers more than `per_token` characters
+            context,
+            at_least=True,
+            detail=(
+                f"{where} holds {len(text)} characters, more than the {limit} characters that "
+                f"could fit the model context of {context} tokens"
+            ),
         )
 
 
