@@ -67,6 +67,7 @@ from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
+from .model_cards import model_card, model_list
 from .options import check_chat_options, check_completion_options, check_responses_options
 from .schemas import (
     ChatCompletionRequest,
@@ -238,13 +239,18 @@ async def health(request: Request) -> dict[str, Any]:
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
 async def models(request: Request) -> dict[str, Any]:
-    model = {
-        "id": request.app.state.settings.model_name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "areal_nb",
-    }
-    return {"object": "list", "data": [model]}
+    state = request.app.state
+    return model_list(
+        state.settings.model_name, context_tokens(state.engine, state.completion.engine_max_tokens)
+    )
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}", include_in_schema=False)
+async def model(model_id: str, request: Request) -> dict[str, Any]:
+    """Any name: a request's `model` names the agent that calls, and every name is served."""
+    state = request.app.state
+    return model_card(model_id, context_tokens(state.engine, state.completion.engine_max_tokens))
 
 
 # ---------------------------------------------------------------------- admin endpoints

@@ -452,3 +452,17 @@ def test_verifiers_recognises_an_overflow_through_every_door(small_context_proxy
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, frequency_penalty=1
         )
     assert not is_context_overflow(caught.value)
+
+
+@pytest.mark.server  # a proxy on loopback
+def test_verifiers_reads_the_context_window_from_the_model_card(small_context_proxy):
+    """verifiers compacts a conversation before it overflows when the model card says how large
+    the context is (its `discover_threshold`)."""
+    import openai
+    from verifiers.v1.harnesses.utils.compaction import default_threshold, discover_threshold
+
+    async def threshold():
+        async with openai.AsyncOpenAI(base_url=f"{small_context_proxy}/v1", api_key="none") as client:
+            return await discover_threshold(client, "areal-nb")
+
+    assert asyncio.run(threshold()) == default_threshold(64)
