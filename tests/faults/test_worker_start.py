@@ -166,7 +166,7 @@ TOP_LEVEL_SUBPROC_AGENT = textwrap.dedent("""
 
     rows = [{{"prompt": f"{{a}}+{{a}}=", "target": 2 * a}} for a in range(1, 9)]
     session = Session(
-        small_config(**{{"agent.mode": "subproc", "agent.workflow_kwargs": "{{}}"}}),
+        small_config(agent__mode="subproc"),
         dataset=rows,
         eval_dataset=rows[:2],
         agent__workflow=ScriptAgent(reward_fn=ends_with_target),
