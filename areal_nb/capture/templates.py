@@ -18,6 +18,7 @@ from areal_nb.errors import ConcatAlignmentError  # noqa: F401 (re-exported)
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
 from .prompt_memo import prompt_memo
+from .tool_specs import template_renders_tools, with_tools_section
 
 
 def render_prompt_ids(
@@ -30,8 +31,10 @@ def render_prompt_ids(
     """The tokenizer's chat template over `messages`, with the generation prompt, as ids.
 
     A conversation rendered recently comes from the tokenizer's `PromptMemo` (a GRPO group
-    sends its prompt once per sample). A conversation the template rejects
-    (`raise_exception` in the template) is the caller's input error: `CompletionRequestError`.
+    sends its prompt once per sample). A conversation the template rejects (`raise_exception` in
+    the template) is the caller's input error: `CompletionRequestError`. Tools given to a
+    template that never reads `tools` are shown in the system message instead
+    (`tool_specs.with_tools_section`).
     `add_generation_prompt=False` (what `/tokenize` may ask for) renders without the
     assistant's opening and is never memoised.
     """
@@ -57,6 +60,8 @@ def _render_prompt_ids(
 ) -> list[int]:
     from jinja2 import TemplateError
 
+    if tools and not template_renders_tools(getattr(tokenizer, "chat_template", None)):
+        messages, tools = with_tools_section(messages, tools), None
     try:
         ids = tokenizer.apply_chat_template(
             messages,
