@@ -69,6 +69,17 @@ def tiny_model_path():
 
 
 @pytest.fixture(scope="session")
+def smollm2():
+    """(GGUF file, converted Hugging Face folder) of SmolLM2-135M-Instruct (tests/models/smollm2.py)."""
+    from tests.models.smollm2 import INSTALL, build_smollm2_folder, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.fail(f"the real-model tests need SmolLM2's GGUF file: {INSTALL}")
+    return gguf, build_smollm2_folder(gguf)
+
+
+@pytest.fixture(scope="session")
 def local_engine(tiny_model_path, tiny_tokenizer):
     """One real `LocalEngine` on tiny-math (seed 0) shared by every test that only generates.
 
