@@ -103,6 +103,7 @@ def test_stop_kills_the_whole_group_when_sigterm_is_ignored():
     assert not alive(child)
 
 
+@pytest.mark.server  # a Python program in a subprocess
 def test_interpreter_exit_stops_servers_it_started(tmp_path):
     script = tmp_path / "leaves_a_server.py"
     script.write_text(

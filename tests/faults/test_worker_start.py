@@ -27,6 +27,7 @@ REWARD_FROM_STDIN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.server  # a Python program in a subprocess
 def test_a_reward_function_defined_in_a_program_read_from_stdin_runs_in_its_worker(tmp_path):
     done = subprocess.run(
         [sys.executable, "-"],
@@ -65,6 +66,7 @@ UNIMPORTABLE_MAIN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.server  # a Python program in a subprocess
 @pytest.mark.parametrize("how", ["file", "module"])
 def test_a_reward_defined_in_an_unguarded_main_program_runs_in_workers_that_do_not_rerun_it(tmp_path, how):
     # `python job.py` sends spawn workers the file to run, `python -m job` the module name
@@ -90,6 +92,7 @@ WORKERS_CANNOT_START = textwrap.dedent("""
 """)
 
 
+@pytest.mark.server  # a Python program in a subprocess
 def test_a_worker_that_cannot_start_reports_its_own_traceback(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(WORKERS_CANNOT_START)

@@ -72,6 +72,7 @@ def test_math_reward_in_worker_processes(wrappers):
     assert asyncio.run(w(completions="x", answer="1")) == 0.0
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_crash_raises_after_retries_and_next_call_succeeds(wrappers, tmp_path, caplog):
     log = tmp_path / "attempts.txt"
     crashing = wrappers(faulty_rewards.log_pid_then_crash, timeout_seconds=30, max_retries=2)
@@ -89,11 +90,13 @@ def test_crash_raises_after_retries_and_next_call_succeeds(wrappers, tmp_path, c
     assert asyncio.run(healthy(completions="12", answer="#### 12")) == 1.0
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_pool_is_rebuilt_after_a_crash(wrappers, tmp_path):
     w = wrappers(faulty_rewards.crash_first_time, timeout_seconds=30, max_retries=1)
     assert asyncio.run(w(str(tmp_path / "crashed-once"))) == 1.0
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_hang_times_out_kills_the_worker_and_next_call_is_prompt(wrappers, tmp_path):
     log = tmp_path / "hung.txt"
     hanging = wrappers(faulty_rewards.log_pid_then_hang, timeout_seconds=1.0, max_retries=1)
@@ -109,6 +112,7 @@ def test_hang_times_out_kills_the_worker_and_next_call_is_prompt(wrappers, tmp_p
     assert pid not in hung_pids and _alive(pid)
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_cancelled_call_does_not_leave_its_job_running(wrappers, tmp_path):
     log = tmp_path / "hung.txt"
     hanging = wrappers(faulty_rewards.log_pid_then_hang, timeout_seconds=60, max_retries=0)
@@ -129,6 +133,7 @@ def test_cancelled_call_does_not_leave_its_job_running(wrappers, tmp_path):
     assert fresh_pid != hung_pid
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_hang_returns_zero_when_asked(wrappers, tmp_path):
     w = wrappers(faulty_rewards.log_pid_then_hang, timeout_seconds=0.5, max_retries=0, on_timeout="zero")
     assert asyncio.run(w(str(tmp_path / "hung.txt"))) == 0.0
@@ -202,6 +207,7 @@ if __name__ == "__main__":  # spawn re-imports a script's main module (a noteboo
 """
 
 
+@pytest.mark.slow  # worker processes crash, hang or restart
 def test_reward_functions_defined_in_main_run_in_workers(tmp_path):
     """Functions of a script run as `__main__` (as a notebook cell's are) cannot be imported
     by a spawned worker; they travel by value. Sync and async both."""

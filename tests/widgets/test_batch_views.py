@@ -41,6 +41,7 @@ def test_a_batch_without_a_viewer_says_how_to_get_one(captured):
         batch.show_tree(0)
 
 
+@pytest.mark.server  # a fresh interpreter in a subprocess
 def test_importing_areal_nb_imports_no_widgets():
     code = "import areal_nb, areal_nb.rollout.batch, sys; print('areal_nb.widgets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
