@@ -77,18 +77,18 @@ def launch_remote_engine(
             cmd = _command(
                 server,
                 model_path,
-                host,
-                port,
-                tp_size,
-                dp_size,
-                mem_fraction_static,
-                api_key,
-                weights_dir,
-                extra_args,
-                n_servers,
-                max_batch_size,
-                single_thread_rows,
-                dtype,
+                host=host,
+                port=port,
+                tp_size=tp_size,
+                dp_size=dp_size,
+                mem_fraction_static=mem_fraction_static,
+                api_key=api_key,
+                weights_dir=weights_dir,
+                extra_args=extra_args,
+                n_servers=n_servers,
+                max_batch_size=max_batch_size,
+                single_thread_rows=single_thread_rows,
+                dtype=dtype,
             )
             connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
             log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
@@ -127,21 +127,23 @@ def _bracket(host: str) -> str:
 
 
 def _command(
-    server,
-    model_path,
-    host,
-    port,
-    tp_size,
-    dp_size,
-    mem_fraction_static,
-    api_key,
-    weights_dir,
-    extra_args,
-    n_servers,
-    max_batch_size=None,
-    single_thread_rows=None,
-    dtype=None,
+    server: str | Sequence[str],
+    model_path: str,
+    *,
+    host: str,
+    port: int,
+    tp_size: int = 1,
+    dp_size: int = 1,
+    mem_fraction_static: float | None = None,
+    api_key: str | None = None,
+    weights_dir: str | os.PathLike | None = None,
+    extra_args: Sequence[str] = (),
+    n_servers: int = 1,
+    max_batch_size: int | None = None,
+    single_thread_rows: int | None = None,
+    dtype: str | None = None,
 ) -> list[str]:
+    """One server's command line (`launch_remote_engine`'s settings; the port is this server's)."""
     if server == "sglang":
         return sglang_command(
             model_path,

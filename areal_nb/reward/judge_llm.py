@@ -353,39 +353,14 @@ class Judge:
         return f"Judge({self.mode}, {where}, rubric={self.rubric[:40]!r})"
 
 
-def judge(
-    rubric: str,
-    *,
-    mode: JudgeMode = "pointwise",
-    base_url: str | None = None,
-    api_key: str | None = None,
-    model: str = "default",
-    engine: InferenceEngine | str | None = None,
-    tokenizer: Any = None,
-    timeout: float = 60.0,
-    max_tokens: int = 256,
-    group_size: int | None = None,
-    group_wait: float = 10.0,
-    parse: Callable[[str], float] | None = None,
-) -> Judge:
-    """A reward that asks an LLM to score replies against `rubric` (see the module's doc).
+def judge(rubric: str, **options: Any) -> Judge:
+    """A reward that asks an LLM to score replies against `rubric` (see the module's doc):
+    `Judge(rubric, **options)`, whose keywords are the options (`mode`, `base_url`, `api_key`,
+    `model`, `engine`, `tokenizer`, `timeout`, `max_tokens`, `group_size`, `group_wait`, `parse`).
 
     `parse(answer) -> float in [0, 1]` reads a pointwise answer in a format of your own (default:
     the last `SCORE: x`, or the answer as one number)."""
-    return Judge(
-        rubric,
-        mode=mode,
-        base_url=base_url,
-        api_key=api_key,
-        model=model,
-        engine=engine,
-        tokenizer=tokenizer,
-        timeout=timeout,
-        max_tokens=max_tokens,
-        group_size=group_size,
-        group_wait=group_wait,
-        parse=parse,
-    )
+    return Judge(rubric, **options)
 
 
 def session_judges(agent: Any) -> list[Judge]:

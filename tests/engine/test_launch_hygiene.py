@@ -50,6 +50,7 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.server  # torchrun in a subprocess
 def test_a_server_started_under_torchrun_gets_none_of_torchruns_variables(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
@@ -103,13 +104,19 @@ def test_no_server_rid_is_a_prefix_of_another():
 
 
 def test_max_batch_size_and_threading_reach_the_servers_command_lines():
-    sglang = _command("sglang", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, 48, 64)
+    at = {"host": "127.0.0.1", "port": 30000}
+    sglang = _command("sglang", "/m", **at, max_batch_size=48, single_thread_rows=64)
     assert sglang[sglang.index("--max-running-requests") + 1] == "48"
     mine = _command(
-        "sglang", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, ["--max-running-requests", "7"], 1, 48, 64
+        "sglang",
+        "/m",
+        **at,
+        extra_args=["--max-running-requests", "7"],
+        max_batch_size=48,
+        single_thread_rows=64,
     )
     assert mine.count("--max-running-requests") == 1 and mine[mine.index("--max-running-requests") + 1] == "7"
-    cpu = _command("engine-server", "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, 48, 64)
+    cpu = _command("engine-server", "/m", **at, max_batch_size=48, single_thread_rows=64)
     assert cpu[cpu.index("--max-batch-size") + 1] == "48"
     # servers beside the Session's trainer: the Session's threading; a server alone: every core
     assert cpu[cpu.index("--single-thread-rows") + 1] == str(DEFAULT_SINGLE_THREAD_ROWS)
@@ -118,31 +125,13 @@ def test_max_batch_size_and_threading_reach_the_servers_command_lines():
 
 
 def test_the_serving_dtype_reaches_the_servers_command_lines_unless_the_user_gives_one():
+    at = {"host": "127.0.0.1", "port": 30000}
     for server, flag in (("sglang", "--dtype"), ("engine-server", "--dtype")):
-        cmd = _command(
-            server, "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, None, None, "bfloat16"
-        )
+        cmd = _command(server, "/m", **at, dtype="bfloat16")
         assert cmd[cmd.index(flag) + 1] == "bfloat16"
-        mine = _command(
-            server,
-            "/m",
-            "127.0.0.1",
-            30000,
-            1,
-            1,
-            None,
-            None,
-            None,
-            [flag, "float16"],
-            1,
-            None,
-            None,
-            "bfloat16",
-        )
+        mine = _command(server, "/m", **at, extra_args=[flag, "float16"], dtype="bfloat16")
         assert mine.count(flag) == 1 and mine[mine.index(flag) + 1] == "float16"
-    remote = _command(
-        ["serve", "{model}"], "/m", "127.0.0.1", 30000, 1, 1, None, None, None, [], 1, None, None, "bfloat16"
-    )
+    remote = _command(["serve", "{model}"], "/m", **at, dtype="bfloat16")
     assert "--dtype" not in remote  # a command of the user's own gets only what it names
 
 
