@@ -1,5 +1,6 @@
 """Models by name: the built-in `tiny-math` and `tiny-tools` (shipped built, see `shipped.py`),
-local folders, and Hugging Face ids, all loaded through `AutoTokenizer` / `AutoModelForCausalLM`.
+local folders, GGUF files (converted once to a cached folder, `gguf.py`) and Hugging Face ids, all
+loaded through `AutoTokenizer` / `AutoModelForCausalLM`.
 
 `tiny-math`
     Tokenizer: byte-level BPE (vocab 512 + 6 added markup tokens) trained with `tokenizers` on
