@@ -185,10 +185,12 @@ async def create_response(
     include: Any = None,
     extra_body: dict[str, Any] | None = None,
     previous_response_id: str | None = None,
+    store: bool | None = None,
     model: str | None = None,
     **ignored: Any,
 ):
-    """One OpenAI Response; the call is always recorded in `cache` (when one is given).
+    """One OpenAI Response; the call is recorded in `cache` unless `store=False` (as on the chat
+    door: answered, not recorded, and so not a `previous_response_id` later, as in OpenAI's API).
     `model` names the agent that made the call (`InteractionWithTokenLogpReward.agent`).
 
     `previous_response_id` continues a response of the same cache: its conversation (input and
@@ -238,11 +240,12 @@ async def create_response(
         }
     )
     response_id = "resp-" + uuid.uuid4().hex[:29]
+    record = cache if store is not False else None
     interaction, model_response = await generate_for_messages(
         engine=engine,
         tokenizer=tokenizer,
         settings=settings,
-        cache=cache,
+        cache=record,
         interaction_id=response_id,
         messages=messages,
         tools=chat_tools,
@@ -317,6 +320,6 @@ async def create_response(
     interaction.output_message_list = response_items_to_messages(
         [o.model_dump(exclude_none=True) for o in output]
     )
-    if cache is not None:
-        cache.mark_completed(response_id)
+    if record is not None:
+        record.mark_completed(response_id)
     return response

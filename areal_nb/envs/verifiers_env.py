@@ -24,10 +24,10 @@ a simulated user, a judge) play against the same engine through the same proxy, 
 are not training data: right after `Env.setup`, each untrainable seat whose calls reach the proxy
 gets `store: false` in its sampling, so `verifiers` sends it with every one of that seat's
 calls and the proxy answers them without recording them. Only the trainable seats' calls are in
-the episode's rows, and the reward is theirs. The proxy honours `store: false` on Chat
-Completions only, so an untrainable seat whose harness calls the Responses or Messages API, or a
-seat marked untrainable later than `Env.setup`, would be recorded: such an episode is rejected
-with that reason instead of being trained on. A seat with a client of its own (`AgentConfig`'s
+the episode's rows, and the reward is theirs. The proxy honours `store: false` on every door that
+records (Chat Completions, Responses, Messages and text completions); a seat marked untrainable
+later than `Env.setup`, or one whose harness calls another path, would be recorded: such an
+episode is rejected with that reason instead of being trained on. A seat with a client of its own (`AgentConfig`'s
 `client`) does not reach the proxy and is left as it is.
 
 Several trainable seats (two players, a proposer and a solver) are several agents: when more than
@@ -54,8 +54,8 @@ from areal_nb.api import AgentRewards
 from .errors import EnvironmentServerError
 
 KEY_VARIABLE_PREFIX = "AREAL_NB_VERIFIERS_KEY_"
-# the one door of the proxy that answers a call without recording it when the body says `store: false`
-UNRECORDED_PATH = "/chat/completions"
+# the proxy's doors that answer a call without recording it when the body says `store: false`
+UNRECORDED_PATHS = frozenset({"/chat/completions", "/responses", "/v1/messages"})
 
 
 def _verifiers():
@@ -270,12 +270,12 @@ def _check_untrainable_unrecorded(episode: Any) -> None:
                 "training: it was marked untrainable after Env.setup(); set `trainable = False` "
                 "in the environment's setup()"
             )
-        recorded = sorted({call.endpoint for call in trace.calls if call.endpoint != UNRECORDED_PATH})
+        recorded = sorted({call.endpoint for call in trace.calls if call.endpoint not in UNRECORDED_PATHS})
         if recorded:
             raise EnvironmentServerError(
                 f"the verifiers seat {seat!r} is not trainable but its harness called "
-                f"{', '.join(recorded)}, where the proxy records every call for training; give "
-                f"that seat a harness that calls {UNRECORDED_PATH}, or a client of its own"
+                f"{', '.join(recorded)}, where the proxy may record its calls for training; give "
+                f"that seat a harness that calls one of {sorted(UNRECORDED_PATHS)}, or a client of its own"
             )
 
 

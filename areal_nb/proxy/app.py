@@ -461,6 +461,7 @@ async def responses(body: ResponsesRequest, request: Request, session: OpenSessi
             previous_response_id=body.previous_response_id,
             conversation=body.conversation,
             text=body.text,
+            store=body.store,
             model=body.model,
             extra_body=extra_body_of(body),
         ),
@@ -492,7 +493,9 @@ async def messages(body: MessagesRequest, request: Request, session: OpenSession
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
     completion = await generate(
-        create_chat_completion(**capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
+        create_chat_completion(
+            **capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model, store=body.store
+        ),
         request,
     )
     session.tool_arguments.update(tool_arguments_of(completion))

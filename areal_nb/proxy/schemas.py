@@ -166,6 +166,9 @@ class MessagesRequest(_Body):
     top_p: Number | None = Field(None, allow_inf_nan=False)
     stop_sequences: list[str] | None = None
     top_k: Count | None = None  # ≥ 1; honoured by the engine
+    # not Anthropic's: OpenAI's flag, which harnesses relaying one sampling to every API send here
+    # too (verifiers' untrainable seats): answered, not recorded
+    store: Flag | None = None
 
 
 class CountTokensRequest(_Body):

@@ -1,6 +1,5 @@
 """A `verifiers` harness that talks to the model through the OpenAI Responses API (one reply per
-segment), in-process like `vf_chat.ChatHarness`: a seat whose calls go to a door where the proxy
-records every call, `store` or not."""
+segment), in-process like `vf_chat.ChatHarness`: a seat whose calls go to the Responses door."""
 
 from __future__ import annotations
 
