@@ -465,3 +465,38 @@ def test_verifiers_reads_the_context_window_from_the_model_card(small_context_pr
             return await discover_threshold(client, "areal-nb")
 
     assert asyncio.run(threshold()) == default_threshold(64)
+
+
+@pytest.mark.server  # a proxy on loopback and the environment's interception server
+@pytest.mark.filterwarnings("ignore:.*leaf interaction.*no reward set")
+def test_a_conversation_that_outgrows_the_context_is_scored_not_rejected(tiny_tokenizer):
+    """The second turn of the multi-turn environment no longer fits a 40-token context: the
+    harness sees an overflow by verifiers' own check and ends the run with the conversation so
+    far, and the episode is scored on it (the first reply) instead of rejected."""
+    import httpx
+
+    from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
+    from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
+
+    engine = ScriptedEngine(tiny_tokenizer, SCRIPTED_REPLY)
+    engine.max_context = 40  # the first prompt is 22 tokens, the second (with the retry) 65
+    app = create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    agent = VerifiersAgent("vf_multi_turn", sampling={"max_tokens": 8})
+    episodes = recorded_episodes(agent)
+    # a task the scripted reply gets wrong, so the environment asks again
+    row = next(r for r in task_rows(agent.env.taskset.take(24)) if r["answer"] != 5)
+    with ProxyServer(app) as server, httpx.Client(base_url=server.url) as client:
+        session_id, key = start_session(client)
+        reward = asyncio.run(agent.run(row, base_url=f"{server.url}/v1", api_key=key))
+        assert client.post("/rl/end_session", headers={"x-api-key": key}).status_code == 200
+        exported = client.post(
+            "/export_trajectories", headers=admin_headers(), json={"session_id": session_id}
+        )
+    assert reward == 0.0  # scored: "It is 5." is not the answer
+    (episode,) = episodes
+    (trace,) = episode.traces
+    assert trace.reward == 0.0 and trace.last_reply == SCRIPTED_REPLY
+    assert [c.error is not None for c in trace.calls] == [False, True]  # the overflow stays on its call
+    (recorded,) = exported.json()["interactions"].values()  # the first call only
+    assert recorded["messages"] == [{"role": "user", "content": row["prompt"]}]

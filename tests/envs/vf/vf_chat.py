@@ -9,8 +9,9 @@ import json
 from collections.abc import Callable
 
 import verifiers.v1 as vf
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 from verifiers.v1.dialects.chat import message_to_wire
+from verifiers.v1.harnesses.utils.compaction import is_context_overflow
 
 MAX_CALLS = 4
 
@@ -27,7 +28,9 @@ def wire(data: vf.TaskData, harness: vf.Harness) -> list[dict]:
 
 class ChatHarness(vf.Harness[vf.HarnessConfig]):
     """One reply per segment, or a tool loop when `TOOLS` names functions: the model's tool calls
-    run here and their results go back until it answers in text (at most `MAX_CALLS` calls)."""
+    run here and their results go back until it answers in text (at most `MAX_CALLS` calls). A
+    call that overflows the model's context (verifiers' own check) ends the run with the
+    conversation so far, as verifiers' bundled chat program does."""
 
     APPENDS_SYSTEM_PROMPT = True
     SUPPORTS_RESUME = True
@@ -41,9 +44,14 @@ class ChatHarness(vf.Harness[vf.HarnessConfig]):
         tools = [{"type": "function", "function": spec} for spec, _ in self.TOOLS.values()]
         try:
             for _ in range(MAX_CALLS):
-                completion = await client.chat.completions.create(
-                    model=ctx.model, messages=messages, **({"tools": tools} if tools else {})
-                )
+                try:
+                    completion = await client.chat.completions.create(
+                        model=ctx.model, messages=messages, **({"tools": tools} if tools else {})
+                    )
+                except APIStatusError as error:
+                    if not is_context_overflow(error):
+                        raise
+                    break
                 message = completion.choices[0].message
                 if not message.tool_calls:
                     break
