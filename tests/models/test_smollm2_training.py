@@ -21,7 +21,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_nb import Session
-from areal_nb.agents.chat_agent import ChatAgent
 from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, session_headers, start_session
 
 pytestmark = pytest.mark.slow
@@ -44,6 +43,9 @@ def reply_length(row, reply: str) -> float:
     return len(reply) / 100
 
 
+REWARD = f"{__name__}.reply_length"
+
+
 def session_on(gguf, **overrides) -> Session:
     settings = dict(
         model__path=str(gguf),
@@ -56,8 +58,13 @@ def session_on(gguf, **overrides) -> Session:
         actor__lr=1e-5,
     )
     settings.update(overrides)
-    agent = ChatAgent(reward_fn=reply_length)
-    return Session(dataset=ROWS, agent__workflow=agent, agent__workflow_kwargs={}, **settings)
+    return Session(
+        dataset=ROWS,
+        # by import path, so a checkpoint can name it
+        agent__workflow="areal_nb.agents.chat_agent.ChatAgent",
+        agent__workflow_kwargs={"reward_fn": REWARD},
+        **settings,
+    )
 
 
 def proxy_greedy(folder, messages_list) -> list[list[int]]:
@@ -119,7 +126,10 @@ def test_grpo_steps_record_the_trainers_logprobs_and_export_a_plain_folder(smoll
         assert len(output) > 1
 
 
-def test_lora_trains_only_the_adapter_and_the_engine_serves_base_plus_adapter(smollm2):
+def test_lora_trains_only_the_adapter_and_the_engine_serves_base_plus_adapter(smollm2, tmp_path):
+    from safetensors.torch import load_file
+
+    from areal_nb.cli import main as cli_main
     from areal_nb.train.lora import merged_weights
 
     gguf, _ = smollm2
@@ -144,3 +154,13 @@ def test_lora_trains_only_the_adapter_and_the_engine_serves_base_plus_adapter(sm
         # and the next rollout, sampled by it, records the trainer's base + adapter log-probs
         stats = session.train_step(session.rollout())
         assert stats["logprob_abs_diff_max"] < 1e-4
+        merged = {k: v.clone() for k, v in merged_weights(session.actor.model).items()}
+        checkpoint = session.save(tmp_path / "ckpt")
+    # the checkpoint names its base by the GGUF file; export-model merges it into a plain folder
+    base = json.loads((checkpoint / "base_model.json").read_text())
+    assert base["path"] == str(gguf.resolve())
+    assert cli_main(["export-model", str(checkpoint), str(tmp_path / "hf")]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(merged) - set(exported) == {"lm_head.weight"}  # tied to the embeddings, saved once
+    assert all(torch.equal(exported[k], merged[k]) for k in exported)
