@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -250,3 +251,58 @@ def test_parse_string_arguments_kept_and_unknown_parser_refused():
     assert (calls[0].arguments, rest) == ('{"a": 1}', "")
     with pytest.raises(ValueError, match="unknown tool_call_parser"):
         parse_tool_calls("x", tool_call_parser="llama9")
+
+
+# ChatML without tool syntax (SmolLM2's shape, without its default system prompt)
+PLAIN_CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture
+def plain_chatml_tokenizer(tiny_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = PLAIN_CHATML
+    return tokenizer
+
+
+def test_a_template_without_tool_syntax_is_shown_the_tools_in_the_system_message(plain_chatml_tokenizer):
+    from areal_nb.capture.tool_specs import TOOLS_SECTION_END, TOOLS_SECTION_START, template_renders_tools
+
+    assert not template_renders_tools(PLAIN_CHATML)
+    assert template_renders_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    text = plain_chatml_tokenizer.decode(render_prompt_ids(plain_chatml_tokenizer, messages, TOOLS))
+    section = TOOLS_SECTION_START + "\n" + json.dumps(TOOLS[0]) + TOOLS_SECTION_END
+    assert text == (
+        f"<|im_start|>system\nBe brief.\n\n{section}<|im_end|>\n"
+        "<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # no system message: the section is one; no tools: nothing changes
+    alone = plain_chatml_tokenizer.decode(render_prompt_ids(plain_chatml_tokenizer, messages[1:], TOOLS))
+    assert alone.startswith(f"<|im_start|>system\n{section}<|im_end|>\n<|im_start|>user\n")
+    assert render_prompt_ids(
+        plain_chatml_tokenizer, messages, None
+    ) == plain_chatml_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def test_earlier_tool_calls_render_as_the_text_the_model_wrote(plain_chatml_tokenizer):
+    messages = [
+        {"role": "user", "content": "2+3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "2+3"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    text = plain_chatml_tokenizer.decode(render_prompt_ids(plain_chatml_tokenizer, messages, TOOLS))
+    assert f"<|im_start|>assistant\n{CALL_1}<|im_end|>\n<|im_start|>tool\n5<|im_end|>\n" in text
+    assert parse_tool_calls(CALL_1)[0][0].name == "calc"  # the parser reads back what the model was shown
