@@ -24,7 +24,8 @@ traceback: what a pool that broke at start-up reports instead of "terminated abr
 `spawn_pool()` makes such a pool whose workers cannot hold the interpreter's exit: at exit the
 standard library waits for every pool's pending jobs, so one agent or reward function stuck in a
 worker of a pool nobody shut down (a Session never closed, a kernel restarted) would hang the
-process for ever. The workers still alive are killed first.
+process for ever. The workers still alive are killed first. The other way round, a worker
+ends by itself when this process dies without that hook (SIGKILL, a crash): `parent_watch.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
+
+from .parent_watch import watch_parent
 
 _lock = threading.Lock()
 _hidden: dict[str, Any] = {"depth": 0, "saved": None}
@@ -129,18 +132,25 @@ _pools_lock = threading.Lock()
 def spawn_pool(
     max_workers: int, initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
 ) -> ProcessPoolExecutor:
-    """A `spawn` process pool whose workers start without `__main__` and are killed at
-    interpreter exit if still alive."""
+    """A `spawn` process pool whose workers start without `__main__`, are killed at interpreter
+    exit if still alive, and end by themselves when this process dies (`parent_watch`)."""
     pool = ProcessPoolExecutor(
         max_workers=max_workers,
         mp_context=_CONTEXT,
-        initializer=initializer,
-        initargs=initargs,
+        initializer=_start_worker,
+        initargs=(initializer, initargs),
     )
     with _pools_lock:
         _pools[:] = [(ref, procs) for ref, procs in _pools if ref() is not None or _any_alive(procs)]
         _pools.append((weakref.ref(pool), pool._processes))  # private, stable since 3.8 (3.14: kill_workers)
     return pool
+
+
+def _start_worker(initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
+    """Every pool worker's initializer: watch the parent first, then the pool's own initializer."""
+    watch_parent()
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def _any_alive(processes: dict[int, multiprocessing.process.BaseProcess]) -> bool:
