@@ -19,6 +19,7 @@ The tree:
     │   │   ├── EngineRefused                     an engine server's 400 as its client (SGLangEngine) raises it
     │   │   └── UnknownAgentError                 a call from an agent with no adapter of its own (`agents`)
     │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
+    │   ├── GenerationAborted           503 generation_aborted: the engine aborted the generation (retry)
     │   ├── BodyTooLarge                413 body_too_large
     │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
     ├── ClientGone                      the client disconnected before its reply was ready
@@ -218,6 +219,16 @@ class ProxyError(HTTPError):
     ) -> None:
         super().__init__(message, status=status, code=code)
         self.retry_after = retry_after
+
+
+class GenerationAborted(HTTPError):
+    """The engine aborted a generation before it stopped on its own (a server that dropped it,
+    an operator's abort): a server answers 503 with `Retry-After`, records nothing, and the
+    agent's SDK retries it, instead of a cut reply that looks complete."""
+
+    status = 503
+    code = "generation_aborted"
+    retry_after = 1
 
 
 class BodyTooLarge(HTTPError):
@@ -453,6 +464,7 @@ _OPENAI_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
     500: "server_error",
+    503: "server_error",
     504: "timeout_error",
 }
 _ANTHROPIC_TYPES = {
@@ -462,6 +474,7 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
+    503: "api_error",
     504: "timeout_error",
 }
 # The OpenAI and Anthropic SDKs retry 408/409/429/5xx unless told otherwise; these answers will
@@ -540,6 +553,7 @@ __all__ = [
     "EnvironmentServerError",
     "ExportError",
     "FirstEpisodeError",
+    "GenerationAborted",
     "HTTPError",
     "IncompleteInteractionWarning",
     "InvalidRequestError",

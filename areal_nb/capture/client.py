@@ -161,6 +161,7 @@ class ArealOpenAI(openai.AsyncOpenAI):
             tool_call_parser=tool_call_parser,
             reasoning_parser=reasoning_parser,
             default_max_new_tokens=default_max_new_tokens,
+            refuse_aborted=False,  # AReaL's client returns an aborted generation whole
         )
         self.cache = cache if cache is not None else InteractionCache()
 

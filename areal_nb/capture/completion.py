@@ -29,7 +29,7 @@ from areal_nb.api import (
     OutputConstraint,
 )
 from areal_nb.api.io_struct import with_pad_and_eos_ids
-from areal_nb.errors import ContextLengthExceeded
+from areal_nb.errors import ContextLengthExceeded, GenerationAborted
 
 from .cache import ConversationLinkWarning, InteractionCache
 from .interaction import InteractionWithTokenLogpReward
@@ -91,6 +91,9 @@ class CompletionSettings:
     default_temperature: float = 1.0
     default_top_p: float = 1.0
     default_max_new_tokens: int | None = None
+    # A server refuses a generation the engine aborted (GenerationAborted: 503, nothing recorded)
+    # rather than answer a cut reply as complete; `ArealOpenAI` returns it whole, as AReaL does.
+    refuse_aborted: bool = True
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
@@ -281,6 +284,15 @@ def _normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     return normalize_messages(tools) if tools else None
 
 
+def check_not_aborted(resp: ModelResponse, settings: CompletionSettings) -> None:
+    """GenerationAborted for a generation the engine aborted, where `settings` refuse those."""
+    if resp.stop_reason == "abort" and settings.refuse_aborted:
+        raise GenerationAborted(
+            f"the engine aborted this generation after {len(resp.output_tokens)} tokens; nothing was "
+            "recorded: send the request again"
+        )
+
+
 def _check_response(resp: ModelResponse, prompt: list[int]) -> None:
     n = len(resp.output_tokens)
     if len(resp.output_logprobs) != n or len(resp.output_versions) != n:
@@ -364,6 +376,7 @@ async def generate_for_messages(
     try:
         response = await engine.agenerate(request)
         _check_response(response, prompt)
+        check_not_aborted(response, settings)
     except BaseException:
         if cache is not None:
             cache.pop(interaction_id, None)

@@ -35,6 +35,7 @@ from .completion import (
     _check_choices,
     _check_response,
     _usage,
+    check_not_aborted,
     cut_stop_string,
     decode_output,
     resolve_token_budget,
@@ -222,6 +223,7 @@ async def create_text_completion(
         try:
             response = await engine.agenerate(request)
             _check_response(response, ids)
+            check_not_aborted(response, settings)
         except BaseException:
             if record is not None:
                 record.pop(interaction_id, None)
