@@ -1,10 +1,10 @@
 """SGLang's native HTTP API (the subset an RL client uses), as types both sides share.
 
 `docs/reference/sglang-api.md` states the contract: the closed `sampling_params` key set of sglang 0.5.23
-(`sglang/api/v1/api_types.py::_FIELDS_SamplingParams`), the `finish_reason` objects, and the
-per-token version spans of `meta_info.weight_versions` (0.5.20+). `SGLangEngine` builds requests
-and parses responses with these; `areal-nb engine-server` validates requests with the same models,
-so an unknown sampling key is a 400 on both.
+(`sglang/api/v1/api_types.py::_FIELDS_SamplingParams`) and the control routes' bodies.
+`areal-nb engine-server` validates requests with these models, so an unknown sampling key is a 400
+as on SGLang. The `/generate` payload and answer themselves (built and parsed by both sides) are
+in `sglang_wire.py`.
 """
 
 from __future__ import annotations
@@ -53,10 +53,6 @@ SAMPLING_PARAM_KEYS: tuple[str, ...] = (
     "watermark",
     "choice",
 )
-
-# finish_reason.type → our STOP_REASONS (areal_nb.api.io_struct). Every SGLang FINISH_* class has
-# one of these three types; anything else is a protocol error, never silently "stop".
-FINISH_TYPE_TO_STOP_REASON: dict[str, str] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -201,33 +197,3 @@ def unknown_sampling_keys(params: dict[str, Any]) -> list[str]:
 def unknown_field_message(key: str) -> str:
     """sglang 0.5.22+'s wording for an unknown sampling key (serde-style)."""
     return f"unknown field `{key}`, expected one of " + ", ".join(f"`{k}`" for k in SAMPLING_PARAM_KEYS)
-
-
-def version_spans(versions: list[int]) -> list[dict[str, Any]]:
-    """Per-token versions → `[{"version", "start", "end"}]` spans over output-token indices."""
-    spans: list[dict[str, Any]] = []
-    for index, version in enumerate(versions):
-        if spans and spans[-1]["version"] == str(version):
-            spans[-1]["end"] = index + 1
-        else:
-            spans.append({"version": str(version), "start": index, "end": index + 1})
-    return spans
-
-
-def versions_from_meta(meta: dict[str, Any], n_tokens: int, parse: Any) -> list[int]:
-    """One version per output token: from `weight_versions` spans if present (0.5.20+), else the
-    single `weight_version` for every token. `parse` turns a version string into an int."""
-    spans = meta.get("weight_versions")
-    if spans:
-        out: list[int | None] = [None] * n_tokens
-        for span in spans:
-            version = parse(span["version"])
-            for i in range(max(0, int(span["start"])), min(n_tokens, int(span["end"]))):
-                out[i] = version
-        if all(v is not None for v in out):
-            return out  # type: ignore[return-value]
-        # spans that do not cover every token (e.g. an abort before the span was closed): fill the
-        # gaps with the single version, which is the server's version when the output was sent
-        fallback = parse(meta.get("weight_version"))
-        return [fallback if v is None else v for v in out]
-    return [parse(meta.get("weight_version"))] * n_tokens

@@ -58,7 +58,6 @@ import concurrent.futures
 import contextlib
 import functools
 import itertools
-import math
 import os
 import threading
 import time
@@ -88,7 +87,7 @@ from areal_nb.errors import (  # noqa: F401 (re-exported)
     UnknownAgentError,
 )
 
-from .native_api import FINISH_TYPE_TO_STOP_REASON, versions_from_meta
+from .sglang_wire import GeneratePayload, generate_payload, parse_generate_answer
 from .weight_sync import write_adapter, write_weights
 
 T = TypeVar("T")
@@ -624,7 +623,7 @@ class SGLangEngine:
                 if server.down is not None:
                     server = self._route(prompt + tokens)
                 epoch = self._pause_epoch
-                payload = _generate_payload(
+                payload = generate_payload(
                     prompt + tokens,
                     budget - len(tokens),
                     g,
@@ -633,13 +632,13 @@ class SGLangEngine:
                     self._adapter_of(req.agent),
                 )
                 self._attempts[req.rid] = (server, payload["rid"])
-                out = await self._generate_on(server, payload)
-                meta = out.get("meta_info") or {}
-                new_tokens, new_logprobs = _tokens_and_logprobs(out, server.url)
-                tokens += new_tokens
-                logprobs += new_logprobs
-                versions += versions_from_meta(meta, len(new_tokens), self._parse_version)
-                reason = _stop_reason(meta, server.url)
+                answer = parse_generate_answer(
+                    await self._generate_on(server, payload), server.url, self._parse_version
+                )
+                tokens += answer.tokens
+                logprobs += answer.logprobs
+                versions += answer.versions
+                reason = answer.stop_reason
                 interrupted = (
                     reason == "abort"
                     and req.rid not in self._user_aborted
@@ -679,7 +678,7 @@ class SGLangEngine:
         server.assigned += 1
         return server
 
-    async def _generate_on(self, server: _Server, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _generate_on(self, server: _Server, payload: GeneratePayload) -> Any:
         task = asyncio.current_task()
         assert task is not None
         server.in_flight += 1
@@ -866,44 +865,7 @@ def _normalize_url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
 
-def _generate_payload(
-    input_ids: list[int],
-    max_new: int,
-    g: GenerationConfig,
-    produced: int,
-    rid: str,
-    lora_path: str | None = None,
-) -> dict[str, Any]:
-    """The /generate body: only keys of the closed sampling_params set; `lora_path` names the
-    loaded LoRA adapter to generate with (None: the base model).
-
-    The set: docs/reference/sglang-api.md, "Generate".
-    """
-    params: dict[str, Any] = {
-        "max_new_tokens": int(max_new),
-        "min_new_tokens": max(0, int(g.min_new_tokens) - produced),
-        "temperature": 0.0 if g.greedy else float(g.temperature),
-        "top_p": float(g.top_p),
-        "top_k": -1 if g.top_k >= 1 << 20 else int(g.top_k),  # our "no limit" default is 1e8
-        "stop_token_ids": [int(t) for t in g.stop_token_ids],
-        "ignore_eos": bool(g.ignore_eos),
-        "skip_special_tokens": bool(g.skip_special_tokens),
-        "no_stop_trim": True,
-    }
-    if g.stop:
-        params["stop"] = list(g.stop)
-    if g.frequency_penalty:
-        params["frequency_penalty"] = float(g.frequency_penalty)
-    payload = {
-        "input_ids": input_ids,
-        "rid": rid,
-        "sampling_params": params,
-        "return_logprob": True,
-        "stream": False,
-    }
-    if lora_path is not None:
-        payload["lora_path"] = lora_path
-    return payload
+_generate_payload = generate_payload  # the name tests/engine/test_sglang_source.py imports
 
 
 def load_adapter_body(name: str, path: str) -> dict[str, Any]:
@@ -951,29 +913,3 @@ def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
         raise EngineServerError(
             f"engine server {url}{path} sent invalid JSON: {response.text[:200]!r}"
         ) from exc
-
-
-def _tokens_and_logprobs(out: Any, url: str) -> tuple[list[int], list[float]]:
-    if not isinstance(out, dict) or "meta_info" not in out:
-        raise EngineServerError(f"engine server {url}/generate sent no meta_info: {str(out)[:200]}")
-    triples = out["meta_info"].get("output_token_logprobs")
-    ids = out.get("output_ids")
-    if triples is None:
-        if ids:
-            raise EngineServerError(f"engine server {url}/generate sent tokens without output_token_logprobs")
-        return [], []  # aborted in the waiting queue: nothing generated
-    tokens = [int(t[1]) for t in triples]
-    if ids is not None and list(ids) != tokens:
-        raise EngineServerError(
-            f"engine server {url}/generate: output_ids differ from output_token_logprobs ids"
-        )
-    # sglang (orjson) writes a -inf log-prob as null, the only non-finite value one can take
-    return tokens, [-math.inf if t[0] is None else float(t[0]) for t in triples]
-
-
-def _stop_reason(meta: dict[str, Any], url: str) -> str:
-    finish = meta.get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, dict) else finish
-    if kind not in FINISH_TYPE_TO_STOP_REASON:
-        raise EngineServerError(f"engine server {url}/generate sent an unknown finish_reason {finish!r}")
-    return FINISH_TYPE_TO_STOP_REASON[kind]

@@ -69,8 +69,8 @@ from .native_api import (
     lora_update_reply,
     unknown_field_message,
     unknown_sampling_keys,
-    version_spans,
 )
+from .sglang_wire import GenerateAnswer, finish_abort, finish_length, finish_stop, generate_answer
 from .weights import read_weights_dir
 
 logger = logging.getLogger(__name__)
@@ -856,7 +856,7 @@ async def _run_one(engine: Any, item: _Item, aborted: bool = False) -> ModelResp
         raise
 
 
-def _reply(engine: Any, item: _Item, out: ModelResponse, state: _ServingState) -> dict[str, Any]:
+def _reply(engine: Any, item: _Item, out: ModelResponse, state: _ServingState) -> GenerateAnswer:
     sp, tokenizer = item.sampling, engine.tokenizer
     finish, text_end = _finish_reason(engine, item, out)
     text = ""
@@ -867,39 +867,32 @@ def _reply(engine: Any, item: _Item, out: ModelResponse, state: _ServingState) -
         )
         if finish.get("type") == "stop" and isinstance(finish.get("matched"), str) and not sp.no_stop_trim:
             text = text[: text.find(finish["matched"])] if finish["matched"] in text else text
-    meta: dict[str, Any] = {
-        "id": item.rid,
-        "finish_reason": finish,
-        "prompt_tokens": len(out.input_tokens),
-        "completion_tokens": len(out.output_tokens),
-        "cached_tokens": 0,
-        "weight_version": str(out.output_versions[-1] if out.output_versions else engine.get_version()),
-        "weight_versions": version_spans(out.output_versions),
-        "e2e_latency": out.latency,
-    }
-    if item.return_logprob:
-        meta["input_token_logprobs"] = []
-        meta["output_token_logprobs"] = [
-            [lp, tok, None] for lp, tok in zip(out.output_logprobs, out.output_tokens, strict=True)
-        ]
-        meta["output_token_logprobs_length"] = len(out.output_tokens)
-    return {"text": text, "output_ids": list(out.output_tokens), "meta_info": meta}
+    return generate_answer(
+        rid=item.rid,
+        text=text,
+        prompt_tokens=len(out.input_tokens),
+        output_ids=list(out.output_tokens),
+        logprobs=list(out.output_logprobs) if item.return_logprob else None,
+        finish=finish,
+        versions=list(out.output_versions),
+        version_now=engine.get_version(),
+        latency=out.latency,
+    )
 
 
 def _finish_reason(engine: Any, item: _Item, out: ModelResponse) -> tuple[dict[str, Any], int]:
     """sglang's finish_reason object, and where the text ends if the stop token is trimmed."""
     n = len(out.output_tokens)
     if out.stop_reason == "abort":
-        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, n
+        return finish_abort(), n
     if out.stop_reason == "length":
-        return {"type": "length", "length": item.request.gconfig.max_new_tokens}, n
+        return finish_length(item.request.gconfig.max_new_tokens), n
     g = item.request.gconfig
     stop_ids = set(g.stop_token_ids) | (set() if g.ignore_eos else set(engine.eos_token_ids))
     if out.output_tokens and out.output_tokens[-1] in stop_ids:
-        return {"type": "stop", "matched": out.output_tokens[-1]}, n - 1
+        return finish_stop(out.output_tokens[-1]), n - 1
     text = engine.tokenizer.decode(out.output_tokens, skip_special_tokens=False) if engine.tokenizer else ""
-    matched = next((s for s in (g.stop or []) if s in text), None)
-    return {"type": "stop", "matched": matched}, n
+    return finish_stop(next((s for s in (g.stop or []) if s in text), None)), n
 
 
 def _int_version(version: str) -> int:
