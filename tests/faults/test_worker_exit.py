@@ -38,14 +38,22 @@ STUCK_REWARD = textwrap.dedent("""
         print("the reward function is stuck; leaving", flush=True)
 """)
 
-STUCK_POOL_JOB = textwrap.dedent("""
-    import sys, time
+# spawn_pool's workers start without the main program, so a job sent to one by plain pickle
+# names an importable function (areal_nb's own pools send user code by value instead).
+STUCK_JOB_MODULE = textwrap.dedent("""
+    import time
     from pathlib import Path
-    from areal_nb.api.spawn import spawn_pool
 
     def stuck(marker):
         Path(marker).write_text("inside")
         time.sleep(3600)
+""")
+
+STUCK_POOL_JOB = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from areal_nb.api.spawn import spawn_pool
+    from stuck_job import stuck
 
     if __name__ == "__main__":
         pool = spawn_pool(2)
@@ -62,6 +70,7 @@ STUCK_POOL_JOB = textwrap.dedent("""
 def test_a_program_with_a_worker_stuck_in_user_code_exits(tmp_path, program):
     script = tmp_path / "main.py"
     script.write_text(program)
+    (tmp_path / "stuck_job.py").write_text(STUCK_JOB_MODULE)
     try:
         done = subprocess.run(
             [sys.executable, str(script), str(tmp_path / "marker")],
