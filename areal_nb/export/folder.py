@@ -204,7 +204,8 @@ def _save_checkpoint(
             "again from their rows, at its own policy version",
             waiting,
         )
-    save_checkpoint(session, path, *(gathered or ()), config=cfg, model_path=final / "model")
+    run = session._run_state()  # noqa: SLF001 - the run's progress, as its save() records it
+    save_checkpoint(session, path, *(gathered or ()), run=run, config=cfg, model_path=final / "model")
 
 
 # ----------------------------------------------------------------------------- scripts
@@ -297,11 +298,9 @@ def _write_readme(
     import torch
 
     cluster = cfg.cluster
-    from areal_nb.session.checkpoint import untrained_data_pos
-
     checkpoint = (
         f"step {session.step_count}, policy version {session.version}, data position "
-        f"{untrained_data_pos(session)}"
+        f"{session._run_state().data_pos}"  # noqa: SLF001 - as the checkpoint records it
         if saved
         else "none (training starts from `model.path`)"
     )

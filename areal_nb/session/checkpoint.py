@@ -40,10 +40,8 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +54,7 @@ from areal_nb.errors import CheckpointError
 from areal_nb.train.lora import adapter_state, lora_base
 
 from .base_model import BASE_FILE, read_base_file, read_json_file, write_base_file
+from .run_state import RunState
 
 if TYPE_CHECKING:
     from .session import Session
@@ -92,11 +91,13 @@ def save_checkpoint(
     actor_state: dict[str, Any] | None = None,
     ref_weights: dict[str, Any] | None = None,
     *,
+    run: RunState,
     model_path: str | Path | None = None,
     config: SessionConfig | None = None,
 ) -> Path:
     """Write the checkpoint folder (rank 0), replacing an earlier checkpoint at `path` only once
-    the new one is complete. `actor_state` / `ref_weights`: the actor's full state and its KL
+    the new one is complete. `run`: the run's progress (version, steps, data position, RNG
+    states, history; the Session's `_run_state()`). `actor_state` / `ref_weights`: the actor's full state and its KL
     reference's full weights when the caller already gathered them (under FSDP every rank takes
     part in those gathers; see `Session.save`). `model_path`: what config.yaml's `model.path`
     says (default: `path/model` resolved; an export names where its folder will be). `config`:
@@ -125,8 +126,8 @@ def save_checkpoint(
         else:
             cfg.model.path = str(model_path) if model_path is not None else str(final.resolve() / "model")
         _write_config(cfg, tmp)
-        _write_state(session, actor_state, ref_weights, tmp)
-        _write_history(session, tmp)
+        _write_state(run, actor_state, ref_weights, tmp)
+        _write_history(run, tmp)
         _write_manifest(tmp)
         _sync_tree(tmp)
         _replace(final, tmp)
@@ -182,24 +183,19 @@ def _write_config(cfg: SessionConfig, tmp: Path) -> None:
 
 
 def _write_state(
-    session: Session, actor_state: dict[str, Any], ref_weights: dict[str, Any] | None, tmp: Path
+    run: RunState, actor_state: dict[str, Any], ref_weights: dict[str, Any] | None, tmp: Path
 ) -> None:
-    engine = session.engine
     state = {
-        "step_count": session.step_count,
-        "version": session.version,
+        **run.saved(),
         "actor": actor_state,
-        "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-        "engine_rng": engine.rng_state(),
-        "data_pos": untrained_data_pos(session),
         # the KL reference is the run's *initial* policy, not the saved weights it restarts from
         "ref_model": ref_weights,  # full tensors (None without kl_ctl)
     }
     torch.save(state, tmp / "state.pt")
 
 
-def _write_history(session: Session, tmp: Path) -> None:
-    (tmp / "history.json").write_text(json.dumps(session._history, default=float))
+def _write_history(run: RunState, tmp: Path) -> None:
+    (tmp / "history.json").write_text(json.dumps(run.history, default=float))
 
 
 def _write_manifest(tmp: Path) -> None:
@@ -268,26 +264,6 @@ def _sha256(path: Path) -> str:
 
 def _weight_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*") if p.suffix in WEIGHT_SUFFIXES and p.is_file())
-
-
-def untrained_data_pos(session: Session) -> int:
-    """The data position before the groups drawn and not handed out for training yet (fetched
-    ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
-    version, instead of skipping their rows. Read on the session's loop, where the executor draws
-    rows, so the position and the waiting groups are one consistent state."""
-    executor, runtime = session.executor, session._runtime  # noqa: SLF001
-    if executor is None or runtime is None:
-        return session.data.pos
-
-    def position() -> int:
-        return session.data.pos - executor.n_waiting
-
-    async def read() -> int:
-        return position()
-
-    if threading.current_thread() is runtime._thread:  # noqa: SLF001 - on the loop already: no waiting on it
-        return position()
-    return runtime.call(read())
 
 
 def _store_python_datasets(data_cfg: Any, folder: Path, final: Path) -> None:
@@ -635,25 +611,25 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
-def restore(session: Session, state: dict[str, Any]) -> None:
-    """Put a started Session where the checkpoint's run was: weights, optimizer, RNGs, data."""
+def restore(session: Session, state: dict[str, Any]) -> RunState:
+    """Put a started Session's actor and engine where the checkpoint's run was (weights,
+    optimizer, version, steps, RNGs) and return the run's state; the Session takes its data
+    position and history from it."""
+    run = RunState.from_saved(state)
     actor, engine = session.actor, session.engine
-    session.step_count = state["step_count"]
-    session.version = state["version"]
     actor.load_state_dict(state["actor"])
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")
-    actor.version = session.version
+    # the actor owns the run's counters (an earlier checkpoint's actor state may lack steps_done)
+    actor.version, actor.steps_done = run.version, run.steps
     # (no gather: rank 0 alone. A LoRA engine serves base + ΔW merged; sharded, the base is in
     # shards over the ranks, so the merged weights are pushed once all ranks joined: `_join_replicas`)
     if actor.lora and not actor.sharded:  # merged, or the adapter to servers that apply it
-        actor.push_weights(engine, session.version)
+        actor.push_weights(engine)
     elif not actor.lora:
-        engine.update_weights(state["actor"]["model"], version=session.version)
-    engine.set_version(session.version)
-    random.setstate(state["rng"]["python"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if state.get("engine_rng") is not None:
-        engine.set_rng_state(state["engine_rng"])
-    session.data = session.data.at(state["data_pos"])
-    session._history = list(state.get("history", []))
+        engine.update_weights(state["actor"]["model"], version=run.version)
+    engine.set_version(run.version)
+    run.restore_rngs()
+    if run.engine_rng is not None:
+        engine.set_rng_state(run.engine_rng)
+    return run

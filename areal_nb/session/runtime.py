@@ -44,6 +44,10 @@ class LoopRuntime:
                     logger.warning("cleanup after interrupt failed: %s", e)
             raise
 
+    def on_loop(self) -> bool:
+        """Whether the caller runs on the loop's thread (where `call` would wait on itself)."""
+        return threading.current_thread() is self._thread
+
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a plain function on the loop (objects owned by the loop are touched there)."""
         self.loop.call_soon_threadsafe(fn, *args)

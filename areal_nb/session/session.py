@@ -47,6 +47,7 @@ from .metrics import MetricsSink, create_metrics_sink
 from .parallel import RankChannel
 from .preflight import check_first_episode
 from .rejections import MAX_EMPTY_BATCHES, RolloutRejectedError, empty_batch_message
+from .run_state import RunState, rng_states
 from .runtime import LoopRuntime
 
 if TYPE_CHECKING:
@@ -110,8 +111,6 @@ class Session:
                 # a one-shot iterator is read once here; the Session (and save()) need its rows again
                 flat[key] = value if hasattr(value, "__len__") or isinstance(value, Path) else list(value)
         self.config: SessionConfig = load_config(config, flat)
-        self.step_count = 0
-        self.version = 0
         self._staleness_noted = False  # run()'s note on uncorrected off-policy tokens, said once
         self.last_batch: RolloutBatch | None = None
         self.last_inspection: LossInspection | None = None  # from train_step(batch, inspect=True)
@@ -180,7 +179,6 @@ class Session:
                 parallel=self._parallel,
                 tokenizer=self.tokenizer,
             )
-            self.version = self.actor.version
             builder.sync_agent_adapters(cfg, self.actor, engine)
             self._proxy = proxy = builder.build_proxy(cfg, engine, self.tokenizer)
             self._runtime = runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
@@ -200,7 +198,8 @@ class Session:
                 config=_plain(self.config),
             )
             if self._resume_state is not None:  # (Session.load) inside the guard: a failure stops all of it
-                restore(self, self._resume_state)
+                run = restore(self, self._resume_state)
+                self.data, self._history = self.data.at(run.data_pos), list(run.history)
         except BaseException as e:
             if self._channel is not None:
                 self._channel.abort(e)  # the other ranks wait in _join_replicas
@@ -252,7 +251,6 @@ class Session:
             {
                 "version": actor.version,
                 "steps_done": actor.steps_done,
-                "step_count": self.step_count,
                 "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
                 "ref_model": ref_state if actor.ref_model is not None else None,
                 "adapters": adapters,
@@ -269,11 +267,50 @@ class Session:
             parallel.broadcast_module(actor.ref_model)
         if self.rank != 0:
             actor.version, actor.steps_done = state["version"], state["steps_done"]
-            self.version, self.step_count = state["version"], state["step_count"]
             if state["optimizer"] is not None:
                 actor.load_optimizer_state_dict(state["optimizer"])
         if state["adapters"] is not None:  # the restored base + ΔW, merged from every rank's shards
-            actor.push_weights(self.engine if self.rank == 0 else None, self.version)
+            actor.push_weights(self.engine if self.rank == 0 else None)
+
+    @property
+    def version(self) -> int:
+        """The policy version the engine serves (the actor's: one more per training step)."""
+        actor = getattr(self, "actor", None)  # (none before start())
+        return 0 if actor is None else actor.version
+
+    @property
+    def step_count(self) -> int:
+        """Training steps taken in this run (counted by the actor; a loaded run goes on counting)."""
+        actor = getattr(self, "actor", None)
+        return 0 if actor is None else actor.steps_done
+
+    def _run_state(self) -> RunState:
+        """The run's progress now: what a checkpoint records besides the weights (`run_state.py`)."""
+        return RunState(
+            version=self.version,
+            steps=self.step_count,
+            data_pos=self._untrained_data_pos(),
+            rng=rng_states(),
+            engine_rng=self._rank0_engine.rng_state(),
+            history=list(self._history),
+        )
+
+    def _untrained_data_pos(self) -> int:
+        """The data position before the groups drawn and not handed out for training yet (fetched
+        ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
+        version, instead of skipping their rows. Read on the loop, where the executor draws rows,
+        so the position and the waiting groups are one consistent state."""
+        executor, runtime = self.executor, self._runtime
+        if executor is None or runtime is None:
+            return self._rank0_data.pos
+
+        def position() -> int:
+            return self._rank0_data.pos - executor.n_waiting
+
+        async def read() -> int:
+            return position()
+
+        return position() if runtime.on_loop() else runtime.call(read())  # (the loop never waits on itself)
 
     @property
     def rank(self) -> int:
@@ -439,11 +476,9 @@ class Session:
             self.last_inspection = self.actor.last_inspection
             if batch is not None and self.last_inspection is not None and len(batch.agents) > 1:
                 self.last_inspection.agents = [row.agent for row in batch.rows()]  # to_tensors' order
-        self.version = self.actor.version
-        self.actor.push_weights(self.engine, self.version)  # every rank: FSDP gathers the weights
+        self.actor.push_weights(self.engine)  # every rank: FSDP gathers the weights
         if self.engine is not None:  # rank 0
             self._rank0_runtime.call_soon(self._rank0_executor.on_version_change)
-        self.step_count += 1
         # the batch's figures, and whether it can teach anything (zero_signal_groups, ...: learning_signal.py)
         rollout_stats = {**batch.stats, **signal_stats(batch)} if batch is not None and self.rank == 0 else {}
         row = {"step": self.step_count, **rollout_stats, **stats}
@@ -643,7 +678,9 @@ class Session:
         self._check_open()
         actor_state = self.actor.state_dict()  # every rank: FSDP gathers the full tensors
         ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
-        return self._written_by_rank_0(lambda: save_checkpoint(self, path, actor_state, ref_weights))
+        return self._written_by_rank_0(
+            lambda: save_checkpoint(self, path, actor_state, ref_weights, run=self._run_state())
+        )
 
     @one_call
     def save_pretrained(self, path: str | Path, *, merged: bool = True, agent: str | None = None) -> Path:

@@ -49,13 +49,13 @@ def full_disk(*args, **kwargs):
 def test_a_save_failing_at_any_step_keeps_the_old_checkpoint(session, tmp_path, monkeypatch, step):
     old = session.save(tmp_path / "ckpt")
     before = snapshot(old)
-    session.step_count += 1  # the new save would differ (history, state)
+    session.actor.steps_done += 1  # the new save would differ (history, state)
     try:
         monkeypatch.setattr(checkpoint, step, full_disk)
         with pytest.raises(OSError, match="No space left"):
             session.save(old)
     finally:
-        session.step_count -= 1
+        session.actor.steps_done -= 1
     assert snapshot(old) == before
     assert siblings(old) == []  # the partial new checkpoint (and the renamed-aside old one) are gone
     verify_checkpoint(old)

@@ -1,0 +1,56 @@
+"""The run's progress as one value: what a checkpoint saves and restores besides the tensors.
+
+The actor owns the policy version and the count of training steps (`Actor.version`,
+`Actor.steps_done`); the Session reads them there. A checkpoint records them together with the
+data position, the random generators' states and the stats history as a `RunState`, written into
+state.pt under the keys earlier checkpoints used (`step_count`, `version`, `data_pos`, `rng`,
+`engine_rng`; history in history.json), so checkpoints of either age load alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass
+class RunState:
+    version: int  # the policy version the engine serves
+    steps: int  # training steps taken (drives the learning-rate schedule and run()'s cadence)
+    data_pos: int  # the next training row, before any drawn and not yet trained on
+    rng: dict[str, Any]  # Python's and torch's generator states
+    engine_rng: Any = None  # the engine's sampling generator (None: an engine without one)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # one stats row per step
+
+    @classmethod
+    def from_saved(cls, state: dict[str, Any]) -> RunState:
+        """From state.pt's contents (plus `history`, as `read_checkpoint` returns them)."""
+        return cls(
+            version=int(state["version"]),
+            steps=int(state["step_count"]),
+            data_pos=int(state["data_pos"]),
+            rng=state["rng"],
+            engine_rng=state.get("engine_rng"),
+            history=list(state.get("history", [])),
+        )
+
+    def saved(self) -> dict[str, Any]:
+        """state.pt's keys for this state (history goes to history.json)."""
+        return {
+            "step_count": self.steps,
+            "version": self.version,
+            "rng": self.rng,
+            "engine_rng": self.engine_rng,
+            "data_pos": self.data_pos,
+        }
+
+    def restore_rngs(self) -> None:
+        random.setstate(self.rng["python"])
+        torch.set_rng_state(self.rng["torch"])
+
+
+def rng_states() -> dict[str, Any]:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
