@@ -42,7 +42,8 @@ from areal_nb.engine.remote import _generate_payload, load_adapter_body, server_
 from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
 from areal_nb.testing import ServedStub
 
-pytestmark = pytest.mark.sglang_source
+# server: SGLang's code runs in a child Python process (its start is most of this module's time)
+pytestmark = [pytest.mark.sglang_source, pytest.mark.server]
 
 QWEN_VOCAB = 151_936
 
