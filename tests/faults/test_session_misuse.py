@@ -54,7 +54,18 @@ CALLS = {
     "compare": lambda s, tmp: s.compare(None, {"grpo": {}}),
 }
 # what stays usable: reading what the run produced, and closing again
-READABLE = {"close", "load", "history", "rank", "world_size", "last_batch", "last_inspection", "config"}
+READABLE = {
+    "close",
+    "load",
+    "history",
+    "rank",
+    "world_size",
+    "last_batch",
+    "last_inspection",
+    "config",
+    "version",
+    "step_count",
+}
 
 
 def public_names() -> set[str]:
