@@ -162,7 +162,7 @@ class ContextLengthExceeded(CompletionRequestError):
             head = (
                 "Your input exceeds the context window of this model. Please adjust your input and try again."
             )
-            why = f"{n} tokens; the model's context is {self.context} tokens"
+            why = f"{n} tokens; the model's context length is {self.context} tokens"
         else:
             head = (
                 f"This model's maximum context length is {self.context} tokens. However, your messages "

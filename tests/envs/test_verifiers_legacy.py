@@ -352,3 +352,31 @@ def test_a_tool_environment_trains_two_steps_with_its_rubric_scores():
             assert calls[1].messages[-1]["role"] == "tool" and calls[1].messages[-1]["content"] == result
             with_tools += 1
     assert with_tools > 0  # tiny-tools is warm-started to call the calculator
+
+
+@pytest.mark.server  # a proxy on loopback
+@pytest.mark.filterwarnings("ignore:.*leaf interaction.*no reward set")
+def test_a_conversation_that_outgrows_the_context_is_scored_not_rejected(tiny_tokenizer):
+    """The retry turn no longer fits a 40-token context: verifiers' own overlong-prompt check
+    recognises the proxy's 400, ends the rollout with the conversation so far, and the rubric
+    scores the first reply; the episode is not rejected."""
+    from areal_nb.proxy import ProxyServer, ProxySettings, create_app
+    from areal_nb.testing import ScriptedEngine
+    from tests.proxy.conftest import PROXY_ADMIN_KEY, admin_headers, start_session
+
+    env = RetryEnv(dataset=sums(8, 0), rubric=sum_rubric(), max_turns=2)
+    row = next(r for r in legacy_rows(env) if int(r["answer"]) != 5)  # the scripted reply is wrong
+    engine = ScriptedEngine(tiny_tokenizer, "It is 5.")
+    engine.max_context = 40  # the first prompt fits, the retry's does not
+    app = create_app(engine, tiny_tokenizer, ProxySettings(admin_api_key=PROXY_ADMIN_KEY))
+    agent = LegacyVerifiersAgent(env, sampling={"max_tokens": 8})
+    with ProxyServer(app) as server, httpx.Client(base_url=server.url) as client:
+        session_id, key = start_session(client)
+        reward = asyncio.run(agent.run(row, base_url=f"{server.url}/v1", api_key=key))
+        assert client.post("/rl/end_session", headers={"x-api-key": key}).status_code == 200
+        exported = client.post(
+            "/export_trajectories", headers=admin_headers(), json={"session_id": session_id}
+        )
+    assert reward == rubric_score("It is 5.", row["answer"]) == NUMBER_WEIGHT
+    (recorded,) = exported.json()["interactions"].values()  # the first call only
+    assert recorded["messages"] == [{"role": "user", "content": row["question"]}]
