@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 import secrets
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from .evaluation import EVAL_PREFIX, GreedyEngine
 if TYPE_CHECKING:
     from areal_nb.rollout.executor import RolloutExecutor
     from areal_nb.train import Actor
+
+logger = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -333,3 +336,28 @@ def build_executor(cfg: SessionConfig, workflow: RolloutWorkflow, engine: Infere
         episode_timeout=episode_timeout(cfg, workflow),
         switch_interval=cfg.rollout.gil_switch_interval,
     )
+
+
+def shutdown(runtime: Any, executor: Any, workflows: list[Any], parts: list[tuple[str, Any, str]]) -> None:
+    """Release what a Session's start() built, in reverse order; every step runs even if one
+    fails. `parts`: (name, object or None, its closing method), closed in that order."""
+    if runtime is not None and executor is not None:
+        try:
+            runtime.call(executor.cancel_all(), timeout=30)
+        except Exception as e:  # closing must go on
+            logger.warning("cancelling rollouts failed: %s", e)
+        executor.release_switch_interval()  # even if cancelling failed: the GIL setting is process-wide
+    for workflow in {id(w): w for w in workflows if w is not None}.values():
+        try:
+            if hasattr(workflow, "aclose") and runtime is not None:
+                runtime.call(workflow.aclose(), timeout=30)
+            elif hasattr(workflow, "close"):
+                workflow.close()
+        except Exception as e:
+            logger.warning("closing the workflow failed: %s", e)
+    for name, part, stop in parts:
+        if part is not None:
+            try:
+                getattr(part, stop)()
+            except Exception as e:
+                logger.warning("closing %s failed: %s", name, e)

@@ -623,7 +623,7 @@ def restore(session: Session, state: dict[str, Any]) -> RunState:
     # the actor owns the run's counters (an earlier checkpoint's actor state may lack steps_done)
     actor.version, actor.steps_done = run.version, run.steps
     # (no gather: rank 0 alone. A LoRA engine serves base + ΔW merged; sharded, the base is in
-    # shards over the ranks, so the merged weights are pushed once all ranks joined: `_join_replicas`)
+    # shards over the ranks, so the merged weights are pushed once all ranks joined: `Ranks.join`)
     if actor.lora and not actor.sharded:  # merged, or the adapter to servers that apply it
         actor.push_weights(engine)
     elif not actor.lora:

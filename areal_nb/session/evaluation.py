@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, RolloutWorkflow
+from areal_nb.data import check_rows, load_rows
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import RolloutExecutor
 
@@ -202,3 +204,52 @@ def pass_at_k(samples: RolloutBatch, k: int) -> float:
         by_group[ep.group_id] = by_group.get(ep.group_id, False) or ok
     solved = list(by_group.values())
     return sum(solved) / len(solved) if solved else math.nan
+
+
+async def evaluate(
+    problems: list[dict],
+    *,
+    rows_name: str,
+    pass_k: int | None,
+    max_concurrent: int,
+    episode_timeout: float | None,
+    switch_interval: float | None,
+    engine: InferenceEngine,
+    eval_workflow: RolloutWorkflow,
+    sample_workflow: RolloutWorkflow,
+    make_batch: Callable[[list], RolloutBatch],
+) -> EvalResult:
+    """`Session.evaluate()`'s episodes on `problems`: greedy with `eval_workflow`, and with
+    `pass_k` also k sampled episodes per problem with `sample_workflow` (the training one)."""
+    if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
+        raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
+    limits = dict(
+        rows_name=rows_name,
+        max_concurrent=max_concurrent,
+        episode_timeout=episode_timeout,
+        switch_interval=switch_interval,
+    )
+    result = summarize(make_batch(await run_greedy_episodes(eval_workflow, engine, problems, **limits)))
+    if pass_k is None:
+        return result
+    samples = make_batch(await run_episodes(sample_workflow, engine, problems, group_size=pass_k, **limits))
+    return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
+
+
+def choose_problems(
+    problems: Any, n: int | None, held_out: list[dict], *, picklable: bool
+) -> tuple[list[dict], str]:
+    """The rows `evaluate(n, problems=...)` runs on and what a rejection calls them: `problems`
+    in any form a dataset may take (checked like one), or the held-out split; the first `n`."""
+    rows_name = "held-out row" if problems is None else "problems row"
+    if problems is not None:
+        problems = load_rows(problems, name="problems")
+        if problems:
+            check_rows(problems, name="problems", picklable=picklable)
+    chosen = list(held_out if problems is None else problems)[: n or None]
+    if not chosen:
+        raise ValueError(
+            "evaluate() needs at least one problem: this dataset has no held-out rows; pass "
+            "eval_dataset=..., set data.eval_fraction, or call evaluate(problems=rows)"
+        )
+    return chosen, rows_name

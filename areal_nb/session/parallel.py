@@ -15,16 +15,132 @@ point, `(kind, payload)`:
   others may load it next);
 - "abort": instead of any of these, when rank 0 failed: the other ranks raise `LeaderFailed` with its
   message instead of waiting for the process-group timeout.
+
+`Ranks` is what the Session holds: this process's rank and the steps of that protocol (joining at
+start, sharing each step's batch, rank-0-only writes, following `run`). In one process it is rank 0
+of 1 and every step is local.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from areal_nb.errors import LeaderFailed  # noqa: F401 (re-exported)
+from areal_nb.train import distributed
 from areal_nb.train.distributed import DataParallel
+
+if TYPE_CHECKING:
+    from areal_nb.api import InferenceEngine
+    from areal_nb.rollout.batch import RolloutBatch
+    from areal_nb.train import Actor
+
+
+class Ranks:
+    """This process's place under torchrun and the protocol rank 0 leads (module docstring)."""
+
+    def __init__(self, parallel: DataParallel | None) -> None:
+        self.parallel = parallel  # None: one process
+        self.channel = RankChannel(parallel) if parallel is not None else None
+        self.in_train_step = False  # inside the ranks' collective training step (no abort message then)
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        return cls(distributed.init_from_env())
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.parallel is None else self.parallel.rank
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.parallel is None else self.parallel.world_size
+
+    def abort(self, error: BaseException) -> None:
+        """Rank 0 failed where the others wait for its next message: they raise `LeaderFailed`."""
+        if self.channel is not None:
+            self.channel.abort(error)
+
+    def abort_unless_in_step(self, error: BaseException) -> None:
+        """`run()` failed on rank 0: the others wait for the next step's batch, unless the failure
+        came inside the collective step itself (there they fail on their own)."""
+        if not self.in_train_step:
+            self.abort(error)
+
+    def join(self, actor: Actor, resumed: dict[str, Any] | None, engine: InferenceEngine | None) -> None:
+        """Every rank starts from rank 0's weights, optimizer state, version and step count.
+        `resumed`: rank 0's checkpoint state after `Session.load` (its full optimizer state)."""
+        parallel, channel = self.parallel, self.channel
+        if parallel is None or channel is None:  # one process (both are set together under torchrun)
+            return
+        # A sharded reference after Session.load: rank 0 restored only its own shards, and the
+        # others built theirs from the saved policy, so every rank cuts its shards from the
+        # checkpoint's full reference weights (replicas get rank 0's by broadcast_module below).
+        ref_state = resumed.get("ref_model") if resumed is not None and actor.sharded else None
+        # Likewise a sharded LoRA adapter: the others hold fresh adapters on the base they loaded
+        adapters = resumed["actor"]["model"] if resumed is not None and actor.sharded and actor.lora else None
+        state = channel.send(
+            "start",
+            {
+                "version": actor.version,
+                "steps_done": actor.steps_done,
+                "optimizer": resumed["actor"]["optimizer"] if resumed is not None else None,
+                "ref_model": ref_state if actor.ref_model is not None else None,
+                "adapters": adapters,
+            }
+            if self.rank == 0
+            else None,
+        )
+        if self.rank != 0 and state["ref_model"] is not None:
+            actor.load_ref_weights(state["ref_model"])
+        if self.rank != 0 and state["adapters"] is not None:
+            actor.load_adapter_weights(state["adapters"])
+        parallel.broadcast_module(actor.model)
+        if actor.ref_model is not None:
+            parallel.broadcast_module(actor.ref_model)
+        if self.rank != 0:
+            actor.version, actor.steps_done = state["version"], state["steps_done"]
+            if state["optimizer"] is not None:
+                actor.load_optimizer_state_dict(state["optimizer"])
+        if state["adapters"] is not None:  # the restored base + ΔW, merged from every rank's shards
+            actor.push_weights(engine if self.rank == 0 else None)
+
+    def share_batch(self, batch: RolloutBatch | None, inspect: bool) -> dict[str, Any]:
+        """A training step's input on every rank: rank 0's batch as tensors (the others' `batch` is
+        None), its credit mode (config's actor.credit, or a reexport's: what its views showed),
+        `inspect` and the agents' names."""
+        message: dict[str, Any] | None = None
+        if self.rank == 0:
+            if batch is None:
+                raise TypeError("train_step() needs a RolloutBatch (from rollout()), got None")
+            message = {
+                "tensors": batch.to_tensors(),
+                "credit": batch.credit,
+                "inspect": inspect,
+                "agents": batch.agents,
+            }
+        if self.channel is not None:
+            message = self.channel.send("train", message)  # ranks ≠ 0 receive rank 0's
+        assert message is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
+        return message
+
+    def written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
+        """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"
+        message), or raise rank 0's error when it failed."""
+        path: str | Path | None = None
+        if self.rank == 0:
+            try:
+                path = write()
+            except BaseException as e:
+                self.abort(e)
+                raise
+        if self.channel is not None:
+            path = self.channel.send("saved", str(path) if self.rank == 0 else None)
+        assert path is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
+        return Path(path)
 
 
 class RankChannel:
