@@ -19,8 +19,8 @@ import time
 import httpx
 
 from areal_nb.api import ModelResponse
-from areal_nb.engine import server_app
-from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
+from areal_nb.engine.server import EngineServerSettings, create_engine_app
+from areal_nb.engine.server import asgi as server_asgi  # where /generate awaits unless_client_leaves
 from areal_nb.proxy import ProxyServer
 from areal_nb.testing import ServedStub
 
@@ -59,19 +59,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    watched = server_app.unless_client_leaves
+    watched = server_asgi.unless_client_leaves
     server = ProxyServer(create_engine_app(InstantEngine(), EngineServerSettings())).start()
     cpu: dict[str, list[float]] = {"plain": [], "watched": []}
     try:
         for r in range(args.rounds):
             order = [("plain", _plain), ("watched", watched)]
             for name, fn in order if r % 2 == 0 else order[::-1]:
-                server_app.unless_client_leaves = fn
+                server_asgi.unless_client_leaves = fn
                 start = time.process_time()
                 asyncio.run(_burst(server.url, args.requests))
                 cpu[name].append((time.process_time() - start) / args.requests * 1e6)
     finally:
-        server_app.unless_client_leaves = watched
+        server_asgi.unless_client_leaves = watched
         server.stop()
     plain, with_watch = statistics.median(cpu["plain"]), statistics.median(cpu["watched"])
     print(

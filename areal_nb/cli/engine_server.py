@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from areal_nb.cli.serving import serve_until_signal
     from areal_nb.engine import LocalEngine
-    from areal_nb.engine.server_app import EngineServerSettings, create_engine_app
+    from areal_nb.engine.server import EngineServerSettings, create_engine_app
     from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
