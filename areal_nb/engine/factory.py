@@ -108,7 +108,7 @@ def create_engine(
             **({} if lora_adapters is None else {"lora_adapters": lora_adapters}),
         )
     if spec.type == "remote":
-        from .remote import SGLangEngine
+        from .sglang_client import SGLangEngine
 
         addresses = list(getattr(spec, "addresses", None) or [])
         if not addresses:

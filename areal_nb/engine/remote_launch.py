@@ -28,7 +28,7 @@ from .launcher import (
     lora_server_args,
     sglang_command,
 )
-from .remote import SGLangEngine
+from .sglang_client import SGLangEngine
 
 
 def launch_remote_engine(
