@@ -36,6 +36,7 @@ from areal_nb.api import AgentWeights, CreditMode, InferenceEngine
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
+from .engine_numerics import EngineNumerics, engine_logprobs_are_current
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .lora import (
@@ -97,6 +98,7 @@ class _Policies:
     prox: Tensor | None  # π_prox: recomputed before the update, or filled by its forward
     recompute_skipped: bool  # the training forward fills `prox` (`Actor._recompute_is_redundant`)
     engine_as_old: bool  # π_old is the engine's record, not the recomputation
+    prox_from_engine: bool = False  # `prox` is the engine's record (`engine_numerics.py`): no recomputation
 
 
 @dataclass
@@ -124,11 +126,15 @@ class Actor:
         tokenizer: Any = None,
         agent_lora: dict[str, LoraConfig] | None = None,
         temperature: float = 1.0,
+        engine_numerics: EngineNumerics | None = None,
     ) -> None:
         """`agent_lora` ({agent: LoraConfig}): one LoRA adapter per agent on the frozen base, each
         trained on its agent's rows only (see `_micro_batches`); `train_step` then needs
         the names of the batch's `agent_ids`. `temperature`: the one the engine sampled at (the
-        Session's `rollout.temperature`); log-probs are recomputed at it."""
+        Session's `rollout.temperature`); log-probs are recomputed at it. `engine_numerics`: how
+        the engine that samples from this Actor's pushed weights computes its log-probs; where
+        they are exactly π_prox (`engine_numerics.py`), the recomputation is skipped and they are
+        used. None: always recompute."""
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature = temperature
@@ -137,6 +143,7 @@ class Actor:
         self.parallel = parallel  # None: one process trains on the whole batch
         self.cfg = cfg or GRPOConfig()
         self.ref_model = ref_model
+        self.engine_numerics = engine_numerics
         self.version = version
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
@@ -361,6 +368,19 @@ class Actor:
     def _policies_before_update(self, step: _StepBatch) -> _Policies:
         """π_prox (recomputed now, or left to the training forward) and the π_old of the ratio."""
         cfg = self.cfg
+        # π_old in the clipped ratio: the engine's record in decoupled mode or without
+        # recomputation; otherwise the recomputed values (identical on-policy, but exact).
+        engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
+        if cfg.computes_prox_logprobs and self._engine_records_prox(step):
+            # the engine sampled with these weights in this dtype: its record is the recomputation
+            recorded = step.engine_logprobs
+            return _Policies(
+                recorded,
+                recorded,
+                recompute_skipped=False,
+                engine_as_old=engine_as_old,
+                prox_from_engine=True,
+            )
         prox = None
         skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
         if skipped:
@@ -368,9 +388,6 @@ class Actor:
             prox = torch.zeros_like(step.engine_logprobs)
         elif cfg.computes_prox_logprobs:
             prox = self._logprobs_no_grad(self.model, step)
-        # π_old in the clipped ratio: the engine's record in decoupled mode or without
-        # recomputation; otherwise the recomputed values (identical on-policy, but exact).
-        engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
         # (skipped recomputation without the decoupled loss: only the loss reads π_old, and takes
         # it from the forward; kl_ctl is 0 there, so the advantages do not read it)
         old = step.engine_logprobs if engine_as_old or skipped else prox
@@ -541,8 +558,9 @@ class Actor:
             "train_tokens_per_s": float(step.attention.sum()) / elapsed if elapsed > 0 else 0.0,
             "train_positions": float(update.trained_positions),  # < row tokens when prefixes are shared
             "recompute_skipped": float(policies.recompute_skipped),
+            "prox_from_engine": float(policies.prox_from_engine),
         }
-        if policies.prox is not None and bool(mask.any()):
+        if policies.prox is not None and not policies.prox_from_engine and bool(mask.any()):
             diff = (policies.prox - step.engine_logprobs).abs()[mask]
             out["logprob_abs_diff_mean"] = float(diff.mean())  # engine vs trainer, same weights?
             out["logprob_abs_diff_max"] = float(diff.max())
@@ -585,6 +603,23 @@ class Actor:
         """Agent adapters: the next forwards run the adapter of `micro`'s agent (one per micro-batch)."""
         if step.row_agents is not None:
             use_adapter(self.model, step.row_agents[int(micro[0])])
+
+    def _engine_records_prox(self, step: _StepBatch) -> bool:
+        """Whether the batch's recorded log-probs are this Actor's π_prox (`engine_numerics.py`)."""
+        return (
+            not self.lora  # (the engine serves base + ΔW merged: another rounding than the adapters' forward)
+            and not step.allowed  # (replayed masks renormalise the recomputation)
+            and engine_logprobs_are_current(
+                self.engine_numerics,
+                compute_dtype=self.compute_dtype,
+                model_dtype=floating_dtype(self.model),
+                device=self.device,
+                temperature=self.temperature,
+                versions=step.batch.get("versions"),
+                mask=step.mask,
+                version=self.version,
+            )
+        )
 
     def _recompute_is_redundant(self) -> bool:
         """Whether the training forward computes the recomputation's values: with one minibatch
