@@ -37,6 +37,7 @@ from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
 from .distributed import DataParallel, full_state_dict, fully_shard_model, shard_like
 from .engine_numerics import EngineNumerics, engine_logprobs_are_current
+from .heap import release_freed_memory
 from .inspection import InspectionCollector, LossInspection
 from .logprobs import compute_token_logprobs_and_entropy
 from .lora import (
@@ -266,6 +267,8 @@ class Actor:
             self.last_inspection.groups = None if step.pack_ids is None else step.pack_ids.cpu()
         self.version += 1
         self.steps_done += 1
+        del step, policies, adv, update  # the step's tensors, before their memory goes back
+        release_freed_memory()  # the step's activations and logits (`heap.py`)
         return out
 
     # ------------------------------------------------------- the step's phases
