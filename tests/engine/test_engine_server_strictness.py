@@ -296,3 +296,14 @@ def test_null_is_a_fields_default_as_in_sglang(served):
     reply = client.post("/generate", json=body)
     assert reply.status_code == 200 and reply.json()["output_ids"] == expected, reply.text
     assert "output_token_logprobs" not in reply.json()["meta_info"]  # return_logprob null: its default, false
+
+
+def test_a_request_id_used_twice_is_a_400_and_the_server_serves_on(served):
+    client, _, _, expected = served
+    body = {**GREEDY, "input_ids": [PROMPT, PROMPT], "rid": ["same", "same"]}
+    reply = client.post("/generate", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == "Duplicate request ID detected: 'same'"
+    # nothing of the refused batch stays in flight: the id can be used again at once
+    again = client.post("/generate", json={**GREEDY, "rid": "same"})
+    assert again.status_code == 200 and again.json()["output_ids"] == expected, again.text
