@@ -50,3 +50,27 @@ def empty_batch_message(batches: list[Any], source_index: Callable[[dict], int |
         f"every episode of the last {len(batches)} rollout batch(es) was rejected ({episodes} episodes), "
         f"so there is nothing to train on:\n{rejection_summary(batches, source_index)}"
     )
+
+
+def rollout_until_accepted(
+    rollout: Callable[[], Any],
+    discard: Callable[[Any], None],
+    source_index: Callable[[dict], int | None],
+    logger: Any,
+) -> Any:
+    """`rollout()` until a batch has an accepted episode (None: a rank ≠ 0, which trains on rank 0's
+    batch); `discard(batch)` for each wholly rejected one (it stops holding staleness budget);
+    `RolloutRejectedError` after `MAX_EMPTY_BATCHES` of them in a row."""
+    empty: list[Any] = []
+    while True:
+        batch = rollout()
+        if batch is None or batch.accepted:
+            return batch
+        empty.append(batch)
+        discard(batch)
+        message = empty_batch_message(empty, source_index)
+        if len(empty) >= MAX_EMPTY_BATCHES:
+            raise RolloutRejectedError(message)
+        logger.warning(
+            "%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1, MAX_EMPTY_BATCHES
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,6 +51,24 @@ class RunState:
     def restore_rngs(self) -> None:
         random.setstate(self.rng["python"])
         torch.set_rng_state(self.rng["torch"])
+
+
+def untrained_data_pos(data: Callable[[], Any], executor: Any, runtime: Any) -> int:
+    """The data position before the groups drawn and not handed out for training yet (fetched
+    ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
+    version, instead of skipping their rows. Read on the Session's loop (`runtime`), where the
+    executor draws rows, so the position and the waiting groups are one consistent state.
+    `data()`: the Session's current `DataStream` (Ctrl-C may replace it)."""
+    if executor is None or runtime is None:
+        return data().pos
+
+    def position() -> int:
+        return data().pos - executor.n_waiting
+
+    async def read() -> int:
+        return position()
+
+    return position() if runtime.on_loop() else runtime.call(read())  # (the loop never waits on itself)
 
 
 def rng_states() -> dict[str, Any]:

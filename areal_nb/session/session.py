@@ -47,9 +47,9 @@ from .metrics import MetricsSink, create_metrics_sink
 from .overrides import flatten_overrides, load_overrides, plain_config, with_datasets
 from .parallel import Ranks
 from .preflight import check_first_episode
-from .rejections import MAX_EMPTY_BATCHES, RolloutRejectedError, empty_batch_message
+from .rejections import rollout_until_accepted
 from .run_loop import uncorrected_staleness_note  # noqa: F401 (re-exported)
-from .run_state import RunState, rng_states
+from .run_state import RunState, rng_states, untrained_data_pos
 from .runtime import LoopRuntime
 from .step_stats import add_rollout_stats, history_row
 
@@ -371,20 +371,11 @@ class Session:
         return self.train_step(batch)
 
     def _rollout_with_accepted_episodes(self) -> RolloutBatch | None:
-        empty: list[RolloutBatch] = []
-        while True:
-            batch = self.rollout()
-            if batch is None or batch.accepted:  # None: a rank ≠ 0, which trains on rank 0's batch
-                return batch
-            empty.append(batch)
-            # not trained: its episodes stop holding staleness budget (before the next rollout, on the loop)
+        def discard(batch: RolloutBatch) -> None:  # (before the next rollout, on the loop)
             self._rank0_runtime.call_soon(self._rank0_executor.staleness.on_discard, len(batch.episodes))
-            message = empty_batch_message(empty, self._rank0_data.source_index)
-            if len(empty) >= MAX_EMPTY_BATCHES:
-                raise RolloutRejectedError(message)
-            logger.warning(
-                "%s\nrolling out another batch (%d of at most %d)", message, len(empty) + 1, MAX_EMPTY_BATCHES
-            )
+
+        source_index = lambda row: self._rank0_data.source_index(row)  # noqa: E731 - (rank 0 only)
+        return rollout_until_accepted(self.rollout, discard, source_index, logger)
 
     @one_call
     def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
@@ -514,31 +505,11 @@ class Session:
 
     def _run_state(self) -> RunState:
         """The run's progress now: what a checkpoint records besides the weights (`run_state.py`)."""
+        data_pos = untrained_data_pos(lambda: self._rank0_data, self.executor, self._runtime)
+        engine_rng = self._rank0_engine.rng_state()
         return RunState(
-            version=self.version,
-            steps=self.step_count,
-            data_pos=self._untrained_data_pos(),
-            rng=rng_states(),
-            engine_rng=self._rank0_engine.rng_state(),
-            history=list(self._history),
+            self.version, self.step_count, data_pos, rng_states(), engine_rng, list(self._history)
         )
-
-    def _untrained_data_pos(self) -> int:
-        """The data position before the groups drawn and not handed out for training yet (fetched
-        ahead by `run()` with `rollout.prefetch`): a resumed run generates them again, at its own
-        version, instead of skipping their rows. Read on the loop, where the executor draws rows,
-        so the position and the waiting groups are one consistent state."""
-        executor, runtime = self.executor, self._runtime
-        if executor is None or runtime is None:
-            return self._rank0_data.pos
-
-        def position() -> int:
-            return self._rank0_data.pos - executor.n_waiting
-
-        async def read() -> int:
-            return position()
-
-        return position() if runtime.on_loop() else runtime.call(read())  # (the loop never waits on itself)
 
     # ------------------------------------------------------------------ export
     @one_call
