@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import Awaitable, Callable
@@ -77,7 +78,7 @@ class AdapterUpdates(WeightUpdates):
             raise ValueError(f"AgentWeights for SGLangEngine hold LoraAdapters; agent(s) {strangers} do not")
         target = self._version + 1 if version is None else int(version)
         weights_dir = self.weights_dir
-        paths = {
+        paths: dict[str | None, str] = {
             agent: str(await asyncio.to_thread(write_adapter, weights_dir, target, adapter, agent=agent))
             for agent, adapter in weights.per_agent.items()
         }
@@ -101,7 +102,7 @@ class AdapterUpdates(WeightUpdates):
                 for agent, path in paths.items():
                     load = load_adapter_body(names[agent], path)
                     await self._gather_live(
-                        lambda s, load=load: self._update_from_disk_on(s, load, "/load_lora_adapter")
+                        functools.partial(self._update_from_disk_on, body=load, route="/load_lora_adapter")
                     )
                 await self._gather_live(lambda s: self._post(s, "/update_weight_version", set_version))
                 if None in names:
@@ -116,7 +117,7 @@ class AdapterUpdates(WeightUpdates):
             for name in previous:  # (the servers answer once no request names it any more)
                 unload = unload_adapter_body(name)
                 await self._gather_live(
-                    lambda s, unload=unload: self._post(s, "/unload_lora_adapter", unload)
+                    functools.partial(self._post, path="/unload_lora_adapter", body=unload)
                 )
 
     def _adapter_of(self, agent: str | None) -> str | None:

@@ -33,6 +33,7 @@ class ServerCalls:
     """The HTTP calls of `SGLangEngine` (a base class of it: they share its pool and state).
     Every method runs on the engine loop."""
 
+    servers: list[Server]
     _pool: ServerPool
     _session: aiohttp.ClientSession
     _client: httpx.AsyncClient
