@@ -474,6 +474,42 @@ REMOVED_KEYS = {
     "dropout never runs: delete the key",
 }
 
+
+def _without_retired_values(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` less the removed keys whose value says what the code now does on its own.
+
+    Checkpoints and run folders written before a key was removed hold it with the value the code
+    then required (`actor.temperature` equal to `rollout.temperature`) or that did nothing
+    (`lora.dropout: 0.0`): they keep loading. Any other value of a removed key stays, and
+    validation names the key that replaced it (`REMOVED_KEYS`). Only the mappings on the way to
+    a dropped key are copied: the rest may hold objects that must not be copied (an agent)."""
+
+    def said_anyway(value: Any, implied: Any) -> bool:
+        return not isinstance(value, bool) and value == implied
+
+    data = dict(data)
+    actor = data.get("actor")
+    if isinstance(actor, dict):
+        actor = data["actor"] = dict(actor)
+        rollout = data.get("rollout")
+        sampled_at = rollout.get("temperature", 1.0) if isinstance(rollout, dict) else 1.0
+        if "temperature" in actor and said_anyway(actor["temperature"], sampled_at):
+            del actor["temperature"]
+        if isinstance(actor.get("lora"), dict) and said_anyway(actor["lora"].get("dropout"), 0.0):
+            actor["lora"] = {k: v for k, v in actor["lora"].items() if k != "dropout"}
+    agents = data.get("agents")
+    if isinstance(agents, dict):
+        data["agents"] = {
+            name: {**agent, "lora": {k: v for k, v in agent["lora"].items() if k != "dropout"}}
+            if isinstance(agent, dict)
+            and isinstance(agent.get("lora"), dict)
+            and said_anyway(agent["lora"].get("dropout"), 0.0)
+            else agent
+            for name, agent in agents.items()
+        }
+    return data
+
+
 _TYPE_WORDS = {
     "int": "an integer",
     "float": "a number",
@@ -632,6 +668,7 @@ def load_config(
             raise ConfigError(f"{path}: top level must be a mapping")
         where = str(path)
     data = apply_overrides(data, overrides) if overrides else data
+    data = _without_retired_values(data)
     _refuse_bools_as_numbers(data, SessionConfig, "")
     try:
         return SessionConfig.model_validate(data)

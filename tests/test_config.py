@@ -1,4 +1,5 @@
 import pytest
+import yaml
 
 from areal_nb.config import ConfigError, dump_config, load_config
 
@@ -48,6 +49,28 @@ def test_missing_file_and_round_trip(tmp_path):
     path = tmp_path / "c.yaml"
     dump_config(cfg, path)
     assert load_config(path) == cfg
+
+
+def test_a_config_saved_before_keys_were_removed_still_loads(tmp_path):
+    # Checkpoints and run folders of earlier releases wrote actor.temperature (then required to
+    # equal rollout.temperature) and lora.dropout (0.0, which never ran): they load as they were.
+    cfg = load_config("configs/multi_turn_math.yaml", ["rollout.temperature=0.7", "actor.lora.r=4"])
+    saved = yaml.safe_load(dump_config(cfg))
+    saved["actor"]["temperature"] = 0.7
+    saved["actor"]["lora"]["dropout"] = 0.0
+    saved["agents"] = {"solver": {"lora": {"r": 2, "dropout": 0.0}}}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    old = load_config(path, ["agents={}"])
+    assert old == cfg
+    assert load_config(path, ["actor.lora=null"]).agents["solver"].lora.r == 2
+    # a value the code does not follow any more is still refused, naming the key that replaced it
+    with pytest.raises(
+        ConfigError, match="actor.temperature is no longer a config key: .* rollout.temperature"
+    ):
+        load_config(path, ["actor.temperature=1.0", "agents={}"])
+    with pytest.raises(ConfigError, match="actor.lora.dropout is no longer a config key"):
+        load_config(path, ["actor.lora.dropout=0.1", "agents={}"])
 
 
 def test_gpu_variant_loads():
