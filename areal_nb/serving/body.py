@@ -10,14 +10,17 @@ before sending it all (nothing to answer).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from areal_nb.errors import BodyOverLimit, BodyTimedOut
 
 
 async def read_bounded_body(
-    scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], limit: int, timeout: float
+    scope: Mapping[str, Any],
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    limit: int,
+    timeout: float,
 ) -> bytes | None:
     """The whole body, or None if the client disconnected before sending it all."""
     declared = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), None)

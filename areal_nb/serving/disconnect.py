@@ -12,7 +12,7 @@ tasks with `asyncio.wait`, on a path every rollout request takes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 from areal_nb.errors import ClientGone
@@ -20,7 +20,9 @@ from areal_nb.errors import ClientGone
 T = TypeVar("T")
 
 
-async def unless_client_leaves(call: Awaitable[T], receive: Callable[[], Awaitable[dict[str, Any]]]) -> T:
+async def unless_client_leaves(
+    call: Awaitable[T], receive: Callable[[], Awaitable[MutableMapping[str, Any]]]
+) -> T:
     handler = asyncio.current_task()
     assert handler is not None
     left = False

@@ -78,17 +78,22 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
 # -------------------------------------------------------------------- error handlers
 
 
+# (Starlette types a handler's exception as Exception; each is registered for the type it narrows to)
+
+
 async def _bad_request(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, (BadRequest, ValidationError))
     return JSONResponse(error_body(exc), status_code=400)
 
 
-async def _body_error(_request: Request, exc: BodyError) -> JSONResponse:
+async def _body_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BodyError)
     return JSONResponse(
         sglang_error(exc.status, str(exc)), status_code=exc.status, headers={"connection": "close"}
     )
 
 
-async def _client_gone(_request: Request, _exc: ClientGone) -> JSONResponse:
+async def _client_gone(_request: Request, _exc: Exception) -> JSONResponse:
     # an answer nobody reads (the client left mid-body), without an error log
     return JSONResponse(
         sglang_error(400, "the client disconnected before sending the whole body"),

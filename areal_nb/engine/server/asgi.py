@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -110,7 +110,9 @@ async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) 
     return body
 
 
-async def send_json(send: Send, status: int, content: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def send_json(
+    send: Send, status: int, content: Any, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     # orjson, as sglang answers: a /generate reply is mostly numbers, which it encodes several
     # times faster than the stdlib; like sglang's, a non-finite float is written as null
     body = orjson.dumps(content)
@@ -134,7 +136,7 @@ def sglang_error(status: int, message: str) -> dict[str, Any]:
     return render_error(HTTPError(message, status=status), "sglang").body
 
 
-def error_body(exc: Exception) -> dict[str, Any]:
+def error_body(exc: HTTPError | ValidationError) -> dict[str, Any]:
     if isinstance(exc, ValidationError):
         exc = ContractViolation(validation_message(exc))
     return render_error(exc, "sglang").body

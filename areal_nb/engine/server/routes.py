@@ -97,12 +97,14 @@ async def generate(shared: EngineApp, raw: bytes) -> Any:
             await state.drop_use(adapter)
         for rid in rids:
             await state.release(rid)
+    responses: list[ModelResponse] = []
     for out in outputs:
         if isinstance(out, ValueError):
             raise BadRequest(str(out))
         if isinstance(out, BaseException):
             raise out
-    replies = [reply(engine, item, out) for item, out in zip(items, outputs, strict=True)]
+        responses.append(out)
+    replies = [reply(engine, item, out) for item, out in zip(items, responses, strict=True)]
     return replies if body.input_ids and isinstance(body.input_ids[0], list) else replies[0]
 
 
@@ -311,7 +313,9 @@ async def server_info(request: Request):
     shared = shared_of(request)
     # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
     stats = getattr(shared.engine, "stats", None)
-    internal = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else {}
+    internal = {}
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        internal = dataclasses.asdict(stats)
     return {
         "model_path": shared.settings.model_path,
         "version": "areal-nb",

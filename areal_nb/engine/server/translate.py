@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from pydantic import ValidationError
@@ -130,7 +130,10 @@ def plan_generate(body: GenerateRequest, engine: Any) -> list[Item]:
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
     if body.stream:
         raise BadRequest("areal-nb engine-server does not stream; send stream=false")
-    batch = body.input_ids if body.input_ids and isinstance(body.input_ids[0], list) else [body.input_ids]
+    batch = cast(
+        list[list[int]],
+        body.input_ids if body.input_ids and isinstance(body.input_ids[0], list) else [body.input_ids],
+    )
     n = len(batch)
     if isinstance(body.rid, str) and n > 1:
         rids = [f"{body.rid}_{i}" for i in range(n)]
