@@ -171,20 +171,6 @@ def build_actor(
         tokenizer=tokenizer,
         agent_lora=cfg.agent_lora or None,
         temperature=cfg.rollout.temperature,  # the trainer's log-probs are the sampler's
-        engine_numerics=engine_numerics(cfg),
-    )
-
-
-def engine_numerics(cfg: SessionConfig) -> Any:
-    """How the embedded engine computes the log-probs it records (the Actor uses them as π_prox
-    where they are exactly that, `train.engine_numerics`); None for servers and for LoRA runs,
-    whose engines serve merged weights. The same on every rank: each decides alike."""
-    from areal_nb.train.engine_numerics import EngineNumerics
-
-    if cfg.engine.type != "local" or cfg.trains_adapters:
-        return None
-    return EngineNumerics(
-        dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg), temperature=cfg.rollout.temperature
     )
 
 
