@@ -130,15 +130,21 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
 
 
 # ---------------------------------------------------------------------- error dialects
-async def _http_error_of_ours(request: Request, exc: HTTPError) -> JSONResponse:
+# (Starlette types a handler's exception as Exception; each is registered for the type it narrows to)
+
+
+async def _http_error_of_ours(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPError)
     return http_error_response(request.url.path, exc)
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
     return error_response(request.url.path, 422, describe_validation_errors(exc.errors()), "validation_error")
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
     response = error_response(request.url.path, exc.status_code, str(exc.detail), None)
     for key, value in (exc.headers or {}).items():
         response.headers[key] = value
@@ -215,9 +221,10 @@ def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, A
     extra = dict(body.extra_body or {})
     if body.chat_template_kwargs is not None:
         extra.setdefault("chat_template_kwargs", body.chat_template_kwargs)
+    top_level = body.model_extra or {}
     for key in GUIDED_KEYS:
-        if (body.model_extra or {}).get(key) is not None:
-            extra.setdefault(key, body.model_extra[key])
+        if top_level.get(key) is not None:
+            extra.setdefault(key, top_level[key])
     return extra or None
 
 

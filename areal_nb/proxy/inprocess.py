@@ -167,9 +167,10 @@ class InProcessProxyClient:
         if self._session is not None:
             raise RuntimeError(f"session {self._session.session_id} already started by this client")
         with _as_request_error("rl/start_session"):
-            self._session = self.state.start_session(self.task_id)
+            session = self.state.start_session(self.task_id)
+        self._session = session
         self.session_ended = False
-        return self._session.session_id
+        return session.session_id
 
     async def end_session(self, attempts: int = 1) -> None:
         with _as_request_error("rl/end_session"):
@@ -270,7 +271,7 @@ class _as_request_error:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        # returns None: any other exception propagates unchanged
         if isinstance(exc, HTTPError):
             raise ProxyRequestError(self.endpoint, exc.status, exc.message) from exc
-        return False

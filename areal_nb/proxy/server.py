@@ -91,6 +91,7 @@ class ProxyServer:
 
     async def _serve(self, server: uvicorn.Server) -> None:
         try:
+            assert self._socket is not None, "_prepare binds the socket before serving"
             await server.serve(sockets=[self._socket])
         except BaseException as exc:  # surfaced by _wait_started / stop
             self._error = exc
