@@ -64,7 +64,8 @@ The tree:
 
 `render_error(error, dialect)` is the one place an `HTTPError` becomes a reply body, for the
 dialects the servers speak: `"openai"` (`{"error": {"message", "type", "param", "code"}}`),
-`"responses"` (the same shape; the Responses API words some errors its own way), `"anthropic"`
+`"completions"` and `"responses"` (the same shape; OpenAI's legacy text completions and the
+Responses API word some errors their own way), `"anthropic"`
 (`{"type": "error", "error": {"type", "message"}}`) and `"sglang"` (the engine-server's native
 API: `{"error": {"message", "code"}}`, SGLang's `ErrorBody`). An error may word itself per
 dialect (`message_in`, `param_in`): agent harnesses recognise a context overflow by the words
@@ -78,8 +79,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Dialect = Literal["openai", "responses", "anthropic", "sglang"]
-DIALECTS: tuple[Dialect, ...] = ("openai", "responses", "anthropic", "sglang")
+Dialect = Literal["openai", "completions", "responses", "anthropic", "sglang"]
+DIALECTS: tuple[Dialect, ...] = ("openai", "completions", "responses", "anthropic", "sglang")
 
 
 class ArealError(Exception):
@@ -139,7 +140,8 @@ class MessageTypeError(CompletionRequestError, TypeError):
 
 class ContextLengthExceeded(CompletionRequestError):
     """A conversation longer than the model's context: 400 `context_length_exceeded`, worded in
-    each API's own overflow words (OpenAI and vLLM's chat, the Responses API, Anthropic), which
+    each API's own overflow words (OpenAI and vLLM's chat and text completions, the Responses API,
+    Anthropic), which
     agent harnesses (verifiers, LangChain, LiteLLM, the Agents SDK) match to end an episode with
     its conversation instead of failing it.
 
@@ -158,7 +160,14 @@ class ContextLengthExceeded(CompletionRequestError):
         if dialect == "anthropic":  # Anthropic's words; the most prompt tokens leave one for output
             head = f"prompt is too long: {self.tokens} tokens > {self.context - 1} maximum"
             return f"{head} ({self.detail})" if self.detail else head
-        if dialect == "responses":
+        if dialect == "completions":  # OpenAI's legacy completions: the prompt plus one output token
+            head = (
+                f"This model's maximum context length is {self.context} tokens, however you requested "
+                f"{'at least ' if self.at_least else ''}{self.tokens + 1} tokens ({n} in your prompt; "
+                "1 for the completion). Please reduce your prompt; or completion length."
+            )
+            why = ""
+        elif dialect == "responses":
             head = (
                 "Your input exceeds the context window of this model. Please adjust your input and try again."
             )
@@ -174,7 +183,7 @@ class ContextLengthExceeded(CompletionRequestError):
         return f"{head} (the prompt is too long{': ' + why if why else ''})"
 
     def param_in(self, dialect: Dialect) -> str | None:
-        return "input" if dialect == "responses" else "messages"
+        return {"responses": "input", "completions": "prompt"}.get(dialect, "messages")
 
 
 class AnthropicRequestError(InvalidRequestError):
@@ -508,7 +517,7 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
             "type": "error",
             "error": {"type": _ANTHROPIC_TYPES.get(status, "invalid_request_error"), "message": message},
         }
-    else:  # "openai", "responses"
+    else:  # "openai", "completions", "responses"
         body = {
             "error": {
                 "message": message,

@@ -61,8 +61,8 @@ from areal_nb.capture.responses import create_response
 from areal_nb.capture.structured import GUIDED_KEYS
 from areal_nb.capture.text_completion import create_text_completion, text_completion_stream_chunks
 from areal_nb.capture.tokens import check_text_fits, check_token_ids, decode_ids, encode_text, token_strings
-from areal_nb.errors import HTTPError
-from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
+from areal_nb.errors import ContextLengthExceeded, HTTPError
+from areal_nb.serving import ClientGone, bearer_token_of, error_json, unless_client_leaves
 
 from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
@@ -530,8 +530,10 @@ async def count_tokens(body: CountTokensRequest, request: Request, session: Keye
     return {"input_tokens": len(prompt)}
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request, session: KeyedSession) -> dict[str, Any]:
+@router.post("/tokenize", response_model=None)
+async def tokenize(
+    body: TokenizeRequest, request: Request, session: KeyedSession
+) -> dict[str, Any] | JSONResponse:
     """vLLM's `/tokenize`: a `prompt` as `/v1/completions` encodes it, or `messages` as
     `/v1/chat/completions` renders them (tools, template variables, the concat parent)."""
     state = request.app.state
@@ -541,9 +543,15 @@ async def tokenize(body: TokenizeRequest, request: Request, session: KeyedSessio
         )
     if body.messages is None:
         text = body.prompt or ""
-        check_text_fits(
-            text, state.tokenizer, context_tokens(state.engine, state.completion.engine_max_tokens), "prompt"
-        )
+        try:
+            check_text_fits(
+                text,
+                state.tokenizer,
+                context_tokens(state.engine, state.completion.engine_max_tokens),
+                "prompt",
+            )
+        except ContextLengthExceeded as overflow:  # a prompt's overflow, as /v1/completions words it
+            return error_json(overflow, "completions")
         ids = await encode_text(state.tokenizer, text, body.add_special_tokens is not False)
     else:
         if body.continue_final_message:

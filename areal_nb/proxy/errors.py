@@ -1,5 +1,6 @@
-"""The proxy's error dialects: OpenAI on every route, Anthropic on /v1/messages, and the
-Responses API's own words (same shape as OpenAI's) on /v1/responses.
+"""The proxy's error dialects: OpenAI on every route, Anthropic on /v1/messages, and the own
+words (same shape as OpenAI's) of the Responses API on /v1/responses and of OpenAI's legacy
+text completions on /v1/completions.
 
 The bodies come from `areal_nb.errors.render_error` (through `areal_nb.serving.error_json`); this
 module only picks the dialect a path speaks.
@@ -22,11 +23,14 @@ def is_anthropic_path(path: str) -> bool:
 
 
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+COMPLETIONS_PATHS = frozenset({"/v1/completions", "/completions"})
 
 
 def dialect_of(path: str) -> Dialect:
     if is_anthropic_path(path):
         return "anthropic"
+    if path.rstrip("/") in COMPLETIONS_PATHS:
+        return "completions"
     return "responses" if path.startswith(RESPONSES_PATHS) else "openai"
 
 

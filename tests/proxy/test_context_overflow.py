@@ -1,5 +1,6 @@
 """A conversation longer than the model's context reaches each client in the words its own
-overflow check matches: through every door (chat completions, Responses, Anthropic Messages),
+overflow check matches: through every door (chat completions, Responses, Anthropic Messages,
+text completions and `/tokenize`),
 for the token count and for the character bound checked before tokenizing, as the real SDKs
 and LangChain raise it. tiny-math: context 512 tokens, longest token 16 characters."""
 
@@ -63,6 +64,42 @@ def test_responses_overflow_is_context_length_exceeded_on_input(local_server, ke
     assert error.code == "context_length_exceeded" and error.param == "input"
     assert error.body["message"].startswith("Your input exceeds the context window of this model.")
     assert _recorded(local_server, key) == 0
+
+
+TEXT_PROMPT_TOKENS = {"tokens": 6000, "characters": 625}  # TOKEN_LONG encoded as is; 10,000 characters / 16
+
+
+@pytest.mark.parametrize("found_by", [*OVERFLOWS, "token ids"])
+def test_text_completions_overflow_is_openais_legacy_wording_on_prompt(local_server, key, oai, found_by):
+    prompt = [7] * 600 if found_by == "token ids" else OVERFLOWS[found_by]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model="tiny-math", prompt=prompt, max_tokens=4)
+    error = caught.value
+    assert error.status_code == 400 and error.code == "context_length_exceeded"
+    assert error.param == "prompt" and error.type == "invalid_request_error"
+    tokens = 600 if found_by == "token ids" else TEXT_PROMPT_TOKENS[found_by]
+    at_least = "at least " if found_by == "characters" else ""
+    assert error.body["message"].startswith(
+        f"This model's maximum context length is 512 tokens, however you requested {at_least}{tokens + 1} "
+        f"tokens ({at_least}{tokens} in your prompt; 1 for the completion). Please reduce your prompt; "
+        "or completion length. (the prompt is too long"
+    )
+    assert error.response.headers["x-should-retry"] == "false"
+    assert _recorded(local_server, key) == 0
+
+
+def test_tokenize_overflow_of_a_prompt_is_worded_as_text_completions(local_server, key):
+    with httpx.Client(base_url=local_server.url, headers={"Authorization": f"Bearer {key}"}) as http:
+        refused = http.post("/tokenize", json={"prompt": CHAR_LONG})
+        chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": CHAR_LONG}]})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert error["message"].startswith(
+        "This model's maximum context length is 512 tokens, however you requested"
+    )
+    # messages are worded as the chat door words them
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
 
 
 @pytest.mark.parametrize("found_by", OVERFLOWS)
