@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
 
 from areal_nb.errors import AnthropicRequestError  # noqa: F401 (re-exported)
 
@@ -283,7 +283,7 @@ def chat_completion_to_anthropic(completion: ChatCompletion, model: str) -> dict
     text = choice.message.content or ""
     if text:
         content.append({"type": "text", "text": text})
-    for call in choice.message.tool_calls or []:
+    for call in _function_calls(choice.message):
         parsed = _loads_or_none(call.function.arguments)
         content.append(
             {
@@ -316,8 +316,15 @@ def chat_completion_to_anthropic(completion: ChatCompletion, model: str) -> dict
 
 def tool_arguments_of(completion: ChatCompletion) -> dict[str, str]:
     """`{tool_call_id: arguments}` of a completion, for exact echo conversion later."""
-    calls = completion.choices[0].message.tool_calls or []
-    return {call.id: call.function.arguments for call in calls}
+    return {call.id: call.function.arguments for call in _function_calls(completion.choices[0].message)}
+
+
+def _function_calls(message: ChatCompletionMessage) -> list[ChatCompletionMessageFunctionToolCall]:
+    """The message's tool calls; the proxy's completions only ever hold function calls."""
+    calls = message.tool_calls or []
+    for call in calls:
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall), f"not a function call: {call!r:.80}"
+    return [call for call in calls if isinstance(call, ChatCompletionMessageFunctionToolCall)]
 
 
 def anthropic_stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -174,7 +174,7 @@ def resolve_token_budget(
     max_new: int | None = None
     total: int | None = None
     if limits:
-        name = min(limits, key=limits.get)
+        name = min(limits, key=lambda key: limits[key])
         total = limits[name]
         max_new = total - prompt_len
         if max_new <= 0:
@@ -228,6 +228,7 @@ def sampling_config(
         stops = list(stop) or None
     else:
         raise CompletionRequestError(f"stop must be a string or a list of strings, got {stop!r:.80}")
+    top_k_option: dict[str, Any] = {} if top_k is None else {"top_k": top_k}
     gconfig = GenerationConfig(
         n_samples=1,
         max_new_tokens=budget.max_new_tokens,
@@ -235,7 +236,7 @@ def sampling_config(
         greedy=temp == 0.0,
         temperature=float(temp),
         top_p=float(top),
-        **({} if top_k is None else {"top_k": top_k}),  # None: no top-k cut (GenerationConfig's default)
+        **top_k_option,  # None: no top-k cut (GenerationConfig's default)
         stop=stops,
         frequency_penalty=float(frequency_penalty or 0.0),
         stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
@@ -259,9 +260,11 @@ def build_prompt_ids(
 ) -> list[int]:
     if settings.chat_template_type == "hf":
         return render_prompt_ids(tokenizer, messages, tools, chat_template_kwargs)
-    remaining = (
-        messages if parent is None else messages[len(parent.messages) + len(parent.output_message_list) :]
-    )
+    if parent is None:
+        remaining = messages
+    else:
+        assert parent.output_message_list is not None, "a parent is a completed call"
+        remaining = messages[len(parent.messages) + len(parent.output_message_list) :]
     return concat_prompt_token_ids_with_parent(remaining, parent, tokenizer, tools, chat_template_kwargs)
 
 
@@ -582,6 +585,7 @@ async def create_chat_completion(
         # choice 0 completes last: a reward sent without an id (the last call's) goes to the choice
         # agents continue with, `choices[0]`
         for interaction, _ in reversed(samples):
+            assert interaction.interaction_id is not None  # its completion, set above, names it
             record.mark_completed(interaction.interaction_id)
     if n_choices == 1:
         return samples[0][0].completion
@@ -674,7 +678,9 @@ async def _all_samples(calls: list[Any], cache: InteractionCache | None, ids: li
 
 
 def _forget(cache: InteractionCache | None, ids: list[str]) -> None:
-    for iid in ids if cache is not None else ():
+    if cache is None:
+        return
+    for iid in ids:
         cache.pop(iid, None)
 
 
@@ -715,7 +721,9 @@ def _choice(
         logprobs=sampled_logprobs(tokenizer, response) if logprobs else None,
     )
     if matched_stop is not None:
-        choice.stop_reason = matched_stop
+        # vLLM's extra field (the stop string that ended the reply): the openai model keeps extras
+        # but does not declare this one
+        setattr(choice, "stop_reason", matched_stop)  # noqa: B010
     return choice
 
 

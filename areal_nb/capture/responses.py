@@ -33,7 +33,7 @@ from .structured import (
     constraint_of_tool_choice,
     request_constraint,
 )
-from .tool_calls import THINK_CLOSE, THINK_OPEN, parse_tool_calls
+from .tool_calls import THINK_CLOSE, THINK_OPEN, ParsedToolCall, parse_tool_calls
 from .tool_specs import check_tools
 
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
@@ -263,7 +263,7 @@ async def create_response(
         agent=_agent_name(model),
     )
     text, _ = cut_stop_string(decode_output(tokenizer, model_response), model_response, ignored.get("stop"))
-    calls = []
+    calls: list[ParsedToolCall] = []
     if chat_tools and tool_choice != "none":
         calls, parsed_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
         if calls:

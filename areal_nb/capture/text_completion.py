@@ -255,6 +255,7 @@ async def create_text_completion(
         )
     if record is not None:  # choice 0 completes last: a reward sent without an id goes to it
         for interaction, _ in reversed(samples):
+            assert interaction.interaction_id is not None  # its completion, set above, names it
             record.mark_completed(interaction.interaction_id)
     if len(samples) == 1:
         return samples[0][0].completion
@@ -314,7 +315,9 @@ def _choice(
         logprobs=token_logprobs,
     )
     if matched_stop is not None:
-        choice.stop_reason = matched_stop
+        # vLLM's extra field (the stop string that ended the reply): the openai model keeps extras
+        # but does not declare this one
+        setattr(choice, "stop_reason", matched_stop)  # noqa: B010
     return choice
 
 
@@ -335,7 +338,7 @@ def text_completion_stream_chunks(completion: Any) -> list[Any]:
                 finish_reason=choice.finish_reason if finish else None,
             )
             if finish and getattr(choice, "stop_reason", None) is not None:
-                piece.stop_reason = choice.stop_reason
+                setattr(piece, "stop_reason", choice.stop_reason)  # noqa: B010 (undeclared extra, as above)
             chunks.append(
                 Completion.construct(
                     id=completion.id,

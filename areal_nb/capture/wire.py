@@ -127,5 +127,6 @@ def interactions_from_wire(payload: dict[str, Any]) -> dict[str, InteractionWith
     rebuilt: dict[str, InteractionWithTokenLogpReward] = {}
     for item in payload["interactions"]:
         it = InteractionWithTokenLogpReward.from_wire(item, rebuilt)
+        assert it.interaction_id is not None, "only complete interactions (with an id) are exported"
         rebuilt[it.interaction_id] = it
     return {key: rebuilt[key] for key in payload["exported"]}
