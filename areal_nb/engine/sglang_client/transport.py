@@ -8,12 +8,17 @@ Failure. Connecting times out after `connect_timeout` s. A transport error on a 
 server down if it also fails `/health` (a keep-alive connection closed as it was reused is not a
 dead server): the request fails with `ServerDownError` naming the server and the cause. A 400 from
 a server is an `EngineRefused` (an `InvalidRequestError`, so a `ValueError`) with its message:
-the proxy answers the agent 400 too; any other non-200 is an `EngineServerError`.
+the proxy answers the agent 400 too; any other non-200 is an `EngineServerError`. A `/generate`
+the server refuses because its prompt leaves no room in the model's context is a
+`ContextLengthExceeded` instead (so each proxy door words it as its API words an overflow), when
+the server's limit is known (from its message, else `max_context`); a prompt that fits but asks
+too many new tokens stays an `EngineRefused`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +28,7 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
-from areal_nb.errors import EngineRefused, EngineServerError, ServerDownError
+from areal_nb.errors import ContextLengthExceeded, EngineRefused, EngineServerError, ServerDownError
 
 from ..sglang_wire import GeneratePayload
 from .routing import Server, ServerPool, mark_down
@@ -34,6 +39,7 @@ class ServerCalls:
     Every method runs on the engine loop."""
 
     servers: list[Server]
+    max_context: int | None
     _pool: ServerPool
     _session: aiohttp.ClientSession
     _client: httpx.AsyncClient
@@ -101,7 +107,12 @@ class ServerCalls:
                 return orjson.loads(body)
             except orjson.JSONDecodeError:
                 pass  # json_or_raise words the error
-        return json_or_raise(httpx.Response(status, content=body), server.url, "/generate")
+        response = httpx.Response(status, content=body)
+        if status == 400:
+            overflow = context_refusal(error_message(response), len(payload["input_ids"]), self.max_context)
+            if overflow is not None:
+                raise overflow
+        return json_or_raise(response, server.url, "/generate")
 
     async def _answers_health(self, server: Server) -> bool:
         try:
@@ -171,6 +182,25 @@ def error_message(response: httpx.Response) -> str:
     if isinstance(error, dict):
         return str(error.get("message", error))
     return str(error)
+
+
+# A server's words for a request over the model's context: SGLang's ("The input (N tokens) is
+# longer than the model's context length (M tokens).", "Requested token count exceeds the model's
+# maximum context length of M tokens. ...") and areal-nb engine-server's (SGLang's second).
+_CONTEXT_REFUSAL = re.compile(r"(?:is longer than|exceeds) the model's (?:maximum )?context length")
+_CONTEXT_LIMIT = re.compile(r"context length (?:of |\()(\d+) tokens")
+
+
+def context_refusal(message: str, prompt_len: int, max_context: int | None) -> ContextLengthExceeded | None:
+    """The overflow a server's 400 `message` to a `prompt_len`-token prompt stands for, or None
+    (not a context refusal, no limit known, or a prompt that fits and asked too many new tokens)."""
+    if not _CONTEXT_REFUSAL.search(message):
+        return None
+    limit = _CONTEXT_LIMIT.search(message)
+    context = int(limit.group(1)) if limit else max_context
+    if context is None or prompt_len < context:
+        return None
+    return ContextLengthExceeded(prompt_len, context, detail=f"the engine server refused it: {message}")
 
 
 def json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
