@@ -81,6 +81,7 @@ class SwitchIntervalLease:
             if not self._held:
                 return
             self._held = False
+            assert self.interval is not None  # held only after acquire appended it
             _requests.remove(self.interval)
             _apply_locked()
 

@@ -391,7 +391,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
 
     def _worker_slots(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
-        if self._slots_loop is not loop:
+        if self._slots is None or self._slots_loop is not loop:  # both are set together
             self._slots, self._slots_loop = asyncio.Semaphore(self.subproc_max_workers), loop
         return self._slots
 
