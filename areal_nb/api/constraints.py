@@ -22,6 +22,7 @@ trainer (replay) all need the same rule; llguidance is imported only when a cons
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +31,7 @@ from areal_nb.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     import torch
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
 
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tool_call", "any_tool_call"]
 CONSTRAINT_KINDS: tuple[str, ...] = (
@@ -42,7 +44,11 @@ CONSTRAINT_KINDS: tuple[str, ...] = (
 )
 
 # the separators json.dumps uses by default; no free whitespace
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 # the Qwen/Hermes tool-call block that the capture layer's tool-call parser reads
 TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 
@@ -50,7 +56,7 @@ TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 def _tag(text: str, tokenizer: Any) -> str:
     """A tag in lark: the token itself where the tokenizer has it as one added token (llguidance
     matches added tokens by id, not by their text), else the literal text."""
-    added = getattr(tokenizer, "get_added_vocab", dict)() if tokenizer is not None else {}
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)() if tokenizer is not None else {}
     return f"<[{added[text]}]>" if text in added else json.dumps(text)
 
 
@@ -179,7 +185,7 @@ def _enforceable(constraint: OutputConstraint, what: str) -> None:
         raise InvalidRequestError(f"the {what} cannot be enforced by constrained decoding: {error[:300]}")
 
 
-def _tool_call_grammar(functions: dict[str, dict[str, Any] | None], tokenizer: Any) -> str:
+def _tool_call_grammar(functions: Mapping[str, dict[str, Any] | None], tokenizer: Any) -> str:
     """One `<tool_call>` block calling one of `functions`, written as the Qwen/Hermes templates
     write it: the open tag, `\\n{"name": "f", "arguments": {...}}\\n`, the close tag."""
     import llguidance

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -125,7 +125,7 @@ def why_spawn_fails(timeout: float = 120.0) -> str | None:
 
 # (the pool, weakly; its process table, strongly: the table outlives a pool that was dropped
 # without a shutdown, and so do its processes and the thread that waits on them)
-_pools: list[tuple[weakref.ref[ProcessPoolExecutor], dict[int, multiprocessing.process.BaseProcess]]] = []
+_pools: list[tuple[weakref.ref[ProcessPoolExecutor], Mapping[int, multiprocessing.process.BaseProcess]]] = []
 _pools_lock = threading.Lock()
 
 
@@ -153,7 +153,7 @@ def _start_worker(initializer: Callable[..., object] | None, initargs: tuple[Any
         initializer(*initargs)
 
 
-def _any_alive(processes: dict[int, multiprocessing.process.BaseProcess]) -> bool:
+def _any_alive(processes: Mapping[int, multiprocessing.process.BaseProcess]) -> bool:
     return any(proc.is_alive() for proc in list(processes.values()))
 
 
