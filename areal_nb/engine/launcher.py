@@ -289,7 +289,8 @@ class ServerProcess:
             while True:
                 code = self._proc.poll()
                 if code is not None:
-                    self._reader and self._reader.join(5)
+                    if self._reader is not None:
+                        self._reader.join(5)
                     raise ServerLaunchError(
                         f"server {self.url} exited with code {code} during start-up "
                         f"(command: {' '.join(self.command)}); last log lines:\n{self.log_tail()}"

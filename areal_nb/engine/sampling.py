@@ -150,8 +150,9 @@ def sample_masked(
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     choose_from = scaled.clone()
     for row in range(batch):
-        if allowed is not None and allowed[row] is not None:
-            choose_from[row, ~allowed[row].to(choose_from.device)] = float("-inf")
+        mask = allowed[row] if allowed is not None else None
+        if mask is not None:
+            choose_from[row, ~mask.to(choose_from.device)] = float("-inf")
         if banned is not None and banned[row]:
             choose_from[row, banned[row]] = float("-inf")
     sample_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -53,7 +53,8 @@ def load_engine_model(
     # soft-capping of attention scores (Gemma 2, some Gemma 3 configs), the eager path has.
     soft_capped = getattr(engine_model.config, "attn_logit_softcapping", None)
     engine_model.set_attn_implementation("eager" if soft_capped else "sdpa")
-    engine_model = engine_model.to(device=device, dtype=dtype).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps, whose stubs lose the bound self
+    engine_model = engine_model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]
     engine_model.requires_grad_(False)
     return engine_model, tokenizer
 
