@@ -5,56 +5,73 @@ answer it with a 500 and a logged traceback). Each class is also importable from
 raises it (`areal_nb.config.ConfigError`, `areal_nb.api.InvalidRequestError`, ...), and each keeps
 the built-in base it always had, so `except ValueError` still catches a `ConfigError`.
 
+Every class lies under one of seven families, the direct children of `ArealError`: `RequestError`
+(HTTP, either side), `EngineError`, `DataError` (datasets, exports, checkpoints), `UsageError`
+(configuration, arguments, call order), `EpisodeError` (agents, episodes, rollout), `RewardError`
+and `SessionError`; catch a family to catch all its kinds. A plain argument check raises
+`InvalidArgumentError` (a ValueError), `ArgumentTypeError` (a TypeError) or `CallOrderError` (a
+RuntimeError) unless a family has a more precise class.
+
 The tree:
 
     ArealError
-    ├── HTTPError                       an HTTP answer: `status`, `code`, `message`
-    │   ├── InvalidRequestError (ValueError)      400 invalid_request: the request can never succeed as sent
-    │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
-    │   │   │   ├── MessageTypeError (TypeError)  messages of the wrong type
-    │   │   │   └── ContextLengthExceeded         a conversation longer than the model's context
-    │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
-    │   │   ├── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
-    │   │   │   └── ContractViolation             a body the SGLang API schema rejects (same body)
-    │   │   ├── EngineRefused                     an engine server's 400 as its client (SGLangEngine) raises it
-    │   │   └── UnknownAgentError                 a call from an agent with no adapter of its own (`agents`)
-    │   ├── ProxyError                  any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
-    │   ├── GenerationAborted           503 generation_aborted: the engine aborted the generation (retry)
-    │   ├── BodyTooLarge                413 body_too_large
-    │   └── BodyError                   the engine-server's 413 / 408 for a body too large or too slow
-    ├── ClientGone                      the client disconnected before its reply was ready
-    ├── BodyOverLimit                   a request body past its size limit (`declared`: its Content-Length)
-    ├── BodyTimedOut                    a request body not complete in time (`received`: bytes that came)
-    ├── ConfigError (ValueError)        a config file or override is invalid
-    ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
-    ├── ExportError (ValueError)        a run that cannot be exported
-    ├── ModelFileError (ValueError)     a model file that cannot be loaded (missing, not GGUF, an unread architecture)
-    ├── MissingPackageError (ImportError)   an optional package a feature needs is not installed (says what to pip install)
-    ├── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
-    ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
-    ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
-    ├── EngineClosedError (RuntimeError)    the engine was closed before or while serving a request
-    ├── EngineServerError (RuntimeError)    an engine server answered an error or broke the protocol
-    │   └── ServerDownError                 the server that held a request is down
-    ├── ServerLaunchError (RuntimeError)    an engine server exited or never became healthy at start-up
-    ├── LoraError (ValueError)          a LoRA adapter or flag the engine-server does not load or serve
-    ├── ProxyRequestError (RuntimeError)    a proxy endpoint answered an error (client side; `status`)
-    ├── EpisodeRejected                     an episode ran but must not be trained on
-    ├── RewardError (RuntimeError)          a reward could not be computed
+    ├── RequestError                    a request over HTTP failed (either side)
+    │   ├── HTTPError                   an HTTP answer: `status`, `code`, `message`
+    │   │   ├── InvalidRequestError (ValueError)      400 invalid_request: the request can never succeed as sent
+    │   │   │   ├── CompletionRequestError            a chat completion / Responses request (capture layer)
+    │   │   │   │   ├── MessageTypeError (TypeError)  messages of the wrong type
+    │   │   │   │   └── ContextLengthExceeded         a conversation longer than the model's context
+    │   │   │   ├── AnthropicRequestError             a Messages request that cannot be converted
+    │   │   │   ├── BadRequest                        the engine-server's 400 (`{"error": {"message", "code"}}`)
+    │   │   │   │   └── ContractViolation             a body the SGLang API schema rejects (same body)
+    │   │   │   ├── EngineRefused                     an engine server's 400 as its client (SGLangEngine) raises it
+    │   │   │   └── UnknownAgentError                 a call from an agent with no adapter of its own (`agents`)
+    │   │   ├── ProxyError              any status a proxy route answers (401, 403, 404, 408, 409, 410, 429, 504...)
+    │   │   ├── GenerationAborted       503 generation_aborted: the engine aborted the generation (retry)
+    │   │   ├── BodyTooLarge            413 body_too_large
+    │   │   └── BodyError               the engine-server's 413 / 408 for a body too large or too slow
+    │   ├── ClientGone                  the client disconnected before its reply was ready
+    │   ├── BodyOverLimit               a request body past its size limit (`declared`: its Content-Length)
+    │   ├── BodyTimedOut                a request body not complete in time (`received`: bytes that came)
+    │   ├── ProxyRequestError (RuntimeError)    a proxy endpoint answered an error (client side; `status`)
+    │   └── ProxyStartError (RuntimeError)      the proxy server failed to start
+    ├── EngineError                     an inference engine or its server cannot serve
+    │   ├── ConcatAlignmentError (RuntimeError) the concat template did not extend the parent's tokens
+    │   ├── EngineClosedError (RuntimeError)    the engine was closed before or while serving a request
+    │   ├── EngineServerError (RuntimeError)    an engine server answered an error or broke the protocol
+    │   │   └── ServerDownError                 the server that held a request is down
+    │   ├── ServerLaunchError (RuntimeError)    an engine server exited or never became healthy at start-up
+    │   ├── ModelFileError (ValueError)     a model file that cannot be loaded (missing, not GGUF, an unread architecture)
+    │   └── LoraError (ValueError)          a LoRA adapter or flag the engine-server does not load or serve
+    ├── DataError                       data that cannot be read or written
+    │   ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
+    │   ├── ExportError (ValueError)        a run that cannot be exported
+    │   └── CheckpointError (ValueError)    a checkpoint cannot be written there, or is damaged (names the file)
+    ├── UsageError                      areal_nb configured or called wrongly (configuration)
+    │   ├── ConfigError (ValueError)        a config file or override is invalid
+    │   ├── InvalidArgumentError (ValueError)   an argument or setting outside what the function accepts
+    │   ├── ArgumentTypeError (TypeError)   an argument of a type the function does not accept
+    │   ├── CallOrderError (RuntimeError)   a method called before start, after stop, or twice
+    │   ├── MissingPackageError (ImportError)   an optional package a feature needs is not installed (says what to pip install)
+    │   ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
+    │   └── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
+    ├── EpisodeError                    an agent's episode or its rollout cannot go on (agent/episode)
+    │   ├── EpisodeRejected                     an episode ran but must not be trained on
+    │   ├── EnvironmentServerError (RuntimeError) an environment's server is down or broke its protocol
+    │   ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
+    │   ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
+    │   ├── RolloutRejectedError (RuntimeError) every episode of several batches in a row was rejected
+    │   └── TaskAbandoned                       awaited code ignored its cancellation and was left running
+    ├── RewardError (RuntimeError)      a reward could not be computed
     │   ├── RewardTimeoutError
     │   ├── RewardWorkerCrashedError
     │   ├── RewardFunctionError
-    │   └── JudgeError                      an LLM judge timed out, failed or gave no readable score
-    ├── EnvironmentServerError (RuntimeError) an environment's server is down or broke its protocol
-    ├── RewardValueError (TypeError)        a reward function returned something that is not a finite number
-    ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
-    ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
-    ├── RolloutRejectedError (RuntimeError) every episode of several batches in a row was rejected
-    ├── TaskAbandoned                       awaited code ignored its cancellation and was left running
-    ├── CheckpointError (ValueError)        a checkpoint cannot be written there, or is damaged (names the file)
-    ├── SessionClosedError (RuntimeError)   a method of a closed Session was called
-    ├── SessionBusyError (RuntimeError)     a Session method called while another thread's call runs
-    └── LeaderFailed (RuntimeError)         rank 0 failed (raised on the other ranks)
+    │   ├── JudgeError                      an LLM judge timed out, failed or gave no readable score
+    │   └── RewardValueError (TypeError)    a reward function returned something that is not a finite number
+    └── SessionError                    a Session or a training rank cannot go on
+        ├── SessionClosedError (RuntimeError)   a method of a closed Session was called
+        ├── SessionBusyError (RuntimeError)     a Session method called while another thread's call runs
+        └── LeaderFailed (RuntimeError)         rank 0 failed (raised on the other ranks)
 
     ArealWarning (UserWarning)              what areal_nb warns about (`warnings.warn`), never raises
     ├── ConversationLinkWarning             a call that looks like a continuation is not linked as one
@@ -87,10 +104,61 @@ class ArealError(Exception):
     """The base of every exception areal_nb raises on purpose."""
 
 
+# ---------------------------------------------------------------------------------- the families
+# Each class below derives from exactly one of these (catch a family to catch all its kinds).
+# They add no builtin base but RewardError's (RuntimeError): a family spans several builtins.
+
+
+class RequestError(ArealError):
+    """A request over HTTP failed: an answer a server gives, a body or client that broke off, a
+    proxy endpoint that answered an error to its client."""
+
+
+class EngineError(ArealError):
+    """An inference engine or its server cannot serve: closed, down, failed to start, or refused a
+    model file or adapter."""
+
+
+class DataError(ArealError):
+    """Data that cannot be read or written: dataset rows, an export, a checkpoint."""
+
+
+class UsageError(ArealError):
+    """areal_nb was configured or called wrongly: a config key, an argument, a missing package, a
+    method called in the wrong state. The message says what to change."""
+
+
+class EpisodeError(ArealError):
+    """An agent's episode or the rollout that runs it cannot go on, or must not be trained on."""
+
+
+class RewardError(ArealError, RuntimeError):
+    """A reward could not be computed; the episode that needed it should be rejected."""
+
+
+class SessionError(ArealError):
+    """A Session or a training rank cannot go on: closed, busy, or its leader failed."""
+
+
+# ---------------------------------------------------------------------------------- configuration and use
+
+
+class InvalidArgumentError(UsageError, ValueError):
+    """An argument or setting outside what the function accepts; the message names it."""
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of a type the function does not accept; the message names it."""
+
+
+class CallOrderError(UsageError, RuntimeError):
+    """A method called in a state that does not allow it: before start, after stop, twice."""
+
+
 # ---------------------------------------------------------------------------------- HTTP answers
 
 
-class HTTPError(ArealError):
+class HTTPError(RequestError):
     """An error a server answers with `status`; `code` is a short machine-readable tag.
 
     Subclasses set the class defaults; an instance may override them (`ProxyError(409, ...)`)."""
@@ -267,11 +335,11 @@ class BodyError(HTTPError):
 # ---------------------------------------------------------------------------------- the transport
 
 
-class ClientGone(ArealError):
+class ClientGone(RequestError):
     """The client disconnected before the reply was ready; its work was cancelled."""
 
 
-class BodyOverLimit(ArealError):
+class BodyOverLimit(RequestError):
     """The body is larger than the limit; `declared`: its Content-Length, when that said so."""
 
     def __init__(self, declared: int | None = None) -> None:
@@ -279,7 +347,7 @@ class BodyOverLimit(ArealError):
         self.declared = declared
 
 
-class BodyTimedOut(ArealError):
+class BodyTimedOut(RequestError):
     """The body was not complete in time; `received`: the bytes that had arrived."""
 
     def __init__(self, received: int) -> None:
@@ -290,47 +358,47 @@ class BodyTimedOut(ArealError):
 # ---------------------------------------------------------------------------------- user input
 
 
-class ConfigError(ArealError, ValueError):
+class ConfigError(UsageError, ValueError):
     """A config file or override is invalid; the message names the key."""
 
 
-class DatasetError(ArealError, ValueError):
+class DatasetError(DataError, ValueError):
     """A dataset that cannot be trained or evaluated on; the message names the row and why."""
 
 
-class TrainMemoryError(ArealError, ValueError):
+class TrainMemoryError(UsageError, ValueError):
     """A training step estimated not to fit the device's free memory; the message names the setting to change."""
 
 
-class ExportError(ArealError, ValueError):
+class ExportError(DataError, ValueError):
     """The run cannot be exported; the message names what and why."""
 
 
-class ModelFileError(ArealError, ValueError):
+class ModelFileError(EngineError, ValueError):
     """`model.path` names a file that cannot be loaded: missing, not GGUF, or of an architecture
     transformers does not read from GGUF; the message names the file."""
 
 
-class MissingPackageError(ArealError, ImportError):
+class MissingPackageError(UsageError, ImportError):
     """An optional package a feature needs is not installed; the message says what to pip install."""
 
 
-class NotSerializableError(ArealError, TypeError):
+class NotSerializableError(UsageError, TypeError):
     """User code cannot be sent to a worker process."""
 
 
 # ---------------------------------------------------------------------------------- capture, engines, proxy client
 
 
-class ConcatAlignmentError(ArealError, RuntimeError):
+class ConcatAlignmentError(EngineError, RuntimeError):
     """The full-conversation template could not be aligned with the parent's tokens."""
 
 
-class EngineClosedError(ArealError, RuntimeError):
+class EngineClosedError(EngineError, RuntimeError):
     """The engine was closed before (or while) serving the request."""
 
 
-class EngineServerError(ArealError, RuntimeError):
+class EngineServerError(EngineError, RuntimeError):
     """An engine server answered with an error, broke the protocol, or the engine was closed."""
 
 
@@ -338,11 +406,11 @@ class ServerDownError(EngineServerError):
     """The server that held the request is down (process died, connection lost)."""
 
 
-class ServerLaunchError(ArealError, RuntimeError):
+class ServerLaunchError(EngineError, RuntimeError):
     """The server process exited (or never became healthy) during start-up."""
 
 
-class LoraError(ArealError, ValueError):
+class LoraError(EngineError, ValueError):
     """A LoRA adapter (or launch flag) the engine-server does not load or serve; its message is
     SGLang's answer to the client."""
 
@@ -351,7 +419,11 @@ class LoraError(ArealError, ValueError):
 RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 
 
-class ProxyRequestError(ArealError, RuntimeError):
+class ProxyStartError(RequestError, RuntimeError):
+    """The proxy server failed to start; the message holds the error it failed with."""
+
+
+class ProxyRequestError(RequestError, RuntimeError):
     """A proxy endpoint answered with an error status (or could not be reached)."""
 
     def __init__(self, endpoint: str, status: int | None, detail: str) -> None:
@@ -369,16 +441,12 @@ class ProxyRequestError(ArealError, RuntimeError):
 # ---------------------------------------------------------------------------------- rollout, rewards, the session
 
 
-class EpisodeRejected(ArealError):
+class EpisodeRejected(EpisodeError):
     """The episode ran but its trajectory must not be trained on; `kind` names the reason's kind."""
 
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)
-
-
-class RewardError(ArealError, RuntimeError):
-    """A reward could not be computed; the episode that needed it should be rejected."""
 
 
 class RewardTimeoutError(RewardError):
@@ -397,46 +465,46 @@ class JudgeError(RewardError):
     """An LLM judge did not answer in time, failed, or answered without a readable score (quoted)."""
 
 
-class EnvironmentServerError(ArealError, RuntimeError):
+class EnvironmentServerError(EpisodeError, RuntimeError):
     """An environment's server cannot be started or reached, dropped the session or refused a message.
 
     Raised inside an episode, it rejects that episode with this message; the run goes on."""
 
 
-class RewardValueError(ArealError, TypeError):
+class RewardValueError(RewardError, TypeError):
     """A reward function returned something that is not a finite number."""
 
 
-class StalenessLimitError(ArealError, RuntimeError):
+class StalenessLimitError(EpisodeError, RuntimeError):
     """More rollouts were asked for than the staleness bound allows before the next training step."""
 
 
-class FirstEpisodeError(ArealError, RuntimeError):
+class FirstEpisodeError(EpisodeError, RuntimeError):
     """The agent failed on the first training row; the message holds the row and its traceback."""
 
 
-class RolloutRejectedError(ArealError, RuntimeError):
+class RolloutRejectedError(EpisodeError, RuntimeError):
     """Every episode of `MAX_EMPTY_BATCHES` batches in a row was rejected; the message lists why and where."""
 
 
-class TaskAbandoned(ArealError):
+class TaskAbandoned(EpisodeError):
     """The awaited code ignored its cancellation for the grace period; it was left running."""
 
 
-class CheckpointError(ArealError, ValueError):
+class CheckpointError(DataError, ValueError):
     """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
     file and what is wrong with it."""
 
 
-class SessionClosedError(ArealError, RuntimeError):
+class SessionClosedError(SessionError, RuntimeError):
     """Every method of a closed Session raises this (`close()` itself excepted)."""
 
 
-class SessionBusyError(ArealError, RuntimeError):
+class SessionBusyError(SessionError, RuntimeError):
     """A Session method was called from one thread while another thread's call was running."""
 
 
-class LeaderFailed(ArealError, RuntimeError):
+class LeaderFailed(SessionError, RuntimeError):
     """Rank 0 failed; raised on the other ranks with rank 0's error message."""
 
 
@@ -530,6 +598,15 @@ def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
 
 
 __all__ = [
+    "ArgumentTypeError",
+    "CallOrderError",
+    "DataError",
+    "EngineError",
+    "EpisodeError",
+    "InvalidArgumentError",
+    "RequestError",
+    "SessionError",
+    "UsageError",
     "SessionBusyError",
     "SessionClosedError",
     "CheckpointError",
@@ -576,6 +653,7 @@ __all__ = [
     "NotSerializableError",
     "ProxyError",
     "ProxyRequestError",
+    "ProxyStartError",
     "RewardError",
     "RewardFunctionError",
     "RewardTimeoutError",

@@ -312,3 +312,59 @@ async def _the_engine_server_checks_sampling_at_the_door():
         )
         assert ok.status_code == 200, ok.text
         assert Counting.calls == 1
+
+
+# ------------------------------------------------------------------ the families
+
+FAMILIES = {
+    errors.RequestError: (),
+    errors.EngineError: (),
+    errors.DataError: (),
+    errors.UsageError: (),
+    errors.EpisodeError: (),
+    errors.RewardError: (RuntimeError,),
+    errors.SessionError: (),
+}
+
+
+def test_the_families_are_the_direct_children_of_the_base():
+    assert set(ArealError.__subclasses__()) == set(FAMILIES)
+    for family, builtins in FAMILIES.items():
+        assert family.__bases__ == (ArealError, *builtins)
+
+
+def test_every_exception_class_lies_under_exactly_one_family():
+    for name, cls in _exception_classes().items():
+        if issubclass(cls, Warning) or cls is ArealError or cls in FAMILIES:
+            continue
+        under = [family for family in FAMILIES if issubclass(cls, family)]
+        assert len(under) == 1, f"{name} is under {under}"
+
+
+def test_the_classes_moved_into_families_kept_their_status_and_builtins():
+    assert issubclass(errors.CheckpointError, errors.DataError) and issubclass(
+        errors.CheckpointError, ValueError
+    )
+    assert issubclass(errors.ConfigError, errors.UsageError)
+    assert issubclass(errors.RewardValueError, errors.RewardError) and issubclass(
+        errors.RewardValueError, TypeError
+    )
+    assert issubclass(errors.LeaderFailed, errors.SessionError) and issubclass(
+        errors.LeaderFailed, RuntimeError
+    )
+    assert issubclass(errors.ProxyRequestError, errors.RequestError)
+    assert issubclass(errors.EpisodeRejected, errors.EpisodeError)
+    assert (errors.ContextLengthExceeded(10, 8).status, errors.ContextLengthExceeded(10, 8).code) == (
+        400,
+        "context_length_exceeded",
+    )
+    assert errors.GenerationAborted("x").status == 503
+    for cls, builtin in (
+        (errors.InvalidArgumentError, ValueError),
+        (errors.ArgumentTypeError, TypeError),
+        (errors.CallOrderError, RuntimeError),
+        (errors.ProxyStartError, RuntimeError),
+    ):
+        assert issubclass(cls, builtin)
+        with pytest.raises(builtin, match="same words"):
+            raise cls("the same words")
