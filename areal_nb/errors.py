@@ -52,6 +52,7 @@ The tree:
     │   ├── InvalidArgumentError (ValueError)   an argument or setting outside what the function accepts
     │   ├── ArgumentTypeError (TypeError)   an argument of a type the function does not accept
     │   ├── CallOrderError (RuntimeError)   a method called before start, after stop, or twice
+    │   ├── NotStartedError (ValueError)    a value asked for before its owner started (a session id)
     │   ├── MissingPackageError (ImportError)   an optional package a feature needs is not installed (says what to pip install)
     │   ├── NotSerializableError (TypeError)    user code that cannot be sent to a worker process
     │   └── TrainMemoryError (ValueError)   a training step estimated not to fit the device's free memory
@@ -61,6 +62,8 @@ The tree:
     │   ├── StalenessLimitError (RuntimeError)  more rollouts asked for than the staleness bound allows
     │   ├── FirstEpisodeError (RuntimeError)    the agent failed on the first training row
     │   ├── RolloutRejectedError (RuntimeError) every episode of several batches in a row was rejected
+    │   ├── NoAcceptedEpisodesError (ValueError)   a batch to train on whose every episode was rejected
+    │   ├── GroupMismatchError (ValueError, TypeError)  a group's episodes returned results that do not fit together
     │   └── TaskAbandoned                       awaited code ignored its cancellation and was left running
     ├── RewardError (RuntimeError)      a reward could not be computed
     │   ├── RewardTimeoutError
@@ -153,6 +156,10 @@ class ArgumentTypeError(UsageError, TypeError):
 
 class CallOrderError(UsageError, RuntimeError):
     """A method called in a state that does not allow it: before start, after stop, twice."""
+
+
+class NotStartedError(UsageError, ValueError):
+    """A value asked for that exists only once its owner started (a session id before `async with`)."""
 
 
 # ---------------------------------------------------------------------------------- HTTP answers
@@ -487,6 +494,16 @@ class RolloutRejectedError(EpisodeError, RuntimeError):
     """Every episode of `MAX_EMPTY_BATCHES` batches in a row was rejected; the message lists why and where."""
 
 
+class NoAcceptedEpisodesError(EpisodeError, ValueError):
+    """A batch to train on whose every episode was rejected; the message lists why."""
+
+
+class GroupMismatchError(EpisodeError, ValueError, TypeError):
+    """The episodes of one group returned results that cannot be put together (an interaction id in
+    two of them, different tensor keys, tensors mixed with interactions); a ValueError, and a
+    TypeError too since a mix of kinds was one."""
+
+
 class TaskAbandoned(EpisodeError):
     """The awaited code ignored its cancellation for the grace period; it was left running."""
 
@@ -604,6 +621,9 @@ __all__ = [
     "EngineError",
     "EpisodeError",
     "InvalidArgumentError",
+    "NoAcceptedEpisodesError",
+    "GroupMismatchError",
+    "NotStartedError",
     "RequestError",
     "SessionError",
     "UsageError",

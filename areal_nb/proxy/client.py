@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 
 from areal_nb.api import DiscountMode, ExportStyle
-from areal_nb.errors import RETRYABLE_STATUS, ProxyRequestError  # noqa: F401 (re-exported)
+from areal_nb.errors import (  # noqa: F401 (re-exported)
+    RETRYABLE_STATUS,
+    CallOrderError,
+    InvalidArgumentError,
+    NotStartedError,
+    ProxyRequestError,
+)
 
 if TYPE_CHECKING:
     from areal_nb.capture import InteractionWithTokenLogpReward
@@ -64,11 +70,11 @@ class OpenAIProxyClient:
         session_api_key: str | None = None,
     ) -> None:
         if not admin_api_key:
-            raise ValueError("OpenAIProxyClient needs the proxy's admin_api_key")
+            raise InvalidArgumentError("OpenAIProxyClient needs the proxy's admin_api_key")
         if not task_id:
-            raise ValueError("OpenAIProxyClient needs a non-empty task_id")
+            raise InvalidArgumentError("OpenAIProxyClient needs a non-empty task_id")
         if start_attempts < 1:
-            raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
+            raise InvalidArgumentError(f"start_attempts must be >= 1, got {start_attempts}")
         root = base_url.rstrip("/")
         self.base_url = root.removesuffix("/v1")
         self.admin_api_key = admin_api_key
@@ -89,13 +95,13 @@ class OpenAIProxyClient:
     @property
     def session_id(self) -> str:
         if self._session_id is None:
-            raise ValueError("no session: use `async with OpenAIProxyClient(...)` first")
+            raise NotStartedError("no session: use `async with OpenAIProxyClient(...)` first")
         return self._session_id
 
     @property
     def session_api_key(self) -> str:
         if self._session_api_key is None:
-            raise ValueError("no session: use `async with OpenAIProxyClient(...)` first")
+            raise NotStartedError("no session: use `async with OpenAIProxyClient(...)` first")
         return self._session_api_key
 
     # ----------------------------------------------------------------- plumbing
@@ -149,7 +155,7 @@ class OpenAIProxyClient:
 
     async def start_session(self) -> str:
         if self._session_id is not None:
-            raise RuntimeError(f"session {self._session_id} already started by this client")
+            raise CallOrderError(f"session {self._session_id} already started by this client")
         body: dict[str, Any] = {"task_id": self.task_id}
         if self._requested_key is not None:
             body["api_key"] = self._requested_key

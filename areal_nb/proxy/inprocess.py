@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 
 from areal_nb.api import DiscountMode, ExportStyle, check_export_style
+from areal_nb.errors import ArgumentTypeError, CallOrderError, InvalidArgumentError, NotStartedError
 
 from .client import ProxyRequestError
 from .errors import HTTPError, ProxyError
@@ -116,7 +117,7 @@ def direct_routes(app: Any, prefix: str = "") -> dict[str, Any]:
 def proxy_state_of(app: Any) -> ProxyState:
     state = getattr(getattr(app, "state", None), "proxy", None)
     if not isinstance(state, ProxyState):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{type(app).__name__} is not a proxy app from areal_nb.proxy.create_app (no app.state.proxy)"
         )
     return state
@@ -131,11 +132,11 @@ class InProcessProxyClient:
 
     def __init__(self, state: ProxyState, task_id: str) -> None:
         if not isinstance(state, ProxyState):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"InProcessProxyClient needs a ProxyState (app.state.proxy), got {type(state).__name__}"
             )
         if not task_id:
-            raise ValueError("InProcessProxyClient needs a non-empty task_id")
+            raise InvalidArgumentError("InProcessProxyClient needs a non-empty task_id")
         self.state = state
         self.task_id = task_id
         self._session: SessionData | None = None
@@ -156,7 +157,7 @@ class InProcessProxyClient:
 
     def _started(self) -> SessionData:
         if self._session is None:
-            raise ValueError("no session: use `async with InProcessProxyClient(...)` first")
+            raise NotStartedError("no session: use `async with InProcessProxyClient(...)` first")
         return self._session
 
     # ----------------------------------------------------------------- lifecycle
@@ -165,7 +166,7 @@ class InProcessProxyClient:
 
     async def start_session(self) -> str:
         if self._session is not None:
-            raise RuntimeError(f"session {self._session.session_id} already started by this client")
+            raise CallOrderError(f"session {self._session.session_id} already started by this client")
         with _as_request_error("rl/start_session"):
             session = self.state.start_session(self.task_id)
         self._session = session

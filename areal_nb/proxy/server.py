@@ -21,6 +21,8 @@ from typing import Any
 
 import uvicorn
 
+from areal_nb.errors import CallOrderError, ProxyStartError
+
 from .settings import validate_admin_key
 
 
@@ -53,7 +55,7 @@ class ProxyServer:
     @property
     def url(self) -> str:
         if self.port is None:
-            raise RuntimeError("ProxyServer is not running: call start() first")
+            raise CallOrderError("ProxyServer is not running: call start() first")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
@@ -105,7 +107,7 @@ class ProxyServer:
             )
             if done or self._error is not None:
                 self._cleanup()
-                raise RuntimeError(f"proxy server failed to start: {self._error!r}")
+                raise ProxyStartError(f"proxy server failed to start: {self._error!r}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"proxy server did not start within {timeout} s")
@@ -145,7 +147,7 @@ class ProxyServer:
         while not server.started:
             if self._future.done():
                 self._cleanup()
-                raise RuntimeError(f"proxy server failed to start: {self._error!r}")
+                raise ProxyStartError(f"proxy server failed to start: {self._error!r}")
             if time.monotonic() > deadline:
                 await self.astop()
                 raise TimeoutError(f"proxy server did not start within {timeout} s")
@@ -173,7 +175,7 @@ class ProxyServer:
             except BaseException:
                 pass  # already reported by start, or a cancelled loop
         elif future is not None and not future.done():
-            raise RuntimeError("this server runs on the calling loop: use `await server.astop()`")
+            raise CallOrderError("this server runs on the calling loop: use `await server.astop()`")
         self._cleanup()
 
     async def astop(self, timeout: float = 10.0) -> None:

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 DEFAULT_ADMIN_API_KEY = "areal-admin-key"
 ALLOW_DEFAULT_KEY_ENV = "AREAL_ALLOW_DEFAULT_ADMIN_KEY"
 DEFAULT_SESSION_TIMEOUT = 3600.0  # seconds without a call before a session is swept
@@ -30,14 +32,14 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.admin_api_key, str) or not self.admin_api_key.strip():
-            raise ValueError("admin_api_key must be a non-empty string")
+            raise InvalidArgumentError("admin_api_key must be a non-empty string")
         for name in ("session_timeout", "export_wait_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.sweep_interval < 0:
-            raise ValueError(f"sweep_interval must be >= 0, got {self.sweep_interval}")
+            raise InvalidArgumentError(f"sweep_interval must be >= 0, got {self.sweep_interval}")
         if self.max_body_bytes < 1024:
-            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+            raise InvalidArgumentError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
 
 
 def is_loopback(host: str) -> bool:
@@ -59,7 +61,7 @@ def validate_admin_key(admin_api_key: str, host: str) -> None:
         return
     if os.environ.get(ALLOW_DEFAULT_KEY_ENV) == "1":
         return
-    raise ValueError(
+    raise InvalidArgumentError(
         f"refusing to serve on non-loopback host {host!r} with the default admin key "
         f"{DEFAULT_ADMIN_API_KEY!r}: pass a secret admin key (--admin-key / "
         f"ProxySettings(admin_api_key=...)) or set {ALLOW_DEFAULT_KEY_ENV}=1"
