@@ -26,6 +26,7 @@ from areal_nb.api import (
 from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.capture.cache import discounted_rewards
 from areal_nb.capture.tensors import add_sampling_records, stack_token_rows
+from areal_nb.errors import CallOrderError, InvalidArgumentError, NoAcceptedEpisodesError
 
 from .executor import Episode
 
@@ -89,9 +90,11 @@ class RolloutBatch:
     def __post_init__(self) -> None:
         check_export_style(self.style)
         if self.discount_mode not in DISCOUNT_MODES:
-            raise ValueError(f"discount_mode must be one of {DISCOUNT_MODES}, got {self.discount_mode!r}")
+            raise InvalidArgumentError(
+                f"discount_mode must be one of {DISCOUNT_MODES}, got {self.discount_mode!r}"
+            )
         if self.credit not in CREDIT_MODES:
-            raise ValueError(f"credit must be one of {CREDIT_MODES}, got {self.credit!r}")
+            raise InvalidArgumentError(f"credit must be one of {CREDIT_MODES}, got {self.credit!r}")
 
     # ---------------------------------------------------------------- episodes and trees
     @property
@@ -197,7 +200,7 @@ class RolloutBatch:
                 if reasons
                 else ""
             )
-            raise ValueError(f"this batch has no accepted episodes to train on{why}")
+            raise NoAcceptedEpisodesError(f"this batch has no accepted episodes to train on{why}")
         # One tensor per field from the rows' token lists (`stack_token_rows`), with this batch's
         # rewards and returns: this runs in every training step (tests/rollout/test_batch_tensors.py
         # checks it equals `concat_padded_tensors` of the rows' `to_tensor_dict()`s).
@@ -324,7 +327,7 @@ class RolloutBatch:
 
     def _view(self, name: BatchViewName, i: int):
         if self.viewer is None:
-            raise RuntimeError(
+            raise CallOrderError(
                 f"batch.show_{name}() needs the widgets, and this batch was built without them (a Session's "
                 "batches have them): `batch.viewer = areal_nb.widgets.view_batch`, or call "
                 f"`areal_nb.widgets.show_{name}(...)` directly"

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.api.deadline import CANCEL_GRACE_S, TaskAbandoned, run_within
-from areal_nb.errors import StalenessLimitError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    InvalidArgumentError,
+    StalenessLimitError,  # noqa: F401 (re-exported)
+)
 
 from .staleness import StalenessManager
 from .switch_interval import SwitchIntervalLease
@@ -85,7 +88,7 @@ class RolloutExecutor:
         """`switch_interval`: the GIL switch interval (seconds) while episodes are in flight
         (`rollout.gil_switch_interval`, see `switch_interval.py`); None leaves it alone."""
         if max_concurrent < group_size:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"max_concurrent_rollouts ({max_concurrent}) must be >= group_size ({group_size}): "
                 "a group starts all its samples together"
             )
@@ -212,7 +215,7 @@ class RolloutExecutor:
     async def wait_groups(self, n: int) -> list[list[Episode]]:
         """The `n` oldest groups, once every episode in them has finished."""
         if n > len(self._groups) and self._feeder is None:
-            raise ValueError(f"asked for {n} groups but only {len(self._groups)} were submitted")
+            raise InvalidArgumentError(f"asked for {n} groups but only {len(self._groups)} were submitted")
         while True:
             if self._feeder_error is not None:
                 error, self._feeder_error = self._feeder_error, None
@@ -226,7 +229,7 @@ class RolloutExecutor:
                 return out
             head = list(self._groups)[:n]
             if self.staleness.running == 0 and len(head) < n and self._feeder is None:
-                raise ValueError(f"asked for {n} groups but the data ran out after {len(head)}")
+                raise InvalidArgumentError(f"asked for {n} groups but the data ran out after {len(head)}")
             if self.staleness.running == 0 and (any(not g.started for g in head) or len(head) < n):
                 raise StalenessLimitError(
                     "these rollouts would exceed rollout.max_head_offpolicyness="

@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
+from areal_nb.errors import ArgumentTypeError, GroupMismatchError, InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class GroupedTrajectory(dict):
                 continue
             for key, value in member.items():
                 if key in self:
-                    raise ValueError(f"interaction id {key!r} appears in two episodes of one group")
+                    raise GroupMismatchError(f"interaction id {key!r} appears in two episodes of one group")
                 self[key] = value
                 self.episode_of[key] = index
 
@@ -59,7 +60,7 @@ class GroupedTensors(dict):
         keys = set(valid[0][1])
         for index, member in valid:
             if set(member) != keys:
-                raise ValueError(
+                raise GroupMismatchError(
                     f"episode {index} returned tensor keys {sorted(member)}, episode {valid[0][0]} {sorted(keys)}"
                 )
         self.episode_of_row: list[int] = []
@@ -82,9 +83,11 @@ def _is_tensor_dict(result: dict[str, Any]) -> bool:
 class GroupedRolloutWorkflow(RolloutWorkflow):
     def __init__(self, workflow: RolloutWorkflow, group_size: int) -> None:
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+            raise InvalidArgumentError(f"group_size must be an int >= 1, got {group_size!r}")
         if not isinstance(workflow, RolloutWorkflow):
-            raise TypeError(f"GroupedRolloutWorkflow wraps a RolloutWorkflow, got {type(workflow).__name__}")
+            raise ArgumentTypeError(
+                f"GroupedRolloutWorkflow wraps a RolloutWorkflow, got {type(workflow).__name__}"
+            )
         self.workflow = workflow
         self.group_size = group_size
         self.last_member_errors: list[str] = []
@@ -121,7 +124,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
             )
         kinds = {_is_tensor_dict(m) for m in valid}
         if len(kinds) > 1:
-            raise TypeError("group members returned a mix of tensor dicts and interaction dicts")
+            raise GroupMismatchError("group members returned a mix of tensor dicts and interaction dicts")
         if kinds == {True}:
             return GroupedTensors(members)
         return GroupedTrajectory(members)

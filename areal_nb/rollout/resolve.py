@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from areal_nb.api import RolloutWorkflow, import_object
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .grouped import GroupedRolloutWorkflow
 
@@ -29,9 +30,11 @@ def import_from_string(path: str) -> Any:
     try:
         return import_object(path)
     except ValueError:
-        raise ValueError(f"workflow string {path!r} is not of the form 'package.module.Name'") from None
+        raise InvalidArgumentError(
+            f"workflow string {path!r} is not of the form 'package.module.Name'"
+        ) from None
     except ImportError as exc:
-        raise ValueError(f"Failed to import workflow from string {path!r}: {exc}") from exc
+        raise InvalidArgumentError(f"Failed to import workflow from string {path!r}: {exc}") from exc
 
 
 def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, **proxy_workflow_kwargs: Any):
@@ -39,12 +42,16 @@ def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, *
 
     name = type(agent).__name__
     if not proxy_addr:
-        raise ValueError(f"proxy_addr is required for agent workflows ({name} is not a RolloutWorkflow)")
+        raise InvalidArgumentError(
+            f"proxy_addr is required for agent workflows ({name} is not a RolloutWorkflow)"
+        )
     if not admin_api_key:
-        raise ValueError(f"admin_api_key is required for agent workflows ({name} is not a RolloutWorkflow)")
+        raise InvalidArgumentError(
+            f"admin_api_key is required for agent workflows ({name} is not a RolloutWorkflow)"
+        )
     run = getattr(agent, "run", None)
     if not callable(run):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{name} is neither a RolloutWorkflow nor an agent: it has no `async def run(data, **kwargs)` method"
         )
     return OpenAIProxyWorkflow(
@@ -60,7 +67,9 @@ def _resolve_single(
     proxy_workflow_kwargs: dict[str, Any],
 ) -> RolloutWorkflow:
     if workflow is None:
-        raise ValueError("workflow is None: pass a RolloutWorkflow, its class, an import string, or an agent")
+        raise InvalidArgumentError(
+            "workflow is None: pass a RolloutWorkflow, its class, an import string, or an agent"
+        )
     if isinstance(workflow, str):
         return _resolve_single(
             import_from_string(workflow), workflow_kwargs, proxy_addr, admin_api_key, proxy_workflow_kwargs
@@ -73,13 +82,13 @@ def _resolve_single(
         return workflow
     if inspect.isclass(workflow) and issubclass(workflow, RolloutWorkflow):
         if workflow_kwargs is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"workflow_kwargs is required when workflow is a class ({workflow.__name__}); pass {{}} for none"
             )
         return workflow(**workflow_kwargs)
     if inspect.isclass(workflow):
         if not callable(getattr(workflow, "run", None)):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"class {workflow.__name__} is neither a RolloutWorkflow nor an agent with `async def run(data, **kwargs)`"
             )
         agent = workflow(**(workflow_kwargs or {}))
@@ -103,7 +112,7 @@ def resolve_workflow(
     """Resolve `workflow` (see module docstring); `proxy_workflow_kwargs` go to OpenAIProxyWorkflow
     (mode, discount, export_style, discount_mode, subproc_max_workers, agent_timeout)."""
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        raise InvalidArgumentError(f"group_size must be an int >= 1, got {group_size!r}")
     resolved = _resolve_single(workflow, workflow_kwargs, proxy_addr, admin_api_key, proxy_workflow_kwargs)
     if group_size > 1:
         return GroupedRolloutWorkflow(resolved, group_size)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from areal_nb.errors import InvalidArgumentError
+
 _lock = threading.Lock()
 _requests: list[float] = []  # the interval each held lease asks for
 _saved: float | None = None  # the caller's interval before the first lease
@@ -56,7 +58,7 @@ class SwitchIntervalLease:
 
     def __init__(self, interval: float | None) -> None:
         if interval is not None and not interval > 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"switch interval must be a positive number of seconds or None, got {interval!r}"
             )
         self.interval = interval

@@ -56,7 +56,11 @@ from areal_nb.api import (
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.deadline import TaskAbandoned, run_within
 from areal_nb.api.spawn import spawn_context, spawn_pool, why_spawn_fails
-from areal_nb.errors import EpisodeRejected  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    ArgumentTypeError,
+    EpisodeRejected,  # noqa: F401 (re-exported)
+    InvalidArgumentError,
+)
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
 from areal_nb.proxy.state import ProxyState
@@ -190,33 +194,37 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         proxy_state: ProxyState | None = None,
     ) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
         if agent is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)"
             )
         run = getattr(agent, "run", None)
         if not callable(run):
-            raise TypeError(f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method")
+            raise ArgumentTypeError(
+                f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method"
+            )
         if mode == "inline" and not inspect.iscoroutinefunction(run):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{type(agent).__name__}.run must be `async def` in inline mode (use mode='subproc' for sync code)"
             )
         if not proxy_addr:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)"
             )
         if not admin_api_key:
-            raise ValueError("OpenAIProxyWorkflow needs the proxy's admin_api_key")
+            raise InvalidArgumentError("OpenAIProxyWorkflow needs the proxy's admin_api_key")
         check_export_style(export_style)
         if discount_mode not in DISCOUNT_MODES:
-            raise ValueError(f"discount_mode must be one of {DISCOUNT_MODES}, got {discount_mode!r}")
+            raise InvalidArgumentError(
+                f"discount_mode must be one of {DISCOUNT_MODES}, got {discount_mode!r}"
+            )
         if not 0.0 <= discount <= 1.0:
-            raise ValueError(f"discount must be in [0, 1], got {discount}")
+            raise InvalidArgumentError(f"discount must be in [0, 1], got {discount}")
         if subproc_max_workers < 1:
-            raise ValueError(f"subproc_max_workers must be >= 1, got {subproc_max_workers}")
+            raise InvalidArgumentError(f"subproc_max_workers must be >= 1, got {subproc_max_workers}")
         if agent_timeout is not None and agent_timeout <= 0:
-            raise ValueError(f"agent_timeout must be positive or None, got {agent_timeout}")
+            raise InvalidArgumentError(f"agent_timeout must be positive or None, got {agent_timeout}")
         if mode == "subproc":
             dumps_by_value(agent, "agent")  # refuse now, not at the first episode
         self.mode = mode
