@@ -44,7 +44,14 @@ from typing import Any, Literal
 
 from areal_nb.api.by_value import dumps_by_value, loads_by_value
 from areal_nb.api.spawn import spawn_pool, why_spawn_fails
-from areal_nb.errors import RewardError, RewardFunctionError, RewardTimeoutError, RewardWorkerCrashedError  # noqa: F401 (re-exported)
+from areal_nb.errors import (  # noqa: F401 (re-exported)
+    CallOrderError,
+    InvalidArgumentError,
+    RewardError,
+    RewardFunctionError,
+    RewardTimeoutError,
+    RewardWorkerCrashedError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -201,17 +208,17 @@ class AsyncRewardWrapper:
         startup_timeout: float = 120.0,
     ) -> None:
         if timeout_seconds <= 0:
-            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+            raise InvalidArgumentError(f"timeout_seconds must be > 0, got {timeout_seconds}")
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            raise InvalidArgumentError(f"max_retries must be >= 0, got {max_retries}")
         if on_timeout not in ("raise", "zero"):
-            raise ValueError(f"on_timeout must be 'raise' or 'zero', got {on_timeout!r}")
+            raise InvalidArgumentError(f"on_timeout must be 'raise' or 'zero', got {on_timeout!r}")
         self._payload = dumps_by_value(reward_fn, "reward function")
         self.reward_fn = reward_fn
         self.timeout_seconds = timeout_seconds
         self.max_workers = max_workers if max_workers is not None else default_max_workers()
         if self.max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+            raise InvalidArgumentError(f"max_workers must be >= 1, got {self.max_workers}")
         self.max_retries = max_retries
         self.on_timeout = on_timeout
         self.startup_timeout = startup_timeout
@@ -226,7 +233,7 @@ class AsyncRewardWrapper:
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
         shared = self._shared
         if shared is None:
-            raise RuntimeError("AsyncRewardWrapper is closed")
+            raise CallOrderError("AsyncRewardWrapper is closed")
         loop = asyncio.get_running_loop()
         job = functools.partial(
             _call_reward, self._payload, dumps_by_value((args, kwargs), "reward arguments")

@@ -22,7 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from areal_nb.api import import_object
-from areal_nb.errors import RewardValueError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    RewardValueError,  # noqa: F401 (re-exported)
+)
 
 RewardFn = Callable[[Mapping[str, Any], Any], "float | Awaitable[float]"]
 
@@ -33,15 +37,19 @@ def resolve_reward(fn: RewardFn | str) -> RewardFn:
         check_reward_signature(fn)
         return fn
     if not isinstance(fn, str) or not fn.strip():
-        raise TypeError(f"a reward must be a callable or an import path string, got {type(fn).__name__}")
+        raise ArgumentTypeError(
+            f"a reward must be a callable or an import path string, got {type(fn).__name__}"
+        )
     try:
         target = import_object(fn)
     except ValueError:
-        raise ValueError(f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'") from None
+        raise InvalidArgumentError(
+            f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'"
+        ) from None
     except ImportError as e:
         raise ImportError(f"reward {fn!r}: {e}") from e
     if not callable(target):
-        raise TypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
+        raise ArgumentTypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
     check_reward_signature(target)
     return target
 
@@ -56,7 +64,7 @@ def check_reward_signature(fn: Callable[..., Any]) -> None:
     try:
         signature.bind(None, None)
     except TypeError as e:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"reward function {_name(fn)}{signature} cannot be called as fn(row, completion) ({e}); "
             f"a reward takes the dataset row and the completion"
         ) from None

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from areal_nb.api import GenerationConfig, InferenceEngine, ModelRequest
-from areal_nb.errors import JudgeError
+from areal_nb.errors import InvalidArgumentError, JudgeError
 
 JudgeMode = Literal["pointwise", "group"]
 CACHE_SIZE = 4096  # judged trajectories remembered per judge
@@ -149,22 +149,26 @@ class Judge:
         parse: Callable[[str], float] | None = None,
     ) -> None:
         if not isinstance(rubric, str) or not rubric.strip():
-            raise ValueError("a judge needs a rubric: what a good response is, in words")
+            raise InvalidArgumentError("a judge needs a rubric: what a good response is, in words")
         if mode not in ("pointwise", "group"):
-            raise ValueError(f"mode must be 'pointwise' or 'group', got {mode!r}")
+            raise InvalidArgumentError(f"mode must be 'pointwise' or 'group', got {mode!r}")
         if (base_url is None) == (engine is None):
-            raise ValueError(
+            raise InvalidArgumentError(
                 "give the judge either base_url (an OpenAI-compatible endpoint) or engine "
                 f"(an inference engine with its tokenizer, or {SESSION_ENGINE!r} for the Session's own)"
             )
         if isinstance(engine, str) and engine != SESSION_ENGINE:
-            raise ValueError(f"engine must be an inference engine or {SESSION_ENGINE!r}, got {engine!r}")
+            raise InvalidArgumentError(
+                f"engine must be an inference engine or {SESSION_ENGINE!r}, got {engine!r}"
+            )
         if engine is not None and not isinstance(engine, str) and tokenizer is None:
-            raise ValueError("a judge on an engine needs the engine's tokenizer (tokenizer=...)")
+            raise InvalidArgumentError("a judge on an engine needs the engine's tokenizer (tokenizer=...)")
         if mode == "group" and (group_size is None or group_size < 1):
-            raise ValueError("mode='group' needs group_size (the Session's rollout.group_size) >= 1")
+            raise InvalidArgumentError(
+                "mode='group' needs group_size (the Session's rollout.group_size) >= 1"
+            )
         if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
+            raise InvalidArgumentError(f"timeout must be positive, got {timeout}")
         self.rubric = rubric
         self.mode = mode
         self.base_url = base_url
