@@ -42,6 +42,8 @@ The tree:
     │   │   └── ServerDownError                 the server that held a request is down
     │   ├── ServerLaunchError (RuntimeError)    an engine server exited or never became healthy at start-up
     │   ├── ModelFileError (ValueError)     a model file that cannot be loaded (missing, not GGUF, an unread architecture)
+    │   ├── WeightUpdateError (ValueError)  new weights that do not fit the served model (nothing changes)
+    │   ├── BatchShapeError (ValueError, RuntimeError)  the parts of an engine batch do not match
     │   └── LoraError (ValueError)          a LoRA adapter or flag the engine-server does not load or serve
     ├── DataError                       data that cannot be read or written
     │   ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
@@ -417,6 +419,16 @@ class ServerLaunchError(EngineError, RuntimeError):
     """The server process exited (or never became healthy) during start-up."""
 
 
+class WeightUpdateError(EngineError, ValueError):
+    """New weights that do not fit the served model (unknown names, wrong shapes, no files, nowhere
+    to write them); the engine keeps the weights it had."""
+
+
+class BatchShapeError(EngineError, ValueError, RuntimeError):
+    """The parts of an engine batch do not match (prompts and prefixes, rows and logits, decode
+    tokens and rows): a caller's bug; a ValueError, and a RuntimeError too since decode's was one."""
+
+
 class LoraError(EngineError, ValueError):
     """A LoRA adapter (or launch flag) the engine-server does not load or serve; its message is
     SGLang's answer to the client."""
@@ -621,6 +633,8 @@ __all__ = [
     "EngineError",
     "EpisodeError",
     "InvalidArgumentError",
+    "WeightUpdateError",
+    "BatchShapeError",
     "NoAcceptedEpisodesError",
     "GroupMismatchError",
     "NotStartedError",

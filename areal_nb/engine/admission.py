@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from areal_nb.errors import InvalidArgumentError
+
 # `areal-nb engine-server --admission-gap / --admission-max-wait` (see the module docstring for 8 ms)
 DEFAULT_ADMISSION_GAP = 0.008
 DEFAULT_ADMISSION_MAX_WAIT = 0.03
@@ -39,7 +41,7 @@ class AdmissionWindow:
 
     def __init__(self, gap: float, max_wait: float, engine_busy: Callable[[], bool]) -> None:
         if gap < 0 or max_wait < 0:
-            raise ValueError(f"admission gap and max_wait must be >= 0, got {gap} and {max_wait}")
+            raise InvalidArgumentError(f"admission gap and max_wait must be >= 0, got {gap} and {max_wait}")
         self.gap = gap
         self.max_wait = max_wait
         self.engine_busy = engine_busy

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal_nb.api import AgentWeights, InferenceEngine, ModelRequest, ModelResponse
-from areal_nb.errors import UnknownAgentError
+from areal_nb.errors import CheckpointError, InvalidArgumentError, UnknownAgentError, WeightUpdateError
 
 __all__ = ["AgentEngines", "UnknownAgentError"]
 
@@ -28,7 +28,7 @@ class AgentEngines:
 
     def __init__(self, engines: Mapping[str, InferenceEngine]) -> None:
         if not engines:
-            raise ValueError("AgentEngines needs at least one agent's engine")
+            raise InvalidArgumentError("AgentEngines needs at least one agent's engine")
         self.engines = dict(engines)
         contexts = {e.max_context for e in self.engines.values()}
         self.max_context = min((c for c in contexts if c is not None), default=None)
@@ -70,7 +70,7 @@ class AgentEngines:
                 engine.update_weights(weights, version=version)
             return
         if set(weights.per_agent) != set(self.engines):
-            raise ValueError(
+            raise WeightUpdateError(
                 f"AgentWeights names agents {sorted(weights.per_agent)}, the engines serve "
                 f"{sorted(self.engines)}: push every agent's weights at once"
             )
@@ -106,7 +106,7 @@ class AgentEngines:
         if state is None:
             return
         if not isinstance(state, dict) or set(state) != set(self.engines):
-            raise ValueError(
+            raise CheckpointError(
                 f"the saved sampler state is not one per agent ({sorted(self.engines)}): "
                 "was it saved with another `agents` config?"
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal_nb.api import InferenceEngine
+from areal_nb.errors import ConfigError
 
 ENGINE_TYPES = ("local", "sglang", "remote")
 API_KEY_ENV = "AREAL_NB_API_KEY"  # the engine servers' key, read where no key is given
@@ -112,7 +113,7 @@ def create_engine(
 
         addresses = list(getattr(spec, "addresses", None) or [])
         if not addresses:
-            raise ValueError("engine.type='remote' needs addresses (the servers' base URLs)")
+            raise ConfigError("engine.type='remote' needs addresses (the servers' base URLs)")
         api_key = getattr(spec, "api_key", None) or os.environ.get(API_KEY_ENV) or None
         return SGLangEngine(
             addresses,
@@ -123,14 +124,14 @@ def create_engine(
             max_context=max_context,
             lora=lora is not None,
         )
-    raise ValueError(
+    raise ConfigError(
         f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}"
     )
 
 
 def _need_path(model_path: str | None, engine_type: str) -> str:
     if model_path is None:
-        raise ValueError(
+        raise ConfigError(
             f"engine.type={engine_type!r} needs model_path: the model directory the servers load"
         )
     return model_path

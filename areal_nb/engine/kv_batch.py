@@ -44,6 +44,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from areal_nb.errors import BatchShapeError
+
 from ..api.attention_window import mask_by_layer_type, sliding_window
 from .packed_prefill import packed_prefill
 from .prefix_cache import LayerKV
@@ -216,13 +218,13 @@ class PaddedKVBatch:
         """
         prefixes = list(prefixes) if prefixes is not None else [None] * len(prompts)
         if len(prefixes) != len(prompts):
-            raise ValueError(f"prefill got {len(prefixes)} prefixes for {len(prompts)} prompts")
+            raise BatchShapeError(f"prefill got {len(prefixes)} prefixes for {len(prompts)} prompts")
         if not prompts:
-            raise ValueError("prefill got no prompts")
+            raise BatchShapeError("prefill got no prompts")
         cached = [0 if kv is None else int(kv[0][0].shape[1]) for kv in prefixes]
         for prompt, m in zip(prompts, cached, strict=True):
             if not 0 <= m < len(prompt):
-                raise ValueError(
+                raise BatchShapeError(
                     f"a cached prefix of {m} tokens for a prompt of {len(prompt)}: at least "
                     "the last prompt token must be computed"
                 )
@@ -515,7 +517,7 @@ class PaddedKVBatch:
     def decode(self, last_tokens: torch.Tensor) -> torch.Tensor:
         """Feed each row's last sampled token [B]; return next-token logits [B, V]."""
         if self.cache is None or last_tokens.shape[0] != self.size:
-            raise RuntimeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
+            raise BatchShapeError(f"decode got {last_tokens.shape[0]} tokens for a batch of {self.size} rows")
         self._reserve_column()
         if self.fast is not None:
             layers = self.cache.layers

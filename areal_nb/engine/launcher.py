@@ -33,7 +33,10 @@ from pathlib import Path
 
 import httpx
 
-from areal_nb.errors import ServerLaunchError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    CallOrderError,
+    ServerLaunchError,  # noqa: F401 (re-exported)
+)
 
 LogCallback = Callable[[str], None]
 
@@ -254,7 +257,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         if self._proc is not None:
-            raise RuntimeError(f"{self!r} was already started")
+            raise CallOrderError(f"{self!r} was already started")
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = server_environment(os.environ, self.env)
@@ -283,7 +286,7 @@ class ServerProcess:
     ) -> None:
         """Block until `GET /health` answers 200; raise ServerLaunchError if the process dies first."""
         if self._proc is None:
-            raise RuntimeError("call start() first")
+            raise CallOrderError("call start() first")
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=httpx.Timeout(5.0), headers=headers) as client:
             while True:

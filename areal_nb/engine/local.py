@@ -47,7 +47,11 @@ from transformers import PreTrainedModel
 
 from areal_nb.api import ModelRequest, ModelResponse, SamplingMasks
 from areal_nb.api.constraints import TokenGrammar
-from areal_nb.errors import EngineClosedError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    CallOrderError,
+    EngineClosedError,  # noqa: F401 (re-exported)
+    InvalidArgumentError,
+)
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
 from .kv_batch import PaddedKVBatch, compact_order
@@ -180,9 +184,9 @@ class LocalEngine:
         thread (see the comment on `DEFAULT_SINGLE_THREAD_ROWS` above; 0: never); `prefix_cache_tokens` bounds the prefix cache
         (tokens of KV kept, 0: no cache)."""
         if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            raise InvalidArgumentError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if single_thread_rows < 0:
-            raise ValueError(f"single_thread_rows must be >= 0, got {single_thread_rows}")
+            raise InvalidArgumentError(f"single_thread_rows must be >= 0, got {single_thread_rows}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.tokenizer = load_engine_model(model, tokenizer, self.device, dtype)
         self.max_batch_size = max_batch_size
@@ -253,7 +257,7 @@ class LocalEngine:
     def generate(self, req: ModelRequest) -> ModelResponse:
         """Blocking twin of `agenerate`."""
         if threading.current_thread() is self._thread:
-            raise RuntimeError("LocalEngine.generate cannot be called from the engine's own worker thread")
+            raise CallOrderError("LocalEngine.generate cannot be called from the engine's own worker thread")
         plan = self._plan(req)
         result: concurrent.futures.Future[ModelResponse] = concurrent.futures.Future()
 

@@ -70,13 +70,13 @@ class LoraSettings:
 
     def __post_init__(self) -> None:
         if self.max_loras_per_batch <= 0:
-            raise ValueError("max_loras_per_batch must be positive")
+            raise LoraError("max_loras_per_batch must be positive")
         if self.target_modules and LORA_TARGET_ALL in self.target_modules and len(self.target_modules) > 1:
-            raise ValueError(
+            raise LoraError(
                 "If 'all' is specified in --lora-target-modules, it should be the only module specified."
             )
         if not self.lora_paths and not (self.max_lora_rank and self.target_modules):
-            raise ValueError(
+            raise LoraError(
                 "When no initial --lora-paths is provided, you need to specify both --max-lora-rank "
                 "and --lora-target-modules for LoRA initialization."
             )
@@ -90,7 +90,7 @@ def parse_lora_paths(items: list[str]) -> dict[str, str]:
         if item.lstrip().startswith("{"):
             entry = json.loads(item)
             if not isinstance(entry, dict) or "lora_name" not in entry or "lora_path" not in entry:
-                raise ValueError(f"--lora-paths JSON needs lora_name and lora_path, got {item!r}")
+                raise LoraError(f"--lora-paths JSON needs lora_name and lora_path, got {item!r}")
             out[str(entry["lora_name"])] = str(entry["lora_path"])
         elif "=" in item:
             name, path = item.split("=", 1)

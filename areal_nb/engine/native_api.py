@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from areal_nb.errors import InvalidArgumentError
+
 # sglang 0.5.23 `_FIELDS_SamplingParams`, in its order.
 SAMPLING_PARAM_KEYS: tuple[str, ...] = (
     "max_new_tokens",
@@ -144,7 +146,7 @@ class PauseRequest(BaseModel):
     @classmethod
     def _known_mode(cls, mode: str) -> str:
         if mode not in PAUSE_MODES:
-            raise ValueError(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
+            raise InvalidArgumentError(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
         return mode
 
 

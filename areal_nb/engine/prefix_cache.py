@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from areal_nb.errors import BatchShapeError, InvalidArgumentError
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [kv_heads, n, head_dim]
 
 
@@ -52,7 +54,7 @@ class PrefixHit:
 class PrefixCache:
     def __init__(self, max_tokens: int) -> None:
         if max_tokens < 0:
-            raise ValueError(f"prefix cache size must be >= 0 tokens, got {max_tokens}")
+            raise InvalidArgumentError(f"prefix cache size must be >= 0 tokens, got {max_tokens}")
         self.max_tokens = int(max_tokens)
         self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()  # oldest use first
         self._lengths: Counter[int] = Counter()  # entry length -> how many entries have it
@@ -88,7 +90,9 @@ class PrefixCache:
         if len(key) > self.max_tokens or len(key) < 1:
             return
         if kv[0][0].shape[1] != len(key):
-            raise ValueError(f"prefix cache entry of {len(key)} tokens got {kv[0][0].shape[1]} KV columns")
+            raise BatchShapeError(
+                f"prefix cache entry of {len(key)} tokens got {kv[0][0].shape[1]} KV columns"
+            )
         self._remove(key)
         self._entries[key] = CachedPrefix(key, kv)
         self._lengths[len(key)] += 1

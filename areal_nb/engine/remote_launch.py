@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 from .launcher import (
     LORA_ADAPTERS_PER_BATCH,
     ServerProcess,
@@ -65,9 +67,9 @@ def launch_remote_engine(
     `dtype`: the dtype the servers serve the model in (`--dtype`, SGLang's names; the Session passes
     `model.dtype`, the dtype its weight pushes come in; None: the servers' own default)."""
     if n_servers < 1:
-        raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+        raise InvalidArgumentError(f"n_servers must be >= 1, got {n_servers}")
     if ports is not None and len(ports) != n_servers:
-        raise ValueError(f"{len(ports)} ports for {n_servers} servers")
+        raise InvalidArgumentError(f"{len(ports)} ports for {n_servers} servers")
     if lora is not None and server in ("sglang", "engine-server") and "--enable-lora" not in extra_args:
         extra_args = [*lora_server_args(lora.r, lora.target_modules, lora_adapters), *extra_args]
     procs: list[ServerProcess] = []
@@ -174,7 +176,9 @@ def _command(
             model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir, extra_args=extra_args
         )
     if isinstance(server, str):
-        raise ValueError(f"server must be 'sglang', 'engine-server' or a command list, got {server!r}")
+        raise InvalidArgumentError(
+            f"server must be 'sglang', 'engine-server' or a command list, got {server!r}"
+        )
     fields = {
         "model": model_path,
         "host": host,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from areal_nb.errors import BatchShapeError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -37,7 +39,7 @@ def sample_next_tokens(
     from the sampling distribution but not from the reported log-probability.
     """
     if logits.dim() != 2 or logits.shape[0] != len(params):
-        raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(params)} rows")
+        raise BatchShapeError(f"logits shape {tuple(logits.shape)} does not match {len(params)} rows")
     logits = logits.float()
     batch, vocab = logits.shape
     device = logits.device

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_nb.api import agent_token
+from areal_nb.errors import ArgumentTypeError
 
 VERSION_PREFIX = "version-"
 ADAPTER_PREFIX = "adapter-"
@@ -70,7 +71,7 @@ def write_weights(
         elif isinstance(weights, dict):
             _save_state_dict(weights, folder, config_source)
         else:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"weights must be a PreTrainedModel or a state dict, got {type(weights).__name__}"
             )
 

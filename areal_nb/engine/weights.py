@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from areal_nb.api.saved_tokenizer import load_saved_tokenizer
+from areal_nb.errors import ArgumentTypeError, ModelFileError, WeightUpdateError
 
 
 def load_engine_model(
@@ -40,7 +41,7 @@ def load_engine_model(
         except OSError as exc:
             if Path(path).expanduser().exists():
                 raise
-            raise ValueError(
+            raise ModelFileError(
                 f"cannot load model {path!r}: not a local folder and not loadable as a Hugging Face id "
                 f"({exc}). Built-in names like 'tiny-math' are resolved by "
                 "areal_nb.models.resolve_model_path(name), which returns the folder to pass here"
@@ -48,7 +49,9 @@ def load_engine_model(
         if tokenizer is None:
             tokenizer = load_saved_tokenizer(path)
     else:
-        raise TypeError(f"model must be a name, a path or a PreTrainedModel, got {type(model).__name__}")
+        raise ArgumentTypeError(
+            f"model must be a name, a path or a PreTrainedModel, got {type(model).__name__}"
+        )
     # The engine builds explicit 4-D masks, which the sdpa path takes as they are; sdpa has no
     # soft-capping of attention scores (Gemma 2, some Gemma 3 configs), the eager path has.
     soft_capped = getattr(engine_model.config, "attn_logit_softcapping", None)
@@ -67,7 +70,9 @@ def read_weights_dir(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     pickle never runs code."""
     folder = Path(path)
     if not folder.is_dir():
-        raise ValueError(f"update_weights: {str(path)!r} is not a directory saved with save_pretrained")
+        raise WeightUpdateError(
+            f"update_weights: {str(path)!r} is not a directory saved with save_pretrained"
+        )
     files = sorted(folder.glob("*.safetensors"))
     if files:
         from safetensors.torch import load_file
@@ -76,7 +81,7 @@ def read_weights_dir(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     files = sorted(folder.glob("pytorch_model*.bin"))
     if files:
         return _read_each(files, lambda f: torch.load(f, map_location="cpu", weights_only=True))
-    raise ValueError(f"update_weights: no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
+    raise WeightUpdateError(f"update_weights: no *.safetensors or pytorch_model*.bin files in {str(path)!r}")
 
 
 def _read_each(files: list[Path], read: Any) -> dict[str, torch.Tensor]:
@@ -86,13 +91,13 @@ def _read_each(files: list[Path], read: Any) -> dict[str, torch.Tensor]:
             part = read(f)
         except Exception as exc:  # noqa: BLE001 - any failure to parse a user's file is the file's fault
             text = str(exc).splitlines()[0][:300] if str(exc) else ""
-            raise ValueError(
+            raise WeightUpdateError(
                 f"update_weights: cannot read {str(f)!r} as weights: {type(exc).__name__}: {text}"
             ) from None
         if not isinstance(part, dict) or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in part.items()
         ):
-            raise ValueError(
+            raise WeightUpdateError(
                 f"update_weights: {str(f)!r} does not hold a mapping of parameter names to tensors"
             )
         state.update(part)
@@ -102,23 +107,25 @@ def _read_each(files: list[Path], read: Any) -> dict[str, torch.Tensor]:
 def check_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> None:
     """Raise ValueError naming every unknown key or shape mismatch (nothing is applied then)."""
     if not isinstance(weights, dict) or not weights:
-        raise ValueError("update_weights needs a non-empty state dict or a save_pretrained directory")
+        raise WeightUpdateError("update_weights needs a non-empty state dict or a save_pretrained directory")
     not_tensors = sorted(str(k) for k, v in weights.items() if not isinstance(v, torch.Tensor))
     if not_tensors:
-        raise ValueError(
+        raise WeightUpdateError(
             f"update_weights: {len(not_tensors)} value(s) are not tensors, e.g. {not_tensors[:5]}"
         )
     own = model.state_dict()
     unknown = sorted(k for k in weights if k not in own)
     if unknown:
-        raise ValueError(f"update_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:5]}")
+        raise WeightUpdateError(
+            f"update_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:5]}"
+        )
     wrong = [
         f"{k}: got {tuple(v.shape)}, model has {tuple(own[k].shape)}"
         for k, v in weights.items()
         if tuple(v.shape) != tuple(own[k].shape)
     ]
     if wrong:
-        raise ValueError(f"update_weights: shape mismatch for {wrong[:5]}")
+        raise WeightUpdateError(f"update_weights: shape mismatch for {wrong[:5]}")
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from areal_nb.api import AgentWeights, LoraAdapter
-from areal_nb.errors import UnknownAgentError
+from areal_nb.errors import LoraError, UnknownAgentError
 
 from ..weight_sync import write_adapter
 from .weights import WeightUpdates
@@ -51,14 +51,14 @@ class AdapterUpdates(WeightUpdates):
         """The adapter on every live server under a new name, used by every request from now on
         (see the module docstring)."""
         if not self.serves_lora_adapters:
-            raise ValueError(
+            raise LoraError(
                 "this SGLangEngine was not made for LoRA adapters (lora=False): its servers may not "
                 "have been started with --enable-lora"
             )
         target = self._version + 1 if version is None else int(version)
         if isinstance(adapter, LoraAdapter):
             if self.weights_dir is None:
-                raise ValueError(
+                raise LoraError(
                     "SGLangEngine needs weights_dir (a directory the servers share) to push adapters"
                 )
             path = str(await asyncio.to_thread(write_adapter, self.weights_dir, target, adapter))
@@ -70,12 +70,12 @@ class AdapterUpdates(WeightUpdates):
         """Each agent's adapter on every live server under a new name, each request naming its
         agent's from now on (see the module docstring)."""
         if not self.serves_lora_adapters or self.weights_dir is None:
-            raise ValueError(
+            raise LoraError(
                 "one adapter per agent needs servers that serve LoRA adapters (lora=True) and weights_dir"
             )
         strangers = [a for a, w in weights.per_agent.items() if not isinstance(w, LoraAdapter)]
         if strangers:
-            raise ValueError(f"AgentWeights for SGLangEngine hold LoraAdapters; agent(s) {strangers} do not")
+            raise LoraError(f"AgentWeights for SGLangEngine hold LoraAdapters; agent(s) {strangers} do not")
         target = self._version + 1 if version is None else int(version)
         weights_dir = self.weights_dir
         paths: dict[str | None, str] = {

@@ -44,7 +44,7 @@ from areal_nb.api import (
     ModelRequest,
     ModelResponse,
 )
-from areal_nb.errors import EngineServerError, ServerDownError
+from areal_nb.errors import EngineServerError, InvalidArgumentError, ServerDownError, WeightUpdateError
 
 from ..sglang_wire import generate_payload, parse_generate_answer
 from ..weight_sync import write_weights
@@ -99,7 +99,7 @@ class SGLangEngine(AdapterUpdates):
         LoRA adapters, and the trainer pushes its adapter, not merged weights (module docstring)."""
         urls = [addresses] if isinstance(addresses, str) else list(addresses)
         if not urls:
-            raise ValueError("SGLangEngine needs at least one server address")
+            raise InvalidArgumentError("SGLangEngine needs at least one server address")
         self._pool = ServerPool(urls, max_tracked_sequences)
         self.servers = self._pool.servers
         self.api_key = api_key
@@ -300,7 +300,7 @@ class SGLangEngine(AdapterUpdates):
             path = os.path.abspath(weights)
         else:
             if self.weights_dir is None:
-                raise ValueError(
+                raise WeightUpdateError(
                     "SGLangEngine.update_weights with tensors needs weights_dir (a directory the servers share)"
                 )
             target = self._version + 1 if version is None else int(version)
@@ -328,12 +328,14 @@ class SGLangEngine(AdapterUpdates):
         # best as one piece, its bookkeeping of tokens, versions and attempts beside it)
         g = req.gconfig
         if g.n_samples != 1:
-            raise ValueError(f"SGLangEngine sends one sample per request, got n_samples={g.n_samples}")
+            raise InvalidArgumentError(
+                f"SGLangEngine sends one sample per request, got n_samples={g.n_samples}"
+            )
         prompt = list(req.input_ids)
         self._adapter_of(req.agent)  # a request of an agent with no adapter is refused before it is sent
         budget = min(g.max_new_tokens, g.max_tokens - len(prompt))
         if budget <= 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"no room to generate: max_new_tokens={g.max_new_tokens}, max_tokens={g.max_tokens}, "
                 f"prompt of {len(prompt)} tokens"
             )

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from areal_nb.errors import EngineServerError
+from areal_nb.errors import CallOrderError, EngineServerError
 
 T = TypeVar("T")
 
@@ -34,7 +34,9 @@ class EngineLoop:
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if threading.current_thread() is self.thread:
             coro.close()
-            raise RuntimeError("SGLangEngine's sync methods cannot run on its own loop; await the a-methods")
+            raise CallOrderError(
+                "SGLangEngine's sync methods cannot run on its own loop; await the a-methods"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
