@@ -48,6 +48,7 @@ The tree:
     ├── DataError                       data that cannot be read or written
     │   ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
     │   ├── ExportError (ValueError)        a run that cannot be exported
+    │   ├── TrainBatchError (ValueError)    a training batch with a missing key, disagreeing shapes, a bad mask
     │   └── CheckpointError (ValueError)    a checkpoint cannot be written there, or is damaged (names the file)
     ├── UsageError                      areal_nb configured or called wrongly (configuration)
     │   ├── ConfigError (ValueError)        a config file or override is invalid
@@ -76,6 +77,7 @@ The tree:
     └── SessionError                    a Session or a training rank cannot go on
         ├── SessionClosedError (RuntimeError)   a method of a closed Session was called
         ├── SessionBusyError (RuntimeError)     a Session method called while another thread's call runs
+        ├── ProcessGroupError (RuntimeError)    the torchrun environment or process group does not match the job
         └── LeaderFailed (RuntimeError)         rank 0 failed (raised on the other ranks)
 
     ArealWarning (UserWarning)              what areal_nb warns about (`warnings.warn`), never raises
@@ -520,6 +522,11 @@ class TaskAbandoned(EpisodeError):
     """The awaited code ignored its cancellation for the grace period; it was left running."""
 
 
+class TrainBatchError(DataError, ValueError):
+    """A training batch that cannot be trained on: a missing key, shapes that disagree, a mask not
+    right-padded, fewer rows than minibatches; the message names the key."""
+
+
 class CheckpointError(DataError, ValueError):
     """A checkpoint cannot be written where asked, or cannot be loaded: the message names the
     file and what is wrong with it."""
@@ -531,6 +538,11 @@ class SessionClosedError(SessionError, RuntimeError):
 
 class SessionBusyError(SessionError, RuntimeError):
     """A Session method was called from one thread while another thread's call was running."""
+
+
+class ProcessGroupError(SessionError, RuntimeError):
+    """The torchrun environment or process group does not match the job (unset RANK..., another
+    world size); the message says how to start it."""
 
 
 class LeaderFailed(SessionError, RuntimeError):
@@ -633,6 +645,8 @@ __all__ = [
     "EngineError",
     "EpisodeError",
     "InvalidArgumentError",
+    "TrainBatchError",
+    "ProcessGroupError",
     "WeightUpdateError",
     "BatchShapeError",
     "NoAcceptedEpisodesError",

@@ -368,3 +368,31 @@ def test_the_classes_moved_into_families_kept_their_status_and_builtins():
         assert issubclass(cls, builtin)
         with pytest.raises(builtin, match="same words"):
             raise cls("the same words")
+
+
+# ------------------------------------------------------------------ the packages raise typed errors
+
+
+def test_argument_checks_raise_typed_errors_that_are_still_their_builtins():
+    """A bad argument in each package raises the typed class, which `except ValueError` (or the
+    builtin the check raised before) still catches, with the same words."""
+    from areal_nb.engine.admission import AdmissionWindow
+    from areal_nb.proxy import ProxySettings
+    from areal_nb.proxy.client import OpenAIProxyClient
+    from areal_nb.reward.functions import resolve_reward
+    from areal_nb.rollout.switch_interval import SwitchIntervalLease
+
+    with pytest.raises(errors.InvalidArgumentError, match="admin_api_key must be a non-empty string"):
+        ProxySettings(admin_api_key="")
+    with pytest.raises(ValueError, match="no session"):
+        _ = OpenAIProxyClient("http://127.0.0.1:1", admin_api_key="k", task_id="t").session_id
+    with pytest.raises(errors.NotStartedError):
+        _ = OpenAIProxyClient("http://127.0.0.1:1", admin_api_key="k", task_id="t").session_id
+    with pytest.raises(errors.InvalidArgumentError, match="switch interval must be a positive"):
+        SwitchIntervalLease(-1.0)
+    with pytest.raises(errors.ArgumentTypeError, match="a reward must be a callable"):
+        resolve_reward(3)
+    with pytest.raises(TypeError, match="a reward must be a callable"):
+        resolve_reward(3)
+    with pytest.raises(errors.InvalidArgumentError, match="must be >= 0"):
+        AdmissionWindow(-1.0, 0.0, lambda: False)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from areal_nb.api import AgentWeights, CreditMode, InferenceEngine
+from areal_nb.errors import InvalidArgumentError, TrainBatchError
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
@@ -137,7 +138,7 @@ class Actor:
         they are exactly π_prox (`engine_numerics.py`), the recomputation is skipped and they are
         used. None: always recompute."""
         if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise InvalidArgumentError(f"temperature must be > 0, got {temperature}")
         self.temperature = temperature
         self.model = model
         self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
@@ -159,16 +160,16 @@ class Actor:
         self.lora = self.cfg.lora is not None or bool(self.agents)
         if self.lora:
             if ref_model is not None:
-                raise ValueError(
+                raise InvalidArgumentError(
                     "actor.lora uses the base model with the adapters off as the KL reference: "
                     "pass no ref_model"
                 )
             if self.agents and self.cfg.lora is not None:
-                raise ValueError(
+                raise InvalidArgumentError(
                     "agent adapters (agent_lora) and actor.lora exclude each other: unset actor.lora"
                 )
             if self.agents and parallel is not None and self.cfg.parallel == "fsdp":
-                raise ValueError(
+                raise InvalidArgumentError(
                     "agent adapters train data-parallel with actor.parallel=ddp, not fsdp (a sharded "
                     "forward needs every rank to run the same adapter at once)"
                 )
@@ -278,7 +279,7 @@ class Actor:
         input_ids, attention = batch["input_ids"], batch["attention_mask"]
         n_rows = input_ids.shape[0]
         if n_rows < self.cfg.ppo_n_minibatches:
-            raise ValueError(
+            raise TrainBatchError(
                 f"batch has {n_rows} rows, fewer than ppo_n_minibatches={self.cfg.ppo_n_minibatches}"
             )
         if group_ids is None:
@@ -305,14 +306,14 @@ class Actor:
         if not self.agents:
             return None
         if agents is None or "agent_ids" not in batch:
-            raise ValueError(
+            raise TrainBatchError(
                 f"this Actor trains one adapter per agent ({self.agents}): train_step needs "
                 "batch['agent_ids'] and the agents' names (agents=)"
             )
         names = [agents[int(i)] for i in batch["agent_ids"].tolist()]
         strangers = sorted({str(n) for n in names if n not in self.agents})
         if strangers:
-            raise ValueError(
+            raise TrainBatchError(
                 f"rows of agent(s) {strangers}, which have no adapter: this Actor trains {self.agents}"
             )
         return [str(n) for n in names]
@@ -326,7 +327,7 @@ class Actor:
             positions, sets = [], []
             for span in spans:
                 if span.masks.constraint is not None and self.tokenizer is None:
-                    raise ValueError(
+                    raise InvalidArgumentError(
                         "replaying a recorded grammar needs the tokenizer: Actor(..., tokenizer=...)"
                     )
                 allowed = span.masks.allowed(span.tokens, self.tokenizer, vocab)
@@ -418,7 +419,7 @@ class Actor:
             with self.model.disable_adapter():
                 return self._logprobs_no_grad(self.model, step)
         if self.ref_model is None:
-            raise ValueError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
+            raise InvalidArgumentError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
         return self._logprobs_no_grad(self.ref_model, step)
 
     def _update(
@@ -820,7 +821,7 @@ class Actor:
 
     def _known_agent(self, agent: str | None) -> str:
         if agent not in self.agents:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"this Actor trains one adapter per agent: name one of {self.agents}, got {agent!r}"
             )
         assert agent is not None
@@ -871,7 +872,7 @@ class Actor:
         """Restore `ref_weights()`'s full tensors; sharded, each rank keeps its own shards (no
         communication)."""
         if self.ref_model is None:
-            raise ValueError("this Actor has no reference model (actor.kl_ctl is 0)")
+            raise InvalidArgumentError("this Actor has no reference model (actor.kl_ctl is 0)")
         self.ref_model.load_state_dict(
             shard_like(state, self.ref_model.state_dict()) if self.sharded else state
         )
@@ -917,7 +918,9 @@ def _gather_step(
 def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in batch]
     if missing:
-        raise ValueError(f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)")
+        raise TrainBatchError(
+            f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)"
+        )
     out = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
     shape = out["input_ids"].shape
     for key in (
@@ -930,13 +933,15 @@ def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         "turn_returns",
     ):
         if key in out and out[key].shape != shape:
-            raise ValueError(f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}")
+            raise TrainBatchError(
+                f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}"
+            )
     if out["rewards"].numel() != shape[0]:
-        raise ValueError(f"batch['rewards'] has {out['rewards'].numel()} entries for {shape[0]} rows")
+        raise TrainBatchError(f"batch['rewards'] has {out['rewards'].numel()} entries for {shape[0]} rows")
     attention = out["attention_mask"].bool()
     lengths = attention.sum(1, keepdim=True)
     if not torch.equal(attention, torch.arange(shape[1], device=device) < lengths):
-        raise ValueError("attention_mask must be right-padded: each row is ones then zeros")
+        raise TrainBatchError("attention_mask must be right-padded: each row is ones then zeros")
     out["attention_mask"] = attention
     return out
 

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_nb.errors import ConfigError
+
 from .advantages import group_index, group_normalize
 
 
@@ -29,7 +31,7 @@ def estimate(score: Tensor, pools: Callable[[], Any], cfg: Any) -> Tensor:
     estimator = getattr(cfg, "adv_estimator", None) or "grpo"
     level = cfg.reward_norm
     if level not in ("group", "batch", None):
-        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {level!r}")
+        raise ConfigError(f"reward_norm must be 'group', 'batch' or None, got {level!r}")
     if estimator == "reinforce_pp" or level is None:
         return score
     ids = pools() if level == "group" else None
@@ -39,7 +41,7 @@ def estimate(score: Tensor, pools: Callable[[], Any], cfg: Any) -> Tensor:
         return group_normalize(score, ids, level, None)
     if estimator == "rloo":
         return leave_one_out(score, ids)
-    raise ValueError(f"adv_estimator must be 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp', got {estimator!r}")
+    raise ConfigError(f"adv_estimator must be 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp', got {estimator!r}")
 
 
 def leave_one_out(score: Tensor, pool_ids: Any | None) -> Tensor:

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError, TrainBatchError
+
 Level = Literal["group", "batch"] | None
 
 
@@ -42,11 +44,11 @@ def group_index(group_ids: Tensor | Sequence[Any], n_rows: int) -> Tensor:
     if isinstance(group_ids, Tensor):
         ids = group_ids.flatten()
         if ids.numel() != n_rows:
-            raise ValueError(f"group_ids has {ids.numel()} entries for {n_rows} rows")
+            raise TrainBatchError(f"group_ids has {ids.numel()} entries for {n_rows} rows")
         return torch.unique(ids, return_inverse=True)[1]
     ids = list(group_ids)
     if len(ids) != n_rows:
-        raise ValueError(f"group_ids has {len(ids)} entries for {n_rows} rows")
+        raise TrainBatchError(f"group_ids has {len(ids)} entries for {n_rows} rows")
     dense: dict[Any, int] = {}
     return torch.tensor([dense.setdefault(g, len(dense)) for g in ids], dtype=torch.long)
 
@@ -73,10 +75,12 @@ def group_normalize(
         return rewards.float().flatten()
     for name, level in (("mean_level", mean_level), ("std_level", std_level)):
         if level not in ("group", "batch", None):
-            raise ValueError(f"{name} must be 'group', 'batch' or None, got {level!r}")
+            raise InvalidArgumentError(f"{name} must be 'group', 'batch' or None, got {level!r}")
     needs_groups = "group" in (mean_level, std_level)
     if needs_groups and group_ids is None:
-        raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
+        raise InvalidArgumentError(
+            "group normalisation needs group_ids: one id per row (rows need not be contiguous)"
+        )
     gid = (
         group_index(group_ids, n).to(x.device)
         if needs_groups
@@ -123,7 +127,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") -
     elif estimator == "k3":
         kl = torch.expm1(-log_ratio) + log_ratio
     else:
-        raise ValueError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+        raise InvalidArgumentError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
     return kl.clamp(-10.0, 10.0)
 
 
@@ -173,13 +177,13 @@ def compute_advantages(
     """
     credit = getattr(cfg, "credit", "leaf") if credit is None else credit
     if credit not in ("leaf", "turn"):
-        raise ValueError(f"credit must be 'leaf' or 'turn', got {credit!r}")
+        raise InvalidArgumentError(f"credit must be 'leaf' or 'turn', got {credit!r}")
     rewards = batch["rewards"].float().flatten()
     mask = batch["loss_mask"].bool()
     if "attention_mask" in batch:
         mask = mask & batch["attention_mask"].bool()
     if mask.dim() != 2 or mask.shape[0] != rewards.numel():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"loss_mask must be [B, L] with B = len(rewards) = {rewards.numel()}, got {tuple(mask.shape)}"
         )
     n_rows, length = mask.shape
@@ -188,12 +192,12 @@ def compute_advantages(
 
     if credit == "turn":
         if getattr(cfg, "overlong_max_len", None) is not None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "overlong_max_len (DAPO's overlong penalty) is defined on a row's reward: use credit='leaf'"
             )
         missing = [k for k in ("turn_returns", "turn_ids") if k not in batch]
         if missing:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"credit='turn' needs batch{missing} (per-token turn returns and turn ids, as "
                 "RolloutBatch.to_tensors() and InteractionWithTokenLogpReward.to_tensor_dict() export them)"
             )
@@ -210,7 +214,7 @@ def compute_advantages(
     kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
     if cfg.kl_ctl > 0:
         if "ref_logprobs" not in batch:
-            raise ValueError("kl_ctl > 0 needs batch['ref_logprobs'] (log-probs of a reference model)")
+            raise TrainBatchError("kl_ctl > 0 needs batch['ref_logprobs'] (log-probs of a reference model)")
         logp = batch.get("old_logprobs", batch["logprobs"])
         kl_rewards = -cfg.kl_ctl * kl_estimate(logp, batch["ref_logprobs"], cfg.kl_estimator) * mask
 
@@ -231,7 +235,7 @@ def compute_advantages(
         advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
 
     if cfg.adv_norm not in (None, "batch"):
-        raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
+        raise InvalidArgumentError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
     if (
         cfg.adv_norm == "batch" or getattr(cfg, "adv_estimator", None) == "reinforce_pp"
     ):  # REINFORCE++: always
@@ -277,12 +281,12 @@ def turn_scores(
     mask = loss_mask.bool()
     turns = turn_ids.long().to(mask.device)
     if turn_returns.shape != mask.shape or turns.shape != mask.shape:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"turn_returns {tuple(turn_returns.shape)} and turn_ids {tuple(turns.shape)} must match loss_mask "
             f"{tuple(mask.shape)}"
         )
     if bool((mask & (turns < 0)).any()):
-        raise ValueError(
+        raise InvalidArgumentError(
             "a generated token (loss_mask 1) has turn_id -1; turn credit needs every trained token's turn"
         )
     n_rows, length = mask.shape
@@ -299,7 +303,7 @@ def turn_scores(
 
     def pools() -> Tensor:
         if group_ids is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "group normalisation needs group_ids: one id per row (rows need not be contiguous)"
             )
         gid = group_index(group_ids, n_rows).to(mask.device)[pair_row]

@@ -32,6 +32,8 @@ from typing import Any, get_args
 import torch
 from torch import Tensor
 
+from areal_nb.errors import ConfigError, InvalidArgumentError
+
 from .config import (
     AdvEstimator,
     Algorithm,
@@ -108,7 +110,7 @@ def resolve_preset(cfg: Any) -> None:
     (dapo, gspo, cispo), symmetric clipping is `eps_clip_higher = eps_clip`.
     """
     if cfg.algorithm not in PRESETS:
-        raise ValueError(f"GRPOConfig: algorithm must be one of {list(ALGORITHMS)}, got {cfg.algorithm!r}")
+        raise ConfigError(f"GRPOConfig: algorithm must be one of {list(ALGORITHMS)}, got {cfg.algorithm!r}")
     for knob, value in PRESETS[cfg.algorithm].items():
         if getattr(cfg, knob) is None:
             setattr(cfg, knob, value)
@@ -137,7 +139,7 @@ def check_algorithm(cfg: Any) -> None:
     ]
     for ok, message in checks:
         if not ok:
-            raise ValueError(f"GRPOConfig: {message}")
+            raise ConfigError(f"GRPOConfig: {message}")
 
 
 def configure(base: Any, algorithm: str | None = None, **overrides: Any) -> Any:
@@ -151,7 +153,7 @@ def configure(base: Any, algorithm: str | None = None, **overrides: Any) -> Any:
     names = {f.name for f in dataclasses.fields(base)}
     unknown = sorted(set(overrides) - names)
     if unknown:
-        raise ValueError(f"unknown actor knob(s) {unknown}; GRPOConfig has {sorted(names)}")
+        raise ConfigError(f"unknown actor knob(s) {unknown}; GRPOConfig has {sorted(names)}")
     if algorithm == base.algorithm:
         return dataclasses.replace(base, **overrides)
     reset = {knob: None for knob in PRESET_KNOBS}
@@ -166,7 +168,7 @@ def informative_groups(rewards: Sequence[float] | Tensor, group_ids: Sequence[An
     """
     values = rewards.tolist() if isinstance(rewards, Tensor) else list(rewards)
     if len(values) != len(group_ids):
-        raise ValueError(f"{len(values)} rewards for {len(group_ids)} group ids")
+        raise InvalidArgumentError(f"{len(values)} rewards for {len(group_ids)} group ids")
     seen: dict[Any, set[float]] = {}
     for gid, value in zip(group_ids, values, strict=True):
         seen.setdefault(gid, set()).add(float(value))

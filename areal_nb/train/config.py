@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from areal_nb.api import CreditMode, CreditNorm
+from areal_nb.errors import ConfigError
 
 from .lora import LoraConfig
 
@@ -198,7 +199,7 @@ class GRPOConfig:
         if self.lr_schedule == "constant":
             return self.lr
         if self.lr_decay_steps is None:
-            raise ValueError(
+            raise ConfigError(
                 f"lr_schedule={self.lr_schedule!r} needs lr_decay_steps (the run's length in steps)"
             )
         span = max(self.lr_decay_steps - self.lr_warmup_steps, 1)

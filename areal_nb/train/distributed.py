@@ -40,6 +40,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from areal_nb.errors import InvalidArgumentError, ProcessGroupError
+
 from .microbatch import split_micro_batches
 
 logger = logging.getLogger(__name__)
@@ -179,7 +181,7 @@ def fully_shard_model(
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"actor.parallel=fsdp shards a decoder's model.layers; {type(model).__name__} has none"
         )
     units = [*layers, model]  # inner units first: the root's unit holds what is left
@@ -244,7 +246,7 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
         return None
     missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing and not dist.is_initialized():
-        raise RuntimeError(
+        raise ProcessGroupError(
             f"WORLD_SIZE={world_size} but {missing} are not set: start the job with torchrun "
             f"(torchrun --nproc-per-node {world_size} train.py)"
         )
@@ -262,7 +264,7 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
         sys.excepthook = _note_failure(sys.excepthook)
         logger.info("rank %d/%d joined the %s process group", dist.get_rank(), world_size, dist.get_backend())
     if dist.get_world_size() != world_size:
-        raise RuntimeError(
+        raise ProcessGroupError(
             f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world_size}"
         )
     return DataParallel(rank=dist.get_rank(), world_size=world_size, device=device)

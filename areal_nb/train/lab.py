@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 from .advantages import compute_advantages, group_index
 from .mismatch import mismatch_report
 from .policy_loss import loss_normalizer, variant_loss_terms
@@ -62,9 +64,9 @@ def compare_variants(
     from .actor import _validated  # (the trainer's own batch checks)
 
     if not configs:
-        raise ValueError("compare needs at least one variant, e.g. {'grpo': {}, 'dr_grpo': {}}")
+        raise InvalidArgumentError("compare needs at least one variant, e.g. {'grpo': {}, 'dr_grpo': {}}")
     if getattr(actor, "parallel", None) is not None:
-        raise ValueError(
+        raise InvalidArgumentError(
             "the lab runs in one process; under torchrun compare on rank 0 of a one-process Session"
         )
     rng = _rng_state()
@@ -95,7 +97,7 @@ def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[Varia
     ref = None
     if any(cfg.kl_ctl > 0 for cfg in configs.values()) and "ref_logprobs" not in batch:
         if actor.ref_model is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)"
             )
         with torch.no_grad():

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 from .lm_head import chunked_token_logprobs, split_head
 
 
@@ -19,7 +21,7 @@ def logits_to_token_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """`logits [B, L, V]` (logit at t predicts token t+1) → token log-probs `[B, L]` (and entropy)."""
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise InvalidArgumentError(f"temperature must be > 0, got {temperature}")
     log_probs = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     zeros = picked.new_zeros(picked.shape[0], 1)
@@ -78,7 +80,7 @@ def _chunked(
     allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise InvalidArgumentError(f"temperature must be > 0, got {temperature}")
     head = split_head(model)
     if attention_mask is not None:
         attention_mask = attention_mask.long()

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from areal_nb.api import LoraAdapter, agent_token
+from areal_nb.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
     "LoraConfig",
@@ -58,16 +59,16 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         if self.r < 1:
-            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+            raise ConfigError(f"lora.r must be >= 1, got {self.r}")
         if self.alpha <= 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+            raise ConfigError(f"lora.alpha must be > 0, got {self.alpha}")
         targets = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
         if not targets:
-            raise ValueError(
+            raise ConfigError(
                 "lora.target_modules is empty: name module suffixes (e.g. [q_proj, v_proj]) or all-linear"
             )
         if "lm_head" in targets:
-            raise ValueError(
+            raise ConfigError(
                 "lora.target_modules cannot hold lm_head: the log-prob pass reads the LM head's weight"
             )
 
@@ -104,10 +105,10 @@ def wrap_agent_lora(model: torch.nn.Module, configs: dict[str, LoraConfig]) -> t
     import peft
 
     if not configs:
-        raise ValueError("wrap_agent_lora needs at least one agent")
+        raise InvalidArgumentError("wrap_agent_lora needs at least one agent")
     names = {agent: adapter_name(agent) for agent in configs}
     if len(set(names.values())) < len(names):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"agents {sorted(configs)}: each agent needs a name of its own once characters other than "
             "letters, digits, '_' and '-' are replaced by '_' (the adapter names)"
         )
@@ -166,7 +167,7 @@ def load_adapter_state(model: torch.nn.Module, adapters: dict[str, Tensor]) -> N
     own = adapter_state(model.state_dict())
     missing, unexpected = sorted(own.keys() - adapters.keys()), sorted(adapters.keys() - own.keys())
     if missing or unexpected:
-        raise ValueError(
+        raise InvalidArgumentError(
             "the saved LoRA adapter does not fit this model's actor.lora: "
             + (f"{len(missing)} adapter tensor(s) missing, e.g. {missing[0]!r}" if missing else "")
             + ("; " if missing and unexpected else "")
@@ -174,7 +175,7 @@ def load_adapter_state(model: torch.nn.Module, adapters: dict[str, Tensor]) -> N
         )
     for name, value in adapters.items():
         if tuple(value.shape) != tuple(own[name].shape):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"the saved LoRA adapter does not fit this model's actor.lora: {name!r} has shape "
                 f"{list(value.shape)}, the model's {list(own[name].shape)} (another lora.r?)"
             )
@@ -236,7 +237,7 @@ def check_shardable(model: torch.nn.Module) -> None:
         if isinstance(m, LoraLayer) and not isinstance(m, Linear)
     ]
     if other:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"actor.lora with actor.parallel=fsdp adapts linear layers only; {other[0]!r} is not one "
             f"(name linear layers in lora.target_modules, or use actor.parallel=ddp)"
         )

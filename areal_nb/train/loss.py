@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 from .policy_loss import LossTerms, policy_loss_terms
 
 __all__ = ["LossTerms", "ppo_actor_loss", "ppo_loss_terms"]
@@ -85,7 +87,7 @@ def ppo_loss_terms(
     """`ppo_actor_loss` with the per-token values kept (for loss inspection): the token-level PPO
     objective of `policy_loss.policy_loss_terms`."""
     if c_clip is not None and c_clip <= 1:
-        raise ValueError(f"c_clip must be > 1 (dual clip), got {c_clip}")
+        raise InvalidArgumentError(f"c_clip must be > 1 (dual clip), got {c_clip}")
     return policy_loss_terms(
         logprobs,
         old_logprobs,

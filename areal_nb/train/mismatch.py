@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 
 @dataclass
 class MismatchTerms:
@@ -45,11 +47,11 @@ def mismatch_weights(
 ) -> MismatchTerms:
     """The TIS / MIS weight of every loss token (see the module docstring); no gradient."""
     if correction not in ("tis", "mis"):
-        raise ValueError(f"mismatch correction must be 'tis' or 'mis', got {correction!r}")
+        raise InvalidArgumentError(f"mismatch correction must be 'tis' or 'mis', got {correction!r}")
     if level not in ("token", "sequence"):
-        raise ValueError(f"mismatch level must be 'token' or 'sequence', got {level!r}")
+        raise InvalidArgumentError(f"mismatch level must be 'token' or 'sequence', got {level!r}")
     if threshold <= 1:
-        raise ValueError(f"mismatch threshold must be > 1, got {threshold}")
+        raise InvalidArgumentError(f"mismatch threshold must be > 1, got {threshold}")
     mask = loss_mask.bool()
     log_w = torch.where(mask, trainer_logprobs.detach().float() - engine_logprobs.detach().float(), 0.0)
     if level == "sequence":

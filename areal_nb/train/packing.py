@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 from ..api.attention_window import mask_by_layer_type, sliding_window
 from .head_forward import head_hidden, head_logits, supports_head_forward
 from .lm_head import chunked_token_logprobs, split_head
@@ -121,7 +123,7 @@ def pack_rows(
     ids = input_ids.tolist()
     keys = [0] * n_rows if pack_ids is None else [_key(k) for k in pack_ids]
     if len(keys) != n_rows:
-        raise ValueError(f"pack_ids has {len(keys)} entries for {n_rows} rows")
+        raise InvalidArgumentError(f"pack_ids has {len(keys)} entries for {n_rows} rows")
     members: dict[Any, list[int]] = {}
     for row, key in enumerate(keys):
         members.setdefault(key, []).append(row)
@@ -251,7 +253,7 @@ def packed_token_logprobs_and_entropy(
     `last_layer_at_heads` the last decoder layer's queries and MLP too: `head_forward.py`).
     `chunk` > 0: the LM head and log-softmax run that many tokens at a time (`lm_head.py`)."""
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+        raise InvalidArgumentError(f"temperature must be > 0, got {temperature}")
     if packed.plan is not None:
         logprobs, entropy = _flat_logprobs(
             model, packed, temperature, with_entropy, positions, last_layer_at_heads, chunk

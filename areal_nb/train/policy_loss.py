@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_nb.errors import InvalidArgumentError
+
 from .mismatch import MismatchTerms, mismatch_weights
 
 
@@ -77,7 +79,7 @@ def loss_normalizer(
         c = constant if constant is not None else max(int(counts.max()), 1)
         per_row = torch.full(counts.shape, float(c * n_seq), device=mask.device)
     else:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"loss_agg must be 'token_mean', 'seq_mean_token_mean' or 'seq_sum_norm', got {agg!r}"
         )
     return per_row.unsqueeze(1).expand(mask.shape)
@@ -109,22 +111,24 @@ def policy_loss_terms(
     and `behave_masked_frac`, `entropy` if given.
     """
     if importance_level not in ("token", "sequence"):
-        raise ValueError(f"importance_level must be 'token' or 'sequence', got {importance_level!r}")
+        raise InvalidArgumentError(
+            f"importance_level must be 'token' or 'sequence', got {importance_level!r}"
+        )
     if policy_loss not in ("ppo", "cispo"):
-        raise ValueError(f"policy_loss must be 'ppo' or 'cispo', got {policy_loss!r}")
+        raise InvalidArgumentError(f"policy_loss must be 'ppo' or 'cispo', got {policy_loss!r}")
     shapes = {t.shape for t in (logprobs, old_logprobs, advantages, loss_mask)}
     if prox_logprobs is not None:
         shapes.add(prox_logprobs.shape)
     if len(shapes) != 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"logprobs, old/prox logprobs, advantages and loss_mask must share a shape, got {shapes}"
         )
     if c_clip is not None and (c_clip <= 1 or policy_loss == "cispo"):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"c_clip (dual clip, > 1) applies to the PPO objective only, got {c_clip} with {policy_loss}"
         )
     if behave_imp_weight_cap is not None and behave_imp_weight_cap <= 1:
-        raise ValueError(f"behave_imp_weight_cap must be > 1, got {behave_imp_weight_cap}")
+        raise InvalidArgumentError(f"behave_imp_weight_cap must be > 1, got {behave_imp_weight_cap}")
     mask = loss_mask.bool()
     n_tokens = int(mask.sum())
     if normalizer is None:
@@ -217,7 +221,7 @@ def variant_loss_terms(
     mismatch = None
     if cfg.mismatch_correction is not None:
         if prox_logprobs is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "mismatch_correction needs the trainer's recomputed log-probs (recompute_logprob=true)"
             )
         mismatch = mismatch_weights(

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from areal_nb.errors import InvalidArgumentError
+
 MASTER_DTYPE = torch.float32
 
 
@@ -67,7 +69,7 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
     the forward); under no_grad a layer runs its plain forward."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"actor.gradient_checkpointing needs a decoder's model.layers; {type(model).__name__} has none"
         )
     for layer in layers:

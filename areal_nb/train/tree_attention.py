@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
+
 ATTENTION_NAME = "areal_nb_tree"
 CHUNK = 96  # queries per chunk: longer chunks pad more keys (a chunk's keys end at its last query)
 SLACK = 0.1  # padded work a batched call may add to the real (query, key) pairs of its chunks
@@ -139,14 +141,14 @@ def plan_tree_attention(
     keys = torch.cat(key_nodes) if key_nodes else torch.zeros(0, dtype=torch.long)
     if queries is None:
         if bool((slot_of < 0).any()):
-            raise ValueError("plan_tree_attention: some nodes are in no segment")
+            raise InvalidArgumentError("plan_tree_attention: some nodes are in no segment")
         return TreePlan(buckets, nodes, keys, slot_of, pairs)
     wanted = torch.as_tensor(queries, dtype=torch.long)
     index_of = torch.full((n_nodes,), -1, dtype=torch.long)
     index_of[wanted] = torch.arange(len(wanted))
     output_slot, query_index = slot_of[wanted], index_of[nodes]
     if bool((output_slot < 0).any()) or bool((query_index < 0).any()):
-        raise ValueError("plan_tree_attention: the segments' queries are not exactly `queries`")
+        raise InvalidArgumentError("plan_tree_attention: the segments' queries are not exactly `queries`")
     return TreePlan(buckets, query_index, keys, output_slot, pairs)
 
 
@@ -166,15 +168,17 @@ def tree_attention_forward(
     if not isinstance(attention_mask, TreePlan):  # a model that builds its own mask (Llama) passes None
         attention_mask = kwargs.get("tree_plan")  # type: ignore[assignment]
     if not isinstance(attention_mask, TreePlan):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}"
         )
     if kwargs.get("sliding_window") is not None:
-        raise ValueError(f"{ATTENTION_NAME} attention has no sliding window")
+        raise InvalidArgumentError(f"{ATTENTION_NAME} attention has no sliding window")
     if kwargs.get("softcap") is not None:
-        raise ValueError(f"{ATTENTION_NAME} attention has no soft-capping")
+        raise InvalidArgumentError(f"{ATTENTION_NAME} attention has no soft-capping")
     if dropout:
-        raise ValueError(f"{ATTENTION_NAME} attention has no dropout (the actor trains in eval mode)")
+        raise InvalidArgumentError(
+            f"{ATTENTION_NAME} attention has no dropout (the actor trains in eval mode)"
+        )
     plan = attention_mask
     # [T, H, D] views; one gather each, then every bucket's slots are views of it
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
