@@ -135,11 +135,11 @@ def instrument_modules() -> None:
     app imports `create_chat_completion` when it is built, so this runs before the Session."""
     import torch
 
-    import areal_nb.capture.completion as completion
+    import areal_nb.capture.chat as chat
     import areal_nb.train.actor as actor_module
     from areal_nb.rollout.batch import RolloutBatch
 
-    TIMERS.wrap(completion, "create_chat_completion", "capture")
+    TIMERS.wrap(chat, "create_chat_completion", "capture")
     TIMERS.wrap(RolloutBatch, "to_tensors", "to_tensors")
     TIMERS.wrap(actor_module, "compute_token_logprobs_and_entropy", "forward")  # padded rows
     TIMERS.wrap(actor_module, "packed_token_logprobs_and_entropy", "forward")  # packed tries (actor.pack)

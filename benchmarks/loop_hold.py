@@ -1,5 +1,5 @@
 """How long the proxy's event loop is held while a conversation is rendered and tokenized, in
-place vs in a worker thread (`openai/completion.py` INLINE_RENDER_CHARS picks between them).
+place vs in a worker thread (`capture/generate.py` INLINE_RENDER_CHARS picks between them).
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loop_hold.py [--repeats 15]
 

@@ -12,17 +12,12 @@ from .cache import (
     InteractionCache,
     MissingRewardWarning,
 )
+from .chat import chat_completion_stream_chunks, create_chat_completion
 from .client import ArealOpenAI, ChunkStream
-from .completion import (
-    CompletionSettings,
-    TokenBudget,
-    chat_completion_stream_chunks,
-    create_chat_completion,
-    resolve_token_budget,
-)
 from .interaction import InteractionWithTokenLogpReward, TokenRow
 from .messages import CompletionRequestError, MessageTypeError, normalize_messages
 from .responses import create_response, response_items_to_messages
+from .settings import CompletionSettings, TokenBudget, resolve_token_budget
 from .templates import (
     ConcatAlignmentError,
     RetokenizationCheck,

@@ -1,7 +1,7 @@
 """`ArealOpenAI`: an `openai.AsyncOpenAI` whose calls go straight to an engine (direct mode).
 
 Legacy mode, kept for AReaL's multi-turn math example: the recommended way is the proxy,
-which runs the same completion logic (`completion.create_chat_completion`) behind HTTP.
+which runs the same completion logic (`chat.create_chat_completion`) behind HTTP.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import openai
 from areal_nb.api import ChatTemplateType, DiscountMode, ExportStyle, InferenceEngine
 
 from .cache import InteractionCache
-from .completion import CompletionSettings, chat_completion_stream_chunks, create_chat_completion
+from .chat import chat_completion_stream_chunks, create_chat_completion
 from .interaction import InteractionWithTokenLogpReward
 from .response_stream import response_stream_events
 from .responses import create_response
+from .settings import CompletionSettings
 
 
 def _given(kwargs: dict[str, Any]) -> dict[str, Any]:

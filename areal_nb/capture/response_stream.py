@@ -1,6 +1,6 @@
 """The OpenAI Responses streaming events of a finished `Response`.
 
-Generation is complete before the first event (as for chat streams, `completion.py`), so the
+Generation is complete before the first event (as for chat streams, `chat.py`), so the
 stream replays the recorded response in the order the OpenAI API sends it: `response.created`,
 `response.in_progress`, then per output item `output_item.added`, its content (`content_part` +
 one `output_text.delta`, or one `function_call_arguments.delta`), its `done` events, and finally
@@ -15,6 +15,7 @@ from typing import Any
 
 def response_stream_events(response: Any) -> list[Any]:
     """The `ResponseStreamEvent`s (pydantic objects) that replay `response`."""
+    # Long on purpose: the events are the API's fixed sequence, kept in one place to read in order.
     from openai.types.responses import (
         ResponseCompletedEvent,
         ResponseContentPartAddedEvent,

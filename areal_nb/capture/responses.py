@@ -14,19 +14,19 @@ import time
 import uuid
 from typing import Any
 
-from areal_nb.api import InferenceEngine
+from areal_nb.api import InferenceEngine, ModelResponse, OutputConstraint
 
 from .cache import InteractionCache
-from .completion import (
+from .generate import (
     MODEL_NAME,
-    CompletionSettings,
-    _agent_name,
-    _chat_template_kwargs,
+    agent_name,
+    chat_template_kwargs_of,
     cut_stop_string,
     decode_output,
     generate_for_messages,
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
+from .settings import CompletionSettings
 from .structured import (
     constraint_of_format,
     constraint_of_guided,
@@ -196,14 +196,9 @@ async def create_response(
     `previous_response_id` continues a response of the same cache: its conversation (input and
     output, without its instructions, as in the OpenAI API) comes before this call's input.
     """
-    from openai.types.responses import (
-        Response,
-        ResponseFunctionToolCall,
-        ResponseOutputMessage,
-        ResponseOutputText,
-        ResponseUsage,
-    )
-    from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+    # Reads top to bottom: convert the request, call the core, render the Response; its length is
+    # the field-by-field keyword lists of the core call and of the Response (one field a line).
+    from openai.types.responses import Response
 
     if include:
         raise CompletionRequestError("include is not supported")
@@ -211,6 +206,67 @@ async def create_response(
         raise CompletionRequestError(
             "conversation is not supported; send previous_response_id or the whole input"
         )
+    messages = _chat_messages(cache, previous_response_id, input, instructions)
+    chat_tools = _chat_tools(tools)
+    check_tools(chat_tools, tool_choice)
+    constraint = _response_constraint(chat_tools, tool_choice, ignored.get("text"), extra_body)
+    response_id = "resp-" + uuid.uuid4().hex[:29]
+    record = cache if store is not False else None
+    interaction, model_response = await generate_for_messages(
+        engine=engine,
+        tokenizer=tokenizer,
+        settings=settings,
+        cache=record,
+        interaction_id=response_id,
+        messages=messages,
+        tools=chat_tools,
+        chat_template_kwargs=chat_template_kwargs_of(extra_body),
+        budget_kwargs={"max_completion_tokens": max_output_tokens},
+        sampling_kwargs={
+            "temperature": temperature,
+            "top_p": top_p,
+            "frequency_penalty": None,
+            "stop": ignored.get("stop"),
+            "constraint": constraint,
+        },
+        metadata=metadata,
+        input_data=input,
+        agent=agent_name(model),
+    )
+    text, calls = _reply(
+        tokenizer, settings, model_response, ignored.get("stop"), bool(chat_tools) and tool_choice != "none"
+    )
+    response = Response(
+        id=response_id,
+        created_at=float(int(time.time())),
+        model=MODEL_NAME,
+        object="response",
+        output=_output_items(text, calls),
+        parallel_tool_calls=False,
+        tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
+        tools=[],
+        status="completed",
+        instructions=instructions,
+        previous_response_id=previous_response_id,
+        max_output_tokens=max_output_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        usage=_response_usage(model_response, count_reasoning_tokens(tokenizer, text)),
+    )
+    interaction.response = response
+    interaction.output_message_list = response_items_to_messages(
+        [o.model_dump(exclude_none=True) for o in response.output]
+    )
+    if record is not None:
+        record.mark_completed(response_id)
+    return response
+
+
+def _chat_messages(
+    cache: InteractionCache | None, previous_response_id: Any, input: Any, instructions: str | None
+) -> list[dict[str, Any]]:
+    """The chat conversation of a Responses request: the previous response's conversation, the
+    input items as chat messages, the instructions as a leading system message."""
     history = _previous_conversation(cache, previous_response_id)
     if input is None:
         raise CompletionRequestError("input is required for Responses.create")
@@ -225,49 +281,42 @@ async def create_response(
         messages.insert(0, {"role": "system", "content": instructions})
     if not messages:
         raise CompletionRequestError("input cannot be empty")
-    chat_tools = _chat_tools(tools)
-    check_tools(chat_tools, tool_choice)
-    text_options = ignored.get("text")
+    return messages
+
+
+def _response_constraint(
+    chat_tools: list[dict[str, Any]] | None, tool_choice: Any, text_options: Any, extra_body: Any
+) -> OutputConstraint | None:
+    """The engine constraint of `text.format`, a forced `tool_choice` or vLLM's guided options."""
     if text_options is not None and not isinstance(text_options, dict):
         raise CompletionRequestError(
             f"text must be an object like {{'format': {{...}}}}, got {text_options!r:.80}"
         )
-    constraint = request_constraint(
+    return request_constraint(
         {
             "text.format": constraint_of_format((text_options or {}).get("format"), "text.format"),
             "tool_choice": constraint_of_tool_choice(chat_tools, tool_choice),
             **constraint_of_guided(extra_body),
         }
     )
-    response_id = "resp-" + uuid.uuid4().hex[:29]
-    record = cache if store is not False else None
-    interaction, model_response = await generate_for_messages(
-        engine=engine,
-        tokenizer=tokenizer,
-        settings=settings,
-        cache=record,
-        interaction_id=response_id,
-        messages=messages,
-        tools=chat_tools,
-        chat_template_kwargs=_chat_template_kwargs(extra_body),
-        budget_kwargs={"max_completion_tokens": max_output_tokens},
-        sampling_kwargs={
-            "temperature": temperature,
-            "top_p": top_p,
-            "frequency_penalty": None,
-            "stop": ignored.get("stop"),
-            "constraint": constraint,
-        },
-        metadata=metadata,
-        input_data=input,
-        agent=_agent_name(model),
-    )
-    text, _ = cut_stop_string(decode_output(tokenizer, model_response), model_response, ignored.get("stop"))
-    calls: list[ParsedToolCall] = []
-    if chat_tools and tool_choice != "none":
-        calls, parsed_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
-        if calls:
-            text = parsed_text
+
+
+def _reply(
+    tokenizer: Any, settings: CompletionSettings, model_response: ModelResponse, stop: Any, parse_calls: bool
+) -> tuple[str, list[ParsedToolCall]]:
+    """The reply's text (without the stop string that ended it) and the tool calls parsed out of it."""
+    text, _ = cut_stop_string(decode_output(tokenizer, model_response), model_response, stop)
+    if not parse_calls:
+        return text, []
+    calls, parsed_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
+    return (parsed_text, calls) if calls else (text, [])
+
+
+def _output_items(text: str, calls: list[ParsedToolCall]) -> list[Any]:
+    """The response's output: a message with the text (also when empty and no call was made),
+    then one `function_call` item per parsed tool call."""
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
     output: list[Any] = []
     if text or not calls:
         output.append(
@@ -290,36 +339,18 @@ async def create_response(
                 status="completed",
             )
         )
+    return output
+
+
+def _response_usage(model_response: ModelResponse, reasoning_tokens: int) -> Any:
+    from openai.types.responses import ResponseUsage
+    from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+
     n_in, n_out = model_response.input_len, model_response.output_len
-    response = Response(
-        id=response_id,
-        created_at=float(int(time.time())),
-        model=MODEL_NAME,
-        object="response",
-        output=output,
-        parallel_tool_calls=False,
-        tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
-        tools=[],
-        status="completed",
-        instructions=instructions,
-        previous_response_id=previous_response_id,
-        max_output_tokens=max_output_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        usage=ResponseUsage(
-            input_tokens=n_in,
-            input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
-            output_tokens=n_out,
-            output_tokens_details=OutputTokensDetails(
-                reasoning_tokens=count_reasoning_tokens(tokenizer, text)
-            ),
-            total_tokens=n_in + n_out,
-        ),
+    return ResponseUsage(
+        input_tokens=n_in,
+        input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+        output_tokens=n_out,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens),
+        total_tokens=n_in + n_out,
     )
-    interaction.response = response
-    interaction.output_message_list = response_items_to_messages(
-        [o.model_dump(exclude_none=True) for o in output]
-    )
-    if record is not None:
-        record.mark_completed(response_id)
-    return response

@@ -26,24 +26,21 @@ from typing import Any
 from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
 
 from .cache import ConversationLinkWarning, InteractionCache
-from .completion import (
+from .generate import (
     MODEL_NAME,
-    CompletionSettings,
-    TokenBudget,
-    _agent_name,
-    _all_samples,
-    _check_choices,
-    _check_response,
-    _usage,
-    check_not_aborted,
+    agent_name,
+    all_samples,
+    check_choices,
+    completion_usage,
     cut_stop_string,
     decode_output,
-    resolve_token_budget,
-    sampling_config,
+    generate_recorded,
+    mark_completed_last_first,
 )
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
 from .request_limits import check_max_tokens, check_prompt_tokens, context_tokens
+from .settings import CompletionSettings, TokenBudget, resolve_token_budget, sampling_config
 from .tokens import check_text_fits, check_token_ids, decode_ids, encode_text
 
 MAX_GENERATIONS = 64  # len(prompts) × n in one call; each is a full generation and a row
@@ -158,10 +155,11 @@ async def create_text_completion(
     `logprobs=0` returns the sampled tokens' log-probs (the recorded ones); `echo` puts the
     prompt before each choice's text (its tokens with log-prob None: the engine scores no prompt).
     `model` names the agent that made the call."""
-    from openai.types import Completion
-
+    # Check the options, encode the prompts, run one recorded generation per sample (`sample`,
+    # a closure over the checked request), render the Completion: long for the checks done
+    # before anything is generated, which a batch of prompts needs all of before the first sample.
     prompts = _prompts(prompt, tokenizer)
-    n_choices = _check_choices(n)
+    n_choices = check_choices(n)
     if len(prompts) * n_choices > MAX_GENERATIONS:
         raise CompletionRequestError(
             f"{len(prompts)} prompts × n={n_choices} are {len(prompts) * n_choices} generations, more "
@@ -179,22 +177,9 @@ async def create_text_completion(
     sampling_config(tokenizer=None, budget=TokenBudget(1, 2), **sampling)  # bad values fail first
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens({"max_tokens": max_tokens}, context_tokens(engine, None))
-    agent = _agent_name(model)
+    agent = agent_name(model)
     record = cache if store is not False else None
-    concat = settings.chat_template_type == "concat"
-
-    encoded: list[tuple[str, list[int]]] = []
-    for i, item in enumerate(prompts):
-        if isinstance(item, str):
-            check_text_fits(item, tokenizer, context, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
-            text, ids = item, await encode_text(tokenizer, item, add_special_tokens=True)
-        else:
-            check_prompt_tokens(len(item), context)  # before decoding a long list
-            text, ids = decode_ids(tokenizer, item), item
-        if not ids:
-            raise CompletionRequestError(f"prompt{'' if len(prompts) == 1 else f'[{i}]'} is empty")
-        check_prompt_tokens(len(ids), context)
-        encoded.append((text, ids))
+    encoded = await _encode_prompts(prompts, tokenizer, context)
 
     completion_id = "cmpl-" + uuid.uuid4().hex[:29]
     ids_of_choices = [completion_id] + [f"{completion_id}-{i}" for i in range(1, len(encoded) * n_choices)]
@@ -208,39 +193,74 @@ async def create_text_completion(
             default_max_new_tokens=settings.default_max_new_tokens,
         )
         gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
-        interaction_id = ids_of_choices[index]
         interaction = InteractionWithTokenLogpReward(
             messages=[{"role": PROMPT_ROLE, "content": text}],
-            parent=find_text_parent(record, text, ids, agent, concat),
+            parent=find_text_parent(record, text, ids, agent, settings.chat_template_type == "concat"),
             chat_template_type=settings.chat_template_type,
             input_data=prompt,
             agent=agent,
-            _interaction_id=interaction_id,
+            _interaction_id=ids_of_choices[index],
         )
-        if record is not None:
-            record.insert(interaction_id, interaction, resolve_parent=False)
         request = ModelRequest(input_ids=list(ids), gconfig=gconfig, tokenizer=tokenizer, agent=agent)
-        try:
-            response = await engine.agenerate(request)
-            _check_response(response, ids)
-            check_not_aborted(response, settings)
-        except BaseException:
-            if record is not None:
-                record.pop(interaction_id, None)
-            raise
-        if response.tokenizer is None:
-            response.tokenizer = tokenizer
-        interaction.model_response = response
+        response = await generate_recorded(
+            engine=engine,
+            settings=settings,
+            cache=record,
+            interaction_id=ids_of_choices[index],
+            interaction=interaction,
+            request=request,
+        )
         return interaction, response
 
     if len(ids_of_choices) == 1:
         samples = [await sample(0)]
     else:
-        samples = await _all_samples([sample(i) for i in range(len(ids_of_choices))], record, ids_of_choices)
+        samples = await all_samples([sample(i) for i in range(len(ids_of_choices))], record, ids_of_choices)
+    completion = _render_completion(
+        completion_id, samples, encoded, n_choices, tokenizer, stop, with_logprobs, with_echo
+    )
+    mark_completed_last_first(record, [interaction for interaction, _ in samples])
+    return completion
+
+
+async def _encode_prompts(
+    prompts: list[str | list[int]], tokenizer: Any, context: int | None
+) -> list[tuple[str, list[int]]]:
+    """(text, ids) of each prompt: a string encoded with the special tokens, token ids decoded;
+    each checked against the context before and after encoding."""
+    encoded: list[tuple[str, list[int]]] = []
+    for i, item in enumerate(prompts):
+        if isinstance(item, str):
+            check_text_fits(item, tokenizer, context, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+            text, ids = item, await encode_text(tokenizer, item, add_special_tokens=True)
+        else:
+            check_prompt_tokens(len(item), context)  # before decoding a long list
+            text, ids = decode_ids(tokenizer, item), item
+        if not ids:
+            raise CompletionRequestError(f"prompt{'' if len(prompts) == 1 else f'[{i}]'} is empty")
+        check_prompt_tokens(len(ids), context)
+        encoded.append((text, ids))
+    return encoded
+
+
+def _render_completion(
+    completion_id: str,
+    samples: list[tuple[InteractionWithTokenLogpReward, ModelResponse]],
+    encoded: list[tuple[str, list[int]]],
+    n_choices: int,
+    tokenizer: Any,
+    stop: Any,
+    with_logprobs: bool,
+    with_echo: bool,
+) -> Any:
+    """The OpenAI `Completion` of all samples; each sample's interaction gets its own one-choice
+    `Completion` and its reply (without the echoed prompt) as its output message."""
+    from openai.types import Completion
+
     created = int(time.time())
     choices = []
     for index, (interaction, response) in enumerate(samples):
-        prompt_text, prompt_ids = encoded[index // n_choices]
+        prompt_text, _ = encoded[index // n_choices]
         choice = _choice(index, response, tokenizer, stop, with_logprobs, prompt_text if with_echo else None)
         choices.append(choice)
         reply = choice.text[len(prompt_text) :] if with_echo else choice.text
@@ -251,12 +271,8 @@ async def create_text_completion(
             created=created,
             model=MODEL_NAME,
             object="text_completion",
-            usage=_usage(response.input_len, response.output_len),
+            usage=completion_usage(response.input_len, response.output_len),
         )
-    if record is not None:  # choice 0 completes last: a reward sent without an id goes to it
-        for interaction, _ in reversed(samples):
-            assert interaction.interaction_id is not None  # its completion, set above, names it
-            record.mark_completed(interaction.interaction_id)
     if len(samples) == 1:
         return samples[0][0].completion
     return Completion.construct(
@@ -265,7 +281,7 @@ async def create_text_completion(
         created=created,
         model=MODEL_NAME,
         object="text_completion",
-        usage=_usage(sum(len(ids) for _, ids in encoded), sum(r.output_len for _, r in samples)),
+        usage=completion_usage(sum(len(ids) for _, ids in encoded), sum(r.output_len for _, r in samples)),
     )
 
 

@@ -49,15 +49,11 @@ from areal_nb.capture.anthropic import (
     tool_arguments_of,
 )
 from areal_nb.capture.cache import InteractionCache
-from areal_nb.capture.completion import (
-    CompletionSettings,
-    chat_completion_stream_chunks,
-    chat_prompt_ids,
-    create_chat_completion,
-)
+from areal_nb.capture.chat import chat_completion_stream_chunks, chat_prompt_ids, create_chat_completion
 from areal_nb.capture.request_limits import context_tokens, max_chars_per_token
 from areal_nb.capture.response_stream import format_response_sse, response_stream_events
 from areal_nb.capture.responses import create_response
+from areal_nb.capture.settings import CompletionSettings
 from areal_nb.capture.structured import GUIDED_KEYS
 from areal_nb.capture.text_completion import create_text_completion, text_completion_stream_chunks
 from areal_nb.capture.tokens import check_text_fits, check_token_ids, decode_ids, encode_text, token_strings
