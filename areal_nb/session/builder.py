@@ -20,6 +20,7 @@ import torch
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig
+from areal_nb.errors import ConfigError
 
 from .evaluation import EVAL_PREFIX, GreedyEngine
 
@@ -246,7 +247,7 @@ def bind_session_judges(
     if not judges:
         return None
     if cfg.engine.type != "local":
-        raise ValueError(
+        raise ConfigError(
             f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
             f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead"
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, RolloutWorkflow
 from areal_nb.data import check_rows, load_rows
+from areal_nb.errors import CallOrderError, InvalidArgumentError
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import RolloutExecutor
 
@@ -52,10 +53,10 @@ class GreedyEngine:
         self.engine.set_rng_state(state)
 
     def set_version(self, version: int) -> None:
-        raise RuntimeError("GreedyEngine is an evaluation view; set the version on the engine itself")
+        raise CallOrderError("GreedyEngine is an evaluation view; set the version on the engine itself")
 
     def update_weights(self, weights: Any, version: int | None = None) -> None:
-        raise RuntimeError("GreedyEngine is an evaluation view; update the weights of the engine itself")
+        raise CallOrderError("GreedyEngine is an evaluation view; update the weights of the engine itself")
 
     def pause(self) -> None:
         self.engine.pause()
@@ -222,7 +223,7 @@ async def evaluate(
     """`Session.evaluate()`'s episodes on `problems`: greedy with `eval_workflow`, and with
     `pass_k` also k sampled episodes per problem with `sample_workflow` (the training one)."""
     if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
-        raise ValueError(f"pass_k must be an int >= 1, got {pass_k!r}")
+        raise InvalidArgumentError(f"pass_k must be an int >= 1, got {pass_k!r}")
     limits = dict(
         rows_name=rows_name,
         max_concurrent=max_concurrent,
@@ -248,7 +249,7 @@ def choose_problems(
             check_rows(problems, name="problems", picklable=picklable)
     chosen = list(held_out if problems is None else problems)[: n or None]
     if not chosen:
-        raise ValueError(
+        raise InvalidArgumentError(
             "evaluate() needs at least one problem: this dataset has no held-out rows; pass "
             "eval_dataset=..., set data.eval_fraction, or call evaluate(problems=rows)"
         )

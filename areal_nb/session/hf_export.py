@@ -27,6 +27,7 @@ import torch
 
 from areal_nb.config import load_config
 from areal_nb.engine.weight_sync import write_adapter_files
+from areal_nb.errors import ExportError
 from areal_nb.train.lora import (
     is_lora_model,
     load_adapter_state,
@@ -69,7 +70,7 @@ def save_pretrained(
     if agent is not None:
         return write_agent_policy(actor.model, agent, session.tokenizer, dtype, path, merged=merged)
     if not merged and not is_lora_model(actor.model):
-        raise ValueError(
+        raise ExportError(
             "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "
             "(no actor.lora): use merged=True"
         )
@@ -104,12 +105,12 @@ def write_model_folder(
 def check_agent(agents: list[str], agent: str | None) -> str | None:
     """`agent`, checked against the run's agents with an adapter of their own (ValueError)."""
     if agents and agent not in agents:
-        raise ValueError(
+        raise ExportError(
             f"this run trains one adapter per agent: name the agent to export ({', '.join(agents)})"
             + ("" if agent is None else f"; {agent!r} is not one of them")
         )
     if not agents and agent is not None:
-        raise ValueError(
+        raise ExportError(
             f"agent={agent!r} names an agent's own adapter, but this run trains one policy for every "
             "agent (no `agents` config): export without agent"
         )
@@ -187,7 +188,7 @@ def export_checkpoint(
     cfg = load_config(checkpoint / "config.yaml", {"model.path": model_path})
     agent = check_agent(list(cfg.agents), agent)
     if not merged and cfg.actor.lora is None and agent is None:
-        raise ValueError(
+        raise ExportError(
             f"{checkpoint} is a full-weight run's checkpoint: it has no LoRA adapter to export alone"
         )
     model = load_model(model_path, dtype=torch.float32)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
 from areal_nb.train.algorithms import ALGORITHMS, configure
 from areal_nb.train.lab import VariantResult, compare_variants, cosine_matrix
 
@@ -71,7 +72,7 @@ class Comparison:
 def variant_configs(base: Any, variants: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """name → GRPOConfig for `variants` (name → knob overrides) on top of `base`."""
     if not isinstance(variants, Mapping) or not variants:
-        raise ValueError(
+        raise InvalidArgumentError(
             "variants must be a non-empty dict of name -> actor knobs, e.g. {'grpo': {}, 'gspo': {}}"
         )
     out = {}
@@ -81,7 +82,7 @@ def variant_configs(base: Any, variants: Mapping[str, Mapping[str, Any] | None])
         try:
             out[name] = configure(base, algorithm, **knobs)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"variant {name!r}: {e}") from None
+            raise InvalidArgumentError(f"variant {name!r}: {e}") from None
     return out
 
 

@@ -12,6 +12,8 @@ import numbers
 from pathlib import Path
 from typing import Any, Protocol
 
+from areal_nb.errors import ConfigError
+
 
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: dict[str, Any]) -> None: ...
@@ -76,4 +78,4 @@ def create_metrics_sink(
         return TensorBoardSink(run_dir / "tensorboard")
     if backend == "wandb":
         return WandbSink(project, run_dir, config)
-    raise ValueError(f"logging.backend must be 'none', 'tensorboard' or 'wandb', got {backend!r}")
+    raise ConfigError(f"logging.backend must be 'none', 'tensorboard' or 'wandb', got {backend!r}")

@@ -29,7 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from areal_nb.errors import LeaderFailed  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    ArgumentTypeError,
+    CallOrderError,
+    LeaderFailed,  # noqa: F401 (re-exported)
+)
 from areal_nb.train import distributed
 from areal_nb.train.distributed import DataParallel
 
@@ -115,7 +119,7 @@ class Ranks:
         message: dict[str, Any] | None = None
         if self.rank == 0:
             if batch is None:
-                raise TypeError("train_step() needs a RolloutBatch (from rollout()), got None")
+                raise ArgumentTypeError("train_step() needs a RolloutBatch (from rollout()), got None")
             message = {
                 "tensors": batch.to_tensors(),
                 "credit": batch.credit,
@@ -156,7 +160,7 @@ class RankChannel:
         if got_kind == "abort":
             raise LeaderFailed(f"rank 0 failed: {got}")
         if got_kind != kind:
-            raise RuntimeError(
+            raise CallOrderError(
                 f"rank {self.parallel.rank} expected {kind!r} from rank 0 but got {got_kind!r}: "
                 "every rank must make the same Session calls in the same order"
             )

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig, load_config
+from areal_nb.errors import CallOrderError, ExportError
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
 from areal_nb.widgets import EngineLog, view_batch
@@ -481,7 +482,7 @@ class Session:
         if self.config.agents or agent is not None:  # (agent adapters do not shard: nothing to gather)
             return write(lambda: save_pretrained(self, path, merged=merged, agent=agent))
         if not merged and not self.actor.lora:
-            raise ValueError(
+            raise ExportError(
                 "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "
                 "(no actor.lora): use merged=True"
             )
@@ -642,7 +643,7 @@ class Session:
 
 def _built(part: T | None, name: str) -> T:
     if part is None:
-        raise RuntimeError(
+        raise CallOrderError(
             f"this Session has no {name}: it is built by start(), on rank 0 only (under torchrun the "
             "other ranks hold just the actor)"
         )
