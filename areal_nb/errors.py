@@ -47,6 +47,7 @@ The tree:
     │   └── LoraError (ValueError)          a LoRA adapter or flag the engine-server does not load or serve
     ├── DataError                       data that cannot be read or written
     │   ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
+    │   ├── DatasetUnavailableError (RuntimeError)  a public dataset that could not be fetched
     │   ├── ExportError (ValueError)        a run that cannot be exported
     │   ├── TrainBatchError (ValueError)    a training batch with a missing key, disagreeing shapes, a bad mask
     │   └── CheckpointError (ValueError)    a checkpoint cannot be written there, or is damaged (names the file)
@@ -381,6 +382,10 @@ class TrainMemoryError(UsageError, ValueError):
     """A training step estimated not to fit the device's free memory; the message names the setting to change."""
 
 
+class DatasetUnavailableError(DataError, RuntimeError):
+    """A public dataset could not be fetched (offline, no access); the message says to pass a local file."""
+
+
 class ExportError(DataError, ValueError):
     """The run cannot be exported; the message names what and why."""
 
@@ -645,6 +650,7 @@ __all__ = [
     "EngineError",
     "EpisodeError",
     "InvalidArgumentError",
+    "DatasetUnavailableError",
     "TrainBatchError",
     "ProcessGroupError",
     "WeightUpdateError",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from areal_nb.errors import DatasetError, DatasetUnavailableError, InvalidArgumentError
+
 from .problems import make_problem, split_of
 
 HUB_NAMES = ("openai/gsm8k", "gsm8k")
@@ -40,7 +42,7 @@ def load_gsm8k_split(source: str, split: str) -> list[dict]:
     (`split_of`, 10 % test), so evaluation never scores a question the policy trained on.
     """
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise InvalidArgumentError(f"split must be 'train' or 'test', got {split!r}")
     path = Path(source).expanduser()
     if not path.is_file():
         return load_gsm8k(source, split)
@@ -59,13 +61,13 @@ def _load_jsonl(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
             if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-                raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+                raise DatasetError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
             try:
                 problems.append(make_problem(str(row["question"]), str(row["answer"])))
             except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from e
+                raise DatasetError(f"{path}:{lineno}: {e}") from e
     return problems
 
 
@@ -80,7 +82,7 @@ def _load_from_hub(split: str) -> list[dict]:
     try:
         rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
     except Exception as e:
-        raise RuntimeError(
+        raise DatasetUnavailableError(
             f"could not load openai/gsm8k split {split!r} from the hub (offline?): {e}; "
             "pass a local JSONL file instead"
         ) from e

@@ -25,7 +25,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from areal_nb.errors import DatasetError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    DatasetError,  # noqa: F401 (re-exported)
+    InvalidArgumentError,
+)
 
 ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -187,7 +190,7 @@ def check_rows(rows: list, *, name: str = "dataset", picklable: bool = False) ->
 def split_rows(rows: list, fraction: float, seed: int) -> tuple[list, list]:
     """A seeded (train, held-out) split holding out `fraction` of the rows (at least one)."""
     if not 0 < fraction < 1:
-        raise ValueError(f"the held-out fraction must be in (0, 1), got {fraction}")
+        raise InvalidArgumentError(f"the held-out fraction must be in (0, 1), got {fraction}")
     if len(rows) < 2:
         raise DatasetError(f"{len(rows)} row(s) cannot be split into training and held-out rows")
     order = list(range(len(rows)))
