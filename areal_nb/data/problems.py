@@ -12,8 +12,6 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from areal_nb.errors import ConfigError, DatasetError, InvalidArgumentError
-
 OPERATIONS = ("+", "-", "*")
 SPLITS = ("train", "test")
 # Seed of the held-out stream: the test split is the same list for every caller seed.
@@ -54,20 +52,20 @@ class TaskConfig:
         if isinstance(self.operations, str | list):
             object.__setattr__(self, "operations", tuple(self.operations))
         if not self.operations:
-            raise ConfigError("TaskConfig.operations must name at least one of '+', '-', '*'")
+            raise ValueError("TaskConfig.operations must name at least one of '+', '-', '*'")
         unknown = [op for op in self.operations if op not in OPERATIONS]
         if unknown:
-            raise ConfigError(f"unknown operation(s) {unknown}; choose from {list(OPERATIONS)}")
+            raise ValueError(f"unknown operation(s) {unknown}; choose from {list(OPERATIONS)}")
         if self.min_operand < 0 or self.max_operand < self.min_operand:
-            raise ConfigError(
+            raise ValueError(
                 f"operand range [{self.min_operand}, {self.max_operand}] must be non-negative and non-empty"
             )
         if self.min_steps < 1 or self.max_steps < self.min_steps:
-            raise ConfigError(
+            raise ValueError(
                 f"steps range [{self.min_steps}, {self.max_steps}] must start at 1 or more and be non-empty"
             )
         if not 0.0 < self.test_fraction < 1.0:
-            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
 
 
 _NAMES = [
@@ -196,10 +194,10 @@ def split_of(question: str, test_fraction: float = 0.1) -> str:
 def make_problem(question: str, answer: str) -> dict:
     """The dict shape shared by generated and loaded problems."""
     if "####" not in answer:
-        raise DatasetError(f"answer has no '####' final-answer marker: {answer!r}")
+        raise ValueError(f"answer has no '####' final-answer marker: {answer!r}")
     value = answer.rsplit("####", 1)[1].strip().replace(",", "")
     if not value:
-        raise DatasetError(f"answer has nothing after '####': {answer!r}")
+        raise ValueError(f"answer has nothing after '####': {answer!r}")
     return {
         "question": question,
         "answer": answer,
@@ -218,9 +216,9 @@ def generate_problems(
     every caller evaluates on the same problems, and a shorter list is a prefix of a longer one.
     """
     if split not in SPLITS:
-        raise InvalidArgumentError(f"split must be one of {SPLITS}, got {split!r}")
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if n < 0:
-        raise InvalidArgumentError(f"n must be >= 0, got {n}")
+        raise ValueError(f"n must be >= 0, got {n}")
     cfg = config or TaskConfig()
     rng = random.Random(_TEST_STREAM_SEED if split == "test" else seed)
     problems: list[dict] = []
@@ -230,7 +228,7 @@ def generate_problems(
     patience, misses = 20_000, 0
     while len(problems) < n:
         if misses >= patience:
-            raise ConfigError(
+            raise ValueError(
                 f"could only generate {len(problems)} of {n} {split!r} problems with {cfg}; "
                 "widen the operand range, the operations or the steps"
             )

@@ -44,11 +44,11 @@ def calculator(expression: str) -> str:
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError("only integers and + - * are supported")  # caught below: the tool answers with it
+        raise ValueError("only integers and + - * are supported")
 
     try:
         if len(expression) > 64:
-            raise ValueError("expression too long")  # caught below: the tool answers with it
+            raise ValueError("expression too long")
         return str(value(ast.parse(expression, mode="eval").body))
     except (SyntaxError, ValueError, TypeError) as e:
         return f"error: {e}"
