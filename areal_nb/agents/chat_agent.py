@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from areal_nb.errors import ArgumentTypeError
 from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
 from .sdk_agent import SDKAgent, openai_client
@@ -32,7 +33,7 @@ def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if row.get("messages") is not None:
         messages = row["messages"]
         if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"the row's 'messages' must be a list of chat messages, got {type(messages).__name__}"
             )
         return list(messages)

@@ -15,6 +15,7 @@ from typing import Any
 
 from areal_nb.api import DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.data import CORRECTION_PROMPT
+from areal_nb.errors import InvalidArgumentError
 from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 
@@ -32,7 +33,7 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
     ) -> None:
         check_export_style(export_style)
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise InvalidArgumentError(f"max_turns must be >= 1, got {max_turns}")
         if isinstance(tokenizer, str):
             from areal_nb.models import load_tokenizer
 

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
 from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
 from .sdk_agent import openai_client
@@ -147,7 +148,7 @@ class MCPToolAgent:
         model: str = "default",
     ) -> None:
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise InvalidArgumentError(f"max_turns must be >= 1, got {max_turns}")
         self.reward_fn = resolve_reward(reward_fn)
         self.max_turns = max_turns
         self.instructions = instructions

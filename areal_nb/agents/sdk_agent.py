@@ -11,6 +11,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 Messages = list[dict[str, Any]]
 
 
@@ -57,7 +59,7 @@ class SDKAgent:
         max_completion_tokens: int | None = None,
     ) -> None:
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise InvalidArgumentError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.model = model
         self.temperature = temperature

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
 from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 from .sdk_agent import SDKAgent, openai_client
@@ -64,7 +65,9 @@ class SolverCheckerAgent(SDKAgent):
         reward_timeout: float = 15.0,
     ) -> None:
         if solver == checker:
-            raise ValueError(f"the solver and the checker need different names, got {solver!r} for both")
+            raise InvalidArgumentError(
+                f"the solver and the checker need different names, got {solver!r} for both"
+            )
         super().__init__(1, solver, temperature, max_completion_tokens)
         self.solver, self.checker = solver, checker
         self.reward_timeout = reward_timeout

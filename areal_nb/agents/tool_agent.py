@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_nb.data.tool_task import CALCULATOR_TOOL, calculator
+from areal_nb.errors import ArgumentTypeError
 from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
 from .sdk_agent import SDKAgent, echo, openai_client
@@ -60,7 +61,7 @@ class ToolAgent(SDKAgent):
         if isinstance(fn, str):
             return fn
         if inspect.iscoroutinefunction(fn):
-            raise TypeError(f"tool {name!r} is async: use `await agent.acall_tool(name, arguments)`")
+            raise ArgumentTypeError(f"tool {name!r} is async: use `await agent.acall_tool(name, arguments)`")
         try:
             return tool_text(fn(**args))
         except Exception as e:  # the model's call went wrong: it is told so
