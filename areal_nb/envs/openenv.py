@@ -36,6 +36,7 @@ from typing import Any, Self
 import httpx
 
 from areal_nb.agents.sdk_agent import SDKAgent, echo, openai_client
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .errors import EnvironmentServerError
 
@@ -91,7 +92,7 @@ class OpenEnvServer:
         startup_timeout: float = 60.0,
     ) -> None:
         if ":" not in app:
-            raise ValueError(f"app must be an import path 'package.module:app', got {app!r}")
+            raise InvalidArgumentError(f"app must be an import path 'package.module:app', got {app!r}")
         self.app = app
         self.cwd = None if cwd is None else str(cwd)
         self.env = dict(env or {})
@@ -214,7 +215,7 @@ class OpenEnvAgent(SDKAgent):
     ) -> None:
         super().__init__(max_turns, model, temperature, max_completion_tokens)
         if not isinstance(server, (OpenEnvServer, str)):
-            raise TypeError(f"server must be an OpenEnvServer or a URL, got {type(server).__name__}")
+            raise ArgumentTypeError(f"server must be an OpenEnvServer or a URL, got {type(server).__name__}")
         self.server = server
         self.action_fn = action_fn
         self.observation_fn = observation_fn

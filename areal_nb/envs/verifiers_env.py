@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from areal_nb.api import AgentRewards
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .errors import EnvironmentServerError
 
@@ -95,7 +96,9 @@ class VerifiersAgent:
         if isinstance(env, str):
             env = vf.load_environment(_local_config(vf, env))
         if not isinstance(env, vf.Env):
-            raise TypeError(f"env must be a verifiers.v1.Env or a taskset id, got {type(env).__name__}")
+            raise ArgumentTypeError(
+                f"env must be a verifiers.v1.Env or a taskset id, got {type(env).__name__}"
+            )
         # `Env.setup` is where an environment decides which seats train, and the one hook
         # `run_episode` calls between building the episode's agents and running them: the
         # untrainable seats' calls are marked unrecorded there, on this environment object.
@@ -127,7 +130,7 @@ class VerifiersAgent:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         if not base_url:
-            raise ValueError("VerifiersAgent.run needs base_url (the proxy's /v1 URL)")
+            raise InvalidArgumentError("VerifiersAgent.run needs base_url (the proxy's /v1 URL)")
         task = self.task(data)
         # verifiers reads the endpoint's key from an environment variable by name: one name per
         # episode, so concurrent episodes each reach the proxy with their own session key.

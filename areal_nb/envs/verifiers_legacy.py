@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal_nb.agents.sdk_agent import openai_client
+from areal_nb.errors import ArgumentTypeError, DatasetError, InvalidArgumentError
 
 from .errors import EnvironmentServerError
 
@@ -56,7 +57,7 @@ def legacy_rows(
     environment has none), the first `n` rows (after a shuffle with `seed`, if given), each as
     `Dataset.to_list()` gives it."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidArgumentError(f"split must be one of {SPLITS}, got {split!r}")
     get = env.get_dataset if split == "train" else env.get_eval_dataset
     return get(-1 if n is None else n, seed).to_list()
 
@@ -85,18 +86,18 @@ class LegacyVerifiersAgent:
         if isinstance(env, str):
             env = vf.load_environment(env, **dict(env_args or {}))
         elif env_args:
-            raise TypeError("env_args goes with an environment id, not with an Environment")
+            raise ArgumentTypeError("env_args goes with an environment id, not with an Environment")
         if not isinstance(env, vf.Environment):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"env must be a classic verifiers Environment or an environment id, got {type(env).__name__}"
             )
         if env.message_type != "chat":
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"the environment's message_type is {env.message_type!r}: the proxy serves chat "
                 "completions, so only chat environments (message_type 'chat') can play through it"
             )
         if env.requires_group_rollouts:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "the environment's rubric has group reward functions (scored over a group of "
                 "rollouts at once); here each rollout is an episode of its own, scored alone"
             )
@@ -123,7 +124,7 @@ class LegacyVerifiersAgent:
         from verifiers.legacy.clients import OpenAIChatCompletionsClient
 
         if "prompt" not in data or "example_id" not in data:
-            raise ValueError(
+            raise DatasetError(
                 "a classic verifiers row has a 'prompt' and an 'example_id' (rows from "
                 f"legacy_rows(env)); this one has {sorted(data)}"
             )
