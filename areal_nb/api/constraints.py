@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from areal_nb.errors import InvalidRequestError
+from areal_nb.errors import InvalidArgumentError, InvalidRequestError
 
 if TYPE_CHECKING:
     import torch
@@ -254,7 +254,9 @@ def allowed_masks(
     for position, token in enumerate(tokens):
         rows.append(grammar.allowed())
         if not grammar.advance(token):
-            raise ValueError(f"token {token} at output position {position} does not satisfy the constraint")
+            raise InvalidArgumentError(
+                f"token {token} at output position {position} does not satisfy the constraint"
+            )
     return torch.stack(rows) if rows else torch.zeros(0, vocab_size, dtype=torch.bool)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 
 def import_object(path: str) -> Any:
     """The object `path` names: "pkg.mod:Name" (attributes after the colon, dots walk into it) or
@@ -21,7 +23,7 @@ def import_object(path: str) -> Any:
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{path!r} is not an import path like 'package.module.name' or 'package.module:name'"
         )
     try:

@@ -13,7 +13,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_nb.errors import InvalidRequestError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    InvalidRequestError,  # noqa: F401 (re-exported)
+)
 
 from .constraints import OutputConstraint, SamplingMasks
 
@@ -110,7 +114,7 @@ class GenerationConfig:
         """A copy with some fields replaced."""
         unknown = set(kwargs) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise TypeError(f"unknown GenerationConfig field(s): {sorted(unknown)}")
+            raise ArgumentTypeError(f"unknown GenerationConfig field(s): {sorted(unknown)}")
         return dataclasses.replace(self, **kwargs)
 
     def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationConfig:
@@ -137,7 +141,7 @@ class GenerationConfig:
             "openai-agents": "max_tokens",
         }.get(api_format)
         if key is None:
-            raise ValueError(f"unknown api_format {api_format!r}")
+            raise InvalidArgumentError(f"unknown api_format {api_format!r}")
         out[key] = self.max_new_tokens
         if api_format == "responses":
             out.pop("n")
@@ -201,7 +205,9 @@ class ModelResponse:
                 if tid is not None:
                     ids.add(tid)
         if not ids:
-            raise ValueError("ModelResponse needs a tokenizer or eos_token_ids to know its stop tokens")
+            raise InvalidArgumentError(
+                "ModelResponse needs a tokenizer or eos_token_ids to know its stop tokens"
+            )
         return ids
 
     @property
