@@ -36,6 +36,7 @@ from areal_nb.engine.lora_flags import (
     LoraSettings,
     parse_lora_paths,
 )
+from areal_nb.errors import InvalidArgumentError, ModelFileError
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +75,7 @@ def serving_dtype(name: str, model_path: str) -> torch.dtype:
     try:
         saved = AutoConfig.from_pretrained(model_path).dtype  # `dtype` or the older `torch_dtype`
     except (AttributeError, OSError, ValueError) as exc:  # AttributeError: a dtype torch lacks
-        raise ValueError(f"the saved dtype of {model_path} cannot be read: {exc}") from exc
+        raise ModelFileError(f"the saved dtype of {model_path} cannot be read: {exc}") from exc
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
@@ -213,14 +214,14 @@ def is_loopback(host: str) -> bool:
 def api_key_of(args: argparse.Namespace) -> str | None:
     """--api-key, else the contents of --api-key-file, else $AREAL_NB_API_KEY, else None."""
     if args.api_key and args.api_key_file:
-        raise ValueError("give --api-key or --api-key-file, not both")
+        raise InvalidArgumentError("give --api-key or --api-key-file, not both")
     if args.api_key_file:
         try:
             key = Path(args.api_key_file).read_text().strip()
         except OSError as exc:
-            raise ValueError(f"cannot read --api-key-file: {exc}") from exc
+            raise InvalidArgumentError(f"cannot read --api-key-file: {exc}") from exc
         if not key:
-            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+            raise InvalidArgumentError(f"--api-key-file {args.api_key_file} is empty")
         return key
     return args.api_key or os.environ.get(API_KEY_ENV) or None
 
