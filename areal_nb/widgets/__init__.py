@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_nb.api import CreditMode, CreditNorm, DiscountMode, ExportStyle
+from areal_nb.errors import InvalidArgumentError
 
 from .dashboard_model import Series, history_series
 from .engine_log import EngineLog
@@ -106,7 +107,7 @@ def view_batch(batch: Any, name: str, i: int):
         return show_tokens(batch.episodes[i], tokenizer=batch.tokenizer)
     if name == "rewards":  # the whole batch, so the view has the episode's group (advantages) and settings
         return show_rewards(batch, index=i)
-    raise ValueError(f"unknown batch view {name!r}; expected 'tree', 'tokens' or 'rewards'")
+    raise InvalidArgumentError(f"unknown batch view {name!r}; expected 'tree', 'tokens' or 'rewards'")
 
 
 def __getattr__(name: str):

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 from .token_model import VISIBLE_WHITESPACE
 
 ZERO = 1e-9  # |push| below this share of the row's largest counts as none
@@ -54,7 +56,7 @@ def build_compare_model(
     """Row `row` (default: the first with trained tokens) under the variants `names` (default all)."""
     rows = trained_rows(comparison)
     if not rows:
-        raise ValueError("the compared batch has no trained tokens")
+        raise InvalidArgumentError("the compared batch has no trained tokens")
     row = rows[0] if row is None else row
     n_rows = comparison.loss_mask.shape[0]
     if not 0 <= row < n_rows:
@@ -62,7 +64,7 @@ def build_compare_model(
     names = list(comparison.variants) if names is None else list(names)
     unknown = [n for n in names if n not in comparison.variants]
     if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; compared: {list(comparison.variants)}")
+        raise InvalidArgumentError(f"unknown variant(s) {unknown}; compared: {list(comparison.variants)}")
     mask = comparison.loss_mask[row]
     on = mask.nonzero().flatten().tolist()
     positions = list(range(on[0], on[-1] + 1)) if on else []

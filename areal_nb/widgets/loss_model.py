@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from areal_nb.errors import InvalidArgumentError
+
 from .token_model import special_ids, visible_text
 
 # |advantage| at or below this is 0: a group of equal rewards normalises to ~1e-12, not exactly 0
@@ -111,10 +113,12 @@ def resolve_loss_source(source: Any, tokenizer: Any | None) -> tuple[Any, Any]:
     if not hasattr(source, "contribution"):
         inspection = getattr(source, "last_inspection", None)
         if inspection is None:
-            raise ValueError("nothing to show: run train_step(batch, inspect=True) first")
+            raise InvalidArgumentError("nothing to show: run train_step(batch, inspect=True) first")
         tokenizer = tokenizer if tokenizer is not None else getattr(source, "tokenizer", None)
     if tokenizer is None:
-        raise ValueError("a LossInspection needs tokenizer=... to decode its tokens (e.g. session.tokenizer)")
+        raise InvalidArgumentError(
+            "a LossInspection needs tokenizer=... to decode its tokens (e.g. session.tokenizer)"
+        )
     return inspection, tokenizer
 
 
@@ -193,7 +197,7 @@ def build_loss_view(
     """Rows of a train step's loss terms; with a filter other than "all", only rows holding
     such tokens (and those tokens marked selected)."""
     if loss_filter not in LOSS_FILTERS:
-        raise ValueError(f"filter must be one of {LOSS_FILTERS}, got {loss_filter!r}")
+        raise InvalidArgumentError(f"filter must be one of {LOSS_FILTERS}, got {loss_filter!r}")
     inspection, tokenizer = resolve_loss_source(source, tokenizer)
     indices = range(inspection.n_rows) if rows is None else rows
     specials = special_ids(tokenizer)

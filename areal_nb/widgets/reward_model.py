@@ -21,6 +21,7 @@ from areal_nb.api import (
     can_export_concat,
     check_export_style,
 )
+from areal_nb.errors import InvalidArgumentError
 
 from .loss_model import ZERO_ADVANTAGE
 from .sources import collect_interactions, is_complete, node_key, raw_reward
@@ -35,9 +36,9 @@ def discounted_rewards(
     from areal_nb.capture.cache import discounted_rewards as capture_discount
 
     if mode not in DISCOUNT_MODES:
-        raise ValueError(f"discount mode must be one of {DISCOUNT_MODES}, got {mode!r}")
+        raise InvalidArgumentError(f"discount mode must be one of {DISCOUNT_MODES}, got {mode!r}")
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"discount must be a number in [0, 1], got {gamma!r}")
+        raise InvalidArgumentError(f"discount must be a number in [0, 1], got {gamma!r}")
     by_id = capture_discount(
         interactions, float(gamma), mode, {x.interaction_id: raw.get(id(x)) for x in interactions}
     )
@@ -222,9 +223,9 @@ def reward_state(
     style = style or default_style(src)
     check_export_style(style)
     if credit not in CREDIT_MODES:
-        raise ValueError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
+        raise InvalidArgumentError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
     if credit_norm not in CREDIT_NORMS:
-        raise ValueError(f"credit_norm must be one of {CREDIT_NORMS}, got {credit_norm!r}")
+        raise InvalidArgumentError(f"credit_norm must be one of {CREDIT_NORMS}, got {credit_norm!r}")
     nodes: list[RewardNode] = []
     rows: list[AdvantageRow] = []
     for e, items in enumerate(src.episodes):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from areal_nb.errors import ArgumentTypeError
+
 # Where the capture layer may keep the reward as it was set, before any discount.
 RAW_REWARD_ATTRS = ("raw_reward", "original_reward")
 
@@ -49,7 +51,7 @@ def collect_interactions(source: Any) -> list[Any]:
     elif hasattr(source, "model_response"):  # a single interaction
         found.append(source)
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             "expected an Episode, RolloutBatch, InteractionCache, dict or list of interactions, a "
             f"Session, or a callable returning one; got {type(source).__name__}"
         )

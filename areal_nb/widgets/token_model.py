@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_nb.api import CREDIT_MODES, CreditMode, ExportStyle, can_export_concat
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .sources import collect_interactions, is_complete
 
@@ -176,7 +177,7 @@ def _row_lists(row: Any) -> dict[str, list | None]:
         for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids"):
             out[k] = _flat(row[k])[:length] if k in row else None
         return out
-    raise TypeError(f"expected an interaction, a TokenRow or a tensor dict, got {type(row).__name__}")
+    raise ArgumentTypeError(f"expected an interaction, a TokenRow or a tensor dict, got {type(row).__name__}")
 
 
 def _flat(value: Any) -> list:
@@ -184,7 +185,7 @@ def _flat(value: Any) -> list:
         value = value.tolist()
     if value and isinstance(value[0], list):
         if len(value) != 1:
-            raise ValueError(f"expected one row, got a batch of {len(value)}; pass one row")
+            raise InvalidArgumentError(f"expected one row, got a batch of {len(value)}; pass one row")
         value = value[0]
     return list(value)
 
@@ -195,7 +196,7 @@ def tokenizer_of(interaction: Any, tokenizer: Any | None) -> Any:
     mr = getattr(interaction, "model_response", None)
     tok = getattr(mr, "tokenizer", None) if mr is not None else None
     if tok is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             "no tokenizer to decode tokens with: pass tokenizer=... (e.g. session.tokenizer or "
             "areal_nb.models.load_tokenizer('tiny-math'))"
         )
@@ -308,7 +309,7 @@ def _reward_of(interaction: Any, rewards: Mapping[str, float] | None) -> float |
 
 def _check_credit(credit: str) -> None:
     if credit not in CREDIT_MODES:
-        raise ValueError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
+        raise InvalidArgumentError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
 
 
 def _tensor_row_view(source: Mapping, tokenizer: Any, style: str, credit: str) -> RowView:
@@ -318,7 +319,7 @@ def _tensor_row_view(source: Mapping, tokenizer: Any, style: str, credit: str) -
     reward = float(_flat(rewards)[0]) if rewards is not None else None
     returns = _flat(source["turn_returns"])[: len(chips)] if "turn_returns" in source else None
     if credit == "turn" and returns is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             "turn credit needs the row's turn_returns (export it with to_tensor_dict / to_tensors)"
         )
     for i, chip in enumerate(chips):
@@ -350,7 +351,7 @@ def build_token_view(
     """
     if isinstance(source, dict) and "input_ids" in source:
         if tokenizer is None:
-            raise ValueError("a tensor-dict row needs tokenizer=... to decode its tokens")
+            raise InvalidArgumentError("a tensor-dict row needs tokenizer=... to decode its tokens")
         credit = credit or "leaf"
         _check_credit(credit)
         return TokenViewModel(
@@ -372,7 +373,7 @@ def build_token_view(
     items = collect_interactions(source)
     complete = [x for x in items if is_complete(x) and x.has_tensor_data]
     if not complete:
-        raise ValueError("nothing to show: no completed interaction with token data")
+        raise InvalidArgumentError("nothing to show: no completed interaction with token data")
     agents = list(dict.fromkeys(getattr(x, "agent", None) for x in complete))
     if hasattr(source, "model_response"):  # one interaction: its own row (children unknown)
         targets, pool = [source], conversation_path(source)
@@ -390,7 +391,7 @@ def build_token_view(
     )
     style = style or available[0]
     if style not in available:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"style {style!r} is not available for this conversation (available: {available}); "
             "concat rows need chat_template_type='concat'"
         )
