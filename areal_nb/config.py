@@ -91,7 +91,7 @@ class LaunchConfig(_Section):
     @model_validator(mode="after")
     def _ports_match(self) -> LaunchConfig:
         if self.ports is not None and len(self.ports) != self.n_servers:
-            raise ValueError(
+            raise ConfigError(
                 f"engine.launch.ports lists {len(self.ports)} ports for n_servers={self.n_servers}"
             )
         return self
@@ -130,12 +130,12 @@ class EngineConfig(_Section):
     @model_validator(mode="after")
     def _addresses(self) -> EngineConfig:
         if self.type == "remote" and not self.addresses:
-            raise ValueError(
+            raise ConfigError(
                 "engine.type=remote needs engine.addresses (the servers' base URLs, "
                 "e.g. ['http://127.0.0.1:30000'])"
             )
         if self.type != "remote" and self.addresses:
-            raise ValueError(
+            raise ConfigError(
                 f"engine.addresses is only read with engine.type=remote (engine.type is {self.type!r})"
             )
         return self
@@ -307,7 +307,7 @@ class ClusterConfig(_Section):
     @classmethod
     def _time_as_text(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):  # YAML reads 2:00:00 as 7200 (base 60)
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.time must be text, got the number {value}: quote it in YAML "
                 f'(time: "02:00:00"), since YAML reads an unquoted 2:00:00 as seconds'
             )
@@ -318,7 +318,7 @@ class ClusterConfig(_Section):
     def _slurm_time(cls, value: str) -> str:
         # checked here, not by sbatch when the job is submitted (on another machine, later)
         if not _SLURM_TIME.fullmatch(value):
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.time {value!r} is not a Slurm time limit: minutes, MM:SS, HH:MM:SS, "
                 f"D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 01:30:00 or 2-00:00:00)"
             )
@@ -330,7 +330,7 @@ class ClusterConfig(_Section):
         # an #SBATCH line is not shell: a space or quote there makes sbatch reject the script
         several = info.field_name == "partition"
         if value is not None and not (_SLURM_NAMES if several else _SLURM_NAME).fullmatch(value):
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.{info.field_name} {value!r} is not a Slurm name (letters, digits, "
                 f"'_', '-', '.'{', comma-separated' if several else ''})"
             )
@@ -339,13 +339,13 @@ class ClusterConfig(_Section):
     @model_validator(mode="after")
     def _trainer_nodes(self) -> ClusterConfig:
         if self.infer_nodes >= self.nodes:
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
                 f"cluster.nodes ({self.nodes}) for the trainer"
             )
         servers = self.servers_per_node * self.gpus_per_server
         if self.gpus_per_node and servers > self.gpus_per_node:
-            raise ValueError(
+            raise ConfigError(
                 f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
                 f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})"
             )
@@ -354,7 +354,7 @@ class ClusterConfig(_Section):
             and self.infer_nodes == 0
             and servers + self.nproc_per_node > self.gpus_per_node
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
                 f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
                 f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
@@ -403,7 +403,7 @@ class SessionConfig(_Section):
             self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type}
         )
         if self.actor.replay_sampling_masks and self.engine.type != "local":
-            raise ValueError(
+            raise ConfigError(
                 f"actor.replay_sampling_masks needs engine.type 'local', got {self.engine.type!r}: only the "
                 "embedded engine records which tokens each sampled token was drawn among (grammar, top-k, "
                 "top-p); SGLang's replies do not say, so there is nothing to replay"
@@ -411,7 +411,7 @@ class SessionConfig(_Section):
         if self.agents:
             self._check_agents()
         if self.rollout.max_concurrent_rollouts < self.rollout.group_size:
-            raise ValueError(
+            raise ConfigError(
                 f"rollout.max_concurrent_rollouts ({self.rollout.max_concurrent_rollouts}) must be >= "
                 f"rollout.group_size ({self.rollout.group_size}): a group starts all its samples together"
             )
@@ -419,13 +419,13 @@ class SessionConfig(_Section):
 
     def _check_agents(self) -> None:
         if self.actor.lora is not None:
-            raise ValueError(
+            raise ConfigError(
                 "agents gives each agent its own LoRA adapter; actor.lora trains one adapter for all: "
                 "set one or the other"
             )
         blank = [name for name in self.agents if not name.strip()]
         if blank:
-            raise ValueError("agents: an agent's name (the `model` its calls send) cannot be blank")
+            raise ConfigError("agents: an agent's name (the `model` its calls send) cannot be blank")
 
     @property
     def agent_lora(self) -> dict[str, LoraConfig]:
