@@ -617,7 +617,7 @@ class ErrorReply:
 def render_error(error: HTTPError, dialect: Dialect) -> ErrorReply:
     """`error` as `dialect`'s client expects it (see the module docstring for the shapes)."""
     if dialect not in DIALECTS:
-        raise ValueError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
+        raise InvalidArgumentError(f"unknown error dialect {dialect!r}; expected one of {DIALECTS}")
     status, message = error.status, error.message_in(dialect)
     if dialect == "sglang":
         # SGLang's API types' ErrorBody, which its clients decode (SGLang's own /generate sends a

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from areal_nb.errors import InvalidArgumentError
+
 from .cache import cache_root, cached_build, recipe_hash
 from .gguf import gguf_model_dir, is_gguf_path
 from .shipped import shipped_folder
@@ -31,7 +33,7 @@ def recipe_key(name: str) -> str:
         from .tiny_tools import TOOLS_SFT_RECIPE
 
         return recipe_hash(TOOLS_SFT_RECIPE, _tokenizer_sources() + _tools_sources())
-    raise ValueError(f"unknown built-in model {name!r}; expected one of {BUILT_IN_NAMES}")
+    raise InvalidArgumentError(f"unknown built-in model {name!r}; expected one of {BUILT_IN_NAMES}")
 
 
 def _shipped(name: str) -> Path | None:
@@ -127,7 +129,7 @@ def resolve_model_path(name_or_path: str) -> str:
     a `.gguf` file → its cached Hugging Face folder (converted on first use, `gguf.gguf_model_dir`);
     anything else is returned unchanged (a Hugging Face id for `from_pretrained`)."""
     if not isinstance(name_or_path, str | Path) or not str(name_or_path):
-        raise ValueError(f"expected a model name or path, got {name_or_path!r}")
+        raise InvalidArgumentError(f"expected a model name or path, got {name_or_path!r}")
     name_or_path = str(name_or_path)
     if name_or_path in _BUILT_IN:
         return str(_BUILT_IN[name_or_path][1]())

@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from areal_nb.errors import InvalidArgumentError
+
 SHIPPED_ROOT = Path(__file__).parent / "shipped"
 _said_stale: set[tuple[str, str]] = set()
 
@@ -132,7 +134,7 @@ def build(names: list[str], out_root: Path) -> dict[str, dict]:
                     build_tools_tokenizer(tools_tokenizer, math_tokenizer)
                     info = build_tools_model(work, tools_tokenizer)
                 else:
-                    raise ValueError(
+                    raise InvalidArgumentError(
                         f"unknown built-in model {name!r}; expected one of {registry.BUILT_IN_NAMES}"
                     )
                 model = AutoModelForCausalLM.from_pretrained(str(work), dtype=torch.float32)
