@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from areal_nb.api import GenerationConfig, InferenceEngine, ModelRequest, ModelResponse
+from areal_nb.errors import InvalidArgumentError
 
 
 def sample_batch(
@@ -45,7 +46,7 @@ def responses_to_batch(
 ) -> dict[str, torch.Tensor]:
     """The right-padded training tensors of `responses` (one row each) with their `rewards`."""
     if len(rewards) != len(responses):
-        raise ValueError(f"{len(responses)} responses but {len(rewards)} rewards")
+        raise InvalidArgumentError(f"{len(responses)} responses but {len(rewards)} rewards")
     rows, width = len(responses), max(r.input_len + r.output_len for r in responses)
     batch = {
         "input_ids": torch.zeros(rows, width, dtype=torch.long),
