@@ -29,13 +29,13 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -407,10 +407,14 @@ async def chat_completion_response(
     if body.stream:
         # Generation is complete before the first byte, so the whole stream is sent at once;
         # an error is then a proper status code instead of a broken stream.
-        chunks = chat_completion_stream_chunks(completion)
-        text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-        return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
+        return _openai_stream(chat_completion_stream_chunks(completion))
     return Response(completion.model_dump_json(), media_type="application/json")
+
+
+def _openai_stream(chunks: Iterable[BaseModel]) -> Response:
+    """OpenAI's server-sent events for chunks of a completion already made, ended by `[DONE]`."""
+    text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def completions(body: CompletionRequest, request: Request, session: OpenSession) -> Response:
@@ -441,9 +445,7 @@ async def text_completion_response(
         request,
     )
     if body.stream:  # generated already: the chunks replay the recorded completion
-        chunks = text_completion_stream_chunks(completion)
-        text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-        return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
+        return _openai_stream(text_completion_stream_chunks(completion))
     return Response(completion.model_dump_json(), media_type="application/json")
 
 
