@@ -88,6 +88,12 @@ class LaunchConfig(_Section):
     ready_timeout: float = Field(600.0, gt=0)
     """Seconds a server may take to become healthy before the start fails (`ServerLaunchError`)."""
 
+    @property
+    def gpus_per_server(self) -> int:
+        """The GPUs one server holds: its tensor-parallel times its data-parallel size (also the
+        layout of an exported cluster job's servers)."""
+        return self.tp_size * self.dp_size
+
     @model_validator(mode="after")
     def _ports_match(self) -> LaunchConfig:
         if self.ports is not None and len(self.ports) != self.n_servers:
@@ -288,8 +294,6 @@ class ClusterConfig(_Section):
     """Engine servers per inference node."""
     gpus_per_node: int = Field(0, ge=0)
     """GPUs per node; 0: a CPU job (gloo, `areal-nb engine-server`)."""
-    gpus_per_server: int = Field(1, ge=1)
-    """GPUs per engine server (SGLang --tp-size)."""
     cpus_per_node: int = Field(2, ge=1)
     """CPUs asked for per node (Slurm --cpus-per-task)."""
     time: str = "01:00:00"
@@ -343,24 +347,26 @@ class ClusterConfig(_Section):
                 f"cluster.infer_nodes ({self.infer_nodes}) must leave at least one of "
                 f"cluster.nodes ({self.nodes}) for the trainer"
             )
-        servers = self.servers_per_node * self.gpus_per_server
-        if self.gpus_per_node and servers > self.gpus_per_node:
+        return self
+
+    def check_server_gpus(self, gpus_per_server: int) -> None:
+        """The node's GPUs hold `servers_per_node` servers of `gpus_per_server` GPUs each (and,
+        with `infer_nodes` 0, the trainer ranks beside them)."""
+        servers = self.servers_per_node * gpus_per_server
+        if not self.gpus_per_node:
+            return
+        if servers > self.gpus_per_node:
             raise ConfigError(
-                f"cluster.servers_per_node x gpus_per_server ({self.servers_per_node} x "
-                f"{self.gpus_per_server}) exceeds cluster.gpus_per_node ({self.gpus_per_node})"
+                f"cluster.servers_per_node x engine.launch.tp_size x dp_size ({self.servers_per_node} x "
+                f"{gpus_per_server} GPUs) exceeds cluster.gpus_per_node ({self.gpus_per_node})"
             )
-        if (
-            self.gpus_per_node
-            and self.infer_nodes == 0
-            and servers + self.nproc_per_node > self.gpus_per_node
-        ):
+        if self.infer_nodes == 0 and servers + self.nproc_per_node > self.gpus_per_node:
             raise ConfigError(
                 f"with cluster.infer_nodes 0 the engine servers share the trainer's node: their "
                 f"{servers} GPU(s) and cluster.nproc_per_node ({self.nproc_per_node}) trainer ranks "
                 f"exceed cluster.gpus_per_node ({self.gpus_per_node}); lower nproc_per_node or "
                 f"set infer_nodes"
             )
-        return self
 
 
 class SessionConfig(_Section):
@@ -410,6 +416,7 @@ class SessionConfig(_Section):
             )
         if self.agents:
             self._check_agents()
+        self.cluster.check_server_gpus(self.engine.launch.gpus_per_server)
         if self.rollout.max_concurrent_rollouts < self.rollout.group_size:
             raise ConfigError(
                 f"rollout.max_concurrent_rollouts ({self.rollout.max_concurrent_rollouts}) must be >= "
@@ -472,6 +479,8 @@ REMOVED_KEYS = {
     "at, rollout.temperature: set that one",
     ("lora", "dropout"): "the actor trains in eval mode (so that π_θ is the policy that sampled), where "
     "dropout never runs: delete the key",
+    ("cluster", "gpus_per_server"): "an engine server's GPUs are engine.launch.tp_size x dp_size, the "
+    "layout the Session launches with: set those",
 }
 
 
@@ -479,7 +488,8 @@ def _without_retired_values(data: dict[str, Any]) -> dict[str, Any]:
     """`data` less the removed keys whose value says what the code now does on its own.
 
     Checkpoints and run folders written before a key was removed hold it with the value the code
-    then required (`actor.temperature` equal to `rollout.temperature`) or that did nothing
+    then required (`actor.temperature` equal to `rollout.temperature`, `cluster.gpus_per_server`
+    equal to `engine.launch.tp_size x dp_size`) or that did nothing
     (`lora.dropout: 0.0`): they keep loading. Any other value of a removed key stays, and
     validation names the key that replaced it (`REMOVED_KEYS`). Only the mappings on the way to
     a dropped key are copied: the rest may hold objects that must not be copied (an agent)."""
@@ -497,6 +507,14 @@ def _without_retired_values(data: dict[str, Any]) -> dict[str, Any]:
             del actor["temperature"]
         if isinstance(actor.get("lora"), dict) and said_anyway(actor["lora"].get("dropout"), 0.0):
             actor["lora"] = {k: v for k, v in actor["lora"].items() if k != "dropout"}
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and "gpus_per_server" in cluster:
+        engine = data.get("engine")
+        launch = engine.get("launch") if isinstance(engine, dict) else None
+        launch = launch if isinstance(launch, dict) else {}
+        implied = launch.get("tp_size", 1) * launch.get("dp_size", 1)
+        if said_anyway(cluster["gpus_per_server"], implied):
+            data["cluster"] = {k: v for k, v in cluster.items() if k != "gpus_per_server"}
     agents = data.get("agents")
     if isinstance(agents, dict):
         data["agents"] = {

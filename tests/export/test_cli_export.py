@@ -39,7 +39,7 @@ def test_export_writes_a_folder_whose_config_and_scripts_hold_every_override(tmp
         "cluster.infer_nodes=1",
         "cluster.gpus_per_node=8",
         "cluster.servers_per_node=2",
-        "cluster.gpus_per_server=4",
+        "engine.launch.tp_size=4",
         "cluster.partition=gpu",
         "cluster.time=02:00:00",
     ]

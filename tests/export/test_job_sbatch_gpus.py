@@ -56,7 +56,7 @@ SHARED = {
     "cluster.nodes": 2,
     "cluster.gpus_per_node": 4,
     "cluster.servers_per_node": 1,
-    "cluster.gpus_per_server": 2,
+    "engine.launch.tp_size": 2,
     "cluster.nproc_per_node": 2,
 }
 
@@ -66,7 +66,7 @@ def test_trainer_ranks_skip_the_gpus_of_the_servers_on_their_node(tmp_path, visi
     steps = run_job(tmp_path, {**SHARED, "cluster.infer_nodes": 0}, visible)
     assert [s for s in steps if s.startswith("trainer")] == [f"trainer CUDA_VISIBLE_DEVICES={trainer}"]
     servers = [s for s in steps if s.startswith("server")]
-    assert len(servers) == 1 and "--tp-size 2 --base-gpu-id 0" in servers[0]
+    assert len(servers) == 1 and "--tp-size 2 --dp-size 1 --base-gpu-id 0" in servers[0]
 
 
 def test_trainer_nodes_without_servers_keep_every_gpu(tmp_path):
@@ -105,3 +105,18 @@ def test_a_job_submitted_without_the_environment_says_so_before_starting_anythin
     assert local.returncode == 127 and "launch_local.sh: torchrun is not on PATH" in local.stderr, (
         local.stderr
     )
+
+
+def test_a_server_holds_tp_size_times_dp_size_gpus(tmp_path):
+    layout = {**SHARED, "engine.launch.tp_size": 1, "engine.launch.dp_size": 2, "cluster.infer_nodes": 0}
+    steps = run_job(tmp_path, layout, "0,1,2,3")
+    assert [s for s in steps if s.startswith("trainer")] == ["trainer CUDA_VISIBLE_DEVICES=2,3"]
+    servers = [s for s in steps if s.startswith("server")]
+    assert len(servers) == 1 and "--tp-size 1 --dp-size 2 --base-gpu-id 0" in servers[0]
+
+
+def test_the_old_gpus_per_server_key_names_the_launch_layout():
+    with pytest.raises(ConfigError, match=r"cluster.gpus_per_server.*engine.launch.tp_size x dp_size"):
+        load_config(CONFIG, {**SHARED, "cluster.gpus_per_server": 4})
+    # a file written before the key went, holding the value the launch layout implies, still loads
+    assert load_config(CONFIG, {**SHARED, "cluster.gpus_per_server": 2}).engine.launch.gpus_per_server == 2
