@@ -39,7 +39,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from areal_nb.api import InferenceEngine, InvalidRequestError, check_export_style
+from areal_nb.api import InferenceEngine, InvalidRequestError
 from areal_nb.capture.anthropic import (
     AnthropicRequestError,
     anthropic_request_to_chat,
@@ -61,6 +61,7 @@ from areal_nb.errors import ContextLengthExceeded, HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, error_json, unless_client_leaves
 
 from .errors import ProxyError, describe_validation_errors, error_response, http_error_response
+from .export import discounted_calls
 from .limits import THREAD_BYTES, BodyLimitMiddleware, body_limit, body_problem
 from .logs import RepeatFilter
 from .model_cards import model_card, model_list
@@ -325,21 +326,11 @@ async def export_trajectories(body: ExportTrajectoriesRequest, request: Request)
 
 
 def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes:
-    interactions = _export(session, body)
+    interactions = discounted_calls(session, body.discount, body.style, body.discount_mode)
     wire = {iid: interaction.to_wire() for iid, interaction in interactions.items()}
     return json.dumps(
         {"session_id": session.session_id, "interactions": wire}, ensure_ascii=False, allow_nan=False
     ).encode()
-
-
-def _export(session: SessionData, body: ExportTrajectoriesRequest) -> dict[str, Any]:
-    cache = session.cache
-    if len(cache) == 0:
-        return {}
-    # Checked before the one-shot discount so a wrong style loses nothing.
-    check_export_style(body.style, {iid: it.chat_template_type for iid, it in cache.items()})
-    cache.apply_reward_discount(body.discount, mode=body.discount_mode)
-    return cache.export_interactions(body.style)
 
 
 # ---------------------------------------------------------------------- session endpoints

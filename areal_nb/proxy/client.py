@@ -236,3 +236,15 @@ class OpenAIProxyClient:
         for interaction_id, item in wire.items():
             rebuilt[interaction_id] = InteractionWithTokenLogpReward.from_wire(item, rebuilt)
         return rebuilt
+
+    async def export_calls(self) -> dict[str, InteractionWithTokenLogpReward]:
+        """Every completed call with the rewards as the agent set them (one-shot on the proxy).
+
+        The training path: the `RolloutBatch` discounts and styles them. `/export_trajectories`
+        discounts for its external consumers and sends each call's own reward as `raw_reward`
+        (unset: 0.0); that value is put back as the call's reward.
+        """
+        calls = await self.export_interactions(discount=1.0, style="individual", discount_mode="tree")
+        for call in calls.values():
+            call.reward = call.raw_reward
+        return calls

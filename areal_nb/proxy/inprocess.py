@@ -24,15 +24,17 @@ between loops in practice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from areal_nb.api import DiscountMode, ExportStyle, check_export_style
+from areal_nb.api import DiscountMode, ExportStyle
 from areal_nb.errors import ArgumentTypeError, CallOrderError, InvalidArgumentError, NotStartedError
 
 from .client import ProxyRequestError
 from .errors import HTTPError, ProxyError
+from .export import discounted_calls, session_calls
 from .state import ProxyState, SessionData
 
 if TYPE_CHECKING:
@@ -227,9 +229,20 @@ class InProcessProxyClient:
     ) -> dict[str, InteractionWithTokenLogpReward]:
         """The session's interactions with discounted rewards; removes the session (one-shot).
 
-        Same steps as `/export_trajectories`, minus the wait (this client ended the session)
-        and minus the JSON round trip: the interaction objects are returned as they are.
+        Same result as `/export_trajectories` (`proxy/export.py`), minus the wait (this client
+        ended the session) and minus the JSON round trip: the interaction objects as they are.
         """
+        return self._export(lambda session: discounted_calls(session, discount, style, discount_mode))
+
+    async def export_calls(self) -> dict[str, InteractionWithTokenLogpReward]:
+        """Every completed call with the rewards as the agent set them; removes the session
+        (one-shot). The training path: the `RolloutBatch` discounts and styles them."""
+        return self._export(session_calls)
+
+    def _export(
+        self, calls: Callable[[SessionData], dict[str, InteractionWithTokenLogpReward]]
+    ) -> dict[str, InteractionWithTokenLogpReward]:
+        """Claim the ended session, take its `calls`, remove it; a failure leaves it exportable."""
         endpoint = "export_trajectories"
         session = self._started()
         if not session.ended:
@@ -243,19 +256,15 @@ class InProcessProxyClient:
                     409, f"session {session.session_id!r} is being exported", "export_in_progress"
                 )
         try:
-            cache = session.cache
-            interactions: dict[str, Any] = {}
-            if len(cache):
-                # Checked before the one-shot discount so a wrong style loses nothing.
-                check_export_style(style, {iid: it.chat_template_type for iid, it in cache.items()})
-                cache.apply_reward_discount(discount, mode=discount_mode)
-                interactions = cache.export_interactions(style)
+            interactions = calls(session)
         except (ValueError, RuntimeError) as exc:
+            session.cache.undo_reward_discount()
             self.state.release_export(session)
             raise ProxyRequestError(
                 endpoint, 400, f"cannot export session {session.session_id!r}: {exc}"
             ) from exc
         except BaseException:
+            session.cache.undo_reward_discount()
             self.state.release_export(session)
             raise
         self.state.remove_session(session, "was exported")

@@ -22,6 +22,11 @@ The workers do not run the main program again (`areal_nb.api.spawn`); the agent 
 travel to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class defined in a
 notebook cell or a script works; an agent holding something that cannot travel (a lock, a
 socket) is refused at construction with `NotSerializableError` naming the attribute.
+
+Export: by default an episode returns the proxy's export (AReaL's: rewards discounted back through
+the turns with `discount` / `discount_mode`, the calls of `export_style`). With `raw_calls=True`
+(the Session's workflows) it returns every completed call with the rewards as the agent set them:
+the `RolloutBatch` then discounts, assigns credit and styles them, once.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import weakref
 from collections.abc import Awaitable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -64,6 +69,9 @@ from areal_nb.errors import (
 from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
 from areal_nb.proxy.state import ProxyState
+
+if TYPE_CHECKING:
+    from areal_nb.capture import InteractionWithTokenLogpReward
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +200,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         agent_timeout: float | None = None,
         asgi_app: Any = None,
         proxy_state: ProxyState | None = None,
+        raw_calls: bool = False,
     ) -> None:
         if mode not in MODES:
             raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
@@ -234,6 +243,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         self.discount = discount
         self.export_style = export_style
         self.discount_mode = discount_mode
+        self.raw_calls = raw_calls
         self.subproc_max_workers = subproc_max_workers
         self.agent_timeout = agent_timeout
         # In-process episodes (inline mode only): `asgi_app` answers the agent's HTTP calls,
@@ -482,9 +492,18 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             async with asyncio.timeout(10):
                 if not client.session_ended:
                     await client.end_session(attempts=1)
-                await client.export_interactions(self.discount, self.export_style, self.discount_mode)
+                await self._export(client)
         except (ProxyRequestError, TimeoutError, asyncio.CancelledError) as exc:
             logger.error("could not free cancelled session %s: %r", client._session_id, exc)
+
+    async def _export(
+        self, client: OpenAIProxyClient | InProcessProxyClient
+    ) -> dict[str, InteractionWithTokenLogpReward]:
+        """The episode's calls: as recorded (`raw_calls`, the Session's `RolloutBatch` discounts
+        and styles them), or discounted and styled by the proxy (AReaL's export)."""
+        if self.raw_calls:
+            return await client.export_calls()
+        return await client.export_interactions(self.discount, self.export_style, self.discount_mode)
 
     async def arun_episode(
         self, engine: InferenceEngine | None, data: dict[str, Any], task_id: str | None = None
@@ -510,9 +529,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 except Exception as exc:  # noqa: BLE001 - the agent's own failure, whatever it is
                     rejection = EpisodeRejected("agent_error", f"agent raised {type(exc).__name__}: {exc}")
             # Export even a rejected episode: it is the step that frees the session on the proxy.
-            interactions = await client.export_interactions(
-                self.discount, self.export_style, self.discount_mode
-            )
+            interactions = await self._export(client)
         except asyncio.CancelledError:
             # The executor gave up on this episode (KeyboardInterrupt, shutdown): still free the
             # session on the proxy, best effort and bounded, then let the cancellation through.

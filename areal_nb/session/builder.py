@@ -295,13 +295,12 @@ def build_eval_workflow(cfg: SessionConfig, proxy: Proxy, workflow: RolloutWorkf
 
 
 def _proxy_workflow_kwargs(cfg: SessionConfig) -> dict[str, Any]:
-    # Every call is kept (individual export); the RolloutBatch applies the configured style later.
+    # Every call as recorded (raw_calls): the RolloutBatch alone discounts (agent.turn_discount,
+    # discount_mode), assigns credit and applies agent.export_style, so rewards are discounted once.
     # agent_timeout: the workflow times the agent's own run (a subproc pool's start-up is not on its clock)
     return {
         "mode": cfg.agent.mode,
-        "discount": cfg.agent.turn_discount,
-        "export_style": "individual",
-        "discount_mode": cfg.agent.discount_mode,
+        "raw_calls": True,
         "subproc_max_workers": cfg.agent.subproc_max_workers,
         "agent_timeout": cfg.agent.agent_timeout,
     }

@@ -50,6 +50,7 @@ async def check_first_episode(
             proxy_addr=workflow.proxy_addr,
             admin_api_key=workflow.admin_api_key,
             agent_timeout=workflow.agent_timeout,
+            raw_calls=workflow.raw_calls,
         )
     try:
         # a deep copy, as the executor gives every episode: the agent may change its `data` freely

@@ -226,6 +226,31 @@ def test_in_process_export_equals_http_export(tiny_tokenizer):
 
 
 @pytest.mark.server
+def test_raw_calls_over_http_equal_the_in_process_ones(tiny_tokenizer):
+    """`raw_calls=True` (the Session's workflows): both clients give every call with the reward
+    the agent set (ChatAgent: turn i gets i + 1), whatever the workflow's discount."""
+    with serve_proxy(ScriptedEngine(tiny_tokenizer, "The answer is 4"), tiny_tokenizer) as p:
+        kwargs = {"discount": 0.5, "raw_calls": True}
+        http = asyncio.run(
+            run_episodes(
+                OpenAIProxyWorkflow(
+                    agent=agents.ChatAgent(turns=3), proxy_addr=p.url, admin_api_key=ADMIN_KEY, **kwargs
+                ),
+                QUESTION,
+            )
+        )[0]
+        local = asyncio.run(
+            run_episodes(
+                in_process_workflow(p.app, agents.ChatAgent(turns=3), proxy_addr=p.url, **kwargs), QUESTION
+            )
+        )[0]
+    assert [it.reward for it in http.values()] == [it.reward for it in local.values()] == [1.0, 2.0, 3.0]
+    for a, b in zip(_tensors(http), _tensors(local), strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.server
 def test_real_engine_serves_both_loops_at_once(local_engine, tiny_tokenizer):
     """In-process episodes on this loop while an external agent calls uvicorn on another thread:
     the engine's futures, the state's lock and the session-end events work from both loops."""
