@@ -48,7 +48,8 @@ The tree:
     ├── DataError                       data that cannot be read or written
     │   ├── DatasetError (ValueError)       rows that cannot be trained or evaluated on
     │   ├── DatasetUnavailableError (RuntimeError)  a public dataset that could not be fetched
-    │   ├── ExportError (ValueError)        a run that cannot be exported
+    │   ├── ExportError (ValueError)        a run that cannot be exported, or an export that cannot be read back
+    │   ├── IncompleteInteractionError (ValueError)  a call's record lacks what is asked of it (no output yet)
     │   ├── TrainBatchError (ValueError)    a training batch with a missing key, disagreeing shapes, a bad mask
     │   └── CheckpointError (ValueError)    a checkpoint cannot be written there, or is damaged (names the file)
     ├── UsageError                      areal_nb configured or called wrongly (configuration)
@@ -387,7 +388,13 @@ class DatasetUnavailableError(DataError, RuntimeError):
 
 
 class ExportError(DataError, ValueError):
-    """The run cannot be exported; the message names what and why."""
+    """The run cannot be exported (or an export, an interaction's wire form, cannot be read back);
+    the message names what and why."""
+
+
+class IncompleteInteractionError(DataError, ValueError):
+    """A call's record lacks what is asked of it: no model response, no output yet (a call that
+    has not returned, or a parent asked for before its child's prompt can be built)."""
 
 
 class ModelFileError(EngineError, ValueError):
@@ -695,6 +702,7 @@ __all__ = [
     "FirstEpisodeError",
     "GenerationAborted",
     "HTTPError",
+    "IncompleteInteractionError",
     "IncompleteInteractionWarning",
     "InvalidRequestError",
     "JudgeError",

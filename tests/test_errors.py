@@ -396,3 +396,62 @@ def test_argument_checks_raise_typed_errors_that_are_still_their_builtins():
         resolve_reward(3)
     with pytest.raises(errors.InvalidArgumentError, match="must be >= 0"):
         AdmissionWindow(-1.0, 0.0, lambda: False)
+
+
+def test_the_capture_layer_raises_typed_errors_that_are_still_their_builtins():
+    """The interaction cache, the interaction record, its wire form and the row stacker raise
+    typed classes that the builtin they raised before still catches."""
+    import torch
+
+    from areal_nb.capture import InteractionCache, InteractionWithTokenLogpReward
+    from areal_nb.capture.tensors import concat_padded_tensors
+    from areal_nb.capture.wire import interaction_from_wire
+
+    cache = InteractionCache()
+    for cls, builtin, call, words in (
+        (errors.CallOrderError, RuntimeError, lambda: cache.set_last_reward(1.0), "No completed interaction"),
+        (
+            errors.InvalidArgumentError,
+            ValueError,
+            lambda: cache.apply_reward_discount(1.0, "x"),
+            "discount mode",
+        ),  # type: ignore[arg-type]
+        (errors.ArgumentTypeError, TypeError, lambda: cache.apply_reward_discount("1"), "turn_discount"),  # type: ignore[arg-type]
+        (errors.ArgumentTypeError, TypeError, lambda: cache.insert("a", object()), "InteractionCache values"),  # type: ignore[arg-type]
+        (
+            errors.ArgumentTypeError,
+            TypeError,
+            lambda: InteractionWithTokenLogpReward(reward="1"),
+            "int or float",
+        ),
+        (
+            errors.InvalidArgumentError,
+            ValueError,
+            lambda: InteractionWithTokenLogpReward(reward=float("nan")),
+            "finite",
+        ),
+        (
+            errors.IncompleteInteractionError,
+            ValueError,
+            InteractionWithTokenLogpReward().token_row,
+            "no model_response",
+        ),
+        (
+            errors.ExportError,
+            ValueError,
+            lambda: interaction_from_wire(InteractionWithTokenLogpReward, {}, {}),
+            "wire version",
+        ),
+        (
+            errors.TrainBatchError,
+            ValueError,
+            lambda: concat_padded_tensors([{"a": torch.ones(1, 2)}, {"b": torch.ones(1, 2)}]),
+            "has keys",
+        ),
+    ):
+        with pytest.raises(cls, match=words) as raised:
+            call()
+        assert isinstance(raised.value, builtin)
+    cache.apply_reward_discount(1.0)
+    with pytest.raises(errors.CallOrderError, match="only be called once"):
+        cache.apply_reward_discount(1.0)

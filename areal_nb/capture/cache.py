@@ -16,7 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from areal_nb.api import DISCOUNT_MODES, DiscountMode, ExportStyle, check_export_style
-from areal_nb.errors import ConversationLinkWarning, IncompleteInteractionWarning, MissingRewardWarning  # noqa: F401 (re-exported)
+from areal_nb.errors import (  # noqa: F401 (the warnings are re-exported)
+    ArgumentTypeError,
+    CallOrderError,
+    ConversationLinkWarning,
+    ExportError,
+    IncompleteInteractionError,
+    IncompleteInteractionWarning,
+    InvalidArgumentError,
+    MissingRewardWarning,
+)
 
 from .interaction import InteractionWithTokenLogpReward, checked_reward
 from .messages import is_prefix
@@ -38,7 +47,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
 
     def __deepcopy__(self, memo: dict) -> InteractionCache:
         if len(self):
-            raise TypeError("a non-empty InteractionCache cannot be deep-copied")
+            raise ArgumentTypeError("a non-empty InteractionCache cannot be deep-copied")
         return InteractionCache()
 
     # ----- insertion and parents ----------------------------------------------------------
@@ -48,14 +57,14 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
     def insert(self, key: str, value: InteractionWithTokenLogpReward, resolve_parent: bool = True) -> None:
         """Add `value` under `key`; its parent is resolved unless already set or not wanted."""
         if not isinstance(value, InteractionWithTokenLogpReward):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"InteractionCache values must be InteractionWithTokenLogpReward, got {type(value).__name__}"
             )
         if value.messages is None:
-            raise ValueError("interaction messages must be set before it is cached")
+            raise InvalidArgumentError("interaction messages must be set before it is cached")
         with self._lock:
             if key in self:
-                raise ValueError(f"interaction {key!r} is already in the cache")
+                raise InvalidArgumentError(f"interaction {key!r} is already in the cache")
             if value.parent is None and resolve_parent:
                 value.parent = self.find_parent(value.messages, value.agent)
             super().__setitem__(key, value)
@@ -109,7 +118,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         with self._lock:
             interaction = self[key]
             if not interaction.is_complete:
-                raise ValueError(f"interaction {key!r} has no output yet")
+                raise IncompleteInteractionError(f"interaction {key!r} has no output yet")
             if key not in self._completed_order:
                 self._completed_order.append(key)
 
@@ -148,7 +157,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         """Set the reward of the most recently completed call; returns its id."""
         key = self.last_interaction_id
         if key is None:
-            raise RuntimeError("No completed interaction in cache to set a reward on")
+            raise CallOrderError("No completed interaction in cache to set a reward on")
         self.set_reward(key, reward)
         return key
 
@@ -163,12 +172,14 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
         `r[i] += turn_discount * r[i+1]`. Unset rewards count as 0.0.
         """
         if mode not in DISCOUNT_MODES:
-            raise ValueError(f"Invalid reward discount mode {mode!r}; expected one of {DISCOUNT_MODES}")
+            raise InvalidArgumentError(
+                f"Invalid reward discount mode {mode!r}; expected one of {DISCOUNT_MODES}"
+            )
         if isinstance(turn_discount, bool) or not isinstance(turn_discount, int | float):
-            raise TypeError(f"turn_discount must be a number, got {turn_discount!r}")
+            raise ArgumentTypeError(f"turn_discount must be a number, got {turn_discount!r}")
         with self._lock:
             if self._discount_applied:
-                raise RuntimeError("apply_reward_discount should only be called once.")
+                raise CallOrderError("apply_reward_discount should only be called once.")
             self._discount_applied = True
             self._rewards_before_discount = {k: (v.reward, v.raw_reward) for k, v in self.items()}
             if mode == "linear":
@@ -241,7 +252,7 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                     skipped.append(key)
                     continue
                 if key != value.interaction_id:
-                    raise ValueError(
+                    raise ExportError(
                         f"Interaction ID mismatch: cached under {key!r} but its id is {value.interaction_id!r}"
                     )
                 complete[key] = value
@@ -273,7 +284,7 @@ def discounted_rewards(
     `r[i] += turn_discount * r[i+1]`.
     """
     if mode not in DISCOUNT_MODES:
-        raise ValueError(f"Invalid reward discount mode {mode!r}; expected one of {DISCOUNT_MODES}")
+        raise InvalidArgumentError(f"Invalid reward discount mode {mode!r}; expected one of {DISCOUNT_MODES}")
 
     def own(v: InteractionWithTokenLogpReward) -> float:
         r = rewards.get(v.interaction_id, v.reward) if rewards is not None else v.reward

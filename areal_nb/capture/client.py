@@ -13,6 +13,7 @@ import httpx
 import openai
 
 from areal_nb.api import ChatTemplateType, DiscountMode, ExportStyle, InferenceEngine
+from areal_nb.errors import CallOrderError
 
 from .cache import InteractionCache
 from .chat import chat_completion_stream_chunks, create_chat_completion
@@ -28,7 +29,7 @@ def _given(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse(request: httpx.Request) -> httpx.Response:
-    raise RuntimeError(
+    raise CallOrderError(
         f"ArealOpenAI sends no HTTP requests (it calls its engine directly); "
         f"{request.method} {request.url} is not supported"
     )

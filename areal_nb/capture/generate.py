@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, OutputConstraint
-from areal_nb.errors import GenerationAborted
+from areal_nb.errors import EngineServerError, GenerationAborted
 
 from .cache import ConversationLinkWarning, InteractionCache
 from .interaction import InteractionWithTokenLogpReward
@@ -99,12 +99,12 @@ def check_not_aborted(resp: ModelResponse, settings: CompletionSettings) -> None
 def check_engine_response(resp: ModelResponse, prompt: list[int]) -> None:
     n = len(resp.output_tokens)
     if len(resp.output_logprobs) != n or len(resp.output_versions) != n:
-        raise RuntimeError(
+        raise EngineServerError(
             f"engine returned {n} output tokens with {len(resp.output_logprobs)} log-probs and "
             f"{len(resp.output_versions)} versions"
         )
     if list(resp.input_tokens) != list(prompt):
-        raise RuntimeError("engine response input_tokens differ from the prompt it was given")
+        raise EngineServerError("engine response input_tokens differ from the prompt it was given")
 
 
 async def generate_for_messages(

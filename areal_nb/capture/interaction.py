@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES, ChatTemplateType, ModelResponse, SamplingSpan
+from areal_nb.errors import ArgumentTypeError, ExportError, IncompleteInteractionError, InvalidArgumentError
 
 from .tensors import stack_token_rows
 
@@ -26,10 +27,10 @@ from .tensors import stack_token_rows
 def checked_reward(reward: Any) -> float:
     """A reward as float: ints and floats are accepted, bools and non-finite values are not."""
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-        raise TypeError(f"reward must be an int or float, got {type(reward).__name__}: {reward!r}")
+        raise ArgumentTypeError(f"reward must be an int or float, got {type(reward).__name__}: {reward!r}")
     value = float(reward)
     if not math.isfinite(value):
-        raise ValueError(f"reward must be finite, got {value}")
+        raise InvalidArgumentError(f"reward must be finite, got {value}")
     return value
 
 
@@ -83,7 +84,7 @@ class InteractionWithTokenLogpReward:
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}"
             )
         if self.reward is not None:
@@ -101,7 +102,9 @@ class InteractionWithTokenLogpReward:
     @interaction_id.setter
     def interaction_id(self, value: str) -> None:
         if self.completion is not None or self.response is not None:
-            raise ValueError("Cannot set the ID of an interaction that has a completion or response")
+            raise InvalidArgumentError(
+                "Cannot set the ID of an interaction that has a completion or response"
+            )
         self._interaction_id = value
 
     @property
@@ -145,7 +148,7 @@ class InteractionWithTokenLogpReward:
         if self.parent is None:
             return self.messages
         if self.parent.output_message_list is None:
-            raise ValueError(
+            raise IncompleteInteractionError(
                 f"parent {self.parent.interaction_id} of {self.interaction_id} has no output yet"
             )
         return self.messages[len(self.parent.messages) + len(self.parent.output_message_list) :]
@@ -173,7 +176,7 @@ class InteractionWithTokenLogpReward:
             shared += 1
         required = self._parent_prefix_len(parent)
         if shared < required:
-            raise ValueError(
+            raise ExportError(
                 f"concat row of interaction {self.interaction_id}: its prompt does not start with "
                 f"its parent's tokens (first difference at token {shared}, parent row covers "
                 f"{required} tokens); was it generated in concat mode from this parent?"
@@ -203,7 +206,9 @@ class InteractionWithTokenLogpReward:
         if self._frozen_row is not None:
             return self._frozen_row
         if self.model_response is None:
-            raise ValueError(f"interaction {self.interaction_id} has no model_response (no token data)")
+            raise IncompleteInteractionError(
+                f"interaction {self.interaction_id} has no model_response (no token data)"
+            )
         mr = self.model_response
         _check_response_lengths(mr, self.interaction_id)
         parent = self.parent if self.chat_template_type == "concat" else None
@@ -271,7 +276,7 @@ class InteractionWithTokenLogpReward:
                         by_turn.setdefault(turn, value)
         missing = sorted({t for t in row.turn_ids if t >= 0} - set(by_turn))
         if missing:
-            raise ValueError(
+            raise ExportError(
                 f"interaction {self.interaction_id}: no call known for turn(s) {missing} of its row (rebuilt "
                 "from the wire without its parent and without exported turn returns?)"
             )
@@ -317,7 +322,7 @@ class InteractionWithTokenLogpReward:
 def _check_response_lengths(mr: ModelResponse, interaction_id: str | None) -> None:
     n = mr.output_len
     if len(mr.output_logprobs) != n or len(mr.output_versions) != n:
-        raise ValueError(
+        raise ExportError(
             f"interaction {interaction_id}: model_response has {n} output tokens but "
             f"{len(mr.output_logprobs)} log-probs and {len(mr.output_versions)} versions"
         )

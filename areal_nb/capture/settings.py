@@ -20,7 +20,7 @@ from areal_nb.api import (
     OutputConstraint,
 )
 from areal_nb.api.io_struct import with_pad_and_eos_ids
-from areal_nb.errors import ContextLengthExceeded
+from areal_nb.errors import ContextLengthExceeded, InvalidArgumentError
 
 from .messages import CompletionRequestError
 from .tool_calls import SUPPORTED_REASONING_PARSERS, SUPPORTED_TOOL_CALL_PARSERS
@@ -54,21 +54,21 @@ class CompletionSettings:
 
     def __post_init__(self) -> None:
         if self.chat_template_type not in CHAT_TEMPLATE_TYPES:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"chat_template_type must be one of {CHAT_TEMPLATE_TYPES}, got {self.chat_template_type!r}"
             )
         if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"tool_call_parser must be one of {SUPPORTED_TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
             )
         if self.reasoning_parser not in SUPPORTED_REASONING_PARSERS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"reasoning_parser must be one of {SUPPORTED_REASONING_PARSERS}, got {self.reasoning_parser!r}"
             )
         if self.engine_max_tokens is not None:
-            check_positive_int("engine_max_tokens", self.engine_max_tokens, ValueError)
+            check_positive_int("engine_max_tokens", self.engine_max_tokens, InvalidArgumentError)
         if self.default_max_new_tokens is not None:
-            check_positive_int("default_max_new_tokens", self.default_max_new_tokens, ValueError)
+            check_positive_int("default_max_new_tokens", self.default_max_new_tokens, InvalidArgumentError)
         try:  # the same ranges as a request's (one rule: GenerationConfig.check)
             GenerationConfig(
                 greedy=self.default_temperature == 0,
@@ -76,7 +76,7 @@ class CompletionSettings:
                 top_p=self.default_top_p,
             ).check()
         except InvalidRequestError as exc:
-            raise ValueError(f"default_temperature / default_top_p: {exc}") from None
+            raise InvalidArgumentError(f"default_temperature / default_top_p: {exc}") from None
 
     def fill_sampling(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
         """The request's temperature and top_p, or these settings' defaults where it has none."""

@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.errors import ConcatAlignmentError  # noqa: F401 (re-exported)
+from areal_nb.errors import (
+    ConcatAlignmentError,  # noqa: F401 (re-exported)
+    IncompleteInteractionError,
+    InvalidArgumentError,
+)
 
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
@@ -82,7 +86,7 @@ def parent_prefix_tokens(parent: InteractionWithTokenLogpReward, eos_token_id: i
     """The parent's tokens as a child's prompt starts: trailing EOS/pad stripped, one EOS added."""
     mr = parent.model_response
     if mr is None:
-        raise ValueError(f"Parent interaction {parent.interaction_id} has no model_response.")
+        raise IncompleteInteractionError(f"Parent interaction {parent.interaction_id} has no model_response.")
     return list(mr.input_tokens) + mr.output_tokens_without_stop + [eos_token_id]
 
 
@@ -98,9 +102,9 @@ def concat_prompt_token_ids_with_parent(
         return render_prompt_ids(tokenizer, message_list, tools, chat_template_kwargs)
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("concat chat template mode needs a tokenizer with an eos_token_id")
+        raise InvalidArgumentError("concat chat template mode needs a tokenizer with an eos_token_id")
     if parent.output_message_list is None:
-        raise ValueError(f"Parent interaction {parent.interaction_id} has no output yet.")
+        raise IncompleteInteractionError(f"Parent interaction {parent.interaction_id} has no output yet.")
     parent_tokens = parent_prefix_tokens(parent, eos)
     all_messages = parent.messages + parent.output_message_list + list(message_list)
     all_tokens = render_prompt_ids(tokenizer, all_messages, tools, chat_template_kwargs)
@@ -146,7 +150,7 @@ def check_retokenization(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> RetokenizationCheck:
     if interaction.model_response is None:
-        raise ValueError(f"interaction {interaction.interaction_id} has no model_response")
+        raise IncompleteInteractionError(f"interaction {interaction.interaction_id} has no model_response")
     prompt = list(interaction.model_response.input_tokens)
     if interaction.is_text_completion:  # no template: the prompt's text encoded as the door encodes it
         text = interaction.messages[0]["content"] if interaction.messages else ""

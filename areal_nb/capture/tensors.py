@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_nb.errors import TrainBatchError
+
 if TYPE_CHECKING:
     from areal_nb.api import SamplingSpan
 
@@ -76,7 +78,7 @@ def concat_padded_tensors(
     keys = list(dicts[0])
     for i, d in enumerate(dicts):
         if list(d) != keys and set(d) != set(keys):
-            raise ValueError(f"tensor dict {i} has keys {sorted(d)}, expected {sorted(keys)}")
+            raise TrainBatchError(f"tensor dict {i} has keys {sorted(d)}, expected {sorted(keys)}")
     max_len = max(
         d["attention_mask"].shape[1] if "attention_mask" in d else d[keys[0]].shape[-1] for d in dicts
     )
@@ -87,7 +89,7 @@ def concat_padded_tensors(
             out[key] = torch.cat(tensors, dim=0)
             continue
         if any(t.dim() != 2 or t.shape[0] != 1 for t in tensors):
-            raise ValueError(
+            raise TrainBatchError(
                 f"{key!r}: expected [1, L] tensors, got shapes {[tuple(t.shape) for t in tensors]}"
             )
         fill = PAD_FILL.get(key, pad_value)

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.errors import InvalidArgumentError
+
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SUPPORTED_TOOL_CALL_PARSERS = ("qwen", "qwen25", "qwen3", "hermes")
@@ -49,11 +51,11 @@ def parse_tool_calls(
 ) -> tuple[list[ParsedToolCall], str]:
     """(tool calls, text without the tool-call markup); ([], text) when there are none."""
     if tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unknown tool_call_parser {tool_call_parser!r}; supported: {SUPPORTED_TOOL_CALL_PARSERS}"
         )
     if reasoning_parser not in SUPPORTED_REASONING_PARSERS:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"unknown reasoning_parser {reasoning_parser!r}; supported: {SUPPORTED_REASONING_PARSERS}"
         )
     reasoning, content = split_reasoning(text, reasoning_parser)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_nb.api import ModelResponse
+from areal_nb.errors import ExportError
 
 from .interaction import InteractionWithTokenLogpReward, TokenRow
 
@@ -63,7 +64,7 @@ def interaction_from_wire(
     from openai.types.responses import Response
 
     if data.get("wire_version") != WIRE_VERSION:
-        raise ValueError(f"unsupported interaction wire version {data.get('wire_version')!r}")
+        raise ExportError(f"unsupported interaction wire version {data.get('wire_version')!r}")
     mr_data = data.get("model_response")
     mr = ModelResponse(**mr_data) if mr_data is not None else None
     parent_id = data.get("parent_id")

@@ -311,7 +311,7 @@ class LocalEngine:
         """Load new weights between two decoding steps; tokens sampled afterwards carry `version`.
 
         `weights` is a (possibly partial) state dict or a directory written by `save_pretrained`.
-        Blocks until applied. Bad names or shapes raise ValueError and change nothing.
+        Blocks until applied. Bad names or shapes raise WeightUpdateError and change nothing.
         """
         if isinstance(weights, (str, os.PathLike)):
             weights = read_weights_dir(weights)

@@ -23,7 +23,8 @@ def _json_number(value: Any) -> Any:
     """Only JSON numbers: pydantic's lax mode would read `true` as 1 and `"4"` as 4, so a client
     that sent the wrong type would be served something it did not ask for."""
     if isinstance(value, bool | str):
-        raise ValueError(f"expected a number, got {type(value).__name__} {value!r:.40}")  # pydantic's 400
+        # a ValueError, which pydantic wraps into its ValidationError (the proxy's 422)
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r:.40}")
     return value
 
 

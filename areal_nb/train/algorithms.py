@@ -147,7 +147,7 @@ def configure(base: Any, algorithm: str | None = None, **overrides: Any) -> Any:
 
     The same algorithm: `base` with `overrides` (base's clip ranges and other knobs kept). Another
     algorithm: base's non-preset knobs (learning rate, credit, ...) with the new preset's values for
-    the preset knobs, then `overrides`. Unknown knob names raise ValueError.
+    the preset knobs, then `overrides`. Unknown knob names raise ConfigError.
     """
     algorithm = base.algorithm if algorithm is None else algorithm
     names = {f.name for f in dataclasses.fields(base)}
