@@ -12,6 +12,7 @@ typed function is the usual way.
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools import Tool
@@ -22,7 +23,7 @@ from areal_nb.data.tool_task import CALCULATOR_TOOL, calculator
 def calculator_tool() -> Tool:
     """The calculator as an MCP tool: name, description and input schema of `CALCULATOR_TOOL`;
     its result is plain text (no structured copy beside it)."""
-    spec = CALCULATOR_TOOL["function"]
+    spec = cast(dict[str, Any], CALCULATOR_TOOL["function"])
     tool = Tool.from_function(
         calculator, name=spec["name"], description=spec["description"], structured_output=False
     )

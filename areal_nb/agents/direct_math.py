@@ -11,7 +11,7 @@ agent in `math_agent.py`, which needs no areal_nb imports at all.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from areal_nb.api import DiscountMode, ExportStyle, InferenceEngine, RolloutWorkflow, check_export_style
 from areal_nb.data import CORRECTION_PROMPT
@@ -42,7 +42,7 @@ class MultiTurnMathWorkflow(RolloutWorkflow):
         self.max_turns = max_turns
         self.export_style = export_style
         # concat rows need concat prompts; an individual export may still use them (the Session does)
-        self.chat_template_type = "concat"
+        self.chat_template_type: Literal["hf", "concat"] = "concat"
         self.turn_discount = turn_discount
         self.discount_mode = discount_mode
         self.temperature = temperature

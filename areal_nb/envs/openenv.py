@@ -104,7 +104,7 @@ class OpenEnvServer:
     def start(self) -> str:
         """Start the server if it is not running; its base URL once `/health` answers."""
         with self._lock:
-            if self.process is not None and self.process.poll() is None:
+            if self.process is not None and self.process.poll() is None and self.url is not None:
                 return self.url
             port = _free_port()
             env = {**os.environ, **self.env}
@@ -153,7 +153,7 @@ class OpenEnvServer:
 
     def running_url(self) -> str:
         """The URL of the running server; EnvironmentServerError if it was never started or has exited."""
-        if self.process is None:
+        if self.process is None or self.url is None:
             raise EnvironmentServerError(f"the OpenEnv server {self.app!r} is not started; call start()")
         code = self.process.poll()
         if code is not None:

@@ -25,6 +25,7 @@ import subprocess
 import symtable
 import sys
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,14 +120,14 @@ def capture_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = Non
             source=source,
             modules=modules,
         )
-    args = ", ".join(f"{k}={_source_of(v)}" for k, v in kwargs.items())
+    args = ", ".join(f"{k}={_source_of(v)}" for k, v in (kwargs or {}).items())
     source, modules = notebook.render(
         f"# the agent of this run, built as the notebook built it\nAGENT = {target.__name__}({args})"
     )
     return CapturedAgent(workflow=f"{AGENT_MODULE}.AGENT", workflow_kwargs={}, source=source, modules=modules)
 
 
-def check_imports(folder: Path, workflow: str, *, also: list[str] = (), timeout: float = 120) -> None:
+def check_imports(folder: Path, workflow: str, *, also: Sequence[str] = (), timeout: float = 120) -> None:
     """Import `workflow` in a fresh interpreter whose working directory is `folder` (as train.py
     runs), and load its config.yaml there, so a missing import or helper fails now, not when
     the job starts. `also`: more import paths the run names (a reward, a row factory)."""
@@ -320,9 +321,10 @@ class _NotebookCode:
         if binding is not None and isinstance(binding[1], (ast.Import, ast.ImportFrom)):
             stmt = binding[1]
             alias = next(a for a in stmt.names if (a.asname or a.name.split(".")[0]) == name)
-            one = type(stmt)(
-                names=[alias],
-                **({"module": stmt.module, "level": stmt.level} if isinstance(stmt, ast.ImportFrom) else {}),
+            one: ast.Import | ast.ImportFrom = (
+                ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level)
+                if isinstance(stmt, ast.ImportFrom)
+                else ast.Import(names=[alias])
             )
             self.generated[name] = ast.unparse(one)
         elif isinstance(value, types.ModuleType):

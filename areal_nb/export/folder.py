@@ -111,7 +111,7 @@ def export_run(
             else:
                 shutil.copyfile(local, tmp / local.name)
         saved = session is not None and checkpoint
-        if saved:
+        if session is not None and checkpoint:
             _save_checkpoint(session, cfg, tmp / "checkpoint", gathered, final=out / "checkpoint")
         _write_launchers(tmp, cfg)
         (tmp / "requirements.txt").write_text(requirements(cfg.agent.workflow, captured.modules))

@@ -52,7 +52,10 @@ def rebuild_kwargs(instance: Any) -> dict[str, Any]:
     takes_more = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
     # what a constructor in the class's bases takes is configuration; other attributes are state
     configured = {
-        name for base in cls.__mro__ if "__init__" in vars(base) for name in _parameters(base.__init__)
+        name
+        for base in cls.__mro__
+        if "__init__" in vars(base)
+        for name in _parameters(vars(base)["__init__"])
     }
     passed_on = {name: vars(instance)[name] for name in differ if name in configured}
     if passed_on and takes_more:

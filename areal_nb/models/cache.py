@@ -83,7 +83,7 @@ def _locked(lock_path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def cached_build(final_dir: Path, build: Callable[[Path], None]) -> Path:
+def cached_build(final_dir: Path, build: Callable[[Path], object]) -> Path:
     """Return `final_dir`, running `build(tmp_dir)` and publishing it first if it is missing."""
     if final_dir.is_dir():
         return final_dir

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from areal_nb.errors import InvalidArgumentError
 
@@ -159,4 +160,4 @@ def load_model(name_or_path: str, dtype=None, device: str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(name_or_path), dtype=dtype or torch.float32
     )
-    return model.to(device).eval()
+    return cast(Any, model).to(device).eval()  # transformers types .to() without its self

@@ -120,8 +120,8 @@ def build(names: list[str], out_root: Path) -> dict[str, dict]:
 
     out_root.mkdir(parents=True, exist_ok=True)
     infos = {}
-    with tempfile.TemporaryDirectory(prefix="areal-nb-build-") as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory(prefix="areal-nb-build-") as scratch_name:
+        scratch = Path(scratch_name)
         math_tokenizer = scratch / "tiny-math-tokenizer"
         build_tokenizer(math_tokenizer)
         for name in names:

@@ -238,6 +238,8 @@ class Judge:
                 max_new_tokens=self.max_tokens, greedy=True, temperature=0.0, stop_token_ids=eos
             ),
         )
+        if self.engine is None or isinstance(self.engine, str):  # checked when the judge was made
+            raise JudgeError("this judge has neither base_url nor an engine to ask")
         response = await self.engine.agenerate(request)
         return self.tokenizer.decode(response.output_tokens, skip_special_tokens=True)
 
@@ -322,6 +324,7 @@ class Judge:
         future = loop.create_future()
         gathering.completions.append(completion_text(completion))
         gathering.futures.append(future)
+        assert self.group_size is not None  # mode "group" checked it when the judge was made
         if len(gathering.futures) >= self.group_size:
             self._close_group(key, gathering)
         return await future
