@@ -366,46 +366,48 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, sessio
     return await chat_completion_response(request.app.state, body, session, request)
 
 
+# The request fields the capture layer takes under the same names, per door.
+_CHAT_FIELDS = (
+    "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens", "max_completion_tokens",
+    "max_total_tokens", "stop", "store", "n", "metadata", "frequency_penalty", "presence_penalty",
+    "logprobs", "top_k", "response_format",
+    "model",  # names the agent that made the call
+)  # fmt: skip
+_TEXT_FIELDS = (
+    "prompt", "max_tokens", "temperature", "top_p", "stop", "logprobs", "echo", "n", "store",
+    "frequency_penalty", "presence_penalty", "top_k", "model",
+)  # fmt: skip
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _fields(body: BaseModel, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(body, name) for name in names}
+
+
 async def chat_completion_response(
     state: State, body: ChatCompletionRequest, session: SessionData, request: Request | None = None
 ) -> Response:
     check_chat_options(body)
     completion = await generate(
         create_chat_completion(
-            **capture_kwargs(state, session),
-            messages=body.messages,
-            tools=body.tools,
-            tool_choice=body.tool_choice,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            max_tokens=body.max_tokens,
-            max_completion_tokens=body.max_completion_tokens,
-            max_total_tokens=body.max_total_tokens,
-            stop=body.stop,
-            store=body.store,
-            n=body.n,
-            metadata=body.metadata,
-            frequency_penalty=body.frequency_penalty,
-            presence_penalty=body.presence_penalty,
-            logprobs=body.logprobs,
-            top_k=body.top_k,
-            response_format=body.response_format,
-            model=body.model,  # names the agent that made the call
-            extra_body=extra_body_of(body),
+            **capture_kwargs(state, session), **_fields(body, _CHAT_FIELDS), extra_body=extra_body_of(body)
         ),
         request,
     )
-    if body.stream:
-        # Generation is complete before the first byte, so the whole stream is sent at once;
-        # an error is then a proper status code instead of a broken stream.
-        return _openai_stream(chat_completion_stream_chunks(completion))
+    return _openai_reply(completion, body.stream, chat_completion_stream_chunks)
+
+
+def _openai_reply(completion: M, stream: bool | None, chunks: Callable[[M], Iterable[BaseModel]]) -> Response:
+    """The completion as JSON, or replayed as OpenAI's server-sent events ended by `[DONE]`.
+
+    Generation is complete before the first byte, so the whole stream is sent at once; an
+    error is then a proper status code instead of a broken stream."""
+    if stream:
+        text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks(completion))
+        return Response(text + "data: [DONE]\n\n", media_type="text/event-stream", headers=SSE_HEADERS)
     return Response(completion.model_dump_json(), media_type="application/json")
-
-
-def _openai_stream(chunks: Iterable[BaseModel]) -> Response:
-    """OpenAI's server-sent events for chunks of a completion already made, ended by `[DONE]`."""
-    text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    return Response(text, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def completions(body: CompletionRequest, request: Request, session: OpenSession) -> Response:
@@ -417,27 +419,9 @@ async def text_completion_response(
 ) -> Response:
     check_completion_options(body)
     completion = await generate(
-        create_text_completion(
-            **capture_kwargs(state, session),
-            prompt=body.prompt,
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            stop=body.stop,
-            logprobs=body.logprobs,
-            echo=body.echo,
-            n=body.n,
-            store=body.store,
-            frequency_penalty=body.frequency_penalty,
-            presence_penalty=body.presence_penalty,
-            top_k=body.top_k,
-            model=body.model,  # names the agent that made the call
-        ),
-        request,
+        create_text_completion(**capture_kwargs(state, session), **_fields(body, _TEXT_FIELDS)), request
     )
-    if body.stream:  # generated already: the chunks replay the recorded completion
-        return _openai_stream(text_completion_stream_chunks(completion))
-    return Response(completion.model_dump_json(), media_type="application/json")
+    return _openai_reply(completion, body.stream, text_completion_stream_chunks)
 
 
 async def responses(body: ResponsesRequest, request: Request, session: OpenSession) -> Response:
