@@ -15,9 +15,9 @@ still push on a token the behaviour policy considered unlikely.
 
 from __future__ import annotations
 
-from torch import Tensor
+import functools
 
-from areal_nb.errors import InvalidArgumentError
+from torch import Tensor
 
 from .policy_loss import LossTerms, policy_loss_terms
 
@@ -60,39 +60,6 @@ def ppo_actor_loss(
         old_logprobs,
         advantages,
         loss_mask,
-        eps_clip,
-        eps_clip_higher,
-        c_clip,
-        prox_logprobs,
-        behave_imp_weight_cap,
-        entropy,
-        normalizer,
-    )
-    return terms.loss, terms.stats
-
-
-def ppo_loss_terms(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    prox_logprobs: Tensor | None = None,
-    behave_imp_weight_cap: float | None = None,
-    entropy: Tensor | None = None,
-    normalizer: float | Tensor | None = None,
-) -> LossTerms:
-    """`ppo_actor_loss` with the per-token values kept (for loss inspection): the token-level PPO
-    objective of `policy_loss.policy_loss_terms`."""
-    if c_clip is not None and c_clip <= 1:
-        raise InvalidArgumentError(f"c_clip must be > 1 (dual clip), got {c_clip}")
-    return policy_loss_terms(
-        logprobs,
-        old_logprobs,
-        advantages,
-        loss_mask,
         eps_clip=eps_clip,
         eps_clip_higher=eps_clip_higher,
         c_clip=c_clip,
@@ -101,3 +68,9 @@ def ppo_loss_terms(
         entropy=entropy,
         normalizer=normalizer,
     )
+    return terms.loss, terms.stats
+
+
+# `ppo_actor_loss` with the per-token values kept (for loss inspection): the token-level PPO
+# objective of `policy_loss.policy_loss_terms` (its knobs keyword-only).
+ppo_loss_terms = functools.partial(policy_loss_terms, importance_level="token", policy_loss="ppo")

@@ -123,9 +123,11 @@ def policy_loss_terms(
         raise InvalidArgumentError(
             f"logprobs, old/prox logprobs, advantages and loss_mask must share a shape, got {shapes}"
         )
-    if c_clip is not None and (c_clip <= 1 or policy_loss == "cispo"):
+    if c_clip is not None and c_clip <= 1:
+        raise InvalidArgumentError(f"c_clip must be > 1 (dual clip), got {c_clip}")
+    if c_clip is not None and policy_loss == "cispo":
         raise InvalidArgumentError(
-            f"c_clip (dual clip, > 1) applies to the PPO objective only, got {c_clip} with {policy_loss}"
+            f"c_clip (dual clip) applies to the PPO objective only, got {c_clip} with cispo"
         )
     if behave_imp_weight_cap is not None and behave_imp_weight_cap <= 1:
         raise InvalidArgumentError(f"behave_imp_weight_cap must be > 1, got {behave_imp_weight_cap}")
