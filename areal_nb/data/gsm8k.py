@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from areal_nb.errors import DatasetError, DatasetUnavailableError, InvalidArgumentError
 
 from .problems import make_problem, split_of
+from .rows import jsonl_objects
 
 HUB_NAMES = ("openai/gsm8k", "gsm8k")
 
@@ -54,20 +54,13 @@ def load_gsm8k_split(source: str, split: str) -> list[dict]:
 
 def _load_jsonl(path: Path) -> list[dict]:
     problems = []
-    with path.open(encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-                raise DatasetError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
-            try:
-                problems.append(make_problem(str(row["question"]), str(row["answer"])))
-            except ValueError as e:
-                raise DatasetError(f"{path}:{lineno}: {e}") from e
+    for lineno, row in jsonl_objects(path):
+        if "question" not in row or "answer" not in row:
+            raise DatasetError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+        try:
+            problems.append(make_problem(str(row["question"]), str(row["answer"])))
+        except ValueError as e:
+            raise DatasetError(f"{path}:{lineno}: {e}") from e
     return problems
 
 

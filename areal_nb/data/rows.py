@@ -21,7 +21,7 @@ import os
 import pickle
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,12 @@ def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dic
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
+    return [row for _, row in jsonl_objects(path)]
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a .jsonl file; DatasetError naming the
+    line for one that is not a JSON object."""
     with path.open(encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is not a row
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -123,8 +128,7 @@ def _read_jsonl(path: Path) -> list[dict]:
                 raise DatasetError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
             if not isinstance(row, dict):
                 raise DatasetError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+            yield lineno, row
 
 
 def table_records(frame: Any) -> list[dict]:
