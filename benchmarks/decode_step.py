@@ -1,7 +1,7 @@
 """Where a LocalEngine decoding step's CPU time goes at N rows, and what attending only over each
 row's own keys would save: the measurements behind the decoding-step note in docs/guides/cpu-engine.md.
 
-Builds the engine's batch (`PaddedKVBatch`, fast Qwen2 forward) for N prompts of 8..64 random
+Builds the engine's batch (`PaddedKVBatch`, lean forward) for N prompts of 8..64 random
 tokens (as engine_throughput.py), runs --steps decoding steps, then times on ONE torch thread, in
 CPU seconds (`time.process_time`: steadier than wall time on a shared machine), interleaved over
 --repeats rounds (best round counts):
@@ -35,10 +35,9 @@ import time
 from itertools import pairwise
 
 import torch
-import torch.nn.functional as F
 
 from areal_nb.engine.kv_batch import PaddedKVBatch
-from areal_nb.engine.qwen2_fast import _rms_norm, _single_query_attention, _swap_halves
+from areal_nb.engine.lean_forward import _single_query_attention
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -69,11 +68,10 @@ def _mask(pads: torch.Tensor, start: int, stop: int, end: int, n_kv: int) -> tor
     return mask[:, None, None, :].expand(-1, n_kv, 1, -1).reshape(-1, 1, stop - start)
 
 
-def _grouped_decode(fast, batches: list[PaddedKVBatch], tokens: torch.Tensor) -> torch.Tensor:
-    """One decoding step over `batches` (row groups, in order): `Qwen2FastForward.decode`'s
+def _grouped_decode(lean, batches: list[PaddedKVBatch], tokens: torch.Tensor) -> torch.Tensor:
+    """One decoding step over `batches` (row groups, in order): `LeanForward.decode`'s
     arithmetic with the projections over all rows at once and the attention per group."""
-    inner, fused = fast.inner, fast._fused_weights()
-    n_q, n_kv, dim = fast.n_heads, fast.n_kv_heads, fast.head_dim
+    n_q, dim = lean.n_heads, lean.head_dim
     masks, positions, bounds = [], [], [0]
     for batch in batches:
         batch._reserve_column()
@@ -82,24 +80,20 @@ def _grouped_decode(fast, batches: list[PaddedKVBatch], tokens: torch.Tensor) ->
         positions.append(position)
         bounds.append(bounds[-1] + batch.size)
     rows = tokens.shape[0]
-    hidden = F.embedding(tokens, inner.embed_tokens.weight)
-    cos, sin = fast._rope_rows(hidden, torch.cat(positions))
+    hidden = lean.embed(tokens)
+    cos, sin = lean.rope(hidden, torch.cat(positions))
     out = hidden.new_empty(rows, n_q * dim)
-    for index, layer in enumerate(inner.layers):
-        qkv_proj, o_proj, gate_up_proj, down_proj = fused[index]
-        qkv = qkv_proj(_rms_norm(hidden, layer.input_layernorm)).view(rows, n_q + 2 * n_kv, dim)
-        qk = qkv[:, : n_q + n_kv]
-        qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)
+    for index, layer in enumerate(lean.weights()):
+        q, k_new, v_new = lean.qkv(layer, hidden, cos, sin)
         for group, batch in enumerate(batches):
             lo, hi = bounds[group], bounds[group + 1]
-            k, v = batch.cache.layers[index].append_column(qk[lo:hi, n_q:], qkv[lo:hi, n_q + n_kv :])
-            out[lo:hi] = _single_query_attention(qk[lo:hi, :n_q], k, v, masks[group])
-        hidden.add_(o_proj(out))
-        gate, up = gate_up_proj(_rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
-        hidden.add_(down_proj(F.silu(gate) * up))
+            k, v = batch.cache.layers[index].append_column(k_new[lo:hi], v_new[lo:hi])
+            out[lo:hi] = _single_query_attention(q[lo:hi], k, v, masks[group])
+        hidden.add_(layer.o(out))
+        hidden.add_(lean.mlp(layer, hidden))
     for batch in batches:
         batch.length += 1
-    return fast._lm_head(_rms_norm(hidden, inner.norm))
+    return lean.logits(hidden)
 
 
 def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) -> dict:
@@ -167,13 +161,14 @@ def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) 
                 outs.append(out)
             return outs
 
-        fused = fast._fused_weights()
+        fused = fast.weights()
         x_hidden = torch.randn(rows, model.config.hidden_size)
         x_inter = torch.randn(rows, model.config.intermediate_size)
+        x_attn = torch.randn(rows, n_q * dim)
 
         def linears():
-            for qkv, o, gate_up, down in fused:
-                qkv(x_hidden), o(x_hidden), gate_up(x_hidden), down(x_inter)
+            for layer in fused:
+                layer.qkv(x_hidden), layer.o(x_attn), layer.gate_up(x_hidden), layer.down(x_inter)
             fast._lm_head(x_hidden)
 
         reference = attention()
@@ -243,7 +238,7 @@ def main() -> None:
         path = str(resolve_model_path(args.model))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     if not PaddedKVBatch(model).fast:
-        raise SystemExit(f"{args.model} does not use the fast Qwen2 forward; nothing to measure")
+        raise SystemExit(f"{args.model} does not use the lean forward; nothing to measure")
     results = []
     for rows in args.rows:
         r = measure(model, rows, args.steps, args.repeats, args.groups, args.seed)

@@ -4,6 +4,8 @@ N concurrent requests with different prompt lengths and different output lengths
 max_new_tokens in [8, 64], or exactly --new-tokens; ignore_eos so every run produces the same number
 of tokens), sampled at temperature 1, served up to four ways:
   engine      LocalEngine, all N submitted at once (continuous batching)
+  engine_stock  (with --stock-engine) the same with `fast_forward=False`: transformers' stock
+              forward under the same batching instead of the lean forward (`engine_vs_stock`)
   one_by_one  `model.generate` per request, sequentially
   static      one left-padded `model.generate` call over all N (every row runs to the longest)
   remote      (with --remote) the same N requests through `SGLangEngine` to an `areal-nb engine-server`
@@ -30,6 +32,8 @@ tokenizer) into a local folder with `save_pretrained`, so vLLM loads the very sa
 
     python benchmarks/engine_throughput.py --model tiny-math --requests 32 128
     python benchmarks/engine_throughput.py --requests 32 --remote
+    python benchmarks/engine_throughput.py --model PATH/SmolLM2-135M-Instruct.Q4_1.gguf --new-tokens 64 \
+        --requests 8 32 --baselines static --stock-engine
     python benchmarks/engine_throughput.py --model qwen2-6.4m --new-tokens 64 --requests 8 32 128 \
         --baselines --vllm-python /work/vllm-venv/bin/python
 """
@@ -172,6 +176,12 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _owned(key: str, name: str, ways: dict) -> bool:
+    """Whether CPU_SECONDS[key] belongs to way `name` (remote: remote_client, remote_server; not
+    engine_stock, a way of its own, for engine)."""
+    return key == name or (key.startswith(name + "_") and key not in ways)
+
+
 def make_requests(n: int, vocab: int, rng: random.Random, args) -> list[ModelRequest]:
     return [
         ModelRequest(
@@ -210,7 +220,7 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_engine(engine: LocalEngine, reqs: list[ModelRequest]) -> tuple[float, int]:
+def run_engine(engine: LocalEngine, reqs: list[ModelRequest], name: str = "engine") -> tuple[float, int]:
     async def all_at_once():
         return await asyncio.gather(*(engine.agenerate(r.copy()) for r in reqs))
 
@@ -219,8 +229,8 @@ def run_engine(engine: LocalEngine, reqs: list[ModelRequest]) -> tuple[float, in
     start = time.perf_counter()
     responses = asyncio.run(all_at_once())
     elapsed = time.perf_counter() - start
-    CPU_SECONDS["engine"] = time.process_time() - cpu
-    SCHEDULING["engine"] = stats_delta(before, dataclasses.asdict(engine.stats))
+    CPU_SECONDS[name] = time.process_time() - cpu
+    SCHEDULING[name] = stats_delta(before, dataclasses.asdict(engine.stats))
     assert all(r.output_len == q.gconfig.max_new_tokens for r, q in zip(responses, reqs, strict=True))
     return elapsed, sum(r.output_len for r in responses)
 
@@ -327,6 +337,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--remote", action="store_true", help="also serve through engine-server over HTTP")
     parser.add_argument(
+        "--stock-engine",
+        action="store_true",
+        help="also a LocalEngine with fast_forward=False (the stock forward under the same batching)",
+    )
+    parser.add_argument(
         "--server-args",
         default="",
         help="more engine-server flags for --remote, e.g. '--admission-gap 0.004'",
@@ -411,6 +426,11 @@ def main() -> None:
         _proc, remote = start_remote(args)
     warm = make_requests(4, engine.vocab_size, rng, args)
     ways = {"engine": lambda reqs: run_engine(engine, reqs)}
+    if args.stock_engine:
+        stock = LocalEngine(
+            model_name, max_batch_size=args.max_batch_size, seed=args.seed, fast_forward=False, **threads
+        )
+        ways["engine_stock"] = lambda reqs: run_engine(stock, reqs, "engine_stock")
     if "one_by_one" in args.baselines:
         ways["one_by_one"] = lambda reqs: run_one_by_one(model, reqs, pad_id)
     if "static" in args.baselines:
@@ -426,7 +446,7 @@ def main() -> None:
     # engine, vLLM and remote meet each batch shape once before timing (compiled steps, allocators;
     # remote: the server's engine, and the connections the client opens for N concurrent requests)
     for n in args.requests:
-        for name in ("engine", "vllm", "remote"):
+        for name in ("engine", "engine_stock", "vllm", "remote"):
             if name in ways:
                 ways[name](make_requests(n, engine.vocab_size, random.Random(-n), args))
 
@@ -448,14 +468,14 @@ def main() -> None:
                     {
                         "s": round(elapsed, 3),
                         "tok_s": round(tokens / elapsed, 1),
-                        **{k: round(v, 3) for k, v in CPU_SECONDS.items() if k.startswith(name)},
+                        **{k: round(v, 3) for k, v in CPU_SECONDS.items() if _owned(k, name, ways)},
                         **SCHEDULING.get(name, {}),
                     }
                 )
                 if name not in best or elapsed < best[name][0]:
                     best[name] = (elapsed, tokens)
                     for key, value in CPU_SECONDS.items():
-                        if key.startswith(name):
+                        if _owned(key, name, ways):
                             row[f"{key}_cpu_s"] = round(value, 3)
         for name, (elapsed, tokens) in best.items():
             row[f"{name}_s"] = round(elapsed, 3)
@@ -480,7 +500,12 @@ def main() -> None:
         row["engine_decode_steps"] = (engine.stats.decode_steps - before[0]) // args.repeats
         row["engine_max_active"] = engine.stats.max_active
         summary = []
-        for name, key in (("one_by_one", "ratio"), ("static", "ratio_static"), ("vllm", "engine_vs_vllm")):
+        for name, key in (
+            ("one_by_one", "ratio"),
+            ("static", "ratio_static"),
+            ("vllm", "engine_vs_vllm"),
+            ("engine_stock", "engine_vs_stock"),
+        ):
             if name in best and "engine" in best:
                 row[key] = round(row["engine_tok_s"] / row[f"{name}_tok_s"], 2)
                 summary.append(f"engine/{name} = {row[key]:.2f}x")
@@ -505,6 +530,8 @@ def main() -> None:
         )
         results[str(n)] = row
     engine.close()
+    if args.stock_engine:
+        stock.close()
     if vllm is not None:
         vllm.close()
     if remote is not None:
@@ -513,7 +540,14 @@ def main() -> None:
     first = results[str(args.requests[0])]
     summary = {
         k: first[k]
-        for k in ("ratio", "ratio_static", "ratio_remote", "ratio_remote_best", "ratio_remote_cpu")
+        for k in (
+            "ratio",
+            "ratio_static",
+            "engine_vs_stock",
+            "ratio_remote",
+            "ratio_remote_best",
+            "ratio_remote_cpu",
+        )
         if k in first
     }
     print(

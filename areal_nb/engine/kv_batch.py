@@ -27,9 +27,9 @@ weight 0); rows beyond `size` hold anything (never read) until a joining row cle
   needs any more are trimmed lazily: when a copy happens anyway, or when they reach a quarter of
   the columns (the decoding steps read them, so a one-time copy pays for itself within a few steps).
 
-With the lean Qwen2 forward, the new rows' prompts run as one forward over their packed tokens
-(`packed_prefill`) whose keys/values are written straight into their cache columns; with the
-stock forward, prompts of similar length run as one padded forward each (`length_groups`) and are
+With the lean forward (`lean_forward`: Llama, Mistral, Qwen2, Qwen3, Gemma), the new rows' prompts
+run as one forward over their packed tokens (`packed_prefill`) whose keys/values are written
+straight into their cache columns; with the stock forward, prompts of similar length run as one padded forward each (`length_groups`) and are
 copied in. Identical prompts (a GRPO group's samples) are computed once. A joining row may bring
 the keys/values of its prompt's first tokens (`prefix_cache`): they are loaded into its columns and
 only the rest of the prompt is computed. `rows_kv` copies rows' keys/values out (what the prefix
@@ -47,9 +47,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 from areal_nb.errors import BatchShapeError
 
 from ..api.attention_window import mask_by_layer_type, sliding_window
+from .lean_forward import LeanForward
 from .packed_prefill import packed_prefill
 from .prefix_cache import LayerKV
-from .qwen2_fast import Qwen2FastForward
 
 PREFILL_TOKENS = 1024  # tokens per packed prefill forward (see `token_chunks`)
 RESERVE_TOKENS = 16384  # a new buffer has rows for at least this many tokens (see `_row_capacity`)
@@ -144,11 +144,11 @@ class PaddedKVBatch:
     def __init__(
         self, model: PreTrainedModel, fast_forward: bool = True, max_rows: int | None = None
     ) -> None:
-        """`fast_forward`: use `Qwen2FastForward` when the model supports it, else the stock forward.
+        """`fast_forward`: use `LeanForward` when the model supports it, else the stock forward.
         `max_rows`: the most rows the owner will run at once (growing doubles the row capacity up
         to it, not past it)."""
         self.model = model
-        self.fast = Qwen2FastForward(model) if fast_forward and Qwen2FastForward.supports(model) else None
+        self.fast = LeanForward(model) if fast_forward and LeanForward.supports(model) else None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_kwarg = _cache_kwarg(model)
@@ -194,7 +194,7 @@ class PaddedKVBatch:
         return mask_by_layer_type(self.model.config, prepared(allowed), windowed)
 
     def _forward(self, input_ids, mask, position_ids, cache) -> torch.Tensor:
-        """The stock forward (models without `Qwen2FastForward`): next-token logits [B, V]."""
+        """The stock forward (models without `LeanForward`): next-token logits [B, V]."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

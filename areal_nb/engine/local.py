@@ -14,7 +14,8 @@ after the logits processors, i.e. after top-k/top-p truncation (we need `log_sof
 before truncation); it has no notion of a weight version per token nor of applying a weight update
 between two steps; and its paged-attention path is built around CUDA. So this module is a small
 step scheduler of our own over transformers' cache layers, with the model's stock forward or, for
-Qwen2-architecture models, the equivalent lean forward in `qwen2_fast` (less per-step overhead).
+the Llama, Mistral, Qwen2, Qwen3 and Gemma families, the equivalent lean forward in `lean_forward`
+(less per-step overhead).
 
 Every output token carries its log-probability and the engine version at the moment it was
 sampled. Weight updates keep the KV cache of in-flight rows (computed by the old weights), as
@@ -179,7 +180,7 @@ class LocalEngine:
         single_thread_rows: int = DEFAULT_SINGLE_THREAD_ROWS,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
-        """`fast_forward=False` forces transformers' stock forward even for Qwen2 models;
+        """`fast_forward=False` forces transformers' stock forward even where the lean one applies;
         `single_thread_rows`: on CPU, decoding steps of at most this many rows run on one torch
         thread (see the comment on `DEFAULT_SINGLE_THREAD_ROWS` above; 0: never); `prefix_cache_tokens` bounds the prefix cache
         (tokens of KV kept, 0: no cache)."""

@@ -10,8 +10,8 @@ lengths, runs on the rows' padded layout, which is where their keys/values must 
 running batch's left-padded cache (`kv_batch.PaddedKVBatch`). So the keys/values are written
 straight into their cache columns, with no join and no copy of the batch.
 
-The arithmetic per token is `Qwen2FastForward.decode`'s (same fused projections, RMSNorm,
-rotary table), so the logits and keys/values equal a plain forward over each prompt alone up to
+The arithmetic per token is `LeanForward.decode`'s (its `embed`, `qkv`, `mlp` and `logits`: the
+same fused projections, norms and rotary table, for every family it covers), so the logits and keys/values equal a plain forward over each prompt alone up to
 fp32 rounding (matmuls over a different number of rows may sum in another order).
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .qwen2_fast import Qwen2FastForward, _rms_norm, _swap_halves
+from .lean_forward import LeanForward
 
 
 def packed_prefill(
-    fast: Qwen2FastForward,
+    lean: LeanForward,
     fed: list[list[int]],
     lengths: list[int],
     keys: list[torch.Tensor],
@@ -52,13 +52,10 @@ def packed_prefill(
     slot = row_of * longest + (longest - counts[row_of] + within)
     positions = column - (width - total[row_of])  # position in the row's own sequence
 
-    inner = fast.inner
-    fused = fast._fused_weights()  # noqa: SLF001 - the same fused weights as the decoding steps
-    n_q, n_kv, dim = fast.n_heads, fast.n_kv_heads, fast.head_dim
+    n_q = lean.n_heads
     ids = torch.tensor([t for f in fed for t in f], dtype=torch.long, device=device)
-    hidden = F.embedding(ids, inner.embed_tokens.weight)  # [T, hidden]
-    cos, sin = fast._rope(hidden[None], positions[None])  # noqa: SLF001 - [1, 1, T, D]
-    cos, sin = cos[0, 0][:, None], sin[0, 0][:, None]  # [T, 1, D]: one per token, every head
+    hidden = lean.embed(ids)  # [T, hidden]
+    cos, sin = lean.rope(hidden, positions)  # [T, 1, D]: one per token, every head
     # the query grid's columns are the view's last `longest` columns: a key is visible to a query
     # at or left of it and inside the row's sequence; a padding query sees its own column only
     # (its output is dropped, but a fully masked row would be NaN)
@@ -66,29 +63,21 @@ def packed_prefill(
     k_col = torch.arange(width, device=device)[None, :]
     inside = k_col[None] >= (width - total)[:, None, None]  # [rows, 1, W]
     mask = (((k_col <= q_col)[None] & inside) | (k_col == q_col)[None])[:, None]  # [rows, 1, longest, W]
-    for index, layer in enumerate(inner.layers):
-        qkv_proj, o_proj, gate_up_proj, down_proj = fused[index]
-        x = _rms_norm(hidden, layer.input_layernorm)
-        qkv = qkv_proj(x).view(-1, n_q + 2 * n_kv, dim)
-        qk = qkv[:, : n_q + n_kv]
-        qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # rotary on q and k at once
-        keys[index][row_of, :, column] = qk[:, n_q:]
-        values[index][row_of, :, column] = qkv[:, n_q + n_kv :]
-        grid = qk.new_zeros(rows * longest, n_q, dim)
-        grid.index_copy_(0, slot, qk[:, :n_q])
-        q = grid.view(rows, longest, n_q, dim).transpose(1, 2)
+    for index, layer in enumerate(lean.weights()):  # the decoding steps' weights
+        q, k, v = lean.qkv(layer, hidden, cos, sin)
+        keys[index][row_of, :, column] = k
+        values[index][row_of, :, column] = v
+        grid = q.new_zeros(rows * longest, n_q, lean.head_dim)
+        grid.index_copy_(0, slot, q)
         out = F.scaled_dot_product_attention(
-            q,
+            grid.view(rows, longest, n_q, lean.head_dim).transpose(1, 2),
             keys[index],
             values[index],
             attn_mask=mask,
             scale=1.0,  # q is scaled
-            enable_gqa=fast.gqa,
+            enable_gqa=lean.gqa,
         )
-        out = out.transpose(1, 2).reshape(rows * longest, n_q * dim).index_select(0, slot)
-        hidden = hidden + o_proj(out)
-        x = _rms_norm(hidden, layer.post_attention_layernorm)
-        gate, up = gate_up_proj(x).chunk(2, dim=-1)
-        hidden = hidden + down_proj(F.silu(gate) * up)
-    last = _rms_norm(hidden.index_select(0, ends - 1), inner.norm)
-    return fast._lm_head(last)  # noqa: SLF001
+        out = out.transpose(1, 2).reshape(rows * longest, n_q * lean.head_dim).index_select(0, slot)
+        hidden = hidden + layer.o(out)
+        hidden = hidden + lean.mlp(layer, hidden)
+    return lean.logits(hidden.index_select(0, ends - 1))

@@ -1,4 +1,4 @@
-"""The fast forward's pieces equal what they replace: the decoding step's attention (torch's sdpa,
+"""The lean forward's pieces equal what they replace: the decoding step's attention (torch's sdpa,
 with and without grouped KV heads), the rotary rotation, the prepacked projections."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from areal_nb.engine.qwen2_fast import _single_query_attention
+from areal_nb.engine.lean_forward import _single_query_attention
 
 
 @pytest.mark.parametrize("n_kv", [4, 2, 1])
@@ -29,7 +29,7 @@ def test_single_query_attention_equals_sdpa(n_kv):
 def test_swapped_halves_times_signed_sin_is_rotate_half_times_sin_bit_for_bit():
     from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
-    from areal_nb.engine.qwen2_fast import _signed_sin, _swap_halves
+    from areal_nb.engine.lean_forward import _signed_sin, _swap_halves
 
     gen = torch.Generator().manual_seed(0)
     x, sin = torch.randn(2, 3, 4, 8, generator=gen), torch.randn(2, 1, 4, 8, generator=gen)
@@ -38,7 +38,7 @@ def test_swapped_halves_times_signed_sin_is_rotate_half_times_sin_bit_for_bit():
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_prepacked_linear_equals_f_linear_to_fp32_rounding(bias):
-    from areal_nb.engine.qwen2_fast import _Linear
+    from areal_nb.engine.lean_forward import _Linear
 
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 1, 32, generator=gen), torch.randn(48, 32, generator=gen)
