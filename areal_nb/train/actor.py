@@ -645,47 +645,36 @@ class Actor:
         needed: Tensor | None = None,
         allowed: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, int]:
-        """`_forward_logprobs` in the compute dtype (autocast; under FSDP its policy casts)."""
-        with autocast(self.device, None if self.sharded else self.compute_dtype):
-            return self._forward_logprobs(model, input_ids, attention, pack_ids, needed, allowed)
-
-    def _forward_logprobs(
-        self,
-        model: torch.nn.Module,
-        input_ids: Tensor,
-        attention: Tensor,
-        pack_ids: Tensor | None,
-        needed: Tensor | None = None,
-        allowed: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, Tensor, int]:
-        """Token log-probs and entropy `[b, width]` of right-padded rows, through one trie per pack
-        id (`cfg.pack`) or the padded rows, and the number of positions the model computed. With
-        `needed` (bool `[b, width]`) the packed forward may leave the other positions at 0.
-        With `allowed` (`_micro_allowed`) the padded rows run, those tokens renormalised over
-        their allowed sets (the packed forward does not take masks)."""
+        """Token log-probs and entropy `[b, width]` of right-padded rows, in the compute dtype
+        (autocast; under FSDP its policy casts), through one trie per pack id (`cfg.pack`) or the
+        padded rows, and the number of positions the model computed. With `needed` (bool
+        `[b, width]`) the packed forward may leave the other positions at 0. With `allowed`
+        (`_micro_allowed`) the padded rows run, those tokens renormalised over their allowed sets
+        (the packed forward does not take masks)."""
         model = lora_base(model)  # LoRA: the base with its injected adapters (the fast paths walk its layers)
-        if self.cfg.pack and allowed is None:
-            flat = self.cfg.tree_attention and supports_tree_attention(model)
-            packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
-            logprobs, entropy = packed_token_logprobs_and_entropy(
+        with autocast(self.device, None if self.sharded else self.compute_dtype):
+            if self.cfg.pack and allowed is None:
+                flat = self.cfg.tree_attention and supports_tree_attention(model)
+                packed = pack_rows(input_ids, attention, pack_ids, flat=flat)
+                logprobs, entropy = packed_token_logprobs_and_entropy(
+                    model,
+                    packed,
+                    self.temperature,
+                    positions=needed,
+                    last_layer_at_heads=self.cfg.last_layer_at_heads,
+                    chunk=self.cfg.logprob_chunk_size,
+                )
+                assert entropy is not None
+                return logprobs, entropy, packed.n_nodes
+            logprobs, entropy = compute_token_logprobs_and_entropy(
                 model,
-                packed,
+                input_ids,
+                attention,
                 self.temperature,
-                positions=needed,
-                last_layer_at_heads=self.cfg.last_layer_at_heads,
                 chunk=self.cfg.logprob_chunk_size,
+                allowed=allowed,
             )
-            assert entropy is not None
-            return logprobs, entropy, packed.n_nodes
-        logprobs, entropy = compute_token_logprobs_and_entropy(
-            model,
-            input_ids,
-            attention,
-            self.temperature,
-            chunk=self.cfg.logprob_chunk_size,
-            allowed=allowed,
-        )
-        return logprobs, entropy, input_ids.numel()
+            return logprobs, entropy, input_ids.numel()
 
     def _inspection(
         self,

@@ -28,7 +28,7 @@ HEAD_FORWARD_MODEL_TYPES = ("qwen2", "llama")
 
 
 def supports_head_forward(model: torch.nn.Module) -> bool:
-    """Whether `head_logits` knows `model`'s decoder layout. Not under FSDP: the sharded root
+    """Whether `head_hidden` knows `model`'s decoder layout. Not under FSDP: the sharded root
     gathers its own parameters (embedding, final norm, LM head) in its forward, which this skips."""
     if is_fsdp(model):
         return False
@@ -57,20 +57,6 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def head_logits(
-    model: torch.nn.Module,
-    tokens: Tensor,
-    position_ids: Tensor,
-    plan: TreePlan,
-    heads: Tensor,
-    head_plan: TreePlan,
-) -> Tensor:
-    """Logits `[len(heads), V]` at nodes `heads` of the flat trie `tokens` / `position_ids` `[T]`:
-    every layer but the last over all nodes with `plan`, the last one's queries at the heads only
-    (`head_plan`: `plan_tree_attention(..., queries=heads)`). Run inside `tree_attention(model)`."""
-    return model.lm_head(head_hidden(model, tokens, position_ids, plan, heads, head_plan))
-
-
 def head_hidden(
     model: torch.nn.Module,
     tokens: Tensor,
@@ -79,7 +65,10 @@ def head_hidden(
     heads: Tensor,
     head_plan: TreePlan,
 ) -> Tensor:
-    """The final (normed) hidden states `[len(heads), D]` that `head_logits` projects."""
+    """The final (normed) hidden states `[len(heads), D]` at nodes `heads` of the flat trie
+    `tokens` / `position_ids` `[T]` (`model.lm_head` of them: the logits there): every layer but
+    the last over all nodes with `plan`, the last one's queries at the heads only (`head_plan`:
+    `plan_tree_attention(..., queries=heads)`). Run inside `tree_attention(model)`."""
     inner = model.model
     hidden = inner.embed_tokens(tokens[None])  # [1, T, D]
     positions = position_ids[None]

@@ -36,7 +36,7 @@ from torch import Tensor
 from areal_nb.errors import InvalidArgumentError
 
 from ..api.attention_window import mask_by_layer_type, sliding_window
-from .head_forward import head_hidden, head_logits, supports_head_forward
+from .head_forward import head_hidden, supports_head_forward
 from .lm_head import chunked_token_logprobs, split_head
 from .tree_attention import TreePlan, plan_tree_attention, tree_attention
 
@@ -322,7 +322,9 @@ def _flat_logprobs(
             head_plan = plan_tree_attention(
                 _head_runs(compact, packed.node_of, heads), len(flat), queries=heads.tolist()
             )
-            logits = head_logits(model, tokens, position_ids, packed.plan, heads, head_plan.to(device))
+            logits = model.lm_head(
+                head_hidden(model, tokens, position_ids, packed.plan, heads, head_plan.to(device))
+            )
         else:
             logits = model(
                 input_ids=tokens[None],
