@@ -174,16 +174,23 @@ def parse_agent_rewards(value: Any) -> float | dict[str, float] | AgentRewards:
     )
 
 
-async def _assigned_or_rejected(what: str, assignment: Awaitable[None]) -> None:
-    """Await a reward's assignment; the proxy's 400/404 (no such call or agent) rejects the episode."""
+async def _assigned_or_rejected(assignment: Awaitable[None], what: str | None = None) -> None:
+    """Await a reward's assignment; the proxy's 400/404 (no such call or agent) rejects the episode.
+
+    `what` names the call or agent the reward was for; None: the last call, which has no id to
+    get wrong, so the session had no completed call."""
     try:
         await assignment
     except ProxyRequestError as exc:
-        if exc.status in (400, 404):
+        if exc.status not in (400, 404):
+            raise
+        if what is None:
             raise EpisodeRejected(
-                "invalid_reward", f"reward for {what} could not be assigned: {exc.detail}"
+                "no_interactions", f"the agent made no LLM call through the proxy ({exc.detail})"
             ) from exc
-        raise
+        raise EpisodeRejected(
+            "invalid_reward", f"reward for {what} could not be assigned: {exc.detail}"
+        ) from exc
 
 
 class OpenAIProxyWorkflow(RolloutWorkflow):
@@ -445,21 +452,13 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
     ) -> None:
         if isinstance(reward, AgentRewards):
             for agent, value in reward.per_agent.items():
-                await _assigned_or_rejected(f"agent {agent!r}", client.set_agent_reward(agent, value))
+                await _assigned_or_rejected(client.set_agent_reward(agent, value), f"agent {agent!r}")
             return
         if isinstance(reward, dict):
             for interaction_id, value in reward.items():
-                await _assigned_or_rejected(repr(interaction_id), client.set_reward(interaction_id, value))
+                await _assigned_or_rejected(client.set_reward(interaction_id, value), repr(interaction_id))
             return
-        try:
-            await client.set_last_reward(reward)
-        except ProxyRequestError as exc:
-            if exc.status in (400, 404):
-                # "last call" has no id to get wrong: the session has no completed call.
-                raise EpisodeRejected(
-                    "no_interactions", f"the agent made no LLM call through the proxy ({exc.detail})"
-                ) from exc
-            raise
+        await _assigned_or_rejected(client.set_last_reward(reward))
 
     @property
     def last_rejection_reason(self) -> str | None:
