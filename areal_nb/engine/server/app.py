@@ -54,18 +54,21 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     app.add_exception_handler(BodyError, _body_error)
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(Exception, _internal_error)
-    app.add_api_route("/abort_request", routes.abort_request, methods=["POST"])
-    app.add_api_route("/pause_generation", routes.pause_generation, methods=["POST"])
-    app.add_api_route("/continue_generation", routes.continue_generation, methods=["POST"])
-    app.add_api_route("/update_weights_from_disk", routes.update_weights_from_disk, methods=["POST"])
-    app.add_api_route("/update_weight_version", routes.update_weight_version, methods=["POST"])
-    app.add_api_route("/load_lora_adapter", routes.load_lora_adapter, methods=["POST"])
-    app.add_api_route("/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"])
-    app.add_api_route("/model_info", routes.model_info, methods=["GET"])
-    app.add_api_route("/get_model_info", routes.model_info, methods=["GET"])
-    app.add_api_route("/server_info", routes.server_info, methods=["GET"])
-    app.add_api_route("/health", routes.health, methods=["GET"])
-    app.add_api_route("/health_generate", routes.health, methods=["GET"])
+    for method, path, route in (
+        ("POST", "/abort_request", routes.abort_request),
+        ("POST", "/pause_generation", routes.pause_generation),
+        ("POST", "/continue_generation", routes.continue_generation),
+        ("POST", "/update_weights_from_disk", routes.update_weights_from_disk),
+        ("POST", "/update_weight_version", routes.update_weight_version),
+        ("POST", "/load_lora_adapter", routes.load_lora_adapter),
+        ("POST", "/unload_lora_adapter", routes.unload_lora_adapter),
+        ("GET", "/model_info", routes.model_info),
+        ("GET", "/get_model_info", routes.model_info),
+        ("GET", "/server_info", routes.server_info),
+        ("GET", "/health", routes.health),
+        ("GET", "/health_generate", routes.health),
+    ):
+        app.add_api_route(path, route, methods=[method])
 
     served: ASGIApp = GenerateRoute(
         app, functools.partial(routes.generate, shared), functools.partial(read_request_body, shared)

@@ -23,18 +23,10 @@ from areal_nb.errors import BadRequest, ContractViolation
 from ..native_api import GenerateRequest, SamplingParams, unknown_field_message, unknown_sampling_keys
 from ..sglang_wire import GenerateAnswer, finish_abort, finish_length, finish_stop, generate_answer
 
-_UNSUPPORTED_IF_SET = (
-    "stop_regex",
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
-    "logit_bias",
-    "sampling_seed",
-    "custom_params",
-    "beam_width",
-    "watermark",
-    "choice",
+# SGLang's sampling parameters this engine cannot honour (a 400 naming the first one set).
+_UNSUPPORTED_IF_SET = tuple(
+    "stop_regex json_schema regex ebnf structural_tag logit_bias sampling_seed custom_params beam_width "
+    "watermark choice".split()
 )
 
 
