@@ -39,6 +39,7 @@ from areal_nb.engine.defaults import (
     DEFAULT_PREFIX_CACHE_TOKENS,
     DEFAULT_SINGLE_THREAD_ROWS,
 )
+from areal_nb.engine.factory import check_addresses, engine_class
 from areal_nb.errors import ConfigError  # noqa: F401 (re-exported)
 from areal_nb.train import GRPOConfig
 from areal_nb.train.lora import LoraConfig
@@ -135,15 +136,7 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _addresses(self) -> EngineConfig:
-        if self.type == "remote" and not self.addresses:
-            raise ConfigError(
-                "engine.type=remote needs engine.addresses (the servers' base URLs, "
-                "e.g. ['http://127.0.0.1:30000'])"
-            )
-        if self.type != "remote" and self.addresses:
-            raise ConfigError(
-                f"engine.addresses is only read with engine.type=remote (engine.type is {self.type!r})"
-            )
+        check_addresses(self.type, self.addresses)
         return self
 
 
@@ -408,7 +401,7 @@ class SessionConfig(_Section):
         check_export_style(
             self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type}
         )
-        if self.actor.replay_sampling_masks and self.engine.type != "local":
+        if self.actor.replay_sampling_masks and not engine_class(self.engine.type).records_sampling_masks:
             raise ConfigError(
                 f"actor.replay_sampling_masks needs engine.type 'local', got {self.engine.type!r}: only the "
                 "embedded engine records which tokens each sampled token was drawn among (grammar, top-k, "

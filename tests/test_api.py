@@ -166,6 +166,71 @@ def test_the_engine_protocol_declares_what_the_layers_above_call():
     assert used <= declared, f"used on engines but not declared by InferenceEngine: {sorted(used - declared)}"
 
 
+def test_no_caller_probes_an_engine_for_what_it_can_do():
+    """What an engine can do is declared by `InferenceEngine` (with a default) and stated by each
+    engine: nothing in the package asks an engine with getattr/hasattr, and no layer but the
+    engine factory branches on `engine.type`."""
+    import re
+    from pathlib import Path
+
+    import areal_nb
+
+    root = Path(areal_nb.__file__).parent
+    probe = re.compile(r"(?:getattr|hasattr)\(\s*[\w.]*engine\b")
+    type_branch = re.compile(r"engine\.type\s*(?:==|!=|in\b|not in\b)")
+    probes, branches = [], []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        probes += [f"{path.relative_to(root)}: {m.group(0)}" for m in probe.finditer(text)]
+        if path.relative_to(root).as_posix() != "engine/factory.py":
+            branches += [f"{path.relative_to(root)}: {m.group(0)}" for m in type_branch.finditer(text)]
+    branches += re.findall(r"self\.type\s*(?:==|!=)", (root / "config.py").read_text())  # EngineConfig
+    assert probes == [] and branches == []
+
+
+def test_every_engine_states_its_capabilities():
+    """Each engine class of the package subclasses `InferenceEngine` and states every capability
+    itself (a class attribute, or set per instance where it depends on how the engine was made)."""
+    import inspect
+    import re
+
+    from areal_nb.api import InferenceEngine
+    from areal_nb.engine.agent_engines import AgentEngines
+    from areal_nb.engine.local import LocalEngine
+    from areal_nb.engine.sglang_client import SGLangEngine
+    from areal_nb.session.evaluation import GreedyEngine
+    from areal_nb.testing import ScriptedEngine
+    from areal_nb.testing.served_stub import ServedStub
+
+    capabilities = {name for name in vars(InferenceEngine) if not name.startswith("_")} - {
+        "agenerate", "get_version", "set_version", "pause", "resume", "update_weights", "close",
+        "rng_state", "set_rng_state",
+    }  # fmt: skip
+    assert capabilities == {
+        "max_context", "serves_lora_adapters", "weights_may_differ", "records_sampling_masks",
+        "serves_models_in_process", "stats", "abort", "abort_all",
+    }  # fmt: skip
+    for cls in (LocalEngine, SGLangEngine, AgentEngines, GreedyEngine, ScriptedEngine, ServedStub):
+        assert InferenceEngine in cls.__mro__, cls
+        source = inspect.getsource(cls)
+        unstated = {c for c in capabilities if not re.search(rf"\b{c}\b\s*(?::[^=\n]*)?=|def {c}\(", source)}
+        assert not unstated, f"{cls.__name__} leaves {sorted(unstated)} to the default"
+    assert LocalEngine.records_sampling_masks and LocalEngine.serves_models_in_process
+    assert not SGLangEngine.records_sampling_masks and not SGLangEngine.serves_models_in_process
+    assert not LocalEngine.serves_lora_adapters and not LocalEngine.weights_may_differ
+
+
+def test_the_factory_says_what_each_engine_type_can_do():
+    from areal_nb.config import ConfigError, load_config
+    from areal_nb.engine.factory import engine_class
+
+    assert engine_class("local").records_sampling_masks
+    assert not engine_class("remote").records_sampling_masks
+    with pytest.raises(ConfigError, match="replay_sampling_masks needs engine.type 'local'"):
+        load_config(None, ["engine.type=sglang", "actor.replay_sampling_masks=true"])
+    assert load_config(None, ["actor.replay_sampling_masks=true"]).actor.replay_sampling_masks
+
+
 def test_the_test_and_evaluation_engines_follow_the_protocol(tiny_tokenizer):
     from areal_nb.api import InferenceEngine
     from areal_nb.session.evaluation import GreedyEngine

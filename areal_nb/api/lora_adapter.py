@@ -3,7 +3,7 @@
 An engine that serves base + adapter (`SGLangEngine` over servers started with `--enable-lora`)
 takes one in `update_weights` and writes it as a peft folder (`adapter_config.json`,
 `adapter_model.safetensors`) for its servers to load; it declares so with
-`serves_lora_adapters = True`. Engines without that attribute get the merged weights instead.
+`serves_lora_adapters = True` (`InferenceEngine`'s capability). The others get merged weights.
 """
 
 from __future__ import annotations

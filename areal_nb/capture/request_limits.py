@@ -16,11 +16,14 @@ import inspect
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_nb.errors import ContextLengthExceeded
 
 from .messages import CompletionRequestError
+
+if TYPE_CHECKING:
+    from areal_nb.api import InferenceEngine
 
 # Filled in by transformers' renderer or jinja itself, never by a request.
 _RENDERER_VARIABLES = frozenset(
@@ -38,13 +41,9 @@ _chars_per_token: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionar
 _template_variables: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
-def context_tokens(engine: Any, engine_max_tokens: int | None) -> int | None:
+def context_tokens(engine: InferenceEngine, engine_max_tokens: int | None) -> int | None:
     """The most prompt + output tokens one call can use: the engine's context or the setting."""
-    # `InferenceEngine.max_context`; read with a default because `ArealOpenAI` also takes any object
-    # that only generates (AReaL's client takes such engines too)
-    limits = [
-        x for x in (getattr(engine, "max_context", None), engine_max_tokens) if isinstance(x, int) and x > 0
-    ]
+    limits = [x for x in (engine.max_context, engine_max_tokens) if isinstance(x, int) and x > 0]
     return min(limits) if limits else None
 
 

@@ -23,8 +23,13 @@ from areal_nb.errors import CheckpointError, InvalidArgumentError, UnknownAgentE
 __all__ = ["AgentEngines", "UnknownAgentError"]
 
 
-class AgentEngines:
+class AgentEngines(InferenceEngine):
     """Several engines behind the `InferenceEngine` interface, one per agent (module docstring)."""
+
+    # capabilities: each agent's engine serves base + its ΔW merged (and the base's weights, as
+    # given); the others are what every agent's engine can do (set per instance)
+    serves_lora_adapters = False
+    weights_may_differ = False
 
     def __init__(self, engines: Mapping[str, InferenceEngine]) -> None:
         if not engines:
@@ -32,6 +37,9 @@ class AgentEngines:
         self.engines = dict(engines)
         contexts = {e.max_context for e in self.engines.values()}
         self.max_context = min((c for c in contexts if c is not None), default=None)
+        self.records_sampling_masks = all(e.records_sampling_masks for e in self.engines.values())
+        self.serves_models_in_process = all(e.serves_models_in_process for e in self.engines.values())
+        self.stats = None  # each engine keeps its own (`engines[agent].stats`)
 
     @property
     def agents(self) -> list[str]:
@@ -79,15 +87,11 @@ class AgentEngines:
 
     def abort(self, rid: str) -> None:
         for engine in self.engines.values():
-            abort = getattr(engine, "abort", None)
-            if abort is not None:
-                abort(rid)
+            engine.abort(rid)
 
     def abort_all(self) -> None:
         for engine in self.engines.values():
-            abort_all = getattr(engine, "abort_all", None)
-            if abort_all is not None:
-                abort_all()
+            engine.abort_all()
 
     def close(self) -> None:
         errors = []

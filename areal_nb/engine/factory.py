@@ -1,7 +1,10 @@
 """`create_engine`: the one place an engine is made from its config section.
 
 The Session (and any script) asks for an engine here by `type`; new engine types are added
-here, not in the Session. "local": the embedded transformers engine; "sglang": N SGLang-API
+here, not in the Session, which passes everything any type may need and reads what the engine
+can do from its declared capabilities (`InferenceEngine`; `engine_class` gives them before an
+engine exists). "local": the embedded transformers engine (with `agents`, one per agent behind
+an `AgentEngines`); "sglang": N SGLang-API
 servers started here (`spec.launch`) and owned by the returned engine, which stops them on
 `close()`; "remote": servers someone else started, at `spec.addresses`, with the key
 `spec.api_key` or, when that is unset, the `AREAL_NB_API_KEY` environment variable (which
@@ -11,7 +14,7 @@ servers started here (`spec.launch`) and owned by the returned engine, which sto
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +53,7 @@ def create_engine(
     max_context: int | None = None,
     lora: Any = None,
     lora_adapters: int | None = None,
+    agents: Sequence[str] = (),
 ) -> InferenceEngine:
     """An engine serving `model` (a loaded model, or a path for engines that load their own).
 
@@ -63,6 +67,9 @@ def create_engine(
     "remote" expects them started so) and the trainer pushes its adapter to them; the embedded
     engine ignores it (it is pushed merged weights). `lora_adapters`: adapters the launched
     servers hold per batch (one adapter per agent: two per agent; None: the launcher's default).
+    `agents`: with one adapter per agent, their names: the embedded engine can serve one merged
+    policy at a time, so each agent gets an engine of its own (`AgentEngines`); servers apply
+    each agent's adapter themselves (`lora`).
     """
     if spec.type == "local":
         import torch
@@ -70,16 +77,23 @@ def create_engine(
         from .defaults import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
         from .local import LocalEngine
 
-        return LocalEngine(
-            model if model is not None else _need_path(model_path, spec.type),
-            tokenizer,
-            device=device,
-            dtype=dtype or torch.float32,
-            max_batch_size=spec.max_batch_size,
-            seed=spec.seed,
-            prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
-            single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
-        )
+        def local() -> LocalEngine:
+            return LocalEngine(
+                model if model is not None else _need_path(model_path, spec.type),
+                tokenizer,
+                device=device,
+                dtype=dtype or torch.float32,
+                max_batch_size=spec.max_batch_size,
+                seed=spec.seed,
+                prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
+                single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
+            )
+
+        if agents:  # base + each agent's ΔW merged: an engine per agent
+            from .agent_engines import AgentEngines
+
+            return AgentEngines({agent: local() for agent in agents})
+        return local()
     if spec.type == "sglang":
         from .defaults import DEFAULT_SINGLE_THREAD_ROWS
         from .remote_launch import launch_remote_engine
@@ -123,10 +137,43 @@ def create_engine(
             tokenizer=tokenizer,
             max_context=max_context,
             lora=lora is not None,
+            weights_may_differ=True,  # servers someone else started: whatever they loaded
         )
     raise ConfigError(
         f"engine.type={spec.type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}"
     )
+
+
+def engine_class(engine_type: str) -> type[InferenceEngine]:
+    """The class `create_engine` makes for `engine_type`: its class attributes are that type's
+    capabilities (`InferenceEngine`), for decisions taken before an engine exists (a config's
+    checks). With `agents`, embedded engines sit behind an `AgentEngines`, which can do what
+    each of them can."""
+    if engine_type == "local":
+        from .local import LocalEngine
+
+        return LocalEngine
+    if engine_type in ("sglang", "remote"):
+        from .sglang_client import SGLangEngine
+
+        return SGLangEngine
+    raise ConfigError(
+        f"engine.type={engine_type!r} is not available in this build; choose one of {list(ENGINE_TYPES)}"
+    )
+
+
+def check_addresses(engine_type: str, addresses: Sequence[str]) -> None:
+    """Servers' addresses are what "remote" connects to: required there, refused with any other
+    type (which would ignore them)."""
+    if engine_type == "remote" and not addresses:
+        raise ConfigError(
+            "engine.type=remote needs engine.addresses (the servers' base URLs, "
+            "e.g. ['http://127.0.0.1:30000'])"
+        )
+    if engine_type != "remote" and addresses:
+        raise ConfigError(
+            f"engine.addresses is only read with engine.type=remote (engine.type is {engine_type!r})"
+        )
 
 
 def _need_path(model_path: str | None, engine_type: str) -> str:

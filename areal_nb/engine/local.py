@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from areal_nb.api import ModelRequest, ModelResponse, SamplingMasks
+from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, SamplingMasks
 from areal_nb.api.constraints import TokenGrammar
 from areal_nb.errors import (
     CallOrderError,
@@ -164,8 +164,14 @@ class _WeightUpdate:
     error: BaseException | None = None
 
 
-class LocalEngine:
-    """In-process engine; see the module docstring. Implements `areal_nb.api.InferenceEngine`."""
+class LocalEngine(InferenceEngine):
+    """In-process engine; see the module docstring."""
+
+    # capabilities (`InferenceEngine`): max_context and stats are set per instance
+    serves_lora_adapters = False  # a LoRA policy comes as base + ΔW merged into full weights
+    weights_may_differ = False  # it serves the model it is given, then what the trainer pushes
+    records_sampling_masks = True  # each token's allowed set (ModelResponse.sampling_masks)
+    serves_models_in_process = True
 
     def __init__(
         self,

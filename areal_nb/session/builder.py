@@ -63,50 +63,34 @@ def build_engine(
     tokenizer: Any,
     on_log: Callable[[int, str], None] | None = None,
 ) -> InferenceEngine:
-    """The engine `engine.type` names. Server engines ("sglang", "remote") load the model by
-    path (resolved here: the engine layer does not know the model registry), read new weights
-    from `engine.weights_dir` (default `<run_dir>/weights`), and send launched servers' log lines
-    to `engine_logs/server-<i>.log` and to `on_log(server_index, line)`.
+    """The engine `engine.type` names (`engine.create_engine` chooses; this passes what any type
+    may need). The embedded engine serves `policy`; server engines load the model by path
+    (resolved here: the engine layer does not know the model registry), read new weights from
+    `engine.weights_dir` (default `<run_dir>/weights`), and send launched servers' log lines to
+    `engine_logs/server-<i>.log` and to `on_log(server_index, line)`.
 
     Called from the notebook's main thread: launched servers get SIGTERM when the thread that
     started them exits (launcher's parent-death signal), so not from a short-lived thread."""
     from areal_nb.engine import create_engine
-
-    if cfg.engine.type == "local":
-
-        def local() -> InferenceEngine:
-            return create_engine(
-                cfg.engine,
-                policy,
-                tokenizer,
-                model_path=cfg.model.path,
-                device=policy_device(cfg),
-                dtype=getattr(torch, cfg.model.dtype),
-            )
-
-        if cfg.agents:  # one adapter per agent: an engine per agent, each its own merged weights
-            from areal_nb.engine.agent_engines import AgentEngines
-
-            return AgentEngines({agent: local() for agent in cfg.agents})
-        return local()
     from areal_nb.models import resolve_model_path
 
     lora, lora_adapters = servers_lora(cfg)
-    weights_dir = Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()
-    log_dir = Path(cfg.engine.launch.log_dir or cfg.run_dir / "engine_logs").absolute()
     return create_engine(
         cfg.engine,
-        None,
+        policy,
         tokenizer,
         model_path=resolve_model_path(cfg.model.path),
-        weights_dir=str(weights_dir),
-        log_dir=str(log_dir),
+        device=policy_device(cfg),
+        dtype=getattr(torch, cfg.model.dtype),  # what the engine serves (and launched servers load)
+        weights_dir=str(Path(cfg.engine.weights_dir or cfg.run_dir / "weights").absolute()),
+        log_dir=str(Path(cfg.engine.launch.log_dir or cfg.run_dir / "engine_logs").absolute()),
         on_log=on_log,
         max_context=getattr(policy.config, "max_position_embeddings", None),
-        dtype=getattr(torch, cfg.model.dtype),  # launched servers serve what the trainer pushes
-        # the servers serve the policy's adapter, or each agent's (launched with the LoRA flags)
+        # servers serve the policy's adapter, or each agent's (launched with the LoRA flags);
+        # the embedded engine serves base + ΔW merged, one engine per agent
         lora=lora,
         lora_adapters=lora_adapters,
+        agents=list(cfg.agents),
     )
 
 
@@ -132,15 +116,15 @@ def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:
 def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:
     """Servers that apply adapters get every agent's adapter at once, so each call names its
     agent's from the first one (and a call from another agent is refused from the start)."""
-    if cfg.agents and cfg.engine.type != "local":  # (the embedded engines start as the base: B = 0)
+    if cfg.agents and engine.serves_lora_adapters:  # (embedded engines start as the base: B = 0)
         actor.push_weights(engine, actor.version)
 
 
 def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: InferenceEngine) -> None:
-    """Servers someone else started ("remote") may serve other weights than `model.path`'s:
-    push the trainer's once, at the servers' version, so recorded log-probs match the trainer.
+    """An engine whose weights may differ from `model.path`'s (servers someone else started)
+    gets the trainer's once, at its own version, so recorded log-probs match the trainer.
     (Before the Actor is built: a sharded actor's weights are gathered by every rank.)"""
-    if cfg.engine.type == "remote":
+    if engine.weights_may_differ:
         from areal_nb.train.precision import serving_weights
 
         weights = serving_weights(policy.state_dict(), getattr(torch, cfg.model.dtype))
@@ -236,26 +220,27 @@ def build_proxy(cfg: SessionConfig, engine: InferenceEngine, tokenizer: Any) -> 
 
 
 def bind_session_judges(
-    cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any
+    cfg: SessionConfig, agent: Any, policy: torch.nn.Module, tokenizer: Any, engine: InferenceEngine
 ) -> InferenceEngine | None:
     """Judges the agent holds with `engine="initial"` (`areal_nb.reward.judge`) get one engine of
     their own: a frozen copy of the initial policy, which no weight update reaches and whose calls
-    never pass the proxy (so they are never recorded for training). None when no judge asks."""
+    never pass the proxy (so they are never recorded for training), made like `engine` (the
+    Session's), which must serve models held in this process. None when no judge asks."""
     from areal_nb.reward.judge_llm import session_judges
 
     judges = session_judges(agent)
     if not judges:
         return None
-    if cfg.engine.type != "local":
+    if not engine.serves_models_in_process:
         raise ConfigError(
             f'judge(..., engine="initial") runs on a frozen copy of the policy in an embedded engine; '
             f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead"
         )
     frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-    engine = build_engine(cfg, frozen, tokenizer)
+    judge_engine = build_engine(cfg, frozen, tokenizer)
     for judge in judges:
-        judge.bind_engine(engine, tokenizer)
-    return engine
+        judge.bind_engine(judge_engine, tokenizer)
+    return judge_engine
 
 
 def build_workflow(cfg: SessionConfig, proxy: Proxy) -> RolloutWorkflow:

@@ -25,15 +25,23 @@ EVAL_PREFIX = "/eval"  # where the greedy proxy app is mounted on the Session's 
 EVAL_COLUMNS = ("eval_reward", "eval_accuracy", "eval_agent_accuracy")  # history columns, see as_dict
 
 
-class GreedyEngine:
+class GreedyEngine(InferenceEngine):
     """A read-only view of an engine that decodes every request greedily.
 
     Sampling settings of the request are overridden; budgets, stops and the engine's weights and
     version are the engine's own. Weight updates and closing go to the engine itself, not here.
     """
 
+    weights_may_differ = False  # (weights are not pushed here: `update_weights` refuses)
+
     def __init__(self, engine: InferenceEngine) -> None:
         self.engine = engine
+        # capabilities: the engine's own
+        self.max_context = engine.max_context
+        self.serves_lora_adapters = engine.serves_lora_adapters
+        self.records_sampling_masks = engine.records_sampling_masks
+        self.serves_models_in_process = engine.serves_models_in_process
+        self.stats = engine.stats
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         greedy = dataclasses.replace(req, gconfig=req.gconfig.new(greedy=True))
@@ -41,10 +49,6 @@ class GreedyEngine:
 
     def get_version(self) -> int:
         return self.engine.get_version()
-
-    @property
-    def max_context(self) -> int | None:
-        return self.engine.max_context
 
     def rng_state(self) -> Any:
         return self.engine.rng_state()
@@ -63,6 +67,12 @@ class GreedyEngine:
 
     def resume(self) -> None:
         self.engine.resume()
+
+    def abort(self, rid: str) -> None:
+        self.engine.abort(rid)
+
+    def abort_all(self) -> None:
+        self.engine.abort_all()
 
     def close(self) -> None:
         """Nothing to release: the view owns nothing."""

@@ -179,7 +179,7 @@ class Session:
         self.workflow = workflow = builder.build_workflow(cfg, proxy)
         self._eval_workflow = builder.build_eval_workflow(cfg, proxy, workflow)
         agent = getattr(workflow, "agent", None)
-        self._judge_engine = builder.bind_session_judges(cfg, agent, policy, self.tokenizer)
+        self._judge_engine = builder.bind_session_judges(cfg, agent, policy, self.tokenizer, engine)
         self.executor = runtime.call(self._make_executor())
         self.eval_problems = task_data.held_out
         self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)

@@ -761,7 +761,7 @@ class Actor:
         if self.agents:
             if engine is None:
                 return version
-            if getattr(engine, "serves_lora_adapters", False):  # servers apply each agent's adapter
+            if engine.serves_lora_adapters:  # servers apply each agent's adapter
                 per_agent = {a: self.agent_adapter(a) for a in self.agents}
             else:  # each agent's embedded engine serves base + its ΔW merged (engine.agent_engines)
                 per_agent = {
@@ -769,7 +769,7 @@ class Actor:
                 }
             engine.update_weights(AgentWeights(per_agent), version=version)
             return version
-        serves_adapters = self.lora and getattr(engine, "serves_lora_adapters", False)
+        serves_adapters = self.lora and engine is not None and engine.serves_lora_adapters
         if self.lora and self.sharded:  # every rank takes part in the same gathers: rank 0's engine decides
             assert self.parallel is not None
             serves_adapters = self.parallel.broadcast(serves_adapters)

@@ -10,18 +10,19 @@ import asyncio
 
 import pytest
 
-from areal_nb.api import ModelRequest, ModelResponse
+from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
 from areal_nb.capture import ArealOpenAI, check_retokenization, concat_padded_tensors
 from areal_nb.data import CORRECTION_PROMPT, generate_problems, make_problem
 from areal_nb.reward.gsm8k import math_reward
 from tests.structured_tools import SAY
 
 
-class RecordingEngine:
+class RecordingEngine(InferenceEngine):
     """Passes requests to the real engine and keeps every (request, response) pair."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        self.max_context = engine.max_context
         self.records: list[tuple[ModelRequest, ModelResponse]] = []
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:

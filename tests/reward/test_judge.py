@@ -169,6 +169,22 @@ def test_a_group_with_a_missing_member_is_scored_after_group_wait():
 
 
 # ------------------------------------------------------------------ the Session's own engine
+def test_a_judge_on_the_initial_policy_needs_an_engine_that_serves_models_in_process(tiny_tokenizer):
+    """`engine="initial"` serves a frozen copy of the policy from memory: the Session's engine must
+    declare `serves_models_in_process` (server engines load their model from a folder)."""
+    from areal_nb.agents.chat_agent import ChatAgent
+    from areal_nb.config import ConfigError, load_config
+    from areal_nb.session.builder import bind_session_judges
+    from areal_nb.testing import ScriptedEngine
+
+    agent = ChatAgent(reward_fn=judge(RUBRIC, engine="initial"))
+    servers = ScriptedEngine(tiny_tokenizer, "4")  # (like SGLangEngine: serves no model held here)
+    with pytest.raises(ConfigError, match="frozen copy of the policy in an embedded engine"):
+        bind_session_judges(load_config(None), agent, None, tiny_tokenizer, servers)
+    no_judge = ChatAgent(reward_fn=lambda *args, **kwargs: 1.0)
+    assert bind_session_judges(load_config(None), no_judge, None, tiny_tokenizer, servers) is None
+
+
 @pytest.mark.slow
 def test_a_judge_on_the_sessions_frozen_initial_policy_trains_two_steps_and_is_never_trained_on():
     from areal_nb import Session

@@ -312,7 +312,7 @@ def model_info(request: Request) -> dict[str, Any]:
 async def server_info(request: Request):
     shared = shared_of(request)
     # sglang puts per-DP scheduler state under internal_states; ours is the engine's counters
-    stats = getattr(shared.engine, "stats", None)
+    stats = shared.engine.stats
     internal = {}
     if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
         internal = dataclasses.asdict(stats)

@@ -178,7 +178,7 @@ def _generation_config(sp: SamplingParams, prompt_len: int, engine: Any) -> Gene
             "min_p, presence_penalty and repetition_penalty are not supported by areal-nb engine-server"
         )
     max_new = 128 if sp.max_new_tokens is None else sp.max_new_tokens
-    context = getattr(engine, "max_context", None)
+    context = engine.max_context
     if context is not None and prompt_len + max_new > context:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context} tokens: "

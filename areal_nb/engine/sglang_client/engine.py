@@ -39,6 +39,7 @@ import httpx
 from areal_nb.api import (
     AgentWeights,
     GenerationConfig,
+    InferenceEngine,
     InvalidRequestError,
     LoraAdapter,
     ModelRequest,
@@ -66,8 +67,14 @@ def refuse_constraint(g: GenerationConfig) -> None:
         )
 
 
-class SGLangEngine(AdapterUpdates):
+class SGLangEngine(AdapterUpdates, InferenceEngine):
     """Client of one or more SGLang-API servers; see the module docstring."""
+
+    # capabilities (`InferenceEngine`): max_context, serves_lora_adapters and weights_may_differ
+    # are set per instance
+    records_sampling_masks = False  # SGLang's replies do not say what each token was drawn among
+    serves_models_in_process = False  # the servers load their model from a folder
+    stats = None  # the servers keep their own counters
 
     def __init__(
         self,
@@ -86,6 +93,7 @@ class SGLangEngine(AdapterUpdates):
         check: bool = True,
         weights_wait: float = 120.0,
         lora: bool = False,
+        weights_may_differ: bool = False,
     ) -> None:
         # (long: it sets, in one place, every attribute the base classes in transport.py,
         # weights.py and adapters.py share with the engine)
@@ -96,7 +104,9 @@ class SGLangEngine(AdapterUpdates):
         `weights_wait`: how long a server's refusal of a weights folder is retried (with backoff)
         before `update_weights` fails: a folder written on one node may reach another node's view
         of a shared file system (NFS attribute caches) seconds later. `lora`: the servers serve
-        LoRA adapters, and the trainer pushes its adapter, not merged weights (module docstring)."""
+        LoRA adapters, and the trainer pushes its adapter, not merged weights (module docstring).
+        `weights_may_differ`: the servers were started by someone else and may serve other weights
+        than the model's (the Session then pushes the trainer's before the first rollout)."""
         urls = [addresses] if isinstance(addresses, str) else list(addresses)
         if not urls:
             raise InvalidArgumentError("SGLangEngine needs at least one server address")
@@ -129,6 +139,7 @@ class SGLangEngine(AdapterUpdates):
         self._version = 0
         self.weights_wait = weights_wait
         self.serves_lora_adapters = lora  # the Actor reads this: push the adapter, not merged weights
+        self.weights_may_differ = weights_may_differ
         self._adapter: str | None = None  # the loaded adapter every request names (lora_path)
         self._agent_adapters: dict[str, str] = {}  # one adapter per agent: agent → loaded name
         self._adapter_count = itertools.count()
@@ -201,6 +212,10 @@ class SGLangEngine(AdapterUpdates):
     def abort(self, rid: str) -> None:
         """Stop request `rid`: it returns its partial output with stop reason "abort"."""
         self._call(self.aabort(rid))
+
+    def abort_all(self) -> None:
+        """Not offered by this client (the `InferenceEngine` default): requests in flight finish;
+        `abort(rid)` stops one."""
 
     def close(self) -> None:
         """Fail in-flight requests, close the HTTP client, stop the loop and owned servers. Idempotent."""
