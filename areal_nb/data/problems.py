@@ -12,6 +12,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from areal_nb.errors import ConfigError, DatasetError, InvalidArgumentError
+
 OPERATIONS = ("+", "-", "*")
 SPLITS = ("train", "test")
 # Seed of the held-out stream: the test split is the same list for every caller seed.
@@ -52,20 +54,20 @@ class TaskConfig:
         if isinstance(self.operations, str | list):
             object.__setattr__(self, "operations", tuple(self.operations))
         if not self.operations:
-            raise ValueError("TaskConfig.operations must name at least one of '+', '-', '*'")
+            raise ConfigError("TaskConfig.operations must name at least one of '+', '-', '*'")
         unknown = [op for op in self.operations if op not in OPERATIONS]
         if unknown:
-            raise ValueError(f"unknown operation(s) {unknown}; choose from {list(OPERATIONS)}")
+            raise ConfigError(f"unknown operation(s) {unknown}; choose from {list(OPERATIONS)}")
         if self.min_operand < 0 or self.max_operand < self.min_operand:
-            raise ValueError(
+            raise ConfigError(
                 f"operand range [{self.min_operand}, {self.max_operand}] must be non-negative and non-empty"
             )
         if self.min_steps < 1 or self.max_steps < self.min_steps:
-            raise ValueError(
+            raise ConfigError(
                 f"steps range [{self.min_steps}, {self.max_steps}] must start at 1 or more and be non-empty"
             )
         if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+            raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
 
 
 _NAMES = [
@@ -194,10 +196,10 @@ def split_of(question: str, test_fraction: float = 0.1) -> str:
 def make_problem(question: str, answer: str) -> dict:
     """The dict shape shared by generated and loaded problems."""
     if "####" not in answer:
-        raise ValueError(f"answer has no '####' final-answer marker: {answer!r}")
+        raise DatasetError(f"answer has no '####' final-answer marker: {answer!r}")
     value = answer.rsplit("####", 1)[1].strip().replace(",", "")
     if not value:
-        raise ValueError(f"answer has nothing after '####': {answer!r}")
+        raise DatasetError(f"answer has nothing after '####': {answer!r}")
     return {
         "question": question,
         "answer": answer,
@@ -216,9 +218,9 @@ def generate_problems(
     every caller evaluates on the same problems, and a shorter list is a prefix of a longer one.
     """
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidArgumentError(f"split must be one of {SPLITS}, got {split!r}")
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise InvalidArgumentError(f"n must be >= 0, got {n}")
     cfg = config or TaskConfig()
     rng = random.Random(_TEST_STREAM_SEED if split == "test" else seed)
     problems: list[dict] = []
@@ -228,7 +230,7 @@ def generate_problems(
     patience, misses = 20_000, 0
     while len(problems) < n:
         if misses >= patience:
-            raise ValueError(
+            raise ConfigError(
                 f"could only generate {len(problems)} of {n} {split!r} problems with {cfg}; "
                 "widen the operand range, the operations or the steps"
             )

@@ -14,6 +14,8 @@ import operator
 import random
 import re
 
+from areal_nb.errors import InvalidArgumentError
+
 CALCULATOR_TOOL = {
     "type": "function",
     "function": {
@@ -44,11 +46,11 @@ def calculator(expression: str) -> str:
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError("only integers and + - * are supported")
+        raise InvalidArgumentError("only integers and + - * are supported")
 
     try:
         if len(expression) > 64:
-            raise ValueError("expression too long")
+            raise InvalidArgumentError("expression too long")
         return str(value(ast.parse(expression, mode="eval").body))
     except (SyntaxError, ValueError, TypeError) as e:
         return f"error: {e}"

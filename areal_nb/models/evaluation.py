@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from areal_nb.data import score_answer
+from areal_nb.errors import InvalidArgumentError
 
 
 def evaluate_accuracy(
@@ -14,7 +15,7 @@ def evaluate_accuracy(
     batched with left padding (so every row's last token is the prompt's last token).
     """
     if not problems:
-        raise ValueError("evaluate_accuracy needs at least one problem")
+        raise InvalidArgumentError("evaluate_accuracy needs at least one problem")
     replies = generate_replies(
         model,
         tokenizer,
@@ -30,9 +31,6 @@ def generate_replies(
     model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 16, batch_size: int = 64
 ) -> list[str]:
     """Greedy assistant replies (decoded without special tokens) for each conversation."""
-    import torch
-
-    device = next(model.parameters()).device
     replies: list[str] = []
     for start in range(0, len(conversations), batch_size):
         chunk = conversations[start : start + batch_size]
@@ -40,19 +38,26 @@ def generate_replies(
             tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chunk
         ]
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        width = max(len(x) for x in ids)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
-        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=pad,
-            )
-        for row in out[:, width:].tolist():
-            replies.append(tokenizer.decode(row, skip_special_tokens=True))
+        replies += greedy_replies(model, tokenizer, ids, max_new_tokens)
     return replies
+
+
+def greedy_replies(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuations of token-id `prompts`, generated as one batch with left padding (so
+    every row's last token is its prompt's last), decoded without special tokens."""
+    import torch
+
+    device = next(model.parameters()).device
+    width, pad = max(len(x) for x in prompts), tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in prompts], device=device)
+    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], device=device)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, width:].tolist()]

@@ -8,6 +8,7 @@ the current recipe; otherwise it is built from the recipe on first use and cache
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,41 +42,52 @@ def _shipped(name: str) -> Path | None:
     return shipped_folder(name, recipe_key(name))
 
 
+def _shipped_or_cached(
+    name: str, stem: Callable[[], str], build: Callable[[Path], object], slow: str = ""
+) -> Path:
+    """`name`'s shipped folder if it matches this code, else `<cache>/<name>/<stem()>`, built by
+    `build(tmp_folder)` on first use (saying so first when the build takes `slow`)."""
+    shipped = _shipped(name)
+    if shipped is not None:
+        return shipped
+    final = cache_root() / name / stem()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if slow and not final.is_dir():  # say why the first call is slow (another process may be building it)
+        print(
+            f"building {name} (first use, {slow} on one CPU core; cached in {final.parent}) …",
+            file=sys.stderr,
+            flush=True,
+        )
+    return cached_build(final, build)
+
+
 def tiny_math_tokenizer_dir() -> Path:
     """The tokenizer's folder: the shipped model's, else a cached tokenizer-only build (under a second)."""
     from .tokenizer import TOKENIZER_RECIPE, build_tokenizer
 
-    shipped = _shipped(TINY_MATH)
-    if shipped is not None:
-        return shipped
+    def stem() -> str:
+        return f"tokenizer-{recipe_hash(TOKENIZER_RECIPE, _tokenizer_sources())}"
 
-    key = recipe_hash(TOKENIZER_RECIPE, _tokenizer_sources())
-    final = cache_root() / TINY_MATH / f"tokenizer-{key}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return cached_build(final, lambda tmp: build_tokenizer(tmp))
+    return _shipped_or_cached(TINY_MATH, stem, build_tokenizer)
 
 
 def _tokenizer_sources() -> list[Path]:
-    return [_HERE / "tokenizer.py", _HERE / "chat_template.py", _DATA / "problems.py"]
+    return [_HERE / "tokenizer.py", _HERE / "chat_template.py", _DATA / "problems.py", _DATA / "tool_task.py"]
 
 
 def tiny_math_model_dir() -> Path:
     """The folder with tokenizer + SFT-warm-started model: shipped, else built on first use and cached."""
     from .warm_start import build_model
 
-    shipped = _shipped(TINY_MATH)
-    if shipped is not None:
-        return shipped
-    tokenizer_dir = tiny_math_tokenizer_dir()
-    key = recipe_key(TINY_MATH)
-    final = cache_root() / TINY_MATH / f"model-{key}"
-    if not final.is_dir():  # say why the first call is slow (another process may be building it)
-        print(
-            f"building tiny-math (first use, ~2 min on one CPU core; cached in {final.parent}) …",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cached_build(final, lambda tmp: build_model(tmp, tokenizer_dir))
+    return _model_dir(TINY_MATH, build_model, tiny_math_tokenizer_dir, "~2 min")
+
+
+def _model_dir(
+    name: str, build: Callable[[Path, Path], object], tokenizer_dir: Callable[[], Path], slow: str
+) -> Path:
+    return _shipped_or_cached(
+        name, lambda: f"model-{recipe_key(name)}", lambda tmp: build(tmp, tokenizer_dir()), slow
+    )
 
 
 def _model_sources() -> list[Path]:
@@ -86,37 +98,24 @@ def tiny_tools_tokenizer_dir() -> Path:
     """The `tiny-tools` tokenizer's folder: the shipped model's, else a cached build (a few seconds)."""
     from .tiny_tools import TOOLS_TOKENIZER_RECIPE, build_tools_tokenizer
 
-    shipped = _shipped(TINY_TOOLS)
-    if shipped is not None:
-        return shipped
-    template_dir = tiny_math_tokenizer_dir()  # its chat template is the one tiny-tools renders with
-    key = recipe_hash(TOOLS_TOKENIZER_RECIPE, _tokenizer_sources() + _tools_sources())
-    final = cache_root() / TINY_TOOLS / f"tokenizer-{key}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return cached_build(final, lambda tmp: build_tools_tokenizer(tmp, template_dir))
+    def stem() -> str:
+        return f"tokenizer-{recipe_hash(TOOLS_TOKENIZER_RECIPE, _tokenizer_sources() + _tools_sources())}"
+
+    # tiny-math's chat template is the one tiny-tools renders with
+    return _shipped_or_cached(
+        TINY_TOOLS, stem, lambda tmp: build_tools_tokenizer(tmp, tiny_math_tokenizer_dir())
+    )
 
 
 def _tools_sources() -> list[Path]:
-    return [_HERE / "tiny_tools.py", _HERE / "warm_start.py", _DATA / "tool_task.py"]
+    return [_HERE / "tiny_tools.py", _HERE / "warm_start.py", _HERE / "evaluation.py"]
 
 
 def tiny_tools_model_dir() -> Path:
     """The folder with the `tiny-tools` tokenizer + warm-started model: shipped, else built and cached."""
     from .tiny_tools import build_tools_model
 
-    shipped = _shipped(TINY_TOOLS)
-    if shipped is not None:
-        return shipped
-    tokenizer_dir = tiny_tools_tokenizer_dir()
-    key = recipe_key(TINY_TOOLS)
-    final = cache_root() / TINY_TOOLS / f"model-{key}"
-    if not final.is_dir():
-        print(
-            f"building tiny-tools (first use, ~3 min on one CPU core; cached in {final.parent}) …",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cached_build(final, lambda tmp: build_tools_model(tmp, tokenizer_dir))
+    return _model_dir(TINY_TOOLS, build_tools_model, tiny_tools_tokenizer_dir, "~3 min")
 
 
 _BUILT_IN = {

@@ -20,16 +20,13 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
-import time
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from areal_nb.data.tool_task import CALCULATOR_TOOL, answer_reward, calculator, generate_tool_problems
 
-from .tokenizer import EOS_TOKEN, MARKUP_TOKENS, PAD_TOKEN, SPECIAL_TOKENS
-from .warm_start import IGNORE, new_model, save_model, train_sft
+from .evaluation import greedy_replies
+from .tokenizer import EOS_TOKEN, MARKUP_TOKENS, SPECIAL_TOKENS, train_tokenizer
+from .warm_start import ARCHITECTURE, IGNORE, warm_start
 
 TOOLS_TOKENIZER_RECIPE = {
     "vocab_size": 1024,
@@ -40,11 +37,7 @@ TOOLS_TOKENIZER_RECIPE = {
 
 TOOLS_SFT_RECIPE = {
     "seed": 0,
-    "hidden_size": 128,
-    "intermediate_size": 512,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "max_position_embeddings": 512,
+    **ARCHITECTURE,
     "steps": 450,
     "batch_size": 32,
     "lr": 1e-3,
@@ -106,46 +99,22 @@ def _corpus(render, recipe: dict) -> list[str]:
 
 def build_tools_tokenizer(out_dir: Path, template_tokenizer_dir: Path, recipe: dict = TOOLS_TOKENIZER_RECIPE):
     """Train the tokenizer (chat template of `template_tokenizer_dir`), save it to `out_dir`; returns it."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
 
     template = AutoTokenizer.from_pretrained(str(template_tokenizer_dir))
 
     def render(messages):
         return template.apply_chat_template(messages, tools=[CALCULATOR_TOOL], tokenize=False)
 
-    tok = Tokenizer(models.BPE(unk_token=None))
     # No word-splitting regex: merges may cross spaces, so repeated phrases become single tokens;
     # but not line ends, so "assistant\n" never merges with the reply that follows it (the engine
     # generates the reply after the prompt's tokens, and training must see the same tokens).
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split("\n", behavior="merged_with_previous"),
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=recipe["vocab_size"],
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(render, recipe), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=recipe["model_max_length"],
-        padding_side="right",
-        clean_up_tokenization_spaces=False,
-    )
-    hf.chat_template = template.chat_template
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(str(out_dir))
-    return hf
+    splits = [
+        pre_tokenizers.Split("\n", behavior="merged_with_previous"),
+        pre_tokenizers.Digits(individual_digits=True),
+    ]
+    return train_tokenizer(out_dir, _corpus(render, recipe), splits, False, template.chat_template, recipe)
 
 
 def _sft_example(tokenizer, messages: list[dict]):
@@ -214,27 +183,13 @@ def held_out_success(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
 
 
 def _greedy_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int) -> list[str]:
-    """Greedy replies with the calculator offered, batched with left padding."""
-    import torch
-
+    """Greedy replies with the calculator offered, in one batch."""
     ids = [
         tokenizer.apply_chat_template(c, tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=True)
         for c in conversations
     ]
     ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
-    width, pad = max(len(x) for x in ids), tokenizer.pad_token_id
-    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=pad,
-        )
-    return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, width:].tolist()]
+    return greedy_replies(model, tokenizer, ids, max_new_tokens)
 
 
 def _direct_share(row: dict, recipe: dict, guess_phase: bool) -> float:
@@ -244,25 +199,17 @@ def _direct_share(row: dict, recipe: dict, guess_phase: bool) -> float:
 
 
 def build_tools_model(out_dir: Path, tokenizer_dir: Path, recipe: dict = TOOLS_SFT_RECIPE) -> dict:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as tiny-math: stable sums, no spinning against other processes
-    try:
-        return _build(out_dir, tokenizer_dir, recipe)
-    finally:
-        torch.set_num_threads(threads)
+    """Warm-start the model, measure held-out success, save model + tokenizer + build_info.json."""
+    held_out = generate_tool_problems(recipe["eval_problems"], split="test")
+    return warm_start(
+        "tiny-tools", out_dir, tokenizer_dir, recipe, sft_batches, (held_out, held_out_success, "success")
+    )
 
 
-def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
-    import torch
-    from transformers import AutoTokenizer
-
-    started = time.monotonic()
-    torch.manual_seed(recipe["seed"])
+def sft_batches(tokenizer, recipe: dict = TOOLS_SFT_RECIPE) -> list[list[tuple[list[int], list[int]]]]:
+    """The SFT batches in training order, deterministic by `recipe["seed"]`: tool conversations,
+    or direct guesses at the recipe's shares (`_direct_share`)."""
     rng = random.Random(recipe["seed"])
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    model = new_model(tokenizer, recipe)
     rows = generate_tool_problems(recipe["steps"] * recipe["batch_size"], seed=recipe["seed"], split="train")
     guess_from = (recipe["steps"] - recipe["guess_phase_steps"]) * recipe["batch_size"]
     examples = [
@@ -272,26 +219,4 @@ def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
         for i, r in enumerate(rows)
     ]
     size = recipe["batch_size"]
-    batches = [examples[step * size : (step + 1) * size] for step in range(recipe["steps"])]
-    losses = train_sft(model, tokenizer, batches, recipe, desc="tiny-tools warm start (SFT)")
-    train_seconds = time.monotonic() - started
-
-    held_out = generate_tool_problems(recipe["eval_problems"], split="test")
-    tqdm.write(
-        f"tiny-tools: measuring greedy success on {len(held_out)} held-out problems …", file=sys.stderr
-    )
-    success = held_out_success(model, tokenizer, held_out)
-
-    save_model(model, tokenizer, out_dir)
-    info = {
-        "name": "tiny-tools",
-        "recipe": recipe,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "held_out_success": success,
-        "held_out_problems": len(held_out),
-        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
-        "train_seconds": round(train_seconds, 1),
-        "build_seconds": round(time.monotonic() - started, 1),
-    }
-    (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
-    return info
+    return [examples[step * size : (step + 1) * size] for step in range(recipe["steps"])]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from areal_nb.data import CORRECTION_PROMPT, generate_problems, reference_reply
 from areal_nb.data.problems import TaskConfig
+from areal_nb.data.tool_task import CALCULATOR_TOOL
 
 from .chat_template import CHAT_TEMPLATE, TOOLS_POSTAMBLE, TOOLS_PREAMBLE
 
@@ -33,18 +34,7 @@ TOKENIZER_RECIPE = {
 }
 
 _TOOL_EXAMPLES = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    },
+    CALCULATOR_TOOL,
     {
         "type": "function",
         "function": {
@@ -82,16 +72,26 @@ def _corpus(recipe: dict) -> list[str]:
 
 def build_tokenizer(out_dir: Path, recipe: dict = TOKENIZER_RECIPE):
     """Train the tokenizer, attach the chat template, save it to `out_dir`; returns it."""
+    from tokenizers import pre_tokenizers
+
+    # Digits are split off individually before byte-level BPE, so no merge can span digits.
+    splits = [pre_tokenizers.Digits(individual_digits=True)]
+    return train_tokenizer(out_dir, _corpus(recipe), splits, True, CHAT_TEMPLATE, recipe)
+
+
+def train_tokenizer(
+    out_dir: Path, texts: list[str], splits: list, use_regex: bool, chat_template: str, recipe: dict
+):
+    """Byte-level BPE of `recipe["vocab_size"]` trained on `texts`, the built-in models' way: the
+    special tokens first (ids 0, 1, 2), the pre-tokenizers `splits` before the byte-level one (with
+    or without its word-splitting regex), the markup tokens added after training; saved to
+    `out_dir` with `chat_template` and returned as a `PreTrainedTokenizerFast`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    # Digits are split off individually before byte-level BPE, so no merge can span digits.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -100,7 +100,7 @@ def build_tokenizer(out_dir: Path, recipe: dict = TOKENIZER_RECIPE):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(recipe), trainer)
+    tok.train_from_iterator(texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
 
     hf = PreTrainedTokenizerFast(
@@ -111,7 +111,7 @@ def build_tokenizer(out_dir: Path, recipe: dict = TOKENIZER_RECIPE):
         padding_side="right",  # as Qwen2.5; batched generation must switch to "left"
         clean_up_tokenization_spaces=False,  # decode(encode(x)) == x exactly
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = chat_template
     out_dir.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(str(out_dir))
     return hf

@@ -15,7 +15,9 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -29,13 +31,17 @@ from areal_nb.data import (
 
 from .evaluation import evaluate_accuracy
 
-SFT_RECIPE = {
-    "seed": 0,
+# The built-in models' size (tiny-tools has tiny-math's).
+ARCHITECTURE = {
     "hidden_size": 128,
     "intermediate_size": 512,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "max_position_embeddings": 512,
+}
+SFT_RECIPE = {
+    "seed": 0,
+    **ARCHITECTURE,
     "steps": 500,
     "batch_size": 32,
     "lr": 1e-3,
@@ -158,50 +164,67 @@ def save_model(model, tokenizer, out_dir: Path) -> None:
 
 def build_model(out_dir: Path, tokenizer_dir: Path, recipe: dict = SFT_RECIPE) -> dict:
     """Warm-start the model, measure held-out accuracy, save model + tokenizer + build_info.json."""
+    held_out = generate_problems(recipe["eval_problems"], split="test")
+    task = TaskConfig().__dict__ | {"operations": list(TaskConfig().operations)}
+    return warm_start(
+        "tiny-math",
+        out_dir,
+        tokenizer_dir,
+        recipe,
+        sft_batches,
+        (held_out, evaluate_accuracy, "accuracy"),
+        {"task": task},
+    )
+
+
+def warm_start(
+    name: str,
+    out_dir: Path,
+    tokenizer_dir: Path,
+    recipe: dict,
+    batches: Callable[[Any, dict], list],
+    measure: tuple[list[dict], Callable[[Any, Any, list[dict]], float], str],
+    about: dict | None = None,
+) -> dict:
+    """A built-in model's build, on one torch thread: a fresh model (seeded by `recipe`) trained by
+    `train_sft` on `batches(tokenizer, recipe)`, scored by `measure` = (held_out rows,
+    score(model, tokenizer, held_out), the figure's name: "accuracy" gives `held_out_accuracy`),
+    saved with its tokenizer into `out_dir`. Returns the build info it writes there as
+    `build_info.json`: name, recipe, `about`, the score, the loss and the time taken."""
     import torch
+    from transformers import AutoTokenizer
 
     # One thread: on a shared 2-core machine two OpenMP threads spin against other processes
     # and run ~3x slower, and a fixed thread count keeps the float sums (so the result) stable.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _build(out_dir, tokenizer_dir, recipe)
+        started = time.monotonic()
+        torch.manual_seed(recipe["seed"])
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        model = new_model(tokenizer, recipe)
+        losses = train_sft(
+            model, tokenizer, batches(tokenizer, recipe), recipe, desc=f"{name} warm start (SFT)"
+        )
+        train_seconds = time.monotonic() - started
+        held_out, score, figure = measure
+        tqdm.write(
+            f"{name}: measuring greedy {figure} on {len(held_out)} held-out problems …", file=sys.stderr
+        )
+        info = {"name": name, "recipe": recipe, **(about or {})}
+        info |= {
+            "parameters": sum(p.numel() for p in model.parameters()),
+            f"held_out_{figure}": score(model, tokenizer, held_out),
+            "held_out_problems": len(held_out),
+            "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "train_seconds": round(train_seconds, 1),
+        }
+        save_model(model, tokenizer, out_dir)
+        info |= {
+            "build_seconds": round(time.monotonic() - started, 1),
+            "torch_threads": torch.get_num_threads(),
+        }
+        (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
+        return info
     finally:
         torch.set_num_threads(threads)
-
-
-def _build(out_dir: Path, tokenizer_dir: Path, recipe: dict) -> dict:
-    import torch
-    from transformers import AutoTokenizer
-
-    started = time.monotonic()
-    torch.manual_seed(recipe["seed"])
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    model = new_model(tokenizer, recipe)
-
-    batches = sft_batches(tokenizer, recipe)
-
-    losses = train_sft(model, tokenizer, batches, recipe, desc="tiny-math warm start (SFT)")
-    train_seconds = time.monotonic() - started
-
-    held_out = generate_problems(recipe["eval_problems"], split="test")
-    tqdm.write(
-        f"tiny-math: measuring greedy accuracy on {len(held_out)} held-out problems …", file=sys.stderr
-    )
-    accuracy = evaluate_accuracy(model, tokenizer, held_out)
-
-    save_model(model, tokenizer, out_dir)
-    info = {
-        "name": "tiny-math",
-        "recipe": recipe,
-        "task": TaskConfig().__dict__ | {"operations": list(TaskConfig().operations)},
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "held_out_accuracy": accuracy,
-        "held_out_problems": len(held_out),
-        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
-        "train_seconds": round(train_seconds, 1),
-        "build_seconds": round(time.monotonic() - started, 1),
-        "torch_threads": torch.get_num_threads(),
-    }
-    (out_dir / "build_info.json").write_text(json.dumps(info, indent=2))
-    return info

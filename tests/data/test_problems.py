@@ -15,6 +15,7 @@ from areal_nb.data import (
     score_answer,
     split_of,
 )
+from areal_nb.errors import ConfigError, InvalidArgumentError
 
 
 def _evaluate(answer: str) -> int:
@@ -95,18 +96,18 @@ def test_subtraction_never_goes_negative():
     ],
 )
 def test_bad_task_config_is_refused(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):  # a ValueError, as before
         TaskConfig(**kwargs)
 
 
 def test_bad_arguments_and_too_small_question_space():
-    with pytest.raises(ValueError, match="split"):
+    with pytest.raises(InvalidArgumentError, match="split"):
         generate_problems(1, split="validation")
-    with pytest.raises(ValueError, match="n must be"):
+    with pytest.raises(InvalidArgumentError, match="n must be"):
         generate_problems(-1)
     # 5-5=0, and then nothing is left to subtract 5 from: every draw is a dead end.
     dead_end = TaskConfig(min_operand=5, max_operand=5, operations=("-",), min_steps=2, max_steps=2)
-    with pytest.raises(ValueError, match="could only generate 0 of 1"):
+    with pytest.raises(ConfigError, match="could only generate 0 of 1"):
         generate_problems(1, config=dead_end)
 
 

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_nb.data import CORRECTION_PROMPT, generate_problems, reply_for
+from areal_nb.errors import InvalidArgumentError
 from areal_nb.models import TINY_MATH, evaluate_accuracy, load_model, resolve_model_path
 from areal_nb.models.evaluation import generate_replies
 
@@ -88,5 +89,5 @@ def test_first_and_second_turn_replies_are_well_formed(tiny_model, tiny_tokenize
 
 
 def test_evaluate_accuracy_needs_problems(tiny_model, tiny_tokenizer):
-    with pytest.raises(ValueError, match="at least one problem"):
+    with pytest.raises(InvalidArgumentError, match="at least one problem"):
         evaluate_accuracy(tiny_model, tiny_tokenizer, [])
