@@ -19,6 +19,9 @@ A shipped folder is used only while its `recipe_key` equals the current code's: 
 of the recipe, the data generators or the builder, the model is built on first use into the cache
 as before (with a line saying so), and `tests/models/test_shipped.py` fails until
 `areal-nb build-models` has rebuilt the shipped files (then commit them, and the new hash).
+A refactor may re-key the shipped models instead (change `recipe_key` and nothing else) only after
+a same-bits check: `python benchmarks/same_bits.py --base <commit> --rekey` builds the old and the
+new code on one machine and re-keys only when every built file is byte for byte the same.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 `WEIGHTS_SHA256` is the hash `areal-nb build-models` printed when it built the shipped files.
 After an edit of a recipe, a data generator or a builder, `test_shipped_files_match_the_current_recipe`
 fails until they are rebuilt (`areal-nb build-models`, then commit the files and the new hash
-below: the weights, so the figures measured on them, have changed).
+below: the weights, so the figures measured on them, have changed), or, for a refactor that builds
+the same bits, re-keyed by `python benchmarks/same_bits.py --rekey` (`models/shipped.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def test_shipped_files_match_the_current_recipe(name):
     assert info["recipe_key"] == registry.recipe_key(name), (
         f"the shipped {name} was built from another recipe or builder code than this checkout's: "
         f"run `areal-nb build-models {name}`, commit areal_nb/models/shipped/{name}/ and put the "
-        f"printed weights hash into WEIGHTS_SHA256 of {__file__}"
+        f"printed weights hash into WEIGHTS_SHA256 of {__file__}; or, if the change builds the same "
+        "bits, re-key them with `python benchmarks/same_bits.py --base <commit> --rekey`"
     )
 
 
