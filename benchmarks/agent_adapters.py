@@ -45,7 +45,7 @@ def rollout_rate(session: Session, batches: int) -> float:
         start = time.perf_counter()
         batch = session.rollout()
         seconds += time.perf_counter() - start
-        tokens += int(batch.to_tensors()["loss_mask"].sum())
+        tokens += int(batch.to_tensors().loss_mask.sum())
     return tokens / seconds
 
 

@@ -38,6 +38,10 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from areal_nb.api.train_batch import TrainBatch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -91,7 +95,6 @@ def standin_tokenizer(vocab_size: int):
 
 def build_model(folder: Path, device: str, layers: int, vocab: int, hidden: int | None = None) -> dict:
     """`hidden` (a multiple of 64; rehearsals): head_dim 64 and GQA 7:1 kept, MLP 16/3 x hidden."""
-    import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     tokenizer = standin_tokenizer(vocab)
@@ -143,7 +146,6 @@ def reply_reward(row: dict, reply: str) -> float:
 
 # --------------------------------------------------------------------------- stages
 def stage_engine(model_dir: Path, device: str, dtype: str) -> dict:
-    import torch
 
     from areal_nb.api import GenerationConfig, ModelRequest
     from areal_nb.api.saved_tokenizer import load_saved_tokenizer
@@ -253,7 +255,6 @@ def stage_grpo(model_dir: Path, device: str, dtype: str, run_dir: Path, steps: i
 
 
 def stage_fsdp(model_dir: Path, device: str, dtype: str, run_dir: Path) -> dict:
-    import torch
     import torch.distributed as dist
 
     from areal_nb.api import GenerationConfig
@@ -292,7 +293,7 @@ def stage_fsdp(model_dir: Path, device: str, dtype: str, run_dir: Path) -> dict:
         finally:
             engine.close()
         sharded = [type(p).__name__ for p in actor.model.parameters()]
-        stats = actor.train_step(batch, groups)
+        stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
         return {
             "backend": dist.get_backend(),
             "world_size": dist.get_world_size(),
@@ -307,7 +308,6 @@ def stage_fsdp(model_dir: Path, device: str, dtype: str, run_dir: Path) -> dict:
 
 
 def stage_server(model_dir: Path, device: str, work: Path) -> dict:
-    import torch
 
     from areal_nb.api import GenerationConfig
     from areal_nb.api.saved_tokenizer import load_saved_tokenizer
@@ -473,8 +473,6 @@ def main() -> int:
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-
-    import torch
 
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():

@@ -215,7 +215,7 @@ def run_step(name: str, step: int, session: Any, timers: Timers) -> dict[str, An
     train_s, _ = timers.take()
     calls = max(rollout_n.get("capture", 0), 1)
     episodes = max(rollout_n.get("episode", 0), 1)
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     return {
         "setup": name,
         "step": step,

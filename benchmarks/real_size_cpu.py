@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
+from areal_nb.api.train_batch import TrainBatch
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -54,7 +58,6 @@ def model_folder(cache: Path, layers: int, vocab: int) -> Path:
 
 
 def throughput(folder: Path, dtype: str, args) -> list[dict]:
-    import torch
     from engine_throughput import VllmWorker, make_requests, run_engine
 
     from areal_nb.api.saved_tokenizer import load_saved_tokenizer
@@ -121,7 +124,6 @@ def throughput(folder: Path, dtype: str, args) -> list[dict]:
 
 def grpo_step_child(folder: Path, dtype: str, new_tokens: int) -> None:
     """One GRPO step in this (fresh) process; prints one JSON line."""
-    import torch
 
     from areal_nb.api import GenerationConfig
     from areal_nb.config import load_config
@@ -184,7 +186,7 @@ def grpo_step_child(folder: Path, dtype: str, new_tokens: int) -> None:
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: the step's own peak from here
     start = time.perf_counter()
-    stats = actor.train_step(batch, groups)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
     seconds = time.perf_counter() - start
     hwm = next(
         int(line.split()[1])

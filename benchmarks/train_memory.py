@@ -22,6 +22,10 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from areal_nb.api.train_batch import TrainBatch
+
 GROUP = 8
 VARIANTS = {"unchunked": 0, "chunked": 1024}
 
@@ -35,7 +39,6 @@ def peak_rss_bytes() -> int:
 
 
 def run_variant(chunk: int, rows: int, tokens: int, generated: int) -> dict:
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from areal_nb.train import Actor, GRPOConfig
@@ -77,7 +80,7 @@ def run_variant(chunk: int, rows: int, tokens: int, generated: int) -> dict:
     except OSError:
         reset = False
     start = time.perf_counter()
-    stats = actor.train_step(batch, group_ids)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
     return {
         "peak_bytes": peak_rss_bytes(),
         "peak_before_step_bytes": before,

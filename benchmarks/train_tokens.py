@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from areal_nb.api.train_batch import TrainBatch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 VARIANTS = {  # name: actor overrides
@@ -35,16 +37,14 @@ VARIANTS = {  # name: actor overrides
 }
 
 
-def token_report(
-    tensors: dict[str, Any], packed_positions: float, padded_positions: float
-) -> dict[str, float]:
+def token_report(tensors: TrainBatch, packed_positions: float, padded_positions: float) -> dict[str, float]:
     """Trained positions (padding included) over unique tokens (distinct prefixes of the batch)."""
     from areal_nb.train.packing import count_unique_tokens
 
-    unique = count_unique_tokens(tensors["input_ids"], tensors["attention_mask"])
+    unique = count_unique_tokens(tensors.input_ids, tensors.attention_mask)
     return {
         "unique_tokens": unique,
-        "row_tokens": int(tensors["attention_mask"].sum()),
+        "row_tokens": int(tensors.attention_mask.sum()),
         "trained_tokens_packed": packed_positions,
         "trained_tokens_padded": padded_positions,
         "trained_over_unique_packed": packed_positions / unique,
@@ -52,9 +52,7 @@ def token_report(
     }
 
 
-def time_variants(
-    actor: Any, tensors: dict[str, Any], credit: str, repeats: int
-) -> dict[str, dict[str, float]]:
+def time_variants(actor: Any, tensors: TrainBatch, credit: str, repeats: int) -> dict[str, dict[str, float]]:
     """Median train_step seconds of each variant on copies of `actor` (the batch is not consumed)."""
     from areal_nb.train import Actor
 
@@ -70,7 +68,7 @@ def time_variants(
             )
             clone.steps_done = actor.steps_done
             t0, c0 = time.perf_counter(), time.process_time()
-            stats[name] = clone.train_step(tensors, tensors["group_ids"], credit=credit)
+            stats[name] = clone.train_step(tensors, credit=credit)
             seconds[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     return {
@@ -114,7 +112,7 @@ def main() -> None:
     report["packed_over_full_last_layer_train"] = timings["packed"]["train_s"] / full["train_s"]
     report["packed_over_full_last_layer_cpu"] = timings["packed"]["cpu_s"] / full["cpu_s"]
     report["loss_diff_packed_vs_full_last_layer"] = abs(timings["packed"]["loss"] - full["loss"])
-    report["rows"] = int(tensors["input_ids"].shape[0])
+    report["rows"] = int(tensors.input_ids.shape[0])
     report["style"] = batch.style
     print(
         f"{report['rows']} {batch.style} rows: {report['row_tokens']} row tokens, {report['unique_tokens']} unique; "

@@ -54,7 +54,7 @@ def _check_each_call_is_served_by_its_own_agents_adapter(session: Session) -> No
     assert batch.accepted and batch.agents == AGENTS
     # the two policies differ clearly on these rows, so a call served by the other agent's
     # adapter would show in the recorded log-probs
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     mask = tensors["loss_mask"].bool()
     per_agent = {}
     for agent in AGENTS:

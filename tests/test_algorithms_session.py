@@ -38,7 +38,7 @@ def rollout_with_spread(session: Session, tries: int = 6):
     rewards is common; six tries leave that to well under 1 %."""
     for _ in range(tries):
         batch = session.rollout()
-        if batch.to_tensors()["rewards"].unique().numel() > 1:
+        if batch.to_tensors().rewards.unique().numel() > 1:
             return batch
     raise AssertionError(f"{tries} batches in a row had equal rewards")
 
@@ -60,7 +60,7 @@ def test_compare_leaves_the_session_untouched_and_matches_each_variants_train_st
         table = comparison.table
         assert list(table.index) == list(variants)
         assert table["trial_kl"].notna().all() and (table["grad_norm"] > 0).all()
-        tensors = batch.to_tensors()
+        tensors = batch.to_tensors().tensors()
         for name, result in comparison.variants.items():
             own = Actor(copy.deepcopy(actor.model), result.cfg).train_step(
                 tensors, tensors["group_ids"], credit=batch.credit

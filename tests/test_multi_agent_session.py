@@ -43,7 +43,7 @@ def test_the_solver_and_the_checker_train_two_steps():
                     calls = batch.calls(i)
                     assert [c.agent for c in calls] == ["solver", "checker"]
                     assert [c.parent for c in calls] == [None, None]
-            t = batch.to_tensors()
+            t = batch.to_tensors().tensors()
             rows = batch.rows()
             assert t["agent_ids"].tolist() == [["solver", "checker"].index(r.agent) for r in rows]
             assert t["group_ids"].tolist() == [

@@ -61,26 +61,26 @@ def test_replay_matches_the_sampled_distribution_and_trains():
     with Session(cfg, agent__workflow=SampledAgent()) as s:
         batch = s.rollout()
         tensors = batch.to_tensors()
-        masked = tensors["sampling_masked"]
-        spans = [span for row in tensors["sampling_spans"] for span in row]
+        masked = tensors.sampling_masked
+        spans = [span for row in tensors.sampling_spans for span in row]
         assert masked.any() and {span.masks.constraint is not None for span in spans} == {True, False}
         assert masked.sum() == sum(len(span.positions(10**9)) for span in spans)  # every masked token placed
 
         actor = s.actor
-        step = actor._prepare(tensors, tensors["group_ids"])
-        assert torch.equal(step.engine_logprobs.cpu(), tensors["sampling_logprobs"])
+        step = actor._prepare(tensors)
+        assert torch.equal(step.engine_logprobs.cpu(), tensors.sampling_logprobs)
         replayed = actor._logprobs_no_grad(actor.model, step).cpu()
-        gap = (replayed - tensors["sampling_logprobs"]).abs()
+        gap = (replayed - tensors.sampling_logprobs).abs()
         assert float(gap[masked].max()) < 1e-4  # grammar, top-k and top-p tokens alike
-        assert float(gap[tensors["loss_mask"].bool()].max()) < 1e-4  # and the others
+        assert float(gap[tensors.loss_mask.bool()].max()) < 1e-4  # and the others
 
         # without replay: the full-vocabulary log-prob of a top-2 token misses the other tokens' mass
         actor.cfg.replay_sampling_masks = False
-        full = actor._logprobs_no_grad(actor.model, actor._prepare(tensors, tensors["group_ids"])).cpu()
+        full = actor._logprobs_no_grad(actor.model, actor._prepare(tensors)).cpu()
         actor.cfg.replay_sampling_masks = True
         top_k_rows = [
             b
-            for b, row in enumerate(tensors["sampling_spans"])
+            for b, row in enumerate(tensors.sampling_spans)
             if any(
                 span.masks.constraint is None
                 and all(k is None or len(k) <= 2 for k in span.masks.kept)
@@ -89,7 +89,7 @@ def test_replay_matches_the_sampled_distribution_and_trains():
             )
         ]
         assert top_k_rows
-        top_k_gap = (full - tensors["sampling_logprobs"]).abs()[top_k_rows][masked[top_k_rows]]
+        top_k_gap = (full - tensors.sampling_logprobs).abs()[top_k_rows][masked[top_k_rows]]
         assert float(top_k_gap.mean()) > 1e-3 and float(top_k_gap.mean()) > 100 * float(gap[masked].mean())
 
         stats = s.train_step(batch)

@@ -63,7 +63,7 @@ def test_rollout_train_and_versions(session):
     from areal_nb.widgets import TreeView
 
     assert isinstance(batch.show_tree(0), TreeView)  # a Session's batches carry the widgets' viewer
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     # every generated token was sampled by the current policy version; prompt tokens are -1
     gen = tensors["loss_mask"].bool()
     assert (tensors["versions"][gen] == session.version).all()
@@ -84,7 +84,7 @@ def test_rollout_train_and_versions(session):
     assert len(session.history) == 1 and session.history["step"].tolist() == [1]
     # tokens sampled after the update carry the new version
     batch2 = session.rollout()
-    t2 = batch2.to_tensors()
+    t2 = batch2.to_tensors().tensors()
     assert (t2["versions"][t2["loss_mask"].bool()] == session.version).all()
     # a second turn (concat template) continues its first turn's sequence: the engine's prefix
     # cache serves that part, and the log-probs still equal the trainer's forward
@@ -103,8 +103,8 @@ def test_sampling_defaults_come_from_the_rollout_config():
 
 def test_reexport_changes_rewards_not_tokens(session):
     batch = session.rollout()
-    a = batch.to_tensors()
-    b = batch.reexport(discount=0.0, style="individual").to_tensors()
+    a = batch.to_tensors().tensors()
+    b = batch.reexport(discount=0.0, style="individual").to_tensors().tensors()
     assert b["input_ids"].shape[0] >= a["input_ids"].shape[0]
     df = batch.interactions_df
     assert set(df.columns) >= {
@@ -150,7 +150,7 @@ def test_history_reward_mean_is_the_mean_episode_return(session):
     trainer's mean over its rows (one per call, discounted) is `row_reward_mean`."""
     batch = session.rollout()
     returns = [batch.episode_return(i) for i, ep in enumerate(batch.episodes) if ep.accepted]
-    rows = batch.to_tensors()["rewards"]
+    rows = batch.to_tensors().rewards
     row = session.train_step(batch)
     assert row["reward_mean"] == pytest.approx(sum(returns) / len(returns))
     assert row["row_reward_mean"] == pytest.approx(float(rows.float().mean()))
@@ -465,7 +465,7 @@ def test_direct_arealopenai_workflow_is_trainable_too():
     ) as s:
         batch = s.rollout()
         assert all(ep.accepted for ep in batch.episodes), [ep.rejection_reason for ep in batch.episodes]
-        tensors = batch.to_tensors()
+        tensors = batch.to_tensors().tensors()
         # concat rows: one per leaf, every generated token sampled by version 0
         assert tensors["input_ids"].shape[0] == len(batch.episodes)
         assert (tensors["versions"][tensors["loss_mask"].bool()] == 0).all()

@@ -101,7 +101,7 @@ def test_structured_output_agent_trains_two_steps(agent, kind):
                 masks = call.model_response.sampling_masks
                 assert masks is not None and masks.constraint.kind == kind
                 assert len(masks.logprobs) == call.model_response.output_len
-            tensors = batch.to_tensors()
+            tensors = batch.to_tensors().tensors()
             assert tensors["sampling_masked"].any()
             stats = s.train_step(batch)
             # the trainer scores each token under the distribution it was sampled from

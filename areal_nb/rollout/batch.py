@@ -23,6 +23,7 @@ from areal_nb.api import (
     ExportStyle,
     check_export_style,
 )
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.capture.cache import discounted_rewards
 from areal_nb.capture.tensors import add_sampling_records, stack_token_rows
@@ -180,8 +181,9 @@ class RolloutBatch:
             out.extend(Row(c, i, ep.group_id, rewards[c.interaction_id]) for c in calls)
         return out
 
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] training tensors, plus `group_ids`, `agent_ids` and `episode_ids` [B].
+    def to_tensors(self) -> TrainBatch:
+        """The step's `TrainBatch`: right-padded [B, L] tensors, plus `group_ids`, `agent_ids` and
+        `episode_ids` [B].
 
         Both credits' inputs, with this batch's discount: `rewards [B]` (each row's reward) and
         `turn_returns [B, L]` (each generated token's own turn's return).
@@ -211,16 +213,18 @@ class RolloutBatch:
                 returns[row.episode_index] = self.discounted(row.episode_index)
             token_rows.append(row.interaction.token_row())
             turn_returns.append(row.interaction.turn_returns(returns[row.episode_index]))
-        out = stack_token_rows(token_rows, [r.reward for r in rows], turn_returns)
-        add_sampling_records(out, token_rows, [row.interaction.sampling_spans() for row in rows])
+        tensors: dict[str, Any] = stack_token_rows(token_rows, [r.reward for r in rows], turn_returns)
+        add_sampling_records(tensors, token_rows, [row.interaction.sampling_spans() for row in rows])
         agents = {agent: k for k, agent in enumerate(self.agents)}
         agent_ids = [agents[r.agent] for r in rows]
-        out["agent_ids"] = torch.tensor(agent_ids, dtype=torch.long)
-        out["group_ids"] = torch.tensor(
-            [r.group_id * len(agents) + a for r, a in zip(rows, agent_ids, strict=True)], dtype=torch.long
+        return TrainBatch(
+            **tensors,
+            agent_ids=torch.tensor(agent_ids, dtype=torch.long),
+            group_ids=torch.tensor(
+                [r.group_id * len(agents) + a for r, a in zip(rows, agent_ids, strict=True)], dtype=torch.long
+            ),
+            episode_ids=torch.tensor([r.episode_index for r in rows], dtype=torch.long),
         )
-        out["episode_ids"] = torch.tensor([r.episode_index for r in rows], dtype=torch.long)
-        return out
 
     # ---------------------------------------------------------------- editing
     def reexport(

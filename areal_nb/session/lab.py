@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.errors import InvalidArgumentError
 from areal_nb.train.algorithms import ALGORITHMS, configure
 from areal_nb.train.lab import VariantResult, compare_variants, cosine_matrix
@@ -89,18 +90,16 @@ def variant_configs(base: Any, variants: Mapping[str, Mapping[str, Any] | None])
 def compare(
     session: Any, batch: Any, variants: Mapping[str, Mapping[str, Any] | None], *, trial_step: bool = False
 ) -> Comparison:
-    """`Session.compare`: `batch` is a RolloutBatch (or the trainer's tensor dict)."""
-    tensors = batch.to_tensors() if hasattr(batch, "to_tensors") else dict(batch)
+    """`Session.compare`: `batch` is a RolloutBatch (or the trainer's `TrainBatch`)."""
+    tensors = batch if isinstance(batch, TrainBatch) else batch.to_tensors()
     credit = getattr(batch, "credit", None)
     configs = variant_configs(session.actor.cfg, variants)
-    results = compare_variants(
-        session.actor, tensors, configs, tensors.get("group_ids"), credit=credit, trial_step=trial_step
-    )
+    results = compare_variants(session.actor, tensors, configs, credit=credit, trial_step=trial_step)
     return Comparison(
         variants={r.name: r for r in results},
-        input_ids=tensors["input_ids"].cpu(),
-        attention_mask=tensors["attention_mask"].bool().cpu(),
-        loss_mask=(tensors["loss_mask"].bool() & tensors["attention_mask"].bool()).cpu(),
-        rewards=tensors["rewards"].float().cpu(),
+        input_ids=tensors.input_ids.cpu(),
+        attention_mask=tensors.attention_mask.cpu(),
+        loss_mask=(tensors.loss_mask.bool() & tensors.attention_mask).cpu(),
+        rewards=tensors.rewards.float().cpu(),
         tokenizer=getattr(batch, "tokenizer", None) or getattr(session, "tokenizer", None),
     )

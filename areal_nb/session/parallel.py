@@ -23,12 +23,16 @@ of 1 and every step is local.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal_nb.api import CreditMode
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.errors import (
     ArgumentTypeError,
     CallOrderError,
@@ -112,24 +116,17 @@ class Ranks:
         if state["adapters"] is not None:  # the restored base + ΔW, merged from every rank's shards
             actor.push_weights(engine if self.rank == 0 else None)
 
-    def share_batch(self, batch: RolloutBatch | None, inspect: bool) -> dict[str, Any]:
-        """A training step's input on every rank: rank 0's batch as tensors (the others' `batch` is
-        None), its credit mode (config's actor.credit, or a reexport's: what its views showed),
-        `inspect` and the agents' names."""
-        message: dict[str, Any] | None = None
+    def share_batch(self, batch: RolloutBatch | None, inspect: bool) -> StepInput:
+        """A training step's input on every rank: rank 0's batch (the others' `batch` is None)."""
+        step: StepInput | None = None
         if self.rank == 0:
             if batch is None:
                 raise ArgumentTypeError("train_step() needs a RolloutBatch (from rollout()), got None")
-            message = {
-                "tensors": batch.to_tensors(),
-                "credit": batch.credit,
-                "inspect": inspect,
-                "agents": batch.agents,
-            }
+            step = StepInput(batch.to_tensors(), batch.credit, inspect, batch.agents)
         if self.channel is not None:
-            message = self.channel.send("train", message)  # ranks ≠ 0 receive rank 0's
-        assert message is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
-        return message
+            step = self.channel.send("train", step)  # ranks ≠ 0 receive rank 0's
+        assert step is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
+        return step
 
     def written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
         """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"
@@ -145,6 +142,20 @@ class Ranks:
             path = self.channel.send("saved", str(path) if self.rank == 0 else None)
         assert path is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
         return Path(path)
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What every rank's `Actor.train_step` takes, as rank 0 sends it."""
+
+    batch: TrainBatch
+    """Rank 0's `RolloutBatch.to_tensors()`."""
+    credit: CreditMode
+    """The batch's credit mode (config's actor.credit, or a reexport's: what its views showed)."""
+    inspect: bool
+    """Keep the update's per-token values (`Session.last_inspection`)."""
+    agents: list[str | None]
+    """The names the batch's `agent_ids` index."""
 
 
 class RankChannel:
@@ -175,6 +186,10 @@ def _to_cpu(obj: Any) -> Any:
     """Tensors travel pickled; on the CPU they unpickle on any rank (not on rank 0's GPU)."""
     if isinstance(obj, torch.Tensor):
         return obj.cpu()
+    if isinstance(obj, TrainBatch):
+        return obj.to("cpu")
+    if isinstance(obj, StepInput):
+        return dataclasses.replace(obj, batch=obj.batch.to("cpu"))
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -316,20 +316,13 @@ class Session:
         (None) and each trains its share of the rows; the stats are the whole batch's.
         """
         self._check_open()
-        message = self._ranks.share_batch(batch, inspect)
-        tensors = message["tensors"]
+        step = self._ranks.share_batch(batch, inspect)
         self._ranks.in_train_step = True  # a failure from here on is inside the ranks' collectives
         stats = dict(
-            self.actor.train_step(
-                tensors,
-                tensors["group_ids"],
-                credit=message["credit"],
-                inspect=message["inspect"],
-                agents=message["agents"],
-            )
+            self.actor.train_step(step.batch, credit=step.credit, inspect=step.inspect, agents=step.agents)
         )
         self._ranks.in_train_step = False
-        if message["inspect"]:
+        if step.inspect:
             self.last_inspection = self.actor.last_inspection
             if batch is not None and self.last_inspection is not None and len(batch.agents) > 1:
                 self.last_inspection.agents = [row.agent for row in batch.rows()]  # to_tensors' order

@@ -1,5 +1,7 @@
 """GRPO training: advantages, the PPO actor loss, log-prob recomputation, the Actor."""
 
+from areal_nb.api.train_batch import TrainBatch
+
 from .actor import Actor
 from .advantages import RewardShaping, compute_advantages, group_normalize, kl_estimate
 from .config import GRPOConfig
@@ -13,6 +15,7 @@ __all__ = [
     "LossInspection",
     "LossTerms",
     "RewardShaping",
+    "TrainBatch",
     "compute_advantages",
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",

@@ -1,16 +1,13 @@
 """`Actor`: one GRPO training step on a captured batch, then weight sync to the engine.
 
-Batch format (the capture layer's `concat_padded_tensors`, right padding):
-  input_ids [B,L] int64, attention_mask [B,L] bool, loss_mask [B,L] (1 on generated tokens),
-  logprobs [B,L] float32 (engine log-prob at each generated token's position, 0 elsewhere),
-  versions [B,L] int64 (policy version that sampled the token, -1 elsewhere), rewards [B];
-  optional ref_logprobs [B,L], group_ids [B]; for `credit="turn"` turn_returns [B,L] float32
-  and turn_ids [B,L] int64.
+The step takes a `TrainBatch` (`areal_nb.api.train_batch`: right-padded `[B, L]` tensors and
+`[B]` row metadata, checked when it is made), as `RolloutBatch.to_tensors()` builds it; its
+`group_ids` name the groups of the advantages' baselines and of the prefix packing.
 
 Usage (what `Session.train_step` does):
     actor = Actor(model, GRPOConfig(), version=engine.get_version())
-    stats = actor.train_step(batch, group_ids)   # actor.version += 1
-    actor.push_weights(engine)                   # engine now samples with actor.version
+    stats = actor.train_step(rollout_batch.to_tensors())   # actor.version += 1
+    actor.push_weights(engine)                             # engine now samples with actor.version
 
 Data-parallel (`parallel=DataParallel`, see `distributed.py`): every rank calls `train_step` with
 the same whole batch; each computes its share of the rows, the gradients are summed over the
@@ -32,7 +29,8 @@ import torch
 from torch import Tensor
 
 from areal_nb.api import AgentWeights, CreditMode, InferenceEngine
-from areal_nb.errors import InvalidArgumentError, TrainBatchError
+from areal_nb.api.train_batch import TrainBatch
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError, TrainBatchError
 
 from .advantages import compute_advantages, group_index, kl_estimate
 from .config import GRPOConfig
@@ -67,19 +65,17 @@ __all__ = ["Actor", "GRPOConfig"]
 
 logger = logging.getLogger(__name__)
 
-REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
-
 
 @dataclass
 class _StepBatch:
     """One train step's validated batch and what every phase reads from it."""
 
-    batch: dict[str, Any]  # the validated tensors, on the model's device
+    batch: TrainBatch  # on the model's device
     input_ids: Tensor  # [B, L]
     attention: Tensor  # [B, L] bool, right-padded
     mask: Tensor  # [B, L] bool: the generated tokens the loss trains on
     engine_logprobs: Tensor  # [B, L] float32: π_behave, as the engine recorded it
-    group_ids: Tensor | Sequence[Any] | None
+    group_ids: Tensor | None  # [B]: the batch's, for the advantages' baselines
     pack_ids: Tensor | None  # [B] dense group index: the rows merged into one trie
     lengths: Tensor  # [B] tokens per row
     # agent adapters (`Actor(agent_lora=...)`): each row's agent, whose adapter its forwards run
@@ -140,7 +136,8 @@ class Actor:
         if not temperature > 0:
             raise InvalidArgumentError(f"temperature must be > 0, got {temperature}")
         self.temperature = temperature
-        self.model = model
+        # a transformers model (peft-wrapped with LoRA): its methods are read by name
+        self.model: Any = model
         self.tokenizer = tokenizer  # replays recorded grammars (`cfg.replay_sampling_masks`)
         self.parallel = parallel  # None: one process trains on the whole batch
         self.cfg = cfg or GRPOConfig()
@@ -174,8 +171,9 @@ class Actor:
                     "forward needs every rank to run the same adapter at once)"
                 )
             # (peft first: FSDP then shards the injected layers, adapters and frozen base alike)
+            lora = self.cfg.lora
             model = self.model = (
-                wrap_agent_lora(model, agent_lora) if agent_lora else wrap_lora(model, self.cfg.lora)
+                wrap_lora(model, lora) if lora is not None else wrap_agent_lora(model, agent_lora or {})
             )
         # Dropout would make π_θ differ from the policy that sampled (ratios ≠ 1 on-policy).
         self.model.eval()
@@ -230,17 +228,17 @@ class Actor:
     # ---------------------------------------------------------------- one step
     def train_step(
         self,
-        batch: dict[str, Any],
-        group_ids: Tensor | Sequence[Any] | None = None,
+        batch: TrainBatch,
+        *,
         credit: CreditMode | None = None,
         inspect: bool = False,
         agents: Sequence[str | None] | None = None,
     ) -> dict[str, float]:
         """Recompute log-probs, compute advantages, run `ppo_n_minibatches` optimizer steps.
 
-        With `cfg.pack` the rows of one group (`group_ids`, else `batch["group_ids"]`; without
-        either, each micro-batch) are merged into a token trie so shared prefixes are computed
-        once; the per-row log-probs equal the padded computation (see `packing.py`).
+        With `cfg.pack` the rows of one group (`batch.group_ids`; without them, each micro-batch)
+        are merged into a token trie so shared prefixes are computed once; the per-row log-probs
+        equal the padded computation (see `packing.py`).
         The no-grad recomputation of π_prox (π_old without the decoupled loss) is skipped when
         the training forward computes the same values (`cfg.skip_redundant_recompute`, one
         minibatch: the forward runs the pre-update weights); its detached log-probs are used
@@ -248,11 +246,16 @@ class Actor:
 
         `credit` ("leaf" | "turn") overrides `cfg.credit` for this step (a RolloutBatch's own
         setting). `inspect=True` keeps the update's per-token values in `self.last_inspection`
-        (a `LossInspection`). `agents`: the names `batch["agent_ids"]` index (needed with agent
+        (a `LossInspection`). `agents`: the names `batch.agent_ids` index (needed with agent
         adapters). Returns the step's stats; afterwards `self.version` is one higher.
         """
         start = time.perf_counter()
-        step = self._prepare(batch, group_ids)
+        if not isinstance(batch, TrainBatch):
+            raise ArgumentTypeError(
+                f"Actor.train_step takes a TrainBatch (RolloutBatch.to_tensors(), or "
+                f"areal_nb.api.train_batch.TrainBatch(**tensors)), got {type(batch).__name__}"
+            )
+        step = self._prepare(batch)
         step.row_agents = self._row_agents(batch, agents)
         lr = self._set_learning_rate()
         policies = self._policies_before_update(step)
@@ -273,27 +276,26 @@ class Actor:
         return out
 
     # ------------------------------------------------------- the step's phases
-    def _prepare(self, batch: dict[str, Any], group_ids: Tensor | Sequence[Any] | None) -> _StepBatch:
-        """The validated batch on the model's device, its loss mask and its packing groups."""
-        batch = _validated(batch, self.device)
-        input_ids, attention = batch["input_ids"], batch["attention_mask"]
+    def _prepare(self, batch: TrainBatch) -> _StepBatch:
+        """The batch on the model's device, its loss mask and its packing groups."""
+        batch = batch.to(self.device)
+        input_ids, attention = batch.input_ids, batch.attention_mask
         n_rows = input_ids.shape[0]
         if n_rows < self.cfg.ppo_n_minibatches:
             raise TrainBatchError(
                 f"batch has {n_rows} rows, fewer than ppo_n_minibatches={self.cfg.ppo_n_minibatches}"
             )
-        if group_ids is None:
-            group_ids = batch.get("group_ids")
+        group_ids = batch.group_ids
         pack_ids = group_index(group_ids, n_rows).to(input_ids.device) if group_ids is not None else None
-        engine_logprobs, allowed = batch["logprobs"].float(), {}
-        if self.cfg.replay_sampling_masks and "sampling_spans" in batch:
+        engine_logprobs, allowed = batch.logprobs.float(), {}
+        if self.cfg.replay_sampling_masks and batch.sampling_logprobs is not None:
             # π_behave: the recorded log-probs under the distribution each token was sampled from
-            engine_logprobs, allowed = batch["sampling_logprobs"].float(), self._allowed_sets(batch)
+            engine_logprobs, allowed = batch.sampling_logprobs.float(), self._allowed_sets(batch)
         return _StepBatch(
             batch=batch,
             input_ids=input_ids,
             attention=attention,
-            mask=batch["loss_mask"].bool() & attention,
+            mask=batch.loss_mask.bool() & attention,
             engine_logprobs=engine_logprobs,
             group_ids=group_ids,
             pack_ids=pack_ids,
@@ -301,16 +303,16 @@ class Actor:
             allowed=allowed,
         )
 
-    def _row_agents(self, batch: dict[str, Any], agents: Sequence[str | None] | None) -> list[str] | None:
+    def _row_agents(self, batch: TrainBatch, agents: Sequence[str | None] | None) -> list[str] | None:
         """Each row's agent (agent adapters only), checked to have an adapter."""
         if not self.agents:
             return None
-        if agents is None or "agent_ids" not in batch:
+        if agents is None or batch.agent_ids is None:
             raise TrainBatchError(
                 f"this Actor trains one adapter per agent ({self.agents}): train_step needs "
-                "batch['agent_ids'] and the agents' names (agents=)"
+                "batch.agent_ids and the agents' names (agents=)"
             )
-        names = [agents[int(i)] for i in batch["agent_ids"].tolist()]
+        names = [agents[int(i)] for i in batch.agent_ids.tolist()]
         strangers = sorted({str(n) for n in names if n not in self.agents})
         if strangers:
             raise TrainBatchError(
@@ -318,12 +320,17 @@ class Actor:
             )
         return [str(n) for n in names]
 
-    def _allowed_sets(self, batch: dict[str, Any]) -> dict[int, tuple[Tensor, Tensor]]:
+    def _allowed_sets(self, batch: TrainBatch) -> dict[int, tuple[Tensor, Tensor]]:
         """Each masked token's allowed set, rebuilt from the batch's `sampling_spans` (the grammar
         replayed over the recorded output with this Actor's tokenizer, or the kept ids)."""
         vocab = int(self.model.get_input_embeddings().num_embeddings)  # the engine's mask width
-        masked, out = batch["sampling_masked"], {}
-        for row, spans in enumerate(batch["sampling_spans"]):
+        masked, spans_per_row = batch.sampling_masked, batch.sampling_spans
+        if masked is None or spans_per_row is None:
+            raise TrainBatchError(
+                "TrainBatch.sampling_logprobs comes with sampling_masked and sampling_spans"
+            )
+        out: dict[int, tuple[Tensor, Tensor]] = {}
+        for row, spans in enumerate(spans_per_row):
             positions, sets = [], []
             for span in spans:
                 if span.masks.constraint is not None and self.tokenizer is None:
@@ -394,7 +401,8 @@ class Actor:
             prox = self._logprobs_no_grad(self.model, step)
         # (skipped recomputation without the decoupled loss: only the loss reads π_old, and takes
         # it from the forward; kl_ctl is 0 there, so the advantages do not read it)
-        old = step.engine_logprobs if engine_as_old or skipped else prox
+        # (prox is the recomputation whenever π_old is not the engine's record)
+        old = step.engine_logprobs if engine_as_old or skipped or prox is None else prox
         return _Policies(old=old, prox=prox, recompute_skipped=skipped, engine_as_old=engine_as_old)
 
     def _advantages(
@@ -402,14 +410,20 @@ class Actor:
     ) -> tuple[dict[str, Tensor], dict[str, float]]:
         """Per-token advantages (with the KL penalty's reference log-probs when `kl_ctl > 0`)."""
         cfg = self.cfg
-        adv_inputs = dict(step.batch, old_logprobs=old_logprobs)
-        if cfg.kl_ctl > 0 and "ref_logprobs" not in step.batch:
-            adv_inputs["ref_logprobs"] = self._reference_logprobs(step)
-        adv = compute_advantages(adv_inputs, cfg, step.group_ids, credit=credit)
+        ref = step.batch.ref_logprobs
+        if cfg.kl_ctl > 0 and ref is None:
+            ref = self._reference_logprobs(step)
+        # compute_advantages reads the batch's tensors by name (it also serves the views and the lab)
+        adv = compute_advantages(
+            step.batch.replace(ref_logprobs=ref).tensors() | {"old_logprobs": old_logprobs},
+            cfg,
+            step.group_ids,
+            credit=credit,
+        )
         kl_stats = {}
-        if "ref_logprobs" in adv_inputs and bool(step.mask.any()):
+        if ref is not None and bool(step.mask.any()):
             # the KL estimate the penalty used, per generated token, before the kl_ctl factor
-            kl = kl_estimate(old_logprobs, adv_inputs["ref_logprobs"], cfg.kl_estimator)
+            kl = kl_estimate(old_logprobs, ref, cfg.kl_estimator)
             kl_stats["kl_ref"] = float(kl[step.mask].mean())
         return adv, kl_stats
 
@@ -419,7 +433,7 @@ class Actor:
             with self.model.disable_adapter():
                 return self._logprobs_no_grad(self.model, step)
         if self.ref_model is None:
-            raise InvalidArgumentError("kl_ctl > 0 needs a ref_model for the Actor or batch['ref_logprobs']")
+            raise InvalidArgumentError("kl_ctl > 0 needs a ref_model for the Actor or batch.ref_logprobs")
         return self._logprobs_no_grad(self.ref_model, step)
 
     def _update(
@@ -463,6 +477,7 @@ class Actor:
         divisor is the whole minibatch's (every rank has the batch), the sum runs over ranks."""
         cfg = self.cfg
         # algorithm hook: the aggregation's divisor (`policy_loss.loss_normalizer`)
+        assert cfg.loss_agg is not None, "every preset sets loss_agg (GRPOConfig.__post_init__)"
         normalizer = loss_normalizer(step.mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
         minibatch_loss = 0.0
         for micro in self._micro_batches(rows, step):
@@ -551,9 +566,9 @@ class Actor:
         out = {
             "loss": sum(update.minibatch_losses) / len(update.minibatch_losses),
             "grad_norm": sum(update.grad_norms) / len(update.grad_norms),
-            **_reward_and_advantage_stats(step.batch["rewards"], adv["scores"], adv["advantages"], mask),
+            **_reward_and_advantage_stats(step.batch.rewards, adv["scores"], adv["advantages"], mask),
             **_aggregate(update.loss_stats),
-            **self._staleness(step.batch.get("versions"), mask),
+            **self._staleness(step.batch.versions, mask),
             **kl_stats,
             "n_tokens": float(mask.sum()),
             "n_rows": float(step.n_rows),
@@ -619,7 +634,7 @@ class Actor:
                 model_dtype=floating_dtype(self.model),
                 device=self.device,
                 temperature=self.temperature,
-                versions=step.batch.get("versions"),
+                versions=step.batch.versions,
                 mask=step.mask,
                 version=self.version,
             )
@@ -679,22 +694,23 @@ class Actor:
     def _inspection(
         self,
         collector: InspectionCollector,
-        batch: dict[str, Any],
+        batch: TrainBatch,
         mask: Tensor,
         old_logprobs: Tensor,
         prox_logprobs: Tensor | None,
         stats: dict[str, float],
     ) -> LossInspection:
         cfg = self.cfg
-        turn_ids = batch.get("turn_ids")
+        assert cfg.eps_clip is not None, "every preset sets eps_clip (GRPOConfig.__post_init__)"
+        turn_ids = batch.turn_ids
         return LossInspection(
-            input_ids=batch["input_ids"].cpu(),
-            attention_mask=batch["attention_mask"].cpu(),
+            input_ids=batch.input_ids.cpu(),
+            attention_mask=batch.attention_mask.cpu(),
             loss_mask=mask.cpu(),
             turn_ids=None if turn_ids is None else turn_ids.cpu(),
             old_logprobs=old_logprobs.float().cpu(),
             prox_logprobs=None if prox_logprobs is None else prox_logprobs.cpu(),
-            rewards=batch["rewards"].float().cpu(),
+            rewards=batch.rewards.float().cpu(),
             minibatch=collector.minibatch,
             eps_clip=cfg.eps_clip,
             eps_clip_higher=cfg.eps_clip_higher,
@@ -902,37 +918,6 @@ def _gather_step(
         for share in shares:
             collector.merge(share[3])
     return all_stats, losses, sum(share[2] for share in shares)
-
-
-def _validated(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    missing = [k for k in REQUIRED_KEYS if k not in batch]
-    if missing:
-        raise TrainBatchError(
-            f"training batch lacks {missing}; expected keys {list(REQUIRED_KEYS)} (+ versions)"
-        )
-    out = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
-    shape = out["input_ids"].shape
-    for key in (
-        "attention_mask",
-        "loss_mask",
-        "logprobs",
-        "versions",
-        "ref_logprobs",
-        "turn_ids",
-        "turn_returns",
-    ):
-        if key in out and out[key].shape != shape:
-            raise TrainBatchError(
-                f"batch[{key!r}] has shape {tuple(out[key].shape)}, input_ids {tuple(shape)}"
-            )
-    if out["rewards"].numel() != shape[0]:
-        raise TrainBatchError(f"batch['rewards'] has {out['rewards'].numel()} entries for {shape[0]} rows")
-    attention = out["attention_mask"].bool()
-    lengths = attention.sum(1, keepdim=True)
-    if not torch.equal(attention, torch.arange(shape[1], device=device) < lengths):
-        raise TrainBatchError("attention_mask must be right-padded: each row is ones then zeros")
-    out["attention_mask"] = attention
-    return out
 
 
 def _reward_and_advantage_stats(

@@ -15,13 +15,14 @@ statistics are still exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.errors import InvalidArgumentError, TrainBatchError
 
 Level = Literal["group", "batch"] | None
@@ -150,7 +151,7 @@ def shape_and_normalize(values: Tensor, pools: Callable[[], Any], cfg: Any) -> T
 
 
 def compute_advantages(
-    batch: dict[str, Tensor],
+    batch: Mapping[str, Tensor] | TrainBatch,
     cfg: Any,
     group_ids: Tensor | Sequence[Any] | None = None,
     credit: str | None = None,
@@ -159,9 +160,9 @@ def compute_advantages(
 
     Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with turn credit
     also `turn_returns [B,L]` and `turn_ids [B,L]`; with `cfg.kl_ctl > 0` also `ref_logprobs
-    [B,L]` and the behaviour log-probs `old_logprobs` (falls back to `logprobs`). `group_ids`
-    (or `batch["group_ids"]`) names each row's group. `cfg` is a `GRPOConfig` (any object with
-    its reward/adv fields); `credit` overrides `cfg.credit`.
+    [B,L]` and the behaviour log-probs `old_logprobs` (falls back to `logprobs`). `batch` is a
+    `TrainBatch` or its tensors by name. `group_ids` (or the batch's) names each row's group.
+    `cfg` is a `GRPOConfig` (any object with its reward/adv fields); `credit` overrides `cfg.credit`.
 
     `credit="leaf"` (AReaL's rule): shape the row reward; normalise it (`cfg.reward_norm`);
     token reward = −kl_ctl·KL on generated tokens plus the score on each row's last generated
@@ -175,6 +176,8 @@ def compute_advantages(
     row-major), `token_rewards [B,L]` (leaf: KL + score at the last token; turn: KL only),
     `kl_rewards`, `loss_mask`.
     """
+    if isinstance(batch, TrainBatch):
+        batch = batch.tensors()
     credit = getattr(cfg, "credit", "leaf") if credit is None else credit
     if credit not in ("leaf", "turn"):
         raise InvalidArgumentError(f"credit must be 'leaf' or 'turn', got {credit!r}")

@@ -202,7 +202,7 @@ def fully_shard_model(
         unit.set_force_sum_reduction_for_comms(True)
 
 
-def full_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+def full_state_dict(state: Any) -> Any:
     """`state` (a state dict, nested dicts allowed) with every DTensor gathered to a full tensor.
     A collective under FSDP: every rank calls it, with the same keys."""
     if isinstance(state, DTensor):

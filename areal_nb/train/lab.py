@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal_nb.errors import InvalidArgumentError
+from areal_nb.api.train_batch import TrainBatch
+from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .advantages import compute_advantages, group_index
 from .mismatch import mismatch_report
@@ -54,15 +55,15 @@ class VariantResult:
 
 def compare_variants(
     actor: Any,
-    batch: Mapping[str, Any],
+    batch: TrainBatch,
     configs: Mapping[str, Any],
-    group_ids: Tensor | Sequence[Any] | None = None,
     credit: str | None = None,
     trial_step: bool = False,
 ) -> list[VariantResult]:
-    """Each of `configs` (name → GRPOConfig) on `batch` (the trainer's tensors) at `actor`'s weights."""
-    from .actor import _validated  # (the trainer's own batch checks)
-
+    """Each of `configs` (name → GRPOConfig) on `batch` (the trainer's `TrainBatch`, its
+    `group_ids` the groups) at `actor`'s weights."""
+    if not isinstance(batch, TrainBatch):
+        raise ArgumentTypeError(f"compare_variants takes a TrainBatch, got {type(batch).__name__}")
     if not configs:
         raise InvalidArgumentError("compare needs at least one variant, e.g. {'grpo': {}, 'dr_grpo': {}}")
     if getattr(actor, "parallel", None) is not None:
@@ -71,18 +72,19 @@ def compare_variants(
         )
     rng = _rng_state()
     try:
-        return _compare(actor, _validated(dict(batch), actor.device), configs, group_ids, credit, trial_step)
+        return _compare(actor, batch.to(actor.device), configs, credit, trial_step)
     finally:
         _restore_rng(rng)
 
 
-def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[VariantResult]:
+def _compare(
+    actor: Any, batch: TrainBatch, configs: Mapping[str, Any], credit: str | None, trial_step: bool
+) -> list[VariantResult]:
     model = actor.model
-    input_ids, attention = batch["input_ids"], batch["attention_mask"]
-    mask = batch["loss_mask"].bool() & attention
-    engine = batch["logprobs"].float()
-    if group_ids is None:
-        group_ids = batch.get("group_ids")
+    input_ids, attention = batch.input_ids, batch.attention_mask
+    mask = batch.loss_mask.bool() & attention
+    engine = batch.logprobs.float()
+    group_ids = batch.group_ids
     pack_ids = (
         group_index(group_ids, input_ids.shape[0]).to(input_ids.device) if group_ids is not None else None
     )
@@ -94,8 +96,8 @@ def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[Varia
     prox = logprobs.detach()
     params = actor.params
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-    ref = None
-    if any(cfg.kl_ctl > 0 for cfg in configs.values()) and "ref_logprobs" not in batch:
+    ref = batch.ref_logprobs
+    if any(cfg.kl_ctl > 0 for cfg in configs.values()) and ref is None:
         if actor.ref_model is None:
             raise InvalidArgumentError(
                 "a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)"
@@ -110,9 +112,7 @@ def _compare(actor, batch, configs, group_ids, credit, trial_step) -> list[Varia
         old = engine[:, cols] if cfg.use_decoupled_loss or not cfg.recompute_logprob else prox
         full_old = torch.zeros_like(engine)
         full_old[:, cols] = old
-        adv_inputs = dict(batch, old_logprobs=full_old)
-        if ref is not None:
-            adv_inputs["ref_logprobs"] = ref
+        adv_inputs = batch.replace(ref_logprobs=ref).tensors() | {"old_logprobs": full_old}
         advantages = compute_advantages(adv_inputs, cfg, group_ids, credit=credit)["advantages"][:, cols]
         normalizer = loss_normalizer(mask, rows, cfg.loss_agg, cfg.loss_agg_constant)
         terms, mismatch = variant_loss_terms(

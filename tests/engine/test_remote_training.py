@@ -12,6 +12,7 @@ import torch
 from servers import API_KEY, load_reference, sglang_under_test, start_engine_server
 
 from areal_nb.api import GenerationConfig
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.engine.remote import SGLangEngine
 from areal_nb.testing import sample_batch
 from areal_nb.train import Actor, GRPOConfig
@@ -70,7 +71,7 @@ def test_grpo_steps_through_remote_engines_keep_logprobs_exact(remote):
         generated = batch["versions"][batch["loss_mask"].bool()]
         assert (generated == start + step - 1).all()
         head = actor.model.lm_head.weight.detach().clone()
-        stats = actor.train_step(batch, groups)
+        stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
         assert stats["logprob_abs_diff_max"] < tol, step  # servers sampled with the trainer's weights
         assert not torch.equal(head, actor.model.lm_head.weight), stats
         assert actor.push_weights(engine) == start + step

@@ -160,7 +160,7 @@ def test_interrupt_during_start_stops_the_launched_servers(tmp_path, monkeypatch
 
 def recomputed_logprobs_match(session, batch) -> float:
     """Largest |recorded - recomputed| over the trained tokens, the trainer's model teacher-forced."""
-    t = batch.to_tensors()
+    t = batch.to_tensors().tensors()
     with torch.no_grad():
         ours = compute_token_logprobs(
             session.actor.model,

@@ -60,7 +60,7 @@ def batch() -> RolloutBatch:
 
 
 def test_rows_carry_their_agent_and_the_groups_are_prompt_agent_pairs(batch):
-    t = batch.to_tensors()
+    t = batch.to_tensors().tensors()
     assert batch.agents == ["solver", "checker"]
     # rows in episode order, each episode's solver call first
     assert t["agent_ids"].tolist() == [0, 1] * 5
@@ -70,7 +70,7 @@ def test_rows_carry_their_agent_and_the_groups_are_prompt_agent_pairs(batch):
 
 
 def test_grpo_advantages_per_prompt_and_agent_equal_the_hand_computation(batch):
-    t = batch.to_tensors()
+    t = batch.to_tensors().tensors()
     out = compute_advantages(t, GRPOConfig())
     # By hand: GRPO's A = (r − mean) / (std + eps), std unbiased, over one agent's rows of one prompt.
     # prompt 0 solver  [1, 0, 0]: mean 1/3, std √(((2/3)² + 2·(1/3)²) / 2) = √(1/3)
@@ -95,7 +95,7 @@ def test_grpo_advantages_per_prompt_and_agent_equal_the_hand_computation(batch):
         assert out["advantages"][b][~mask[b]].abs().sum() == 0
     # the prompt alone as the group would mix the agents: prompt 0's solver rows would be judged
     # against a mean of 1/2 over six rewards, not 1/3
-    mixed = compute_advantages(t, GRPOConfig(), group_ids=batch.to_tensors()["episode_ids"] // 3)
+    mixed = compute_advantages(t, GRPOConfig(), group_ids=batch.to_tensors().episode_ids // 3)
     assert not torch.allclose(mixed["scores"], out["scores"])
 
 
@@ -117,7 +117,7 @@ def test_one_agent_keeps_the_episode_groups():
     single = RolloutBatch([episode(g, s, 1.0, 0.0) for g in (0, 1) for s in (0, 1)])
     for ep in single.episodes:  # the checker calls removed: one agent
         ep.interactions = {k: v for k, v in ep.interactions.items() if v.agent == "solver"}
-    t = single.to_tensors()
+    t = single.to_tensors().tensors()
     assert t["group_ids"].tolist() == [0, 0, 1, 1] and t["agent_ids"].tolist() == [0, 0, 0, 0]
 
 

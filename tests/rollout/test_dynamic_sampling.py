@@ -39,7 +39,7 @@ def test_constant_groups_are_dropped_and_refilled_from_new_rollouts():
     )
     assert out.stats["dynamic_sampling_dropped_groups"] == 3 and out.stats["dynamic_sampling_rounds"] == 2
     assert out.stats["dynamic_sampling_exhausted"] == 0.0 and out.stats["rollout_s"] == 1.0
-    assert out.to_tensors()["input_ids"].shape[0] == 8
+    assert out.to_tensors().input_ids.shape[0] == 8
 
 
 def test_refill_stops_at_the_bound_and_says_so():

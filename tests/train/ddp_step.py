@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.distributed import DataParallel, full_state_dict, init_from_env
@@ -85,7 +86,9 @@ def train_case(case: str, parallel: DataParallel | None, mode: str = "ddp") -> d
                 p.mul_(0.9)
     actor = Actor(model, cfg, ref_model=ref, parallel=parallel)
     before = {k: v.clone() for k, v in actor.weights().items()}  # (fsdp: gathered from the shards)
-    stats = actor.train_step(fixed_batch(model.config.vocab_size), GROUPS, inspect=True)
+    stats = actor.train_step(
+        TrainBatch(**fixed_batch(model.config.vocab_size), group_ids=torch.as_tensor(GROUPS)), inspect=True
+    )
     moments = [full_state_dict(actor.optimizer.state[p]["exp_avg"]).clone() for p in actor.params]
     return {
         "trainable": sorted(n for n, p in actor.model.named_parameters() if p.requires_grad),

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import areal_nb.train.actor as actor_module
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.distributed import DataParallel, init_from_env
@@ -56,7 +57,9 @@ def train_case(case: str, parallel: DataParallel | None) -> dict:
 
     actor_module.compute_advantages = spy
     try:
-        stats = actor.train_step(fixed_batch(actor.model.config.vocab_size), GROUPS)
+        stats = actor.train_step(
+            TrainBatch(**fixed_batch(actor.model.config.vocab_size), group_ids=torch.as_tensor(GROUPS))
+        )
     finally:
         actor_module.compute_advantages = compute_advantages
     ref_params = list(actor.ref_model.parameters())

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
 
 from .conftest import make_tiny_qwen2
@@ -51,7 +52,7 @@ def test_step_raises_positive_and_lowers_negative_advantage_tokens(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
     before = generated_logprobs(tiny_qwen2, batch)
     actor = Actor(tiny_qwen2, GRPOConfig(lr=1e-3))
-    stats = actor.train_step(batch, group_ids=[0, 0, 0, 0])
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])))
     after = generated_logprobs(tiny_qwen2, batch)
     # group of 4 with rewards 1, 0, 1, 0: scores ±0.5/std, unbiased std = sqrt(1/3)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-5)
@@ -66,7 +67,9 @@ def test_step_raises_positive_and_lowers_negative_advantage_tokens(tiny_qwen2):
 
 def test_on_policy_ratios_start_at_one(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
-    stats = Actor(tiny_qwen2, GRPOConfig()).train_step(batch, [0, 0, 1, 1])
+    stats = Actor(tiny_qwen2, GRPOConfig()).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 1, 1]))
+    )
     assert stats["logprob_abs_diff_max"] < 1e-6
     assert stats["importance_weight_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["importance_weight_max"] == pytest.approx(1.0, abs=1e-6)
@@ -80,8 +83,12 @@ def test_micro_batches_give_the_same_update_as_one_forward():
     batch = make_batch(whole)
     # adam_eps=1 makes the first AdamW step ~ lr * grad: with the default eps, a gradient entry
     # near zero becomes ±lr on float-summation noise, which would hide what this test compares.
-    s1 = Actor(whole, GRPOConfig(lr=1e-3, adam_eps=1.0)).train_step(batch, [0, 0, 0, 0])
-    s2 = Actor(split, GRPOConfig(lr=1e-3, adam_eps=1.0, micro_batch_size=1)).train_step(batch, [0, 0, 0, 0])
+    s1 = Actor(whole, GRPOConfig(lr=1e-3, adam_eps=1.0)).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
+    s2 = Actor(split, GRPOConfig(lr=1e-3, adam_eps=1.0, micro_batch_size=1)).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-6)
     assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
     for (name, p), q in zip(whole.named_parameters(), split.parameters(), strict=True):
@@ -90,20 +97,22 @@ def test_micro_batches_give_the_same_update_as_one_forward():
 
 def test_minibatches_make_one_optimizer_step_each(tiny_qwen2):
     actor = Actor(tiny_qwen2, GRPOConfig(ppo_n_minibatches=2))
-    stats = actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+    stats = actor.train_step(TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0])))
     steps = {int(s["step"]) for s in actor.optimizer.state_dict()["state"].values()}
     assert steps == {2}
     # the second minibatch is trained by updated weights: its ratios are no longer all 1
     assert stats["importance_weight_max"] > 1.0 or stats["importance_weight_min"] < 1.0
     with pytest.raises(ValueError, match="fewer than ppo_n_minibatches"):
-        Actor(tiny_qwen2, GRPOConfig(ppo_n_minibatches=5)).train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+        Actor(tiny_qwen2, GRPOConfig(ppo_n_minibatches=5)).train_step(
+            TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0]))
+        )
 
 
 def test_decoupled_loss_reports_behaviour_weights(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
     batch["logprobs"] = batch["logprobs"] - 0.1 * batch["loss_mask"]  # engine was a bit less sure
     cfg = GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0)
-    stats = Actor(tiny_qwen2, cfg).train_step(batch, [0, 0, 0, 0])
+    stats = Actor(tiny_qwen2, cfg).train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])))
     assert stats["behave_imp_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-5)
     assert stats["behave_imp_weight_max"] == pytest.approx(math.exp(0.1), rel=1e-5)
     assert stats["behave_masked_frac"] == 0.0
@@ -115,7 +124,9 @@ def test_decoupled_loss_reports_behaviour_weights(tiny_qwen2):
 def test_staleness_from_versions():
     model = make_tiny_qwen2()
     batch = make_batch(model, versions=[3, 2, 1, 3])
-    stats = Actor(model, GRPOConfig(), version=3).train_step(batch, [0, 0, 0, 0])
+    stats = Actor(model, GRPOConfig(), version=3).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     # tokens per row 4, 3, 5, 2 with lags 0, 1, 2, 0
     assert stats["staleness_max"] == 2.0
     assert stats["staleness_mean"] == pytest.approx((0 * 4 + 1 * 3 + 2 * 5 + 0 * 2) / 14)
@@ -124,9 +135,13 @@ def test_staleness_from_versions():
 def test_kl_to_reference_model(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
     with pytest.raises(ValueError, match="ref_model"):
-        Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1)).train_step(batch, [0, 0, 0, 0])
+        Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1)).train_step(
+            TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+        )
     ref = copy.deepcopy(tiny_qwen2)
-    stats = Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1), ref_model=ref).train_step(batch, [0, 0, 0, 0])
+    stats = Actor(tiny_qwen2, GRPOConfig(kl_ctl=0.1), ref_model=ref).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     # identical weights: KL 0, advantages are the plain group scores
     assert stats["adv_max"] == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-5), rel=1e-5)
     assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)
@@ -134,9 +149,13 @@ def test_kl_to_reference_model(tiny_qwen2):
     other = make_tiny_qwen2(seed=1)
     policy = make_tiny_qwen2()
     expected = torch.cat(generated_logprobs(policy, batch)) - torch.cat(generated_logprobs(other, batch))
-    stats = Actor(policy, GRPOConfig(kl_ctl=0.1), ref_model=other).train_step(batch, [0, 0, 0, 0])
+    stats = Actor(policy, GRPOConfig(kl_ctl=0.1), ref_model=other).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     assert stats["kl_ref"] == pytest.approx(float(expected.clamp(-10, 10).mean()), rel=1e-5)
-    assert "kl_ref" not in Actor(make_tiny_qwen2(), GRPOConfig()).train_step(batch, [0, 0, 0, 0])
+    assert "kl_ref" not in Actor(make_tiny_qwen2(), GRPOConfig()).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
 
 
 class RecordingEngine:
@@ -149,7 +168,7 @@ class RecordingEngine:
 
 def test_push_weights_and_checkpoint_round_trip(tiny_qwen2):
     actor = Actor(tiny_qwen2, GRPOConfig(), version=4)
-    actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])
+    actor.train_step(TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0])))
     engine = RecordingEngine()
     assert actor.push_weights(engine) == 5
     weights, version = engine.updates[0]
@@ -185,47 +204,43 @@ def test_learning_rate_schedules():
 def test_actor_steps_with_the_scheduled_learning_rate(tiny_qwen2, caplog):
     cfg = GRPOConfig(lr=1e-3, lr_schedule="linear", lr_decay_steps=2)
     actor = Actor(tiny_qwen2, cfg)
-    lrs = [actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])["lr"] for _ in range(3)]
+    lrs = [
+        actor.train_step(TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0])))["lr"]
+        for _ in range(3)
+    ]
     assert lrs == [1e-3, 5e-4, 0.0]
     before = [p.detach().clone() for p in tiny_qwen2.parameters()]
-    actor.train_step(make_batch(tiny_qwen2), [0, 0, 0, 0])  # lr 0: AdamW moves nothing
+    actor.train_step(
+        TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )  # lr 0: AdamW moves nothing
     assert all(torch.equal(p, q) for p, q in zip(before, tiny_qwen2.parameters(), strict=True))
     warnings = [r.getMessage() for r in caplog.records if "reached 0" in r.getMessage()]
     assert len(warnings) == 1 and "lr_decay_steps=2" in warnings[0]  # said once, not every step
 
 
 def test_bad_batches_are_refused(tiny_qwen2):
+    from areal_nb.errors import ArgumentTypeError, TrainBatchError
+
     actor = Actor(tiny_qwen2, GRPOConfig())
     batch = make_batch(tiny_qwen2)
-    with pytest.raises(ValueError, match=r"lacks \['logprobs'\]"):
-        actor.train_step({k: v for k, v in batch.items() if k != "logprobs"}, [0, 0, 0, 0])
+    with pytest.raises(ArgumentTypeError, match="takes a TrainBatch"):
+        actor.train_step(batch)  # the tensors by name: no longer the step's contract
+    with pytest.raises(TypeError, match="logprobs"):
+        TrainBatch(**{k: v for k, v in batch.items() if k != "logprobs"})
+    with pytest.raises(ArgumentTypeError, match=r"TrainBatch.group_ids must be a torch.Tensor, got list"):
+        TrainBatch(**batch, group_ids=[0, 0, 0, 0])
     left_padded = dict(batch, attention_mask=batch["attention_mask"].flip(1))
-    with pytest.raises(ValueError, match="right-padded"):
-        actor.train_step(left_padded, [0, 0, 0, 0])
-    with pytest.raises(ValueError, match="3 entries for 4 rows"):
-        actor.train_step(batch, [0, 0, 1])
-    with pytest.raises(ValueError, match="shape"):
-        actor.train_step(dict(batch, versions=batch["versions"][:, :-1]), [0, 0, 0, 0])
-    assert actor.version == 0  # nothing was trained
-
-
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(reward_norm="prompt"),
-        dict(c_clip=1.0),
-        dict(kl_estimator="k4"),
-        dict(behave_imp_weight_cap=0.5),
-        dict(ppo_n_minibatches=0),
-        dict(lr_schedule="step"),
-        dict(lr_warmup_steps=-1),
-        dict(lr_decay_steps=0),
-        dict(min_lr_ratio=1.5),
-    ],
-)
-def test_config_validation(kw):
-    with pytest.raises(ValueError, match="GRPOConfig"):
-        GRPOConfig(**kw)
+    with pytest.raises(TrainBatchError, match="right-padded"):
+        TrainBatch(**left_padded)
+    with pytest.raises(TrainBatchError, match="group_ids has 3 entries for 4 rows"):
+        TrainBatch(**batch, group_ids=torch.tensor([0, 0, 1]))
+    with pytest.raises(TrainBatchError, match=r"TrainBatch.versions has shape \(4, 7\)"):
+        TrainBatch(**dict(batch, versions=batch["versions"][:, :-1]))
+    with pytest.raises(TrainBatchError, match="rewards has 3 entries for 4 rows"):
+        TrainBatch(**dict(batch, rewards=batch["rewards"][:3]))
+    with pytest.raises(ValueError):  # TrainBatchError is a ValueError
+        TrainBatch(**dict(batch, input_ids=batch["input_ids"][0]))
+    assert TrainBatch(**batch).attention_mask.dtype == torch.bool
 
 
 def test_the_session_actor_recomputes_log_probs_at_the_rollout_temperature():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.lora import LoraConfig, adapter_name, lora_base, merged_weights
@@ -58,7 +59,7 @@ def test_each_adapter_learns_from_its_own_agents_rows_only():
         lambda module, args: forwards.append((actor.model.active_adapter, set(args[0].flatten().tolist())))
     )
     try:
-        stats = actor.train_step(batch, agents=AGENTS)
+        stats = actor.train_step(TrainBatch(**batch), agents=AGENTS)
     finally:
         hook.remove()
 
@@ -104,14 +105,14 @@ def test_the_kl_reference_is_the_base_with_every_adapter_off():
     for n, p in actor.model.named_parameters():
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.05)
-    batch = _batch([0, 1, 0, 1], [1.0, 0.0, 0.0, 1.0])
-    step = actor._prepare(batch, batch["group_ids"])
+    batch = TrainBatch(**_batch([0, 1, 0, 1], [1.0, 0.0, 0.0, 1.0]))
+    step = actor._prepare(batch)
     step.row_agents = actor._row_agents(batch, AGENTS)
     reference = actor._reference_logprobs(step)
     plain = load_model("tiny-math", dtype=torch.float32, device="cpu")
     with torch.no_grad():
-        logits = plain(input_ids=batch["input_ids"]).logits.float().log_softmax(-1)
-    expected = logits[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+        logits = plain(input_ids=batch.input_ids).logits.float().log_softmax(-1)
+    expected = logits[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
     torch.testing.assert_close(
         reference[:, 1:][step.mask[:, 1:]], expected[step.mask[:, 1:]], rtol=1e-5, atol=1e-5
     )
@@ -124,9 +125,9 @@ def test_rows_of_an_agent_without_an_adapter_are_refused_and_nothing_changes():
     before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
     batch = _batch([0, 1, 2, 2], [1.0, 0.0, 1.0, 0.0])
     with pytest.raises(ValueError, match=r"'stranger'.*which have no adapter"):
-        actor.train_step(batch, agents=[*AGENTS, "stranger"])
+        actor.train_step(TrainBatch(**batch), agents=[*AGENTS, "stranger"])
     with pytest.raises(ValueError, match="agents="):
-        actor.train_step(_batch([0, 1], [1.0, 0.0]))
+        actor.train_step(TrainBatch(**_batch([0, 1], [1.0, 0.0])))
     assert actor.version == 0
     assert all(torch.equal(p, before[n]) for n, p in actor.model.named_parameters())
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train import actor as actor_module
 from areal_nb.train.algorithms import ALGORITHMS
@@ -45,7 +46,9 @@ def train_and_record(actor, batch, steps=2):
         return step(*args, **kwargs)
 
     actor.optimizer.step = recording_step
-    losses = [actor.train_step(batch, GROUPS)["loss"] for _ in range(steps)]
+    losses = [
+        actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)))["loss"] for _ in range(steps)
+    ]
     return losses, grads, {k: v.clone() for k, v in actor.model.state_dict().items()}
 
 
@@ -75,7 +78,9 @@ def test_every_preset_trains_a_step_and_moves_the_weights(algorithm):
     model = make_tiny_qwen2()
     batch = make_batch(model)
     before = copy.deepcopy(model.state_dict())
-    stats = Actor(model, GRPOConfig(algorithm=algorithm, lr=1e-2)).train_step(batch, [0, 0, 0, 0])
+    stats = Actor(model, GRPOConfig(algorithm=algorithm, lr=1e-2)).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     assert torch.isfinite(torch.tensor(stats["loss"]))
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -89,12 +94,14 @@ def test_mismatch_metrics_come_with_every_step_and_mis_masks_the_planted_tokens(
         2.0  # the engine recorded this token 2 nats less likely than the trainer computes: w = e^2
     )
     batch["logprobs"] = batch["logprobs"] - planted
-    plain = Actor(copy.deepcopy(model), GRPOConfig()).train_step(batch, GROUPS)
+    plain = Actor(copy.deepcopy(model), GRPOConfig()).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS))
+    )
     n = int(mask.sum())
     assert plain["mismatch_logp_abs_diff"] == pytest.approx(2.0 / n, abs=1e-5)
     assert plain["mismatch_masked_frac"] == 0.0
     actor = Actor(copy.deepcopy(model), GRPOConfig(mismatch_correction="mis", mismatch_threshold=2.0))
-    stats = actor.train_step(batch, GROUPS, inspect=True)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)), inspect=True)
     assert stats["mismatch_masked_frac"] == pytest.approx(1 / n)
     assert stats["mismatch_kl_k3"] == pytest.approx((float(torch.tensor(2.0).exp()) - 1 - 2.0) / n, abs=1e-4)
     # the masked token adds nothing to the loss

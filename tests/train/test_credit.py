@@ -12,7 +12,7 @@ from areal_nb.api import ModelResponse
 from areal_nb.capture import InteractionWithTokenLogpReward
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.executor import Episode
-from areal_nb.train import Actor, GRPOConfig, compute_advantages
+from areal_nb.train import Actor, GRPOConfig, TrainBatch, compute_advantages
 
 from . import leaf_reference
 from .conftest import make_tiny_qwen2
@@ -85,7 +85,7 @@ LEAF_CONFIGS = {
 @pytest.mark.parametrize("name", list(LEAF_CONFIGS))
 @pytest.mark.parametrize("style", ["concat", "individual"])
 def test_leaf_credit_advantages_equal_the_pre_credit_trainer(name, style):
-    tensors = demo_batch(style=style).to_tensors()
+    tensors = demo_batch(style=style).to_tensors().tensors()
     tensors["ref_logprobs"] = torch.linspace(-2.0, -0.5, tensors["logprobs"].numel()).reshape(
         tensors["logprobs"].shape
     )
@@ -99,11 +99,11 @@ def test_leaf_credit_advantages_equal_the_pre_credit_trainer(name, style):
 
 @pytest.mark.parametrize("name", list(LEAF_CONFIGS))
 def test_leaf_credit_loss_and_gradients_equal_the_pre_credit_trainer(name, monkeypatch):
-    tensors = demo_batch().to_tensors()
+    tensors = demo_batch().to_tensors().tensors()
     cfg = GRPOConfig(lr=1e-3, credit="leaf", **LEAF_CONFIGS[name])
     ref = make_tiny_qwen2(1) if cfg.kl_ctl > 0 else None
     new_actor = Actor(make_tiny_qwen2(0), cfg, ref_model=ref)
-    new_stats = new_actor.train_step(tensors, tensors["group_ids"])
+    new_stats = new_actor.train_step(TrainBatch(**tensors))
 
     import areal_nb.train.actor as actor_module
 
@@ -113,9 +113,7 @@ def test_leaf_credit_loss_and_gradients_equal_the_pre_credit_trainer(name, monke
         lambda batch, c, g, credit=None: leaf_reference.compute_advantages(batch, c, g),
     )
     old_actor = Actor(make_tiny_qwen2(0), cfg, ref_model=ref)
-    old_stats = old_actor.train_step(
-        {k: v for k, v in tensors.items() if k != "turn_returns"}, tensors["group_ids"]
-    )
+    old_stats = old_actor.train_step(TrainBatch(**{k: v for k, v in tensors.items() if k != "turn_returns"}))
     assert new_stats["loss"] == old_stats["loss"] and new_stats["grad_norm"] == old_stats["grad_norm"]
     for (name_a, a), (_, b) in zip(
         new_actor.model.named_parameters(), old_actor.model.named_parameters(), strict=True
@@ -126,7 +124,7 @@ def test_leaf_credit_loss_and_gradients_equal_the_pre_credit_trainer(name, monke
 # ------------------------------------------------------------------ turn credit, exact numbers
 def test_two_turn_row_rewards_0_then_1_with_discount_0_9():
     batch = RolloutBatch([episode("e", [0.0, 1.0], 0, 0)], style="concat", discount=0.9)
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     gen = tensors["loss_mask"][0].bool()
     assert tensors["turn_ids"][0][gen].tolist() == [0, 0, 0, 1, 1]
     plain = GRPOConfig(reward_norm=None)  # scaling 1, bias 0: the advantage is the return itself
@@ -147,7 +145,7 @@ def test_turn_level_group_normalisation_by_hand():
         style="concat",
         discount=0.9,
     )
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     cfg = GRPOConfig(reward_norm="group", norm_eps=0.0, credit="turn")
     adv = compute_advantages(tensors, cfg)["advantages"]
 
@@ -177,7 +175,7 @@ def test_turn_level_group_normalisation_by_hand():
 
 def test_individual_hf_rows_with_episode_pool_equal_leaf_credit():
     # one call per row: each row is one turn, so pooling a group's turns is pooling its rows
-    tensors = demo_batch(template="hf", style="individual").to_tensors()
+    tensors = demo_batch(template="hf", style="individual").to_tensors().tensors()
     for cfg in (
         GRPOConfig(reward_scaling=10.0, reward_bias=-0.5),
         GRPOConfig(reward_norm="batch", adv_norm="batch"),
@@ -191,7 +189,7 @@ def test_individual_hf_rows_with_episode_pool_equal_leaf_credit():
 
 def test_turn_credit_kl_penalty_is_a_return_to_go():
     batch = RolloutBatch([episode("e", [0.0, 1.0], 0, 0)], style="concat", discount=0.9)
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     tensors["ref_logprobs"] = (
         tensors["logprobs"] - 0.1 * tensors["loss_mask"]
     )  # log r = 0.1 per generated token
@@ -203,14 +201,14 @@ def test_turn_credit_kl_penalty_is_a_return_to_go():
 
 
 def test_turn_credit_actor_step_raises_the_fixing_turn_and_reports_it(tiny_qwen2):
-    tensors = demo_batch().to_tensors()
-    stats = Actor(tiny_qwen2, GRPOConfig(lr=1e-3)).train_step(tensors, tensors["group_ids"], credit="turn")
+    tensors = demo_batch().to_tensors().tensors()
+    stats = Actor(tiny_qwen2, GRPOConfig(lr=1e-3)).train_step(TrainBatch(**tensors), credit="turn")
     assert stats["n_tokens"] == float(tensors["loss_mask"].sum())
     assert math.isfinite(stats["loss"]) and stats["adv_max"] > 0 > stats["adv_min"]
 
 
 def test_turn_credit_errors():
-    tensors = demo_batch().to_tensors()
+    tensors = demo_batch().to_tensors().tensors()
     with pytest.raises(ValueError, match=r"credit='turn' needs batch\['turn_returns'\]"):
         compute_advantages(
             {k: v for k, v in tensors.items() if k != "turn_returns"}, GRPOConfig(credit="turn")
@@ -242,9 +240,9 @@ def test_config_section_and_batch_reexport_carry_the_credit():
     )
     # the same tensors for both credits (both inputs travel); the discount changes the turn returns
     assert torch.equal(
-        batch.reexport(credit="turn").to_tensors()["turn_returns"], batch.to_tensors()["turn_returns"]
+        batch.reexport(credit="turn").to_tensors().turn_returns, batch.to_tensors().turn_returns
     )
-    gen = batch.to_tensors()["loss_mask"][0].bool()
-    assert turn.to_tensors()["turn_returns"][0][gen].tolist() == [0.5] * 3 + [1.0] * 2
+    gen = batch.to_tensors().loss_mask[0].bool()
+    assert turn.to_tensors().turn_returns[0][gen].tolist() == [0.5] * 3 + [1.0] * 2
     with pytest.raises(ValueError, match="credit must be one of"):
         batch.reexport(credit="root")

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig, ppo_actor_loss
 from areal_nb.train.logprobs import compute_token_logprobs_and_entropy
 
@@ -113,7 +114,7 @@ def stale_setup():
         )
         for _ in range(2):  # the policy moves on: versions 1, 2
             batch, groups = rollout(engine, n_samples=4, temperature=1.0)
-            actor.train_step(batch, groups)
+            actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
             actor.push_weights(engine)
     finally:
         engine.close()
@@ -132,7 +133,7 @@ def test_stale_batch_takes_prox_from_the_current_weights_and_matches_areal(stale
         prox, _ = compute_token_logprobs_and_entropy(
             actor.model, stale["input_ids"], stale["attention_mask"].bool(), 1.0
         )
-    stats = actor.train_step(stale, groups, inspect=True)
+    stats = actor.train_step(TrainBatch(**stale, group_ids=torch.as_tensor(groups)), inspect=True)
     seen = actor.last_inspection
     assert stats["staleness_mean"] == stats["staleness_max"] == 2.0
     torch.testing.assert_close(seen.prox_logprobs[mask], prox[mask], atol=1e-5, rtol=0)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from areal_nb.api import GenerationConfig
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.testing import sample_batch
 from areal_nb.train import Actor, GRPOConfig
 
@@ -39,7 +40,7 @@ def test_recorded_logprobs_equal_recomputed_and_versions_advance(engine_and_acto
     batch, group_ids = rollout(engine, temperature=0.8)
     assert batch["loss_mask"].sum() > 0
     head_before = actor.model.lm_head.weight.detach().clone()
-    stats = actor.train_step(batch, group_ids)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
     assert stats["logprob_abs_diff_max"] < 1e-4
     assert stats["adv_max"] > 0 and not torch.equal(head_before, actor.model.lm_head.weight)
     assert stats["importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -51,12 +52,17 @@ def test_recorded_logprobs_equal_recomputed_and_versions_advance(engine_and_acto
     generated = fresh["versions"][fresh["loss_mask"].bool()]
     assert (generated == 1).all()
     # The new engine weights are the trained ones: recorded log-probs match again.
-    stats = actor.train_step(fresh, fresh_groups)
+    stats = actor.train_step(TrainBatch(**fresh, group_ids=torch.as_tensor(fresh_groups)))
     assert stats["logprob_abs_diff_max"] < 1e-4
     assert stats["staleness_max"] == 0.0
 
     # A batch sampled two versions ago (offpolicyness 2) is at most 2 versions old.
-    stats = actor.train_step(concat_batches(batch, fresh), group_ids + [g + 10 for g in fresh_groups])
+    stats = actor.train_step(
+        TrainBatch(
+            **concat_batches(batch, fresh),
+            group_ids=torch.as_tensor(group_ids + [g + 10 for g in fresh_groups]),
+        )
+    )
     assert stats["version"] == 2.0
     assert stats["staleness_max"] == 2.0
     assert 0.0 < stats["staleness_mean"] < 2.0

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 
 from .test_actor import make_batch
@@ -15,9 +16,11 @@ from .test_actor import make_batch
 def test_inspecting_leaves_the_update_unchanged(tiny_qwen2):
     batch = make_batch(tiny_qwen2)
     twin = copy.deepcopy(tiny_qwen2)
-    plain = Actor(tiny_qwen2, GRPOConfig(lr=1e-3)).train_step(batch, [0, 0, 0, 0])
+    plain = Actor(tiny_qwen2, GRPOConfig(lr=1e-3)).train_step(
+        TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0]))
+    )
     actor = Actor(twin, GRPOConfig(lr=1e-3))
-    inspected = actor.train_step(batch, [0, 0, 0, 0], inspect=True)
+    inspected = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])), inspect=True)
     for p, q in zip(tiny_qwen2.parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q)
     assert plain["loss"] == inspected["loss"]
@@ -30,7 +33,7 @@ def test_ratios_clipping_and_contributions_follow_the_formulas(tiny_qwen2):
     # r = exp(-0.5) < 1 - eps_clip, so the negative-advantage rows (1 and 3) are clipped
     batch["logprobs"] = batch["logprobs"] + 0.5 * batch["loss_mask"]
     actor = Actor(tiny_qwen2, GRPOConfig(recompute_logprob=False, eps_clip=0.2))
-    stats = actor.train_step(batch, [0, 0, 0, 0], inspect=True)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])), inspect=True)
     ins = actor.last_inspection
     mask = ins.loss_mask
     assert torch.allclose(ins.ratio[mask], torch.exp(ins.logprobs - ins.old_logprobs)[mask], atol=1e-6)
@@ -58,7 +61,7 @@ def test_capped_behaviour_weights_are_marked_and_contribute_nothing(tiny_qwen2):
     actor = Actor(
         tiny_qwen2, GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0, ppo_n_minibatches=2)
     )
-    stats = actor.train_step(batch, [0, 0, 0, 0], inspect=True)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])), inspect=True)
     ins = actor.last_inspection
     mask = ins.loss_mask
     assert torch.equal(ins.behave_capped, mask & (torch.arange(4)[:, None] == 0))

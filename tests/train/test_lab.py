@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.session.lab import Comparison, variant_configs
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.lab import compare_variants, cosine_matrix
@@ -38,9 +39,11 @@ def test_each_variants_loss_is_its_own_train_step_loss():
     actor = Actor(model, GRPOConfig(lr=1e-2))
     batch = stale_batch(model)
     configs = variant_configs(actor.cfg, VARIANTS)
-    results = compare_variants(actor, batch, configs, GROUPS)
+    results = compare_variants(actor, TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)), configs)
     for r in results:
-        own = Actor(copy.deepcopy(model), r.cfg).train_step(batch, GROUPS)
+        own = Actor(copy.deepcopy(model), r.cfg).train_step(
+            TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS))
+        )
         assert r.loss == pytest.approx(own["loss"], abs=1e-6), r.name
         assert r.grad_norm == pytest.approx(own["grad_norm"], rel=1e-5), r.name
     by_name = {r.name: r for r in results}
@@ -52,13 +55,18 @@ def test_compare_leaves_weights_optimizer_and_rng_bit_identical():
     model = make_tiny_qwen2()
     actor = Actor(model, GRPOConfig(lr=1e-2))
     batch = stale_batch(model)
-    actor.train_step(batch, GROUPS)  # so Adam has moments to disturb
+    actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)))  # so Adam has moments to disturb
     weights = copy.deepcopy(model.state_dict())
     optimizer = copy.deepcopy(actor.optimizer.state_dict())
     random.seed(7)
     torch.manual_seed(7)
     rng = (random.getstate(), torch.get_rng_state())
-    results = compare_variants(actor, batch, variant_configs(actor.cfg, VARIANTS), GROUPS, trial_step=True)
+    results = compare_variants(
+        actor,
+        TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)),
+        variant_configs(actor.cfg, VARIANTS),
+        trial_step=True,
+    )
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     after = actor.optimizer.state_dict()
     for i, moments in optimizer["state"].items():
@@ -75,7 +83,9 @@ def test_cosines_and_table():
     actor = Actor(model, GRPOConfig())
     batch = stale_batch(model)
     results = compare_variants(
-        actor, batch, variant_configs(actor.cfg, {"a": {}, "b": {"lr": 1.0}, "rloo": {}}), GROUPS
+        actor,
+        TrainBatch(**batch, group_ids=torch.as_tensor(GROUPS)),
+        variant_configs(actor.cfg, {"a": {}, "b": {"lr": 1.0}, "rloo": {}}),
     )
     cos = cosine_matrix(results)
     assert cos[0, 1] == pytest.approx(1.0, abs=1e-6)  # the learning rate does not change the gradient
@@ -100,7 +110,9 @@ def test_token_weight_is_the_push_on_each_token():
     model = make_tiny_qwen2()
     actor = Actor(model, GRPOConfig())
     batch = make_batch(model, rewards=(1.0, 0.0, 1.0, 0.0))  # on-policy: ratio 1, nothing clipped
-    (r,) = compare_variants(actor, batch, {"grpo": GRPOConfig()}, [0, 0, 0, 0])
+    (r,) = compare_variants(
+        actor, TrainBatch(**batch, group_ids=torch.tensor([0, 0, 0, 0])), {"grpo": GRPOConfig()}
+    )
     mask = batch["loss_mask"].bool()
     # token mean of −A·r at r = 1: ∂loss/∂log π_t = −A_t / N
     assert torch.allclose(r.token_weight[mask], r.advantages[mask] / int(mask.sum()), atol=1e-7)

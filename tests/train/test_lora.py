@@ -7,6 +7,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.engine import LocalEngine
 from areal_nb.session.hf_export import write_adapter_folder, write_model_folder
 from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
@@ -32,7 +33,9 @@ def test_only_the_adapter_trains_and_holds_optimizer_state():
     trainable = {n: p for n, p in actor.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     before = {n: p.detach().clone() for n, p in trainable.items()}
-    stats = actor.train_step(make_batch(lora_base(actor.model)), GROUP)
+    stats = actor.train_step(
+        TrainBatch(**make_batch(lora_base(actor.model)), group_ids=torch.as_tensor(GROUP))
+    )
     assert stats["logprob_abs_diff_max"] < 1e-5  # B starts at 0: the adapted model is the base
     # every adapter's B moved (A gets no gradient while B is 0); no base weight did
     assert all(not torch.equal(p, before[n]) for n, p in trainable.items() if ".lora_B." in n)
@@ -57,7 +60,9 @@ def test_kl_reference_is_the_base_with_the_adapter_off():
     actor = lora_actor(kl_ctl=0.1)
     assert actor.ref_model is None  # no second copy
     policy = lora_base(actor.model)
-    assert actor.train_step(make_batch(policy), GROUP)["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert actor.train_step(TrainBatch(**make_batch(policy), group_ids=torch.as_tensor(GROUP)))[
+        "kl_ref"
+    ] == pytest.approx(0.0, abs=1e-6)
     batch = make_batch(policy)  # on-policy for the trained adapter
     mask = batch["loss_mask"].bool()
     with torch.no_grad():
@@ -65,7 +70,9 @@ def test_kl_reference_is_the_base_with_the_adapter_off():
         ref = compute_token_logprobs(make_tiny_qwen2(), batch["input_ids"], batch["attention_mask"])[mask]
     expected = float((ours - ref).clamp(-10, 10).mean())
     assert abs(expected) > 1e-4  # the adapter moved the policy: the check below can fail
-    assert actor.train_step(batch, GROUP)["kl_ref"] == pytest.approx(expected, rel=1e-4)
+    assert actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))["kl_ref"] == pytest.approx(
+        expected, rel=1e-4
+    )
 
 
 def test_packed_fast_paths_apply_the_adapter():
@@ -75,8 +82,8 @@ def test_packed_fast_paths_apply_the_adapter():
     assert supports_tree_attention(lora_base(fast.model)) and supports_head_forward(lora_base(fast.model))
     batch = make_batch(make_tiny_qwen2())
     for _ in range(2):
-        fast.train_step(batch, GROUP)
-        padded.train_step(batch, GROUP)
+        fast.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))
+        padded.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))
     a, b = merged_weights(fast.model), merged_weights(padded.model)
     assert any(not torch.equal(a[k], make_tiny_qwen2().state_dict()[k]) for k in a)
     for key in a:
@@ -87,8 +94,8 @@ def test_gradient_checkpointing_with_lora_trains_the_same():
     plain, checkpointed = lora_actor(), lora_actor(gradient_checkpointing=True)
     batch = make_batch(make_tiny_qwen2())
     for _ in range(2):
-        plain.train_step(batch, GROUP)
-        checkpointed.train_step(batch, GROUP)
+        plain.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))
+        checkpointed.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))
     a, b = merged_weights(plain.model), merged_weights(checkpointed.model)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
@@ -102,7 +109,7 @@ def test_engine_logprobs_equal_the_trainers_after_an_adapter_push():
         )
         for step in range(3):
             batch, group_ids = rollout(engine, temperature=0.8)
-            stats = actor.train_step(batch, group_ids)
+            stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
             assert stats["logprob_abs_diff_max"] < 1e-4, step  # engine's record vs base + adapter
             assert actor.push_weights(engine) == step + 1
         base = make_tiny_qwen2().state_dict()
@@ -115,7 +122,7 @@ def test_adapter_and_merged_folders_round_trip(tmp_path):
     actor = lora_actor(lr=5e-2)
     batch = make_batch(make_tiny_qwen2())
     for _ in range(2):
-        actor.train_step(batch, GROUP)
+        actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))
     ids, attention = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
         ours = lora_base(actor.model)(input_ids=ids, attention_mask=attention).logits
@@ -173,10 +180,13 @@ def test_the_lab_compares_variants_of_a_lora_actor_without_changing_it():
 
     actor = lora_actor()
     batch = make_batch(make_tiny_qwen2())
-    actor.train_step(batch, GROUP)  # a non-zero adapter
+    actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)))  # a non-zero adapter
     before = {k: v.clone() for k, v in actor.model.state_dict().items()}
     results = compare_variants(
-        actor, batch, variant_configs(actor.cfg, {"grpo": {}, "dr_grpo": {}}), GROUP, trial_step=True
+        actor,
+        TrainBatch(**batch, group_ids=torch.as_tensor(GROUP)),
+        variant_configs(actor.cfg, {"grpo": {}, "dr_grpo": {}}),
+        trial_step=True,
     )
     adapter_size = sum(p.numel() for p in actor.model.parameters() if p.requires_grad)
     assert all(r.grad.numel() == adapter_size for r in results)  # the adapters' gradients only

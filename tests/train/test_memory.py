@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.memory import (
     ModelShape,
@@ -56,7 +57,7 @@ def one_step(chunk: int, **cfg):
     batch = make_batch(make_tiny_qwen2())
     watch = LargestVocabTensor()
     with watch:
-        stats = actor.train_step(batch, [0, 0, 1, 1])
+        stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 1, 1])))
     return stats, model, watch.rows
 
 

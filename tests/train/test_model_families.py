@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
 from areal_nb.train.head_forward import supports_head_forward
 from areal_nb.train.lm_head import split_head
@@ -105,7 +106,7 @@ def test_actor_trains_each_family(family, dtype):
     }
     actor = Actor(model, GRPOConfig(lr=1e-3, logprob_chunk_size=3, gradient_checkpointing=True))
     before = {k: v.clone() for k, v in actor.weights().items()}
-    stats = [actor.train_step(batch, [0, 0, 1, 1]) for _ in range(2)]
+    stats = [actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 1, 1]))) for _ in range(2)]
     bound = 1e-5 if dtype == torch.float32 else BF16_BOUND
     assert stats[0]["logprob_abs_diff_max"] < bound, stats[0]["logprob_abs_diff_max"]
     assert stats[0]["importance_weight_max"] == pytest.approx(1.0, abs=1e-5)  # π_θ = π_prox before the update

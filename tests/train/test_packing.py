@@ -5,6 +5,7 @@ multi-turn concat rows, rows that share nothing)."""
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig, compute_token_logprobs
 from areal_nb.train.logprobs import compute_token_logprobs_and_entropy
 from areal_nb.train.packing import (
@@ -137,7 +138,7 @@ def grads_after_step(cfg_kwargs, batch, groups, seed=0):
     before = [p.detach().clone() for p in model.parameters()]
     actor = Actor(model, GRPOConfig(lr=1.0, max_grad_norm=0.0, **cfg_kwargs))
     actor.optimizer = torch.optim.SGD(actor.params, lr=1.0)
-    stats = actor.train_step(batch, groups)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
     grads = [b - p.detach() for b, p in zip(before, model.parameters(), strict=True)]
     return stats, grads
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 
 from .conftest import make_tiny_qwen2
@@ -23,7 +24,7 @@ def relative_update(actor: Actor, before: dict[str, torch.Tensor]) -> float:
 def train(model: torch.nn.Module, batch: dict, steps: int = 3, **cfg) -> Actor:
     actor = Actor(model, GRPOConfig(lr=1e-6, **cfg))
     for _ in range(steps):
-        actor.train_step(batch, group_ids=[0, 0, 1, 1])
+        actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 1, 1])))
     return actor
 
 
@@ -52,7 +53,7 @@ def test_the_forward_computes_in_the_compute_dtype():
     actor = Actor(model, GRPOConfig())
     seen = []
     handle = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    actor.train_step(make_batch(make_tiny_qwen2()), group_ids=[0, 0, 1, 1])
+    actor.train_step(TrainBatch(**make_batch(make_tiny_qwen2()), group_ids=torch.as_tensor([0, 0, 1, 1])))
     handle.remove()
     assert seen and set(seen) == {torch.bfloat16}
 
@@ -68,7 +69,7 @@ class RecordingEngine:
 def test_the_engine_receives_weights_in_the_compute_dtype():
     model = make_tiny_qwen2().to(torch.bfloat16)
     actor = Actor(model, GRPOConfig(lr=1e-6))
-    actor.train_step(make_batch(make_tiny_qwen2()), group_ids=[0, 0, 1, 1])
+    actor.train_step(TrainBatch(**make_batch(make_tiny_qwen2()), group_ids=torch.as_tensor([0, 0, 1, 1])))
     engine = RecordingEngine()
     actor.push_weights(engine)
     masters = actor.weights()
@@ -81,7 +82,9 @@ def test_the_engine_receives_weights_in_the_compute_dtype():
 def test_an_explicit_compute_dtype_and_the_kl_reference():
     model, ref = make_tiny_qwen2(), make_tiny_qwen2()
     actor = Actor(model, GRPOConfig(kl_ctl=0.1), ref_model=ref, compute_dtype=torch.bfloat16)
-    stats = actor.train_step(make_batch(make_tiny_qwen2()), group_ids=[0, 0, 1, 1])
+    stats = actor.train_step(
+        TrainBatch(**make_batch(make_tiny_qwen2()), group_ids=torch.as_tensor([0, 0, 1, 1]))
+    )
     assert actor.compute_dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(p.dtype == torch.bfloat16 for p in ref.parameters())  # no grads: kept in the compute dtype

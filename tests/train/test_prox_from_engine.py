@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.engine_numerics import EngineNumerics
 
@@ -54,7 +55,7 @@ def step(model, batch, group_ids, numerics, version=0, compute_dtype=None, **cfg
         return step_grads(*args, **kwargs)
 
     actor.optimizer.step = record_then_step
-    stats = actor.train_step(batch, group_ids)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
     update = [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
     return stats, grads, update, len(forwards)
 

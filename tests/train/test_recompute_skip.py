@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 
 from .conftest import make_tiny_qwen2
@@ -35,7 +36,7 @@ def step(model, batch, group_ids, **cfg_kwargs):
     model = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
     actor = Actor(model, GRPOConfig(lr=1e-2, **cfg_kwargs))
-    stats = actor.train_step(batch, group_ids)
+    stats = actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
     return stats, [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
 
 
@@ -101,4 +102,7 @@ def test_skipping_stays_exact_off_policy(engine_batch):
 def test_recomputation_kept_where_it_can_differ(engine_batch, cfg_kwargs):
     model, batch, group_ids = engine_batch
     actor = Actor(copy.deepcopy(model), GRPOConfig(**cfg_kwargs), ref_model=copy.deepcopy(model))
-    assert actor.train_step(batch, group_ids)["recompute_skipped"] == 0.0
+    assert (
+        actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))["recompute_skipped"]
+        == 0.0
+    )

@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from areal_nb.train import Actor, GRPOConfig
+from areal_nb.train import Actor, GRPOConfig, TrainBatch
 from areal_nb.train.heap import release_freed_memory
 
 from .conftest import VOCAB, make_tiny_qwen2
@@ -55,7 +55,8 @@ def test_a_train_step_leaves_nothing_behind(minibatches):
     )
     after = []
     for step in range(6):
-        actor.train_step(*batch_of(step), inspect=True)
+        tensors, groups = batch_of(step)
+        actor.train_step(TrainBatch(**tensors, group_ids=torch.tensor(groups)), inspect=True)
         after.append(live_tensors())
     # the first step creates AdamW's state; from the second on every step leaves the same
     assert after[1][0] > 0

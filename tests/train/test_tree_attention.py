@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.train.head_forward import supports_head_forward
 from areal_nb.train.logprobs import compute_token_logprobs_and_entropy
@@ -225,7 +226,7 @@ def test_models_without_the_attention_interface_use_the_dense_layout():
     # a sliding-window model still trains, packed densely
     rows, groups = rows_and_masks()
     batch = make_batch(sliding.eval(), rows)
-    stats = Actor(sliding, GRPOConfig()).train_step(batch, groups)
+    stats = Actor(sliding, GRPOConfig()).train_step(TrainBatch(**batch, group_ids=torch.as_tensor(groups)))
     assert stats["train_positions"] > count_unique_tokens(batch["input_ids"], batch["attention_mask"])
 
 

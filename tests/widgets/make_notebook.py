@@ -42,14 +42,14 @@ print("episodes", len(batch.episodes), [e.rejection_reason for e in batch.episod
 # trains on it, so the session's own step (and the dashboard) are unaffected.
 LOSS_CELL = """\
 import copy, dataclasses, torch
-from areal_nb.train import Actor
+from areal_nb.train import Actor, TrainBatch
 from areal_nb.widgets import show_loss
-t = batch.to_tensors()
+t = batch.to_tensors().tensors()
 t["rewards"] = torch.tensor([1.0, 0.0])
 t["logprobs"] = t["logprobs"] + 0.5 * t["loss_mask"]
 cfg = dataclasses.replace(session.actor.cfg, use_decoupled_loss=False, recompute_logprob=False, eps_clip=0.2)
 probe = Actor(copy.deepcopy(session.actor.model), cfg)
-probe.train_step(t, t["group_ids"], inspect=True)
+probe.train_step(TrainBatch(**t), inspect=True)
 print("clipped tokens", int(probe.last_inspection.clipped.sum()))
 loss_view = show_loss(probe.last_inspection, tokenizer=session.tokenizer)
 loss_view"""

@@ -55,7 +55,7 @@ def test_token_view_takes_the_batch_credit_and_discount_and_matches_its_tensors(
     view = build_token_view(batch, index=0)
     assert view.credit == "turn"
     assert [b.trained_on for b in view.rows[0].bands] == pytest.approx([0.5, 1.0])
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     row = {k: v[:1] for k, v in tensors.items() if k not in ("group_ids", "episode_ids")}
     from_tensors = build_token_view(row, tokenizer=tiny_tokenizer, credit="turn").rows[0]
     assert [c.trained_on for c in from_tensors.chips] == pytest.approx(
@@ -89,7 +89,7 @@ def test_reward_view_turn_advantages_equal_the_trainers(captured, tiny_tokenizer
     batch = two_turn_batch(captured, tiny_tokenizer)
     src = RewardSource.from_any(batch, 0)
     assert src.defaults["credit"] == "leaf"
-    tensors = batch.to_tensors()
+    tensors = batch.to_tensors().tensors()
     for credit_norm in ("turn", "episode"):
         state = reward_state(src, 0.9, "tree", "concat", credit="turn", credit_norm=credit_norm)
         adv = compute_advantages(tensors, GRPOConfig(credit="turn", credit_norm=credit_norm))["advantages"]

@@ -3,7 +3,9 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from areal_nb.api.train_batch import TrainBatch
 from areal_nb.train import Actor, GRPOConfig
 from areal_nb.widgets import build_loss_view, show_loss
 from areal_nb.widgets.render import loss_view_html
@@ -26,12 +28,12 @@ def inspected():
     plain = Actor(make_tiny_qwen2(), GRPOConfig(recompute_logprob=False, eps_clip=0.2))
     batch = batch_for(plain.model)
     batch["logprobs"] = batch["logprobs"] + 0.5 * batch["loss_mask"]
-    plain.train_step(batch, [0, 0, 0, 0], inspect=True)
+    plain.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])), inspect=True)
 
     decoupled = Actor(make_tiny_qwen2(), GRPOConfig(use_decoupled_loss=True, behave_imp_weight_cap=5.0))
     batch = batch_for(decoupled.model)
     batch["logprobs"][0] = batch["logprobs"][0] - 3.0 * batch["loss_mask"][0]
-    decoupled.train_step(batch, [0, 0, 0, 0], inspect=True)
+    decoupled.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 0, 0])), inspect=True)
     return SimpleNamespace(clipped=plain.last_inspection, capped=decoupled.last_inspection)
 
 
@@ -131,7 +133,7 @@ def test_a_group_whose_advantages_are_all_zero_is_marked_and_a_row_at_its_groups
     batch = make_batch(actor.model, rewards=(1.0, 1.0, 0.0, 0.5))
     batch = {k: torch.cat([v, v[2:3]]) for k, v in batch.items()}
     batch["rewards"][4] = 1.0
-    actor.train_step(batch, [0, 0, 1, 1, 1], inspect=True)
+    actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor([0, 0, 1, 1, 1])), inspect=True)
     ins = actor.last_inspection
     assert ins.groups.tolist() == [0, 0, 1, 1, 1]
     model = build_loss_view(ins, tiny_tokenizer)
