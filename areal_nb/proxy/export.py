@@ -3,7 +3,7 @@
 Two results from the same calls:
 
 - `session_calls`: every completed call of the session with the rewards as the agent set them
-  (unset: None). The Session trains on these: its `RolloutBatch` alone discounts the rewards,
+  (unset: None; `raw_reward` holds the same value, unset: 0.0). The Session trains on these: its `RolloutBatch` alone discounts the rewards,
   assigns credit and picks the export style, so a reward is discounted exactly once.
 - `discounted_calls`: what `/export_trajectories` documents for external consumers (AReaL's
   export): the same calls with the rewards discounted back through the turns (the cache's
@@ -26,9 +26,14 @@ __all__ = ["discounted_calls", "session_calls"]
 
 
 def session_calls(session: SessionData) -> dict[str, InteractionWithTokenLogpReward]:
-    """The session's completed calls, parents before children, rewards untouched."""
+    """The session's completed calls, parents before children, rewards untouched; each call's
+    `raw_reward` holds the agent's reward (unset: the 0.0 a discount counts), as
+    `/export_trajectories` records it."""
     cache = session.cache
-    return cache.export_interactions("individual") if len(cache) else {}
+    calls = cache.export_interactions("individual") if len(cache) else {}
+    for call in calls.values():
+        call.raw_reward = call.reward if call.reward is not None else 0.0
+    return calls
 
 
 def discounted_calls(

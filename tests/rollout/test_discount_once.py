@@ -81,6 +81,7 @@ def test_the_session_workflow_exports_raw_rewards_and_the_batch_discounts_them_o
     interactions, batch = session_batch(tiny_tokenizer)
     # the export the Session trains on: the rewards as the agent set them, not yet discounted
     assert [it.reward for it in interactions.values()] == [1.0, 2.0, 3.0]
+    assert [it.raw_reward for it in interactions.values()] == [1.0, 2.0, 3.0]
     torch.testing.assert_close(batch.to_tensors().rewards, EXPECTED)
 
 
