@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 ZERO_SIGNAL = "zero_signal_groups"
 TRUNCATED = "truncated_share"
 REPLY_LEN = "reply_len_mean"
-SIGNAL_COLUMNS = (ZERO_SIGNAL, TRUNCATED, REPLY_LEN)
 
 MOSTLY = 0.5  # "most groups" / "many replies": a share above this
 

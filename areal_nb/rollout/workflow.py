@@ -76,7 +76,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("inline", "subproc")
-SUBPROC_ENV_KEYS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
 # How long a subproc pool's worker processes may take to start (off the agent_timeout clock)
 WORKER_START_TIMEOUT_S = 300.0
 

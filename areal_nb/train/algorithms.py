@@ -35,23 +35,11 @@ from torch import Tensor
 from areal_nb.errors import ConfigError, InvalidArgumentError
 
 from .config import (
-    AdvEstimator,
     Algorithm,
-    ImportanceLevel,
-    LossAggregation,
-    MismatchCorrection,
-    MismatchLevel,
-    PolicyLoss,
 )
 
-# The choices, as `GRPOConfig`'s `Literal` types name them (checked there, when a config is made).
+# The algorithms, as `GRPOConfig`'s `Literal` type names them (checked there, when a config is made).
 ALGORITHMS = get_args(Algorithm)
-ADV_ESTIMATORS = get_args(AdvEstimator)
-LOSS_AGGREGATIONS = get_args(LossAggregation)
-IMPORTANCE_LEVELS = get_args(ImportanceLevel)
-POLICY_LOSSES = get_args(PolicyLoss)
-MISMATCH_CORRECTIONS = (None, *get_args(MismatchCorrection))
-MISMATCH_LEVELS = get_args(MismatchLevel)
 
 _GRPO = {
     "adv_estimator": "grpo",
@@ -91,16 +79,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "reinforce_pp": {**_GRPO, "adv_estimator": "reinforce_pp"},
 }
 PRESET_KNOBS = tuple(_GRPO)
-
-PAPERS = {
-    "grpo": "Shao et al. 2024, DeepSeekMath (arXiv:2402.03300)",
-    "dr_grpo": "Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783)",
-    "dapo": "Yu et al. 2025, DAPO (arXiv:2503.14476)",
-    "gspo": "Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)",
-    "cispo": "MiniMax 2025, MiniMax-M1 (arXiv:2506.13585)",
-    "rloo": "Ahmadian et al. 2024, Back to Basics (arXiv:2402.14740)",
-    "reinforce_pp": "Hu 2025, REINFORCE++ (arXiv:2501.03262)",
-}
 
 
 def resolve_preset(cfg: Any) -> None:

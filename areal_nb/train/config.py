@@ -8,7 +8,7 @@ that tie knobs together run after (`__post_init__`, `algorithms.check_algorithm`
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
@@ -29,8 +29,6 @@ MismatchCorrection = Literal["tis", "mis"]
 MismatchLevel = Literal["token", "sequence"]
 RewardNorm = Literal["group", "batch"]
 KlEstimator = Literal["k1", "k2", "k3"]
-LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
-PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
 
 
 @dataclass(config=ConfigDict(extra="forbid"))

@@ -8,7 +8,6 @@ a hover title.
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 from .dashboard_model import Series
@@ -408,10 +407,6 @@ def batch_table_html(batch: Any, max_rows: int = 12) -> str:
         + "".join(rows[:max_rows])
         + "</table>"
     )
-
-
-def nan_to_none(v: float) -> float | None:
-    return None if v is None or math.isnan(v) else v
 
 
 # ----------------------------------------------------------------------------------- loss

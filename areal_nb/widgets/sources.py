@@ -8,7 +8,7 @@ this module imports nothing from the layers it reads (duck typing keeps widgets 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from areal_nb.errors import ArgumentTypeError
@@ -88,6 +88,3 @@ def snapshot_key(source: Any) -> tuple:
 def node_key(interaction: Any, index: int) -> str:
     """A stable display id; in-flight calls may not have an id yet."""
     return interaction.interaction_id or f"pending-{index}"
-
-
-SourceFn = Callable[[], Any]
