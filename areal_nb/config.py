@@ -634,7 +634,7 @@ def _quoted(path: str, raw: str) -> str:
     return shlex.quote(f'{path}="' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
 
 
-def apply_overrides(data: dict, overrides: Iterable[str] | dict[str, Any]) -> dict:
+def _apply_overrides(data: dict, overrides: Iterable[str] | dict[str, Any]) -> dict:
     """Apply overrides to a nested dict: `"a.b.c=value"` strings (values parsed as YAML
     scalars) or a `{"a.b.c": value}` mapping (values used as they are)."""
     data = to_dict(data)  # copies the containers, keeps objects such as an agent instance
@@ -678,7 +678,7 @@ def load_config(
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         where = str(path)
-    data = apply_overrides(data, overrides) if overrides else data
+    data = _apply_overrides(data, overrides) if overrides else data
     data = _without_retired_values(data)
     _refuse_bools_as_numbers(data, SessionConfig, "")
     try:

@@ -12,10 +12,10 @@ import json
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
+_DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
 
 
-def plot_curve(
+def _plot_curve(
     history,
     accuracy_before: float,
     accuracy_after: float,
@@ -66,7 +66,7 @@ def plot_curve(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="areal-nb demo", description=__doc__)
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--config", default=str(_DEFAULT_CONFIG))
     parser.add_argument("--out", default="runs/demo")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. total_steps=10 actor.lr=1e-4")
     args = parser.parse_args(argv)
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_curve(
+    _plot_curve(
         history,
         before,
         after,

@@ -20,7 +20,7 @@ from mcp.server.mcpserver.tools import Tool
 from areal_nb.data.tool_task import CALCULATOR_TOOL, calculator
 
 
-def calculator_tool() -> Tool:
+def _calculator_tool() -> Tool:
     """The calculator as an MCP tool: name, description and input schema of `CALCULATOR_TOOL`;
     its result is plain text (no structured copy beside it)."""
     spec = cast(dict[str, Any], CALCULATOR_TOOL["function"])
@@ -30,7 +30,7 @@ def calculator_tool() -> Tool:
     return tool.model_copy(update={"parameters": copy.deepcopy(spec["parameters"])})
 
 
-server = MCPServer("calculator", tools=[calculator_tool()])
+server = MCPServer("calculator", tools=[_calculator_tool()])
 
 if __name__ == "__main__":
     server.run()  # stdio

@@ -22,7 +22,7 @@ from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
 from .sdk_agent import SDKAgent, openai_client
 
-RETRY_PROMPT = "That is not right. Try again."
+_RETRY_PROMPT = "That is not right. Try again."
 
 
 def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ class ChatAgent(SDKAgent):
         self,
         reward_fn: RewardFn | str,
         max_turns: int = 1,
-        retry_prompt: str = RETRY_PROMPT,
+        retry_prompt: str = _RETRY_PROMPT,
         model: str = "default",
         temperature: float
         | None = None,  # None: the server's default (rollout.temperature; greedy in evaluate())

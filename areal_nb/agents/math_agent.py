@@ -16,7 +16,7 @@ from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 from .sdk_agent import SDKAgent, openai_client
 
-SCORE_MEMO_SIZE = 65536  # (reply, gold) pairs whose reward an agent keeps
+_SCORE_MEMO_SIZE = 65536  # (reply, gold) pairs whose reward an agent keeps
 
 
 class MultiTurnMathAgent(SDKAgent):
@@ -64,7 +64,7 @@ class MultiTurnMathAgent(SDKAgent):
             key = (reply, str(data["answer"]))
             if key not in self._scores:
                 reward = await self._reward_fn()(reply, data["answer"])
-                if len(self._scores) >= SCORE_MEMO_SIZE:
+                if len(self._scores) >= _SCORE_MEMO_SIZE:
                     del self._scores[next(iter(self._scores))]
                 self._scores[key] = reward
             return self._scores[key]

@@ -40,7 +40,7 @@ from .sdk_agent import openai_client
 logger = logging.getLogger(__name__)
 
 CALCULATOR_SERVER_MODULE = "areal_nb.agents.calculator_mcp_server"
-CLOSE_TIMEOUT_S = 30.0  # the SDK's own stop gives a server 2 s after its stdin closes, then kills it
+_CLOSE_TIMEOUT_S = 30.0  # the SDK's own stop gives a server 2 s after its stdin closes, then kills it
 
 
 def python_module_server(module: str, *, startup_timeout: float = 60.0) -> Any:
@@ -104,7 +104,7 @@ class SharedMCPServers:
         if held is not None:
             task, _, stop = held
             stop.set()
-            await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(task), _CLOSE_TIMEOUT_S)
         self.close()
 
     def close(self) -> None:
@@ -120,14 +120,14 @@ class SharedMCPServers:
             if loop.is_closed() or task.done():
                 continue  # (a loop's end cancelled its task, which stopped the servers)
             if loop.is_running():  # another thread's loop
-                asyncio.run_coroutine_threadsafe(_stop(task, stop), loop).result(CLOSE_TIMEOUT_S)
+                asyncio.run_coroutine_threadsafe(_stop(task, stop), loop).result(_CLOSE_TIMEOUT_S)
             else:
                 loop.run_until_complete(_stop(task, stop))
 
 
 async def _stop(task: asyncio.Task, stop: asyncio.Event) -> None:
     stop.set()
-    await asyncio.wait_for(task, CLOSE_TIMEOUT_S)
+    await asyncio.wait_for(task, _CLOSE_TIMEOUT_S)
 
 
 class MCPToolAgent:

@@ -24,7 +24,7 @@ from areal_nb.reward import AsyncRewardWrapper, math_reward
 
 from .sdk_agent import SDKAgent, openai_client
 
-CHECKER_PROMPT = (
+_CHECKER_PROMPT = (
     "Problem: {question}\n"
     "Proposed answer: {answer}\n"
     "Check the proposed answer: solve the problem yourself and give your final answer."
@@ -96,7 +96,7 @@ class SolverCheckerAgent(SDKAgent):
         solver_reward = await self._reward(answer, data["answer"])
 
         question = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-        prompt = CHECKER_PROMPT.format(question=question, answer=answer)
+        prompt = _CHECKER_PROMPT.format(question=question, answer=answer)
         checked = await self.chat(client, [{"role": "user", "content": prompt}], model=self.checker)
         verdict = checked.choices[0].message.content or ""
         return {

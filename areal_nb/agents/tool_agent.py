@@ -28,10 +28,10 @@ from areal_nb.reward import RewardFn, compute_reward, resolve_reward
 
 from .sdk_agent import SDKAgent, echo, openai_client
 
-DEFAULT_TOOLS: dict[str, tuple[dict, Callable[..., str]]] = {"calculator": (CALCULATOR_TOOL, calculator)}
+_DEFAULT_TOOLS: dict[str, tuple[dict, Callable[..., str]]] = {"calculator": (CALCULATOR_TOOL, calculator)}
 
 
-def tool_text(result: Any) -> str:
+def _tool_text(result: Any) -> str:
     """A tool's result as the text of its `tool` message: text as is, anything else as JSON."""
     if isinstance(result, str):
         return result
@@ -53,7 +53,7 @@ class ToolAgent(SDKAgent):
     ) -> None:
         super().__init__(max_turns, model, temperature, max_completion_tokens)
         self.reward_fn = resolve_reward(reward_fn)
-        self.tools = dict(DEFAULT_TOOLS if tools is None else tools)
+        self.tools = dict(_DEFAULT_TOOLS if tools is None else tools)
 
     def call_tool(self, name: str, arguments: str) -> str:
         """A sync tool's result as text (see the module doc); an async tool needs `acall_tool`."""
@@ -63,7 +63,7 @@ class ToolAgent(SDKAgent):
         if inspect.iscoroutinefunction(fn):
             raise ArgumentTypeError(f"tool {name!r} is async: use `await agent.acall_tool(name, arguments)`")
         try:
-            return tool_text(fn(**args))
+            return _tool_text(fn(**args))
         except Exception as e:  # the model's call went wrong: it is told so
             return f"error: {name} raised {type(e).__name__}: {e}"
 
@@ -76,7 +76,7 @@ class ToolAgent(SDKAgent):
             result = fn(**args) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, **args)
             if inspect.isawaitable(result):
                 result = await result
-            return tool_text(result)
+            return _tool_text(result)
         except Exception as e:
             return f"error: {name} raised {type(e).__name__}: {e}"
 

@@ -4,7 +4,7 @@ matcher that turns one into the set of tokens allowed at each step.
 An `OutputConstraint` is plain data (it travels in a `GenerationConfig` and in a recorded
 `SamplingMasks`). `TokenGrammar` runs it with llguidance over one tokenizer: the engine asks it
 for the allowed set before sampling each token, and the trainer replays the same constraint over
-the recorded output to rebuild every step's allowed set (`allowed_masks`), so nothing the size of
+the recorded output to rebuild every step's allowed set (`_allowed_masks`), so nothing the size of
 the vocabulary has to be stored per token.
 
 Why llguidance: it is a self-contained CPU wheel (no torch, CUDA or triton dependency, unlike
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
 
-ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tool_call", "any_tool_call"]
+_ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tool_call", "any_tool_call"]
 CONSTRAINT_KINDS: tuple[str, ...] = (
     "json_schema",
     "json_object",
@@ -50,7 +50,7 @@ _JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
 }
 # the Qwen/Hermes tool-call block that the capture layer's tool-call parser reads
-TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
+_TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 
 
 def _tag(text: str, tokenizer: Any) -> str:
@@ -75,7 +75,7 @@ class OutputConstraint:
       matching that function's schema.
     """
 
-    kind: ConstraintKind
+    kind: _ConstraintKind
     schema: dict[str, Any] | None = None
     pattern: str | None = None
     name: str | None = None
@@ -190,7 +190,7 @@ def _tool_call_grammar(functions: Mapping[str, dict[str, Any] | None], tokenizer
     write it: the open tag, `\\n{"name": "f", "arguments": {...}}\\n`, the close tag."""
     import llguidance
 
-    open_tag, close_tag = (_tag(t, tokenizer) for t in TOOL_CALL_TAGS)
+    open_tag, close_tag = (_tag(t, tokenizer) for t in _TOOL_CALL_TAGS)
     rules = []
     for i, (name, parameters) in enumerate(functions.items()):
         schema = dict(parameters or {"type": "object"})
@@ -243,7 +243,7 @@ class TokenGrammar:
         return bool(self._matcher.is_stopped())
 
 
-def allowed_masks(
+def _allowed_masks(
     constraint: OutputConstraint, tokens: list[int], tokenizer: Any, vocab_size: int
 ) -> torch.Tensor:
     """bool [len(tokens), vocab_size]: the grammar's allowed set before each of `tokens`, replayed."""
@@ -266,7 +266,7 @@ class SamplingMasks:
 
     Per token `i`: the allowed set is `kept[i]` (token ids: what top-k / top-p / `min_new_tokens`
     left, after the grammar) when it is not None, else the grammar's allowed set replayed from
-    `constraint` (`allowed_masks`), else the whole vocabulary. `logprobs[i]` is the token's
+    `constraint` (`_allowed_masks`), else the whole vocabulary. `logprobs[i]` is the token's
     log-prob under the distribution it was sampled from: `log_softmax(logits / T)` over the
     allowed set. (The response's `output_logprobs` keep the full-vocabulary value, which is what a
     trainer recomputes without replay.)
@@ -284,7 +284,7 @@ class SamplingMasks:
         import torch
 
         if self.constraint is not None:
-            masks = allowed_masks(self.constraint, tokens, tokenizer, vocab_size)
+            masks = _allowed_masks(self.constraint, tokens, tokenizer, vocab_size)
         else:
             masks = torch.ones(len(tokens), vocab_size, dtype=torch.bool)
         for i, kept in enumerate(self.kept):

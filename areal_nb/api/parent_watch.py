@@ -12,7 +12,7 @@ How the death is seen: the parent sentinel multiprocessing gives every process i
 (`multiprocessing.parent_process().sentinel`): on POSIX the read end of a pipe whose write end
 only the parent holds, on Windows the parent's process handle. It is ready the moment the parent
 *process* ends, whichever of its threads started the worker. As a second sign, `os.getppid()`
-changing (the worker was handed to init or a subreaper) is checked every `POLL_S`: a child the
+changing (the worker was handed to init or a subreaper) is checked every `_POLL_S`: a child the
 parent forked without `exec` would hold a copy of the pipe's write end and keep the sentinel
 quiet. Linux's `prctl(PR_SET_PDEATHSIG)` is not used: it fires when the *thread* that started the
 worker ends, not the process, and areal_nb's pools are started from whichever thread first
@@ -28,8 +28,8 @@ import multiprocessing.connection
 import os
 import threading
 
-POLL_S = 1.0  # how often the parent's pid is checked (the sentinel wakes the watch at once)
-EXIT_CODE = 70  # a worker ended because its parent died (EX_SOFTWARE: distinct from a crash's signal)
+_POLL_S = 1.0  # how often the parent's pid is checked (the sentinel wakes the watch at once)
+_EXIT_CODE = 70  # a worker ended because its parent died (EX_SOFTWARE: distinct from a crash's signal)
 
 _watching = False
 _lock = threading.Lock()
@@ -55,7 +55,7 @@ def watch_parent() -> None:
 
 
 def _exit_when_gone(sentinel: int, parent_pid: int) -> None:
-    while not multiprocessing.connection.wait([sentinel], timeout=POLL_S):
+    while not multiprocessing.connection.wait([sentinel], timeout=_POLL_S):
         if os.getppid() != parent_pid:
             break
-    os._exit(EXIT_CODE)
+    os._exit(_EXIT_CODE)

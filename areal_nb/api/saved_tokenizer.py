@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-PLAIN_BACKENDS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+_PLAIN_BACKENDS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def declares_plain_backend(folder: str | os.PathLike) -> bool:
+def _declares_plain_backend(folder: str | os.PathLike) -> bool:
     """True when `folder` holds a tokenizer.json and its tokenizer_config.json names a plain backend."""
     config = Path(folder).expanduser() / "tokenizer_config.json"
     if not (config.is_file() and (config.parent / "tokenizer.json").is_file()):
@@ -29,13 +29,13 @@ def declares_plain_backend(folder: str | os.PathLike) -> bool:
         declared = json.loads(config.read_text()).get("tokenizer_class")
     except (OSError, ValueError):
         return False
-    return declared in PLAIN_BACKENDS
+    return declared in _PLAIN_BACKENDS
 
 
 def load_saved_tokenizer(name_or_path: str | os.PathLike) -> Any:
     """The tokenizer of a folder (as saved, see the module docstring) or a Hugging Face id."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    if declares_plain_backend(name_or_path):
+    if _declares_plain_backend(name_or_path):
         return PreTrainedTokenizerFast.from_pretrained(str(name_or_path))
     return AutoTokenizer.from_pretrained(str(name_or_path))

@@ -96,7 +96,7 @@ def check_not_aborted(resp: ModelResponse, settings: CompletionSettings) -> None
         )
 
 
-def check_engine_response(resp: ModelResponse, prompt: list[int]) -> None:
+def _check_engine_response(resp: ModelResponse, prompt: list[int]) -> None:
     n = len(resp.output_tokens)
     if len(resp.output_logprobs) != n or len(resp.output_versions) != n:
         raise EngineServerError(
@@ -201,7 +201,7 @@ async def generate_recorded(
         cache.insert(interaction_id, interaction, resolve_parent=False)
     try:
         response = await engine.agenerate(request)
-        check_engine_response(response, request.input_ids)
+        _check_engine_response(response, request.input_ids)
         check_not_aborted(response, settings)
     except BaseException:
         if cache is not None:

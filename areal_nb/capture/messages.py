@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from areal_nb.errors import CompletionRequestError, MessageTypeError  # noqa: F401 (re-exported)
 
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 # What `copy.deepcopy` returns unchanged (immutable): skipping its dispatch for every string of
@@ -63,13 +63,13 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def is_prefix(prefix: list[dict[str, Any]], full: list[dict[str, Any]]) -> bool:
-    """Whether `full` starts with the messages of `prefix` (equal, or `same_message`)."""
+    """Whether `full` starts with the messages of `prefix` (equal, or `_same_message`)."""
     return len(prefix) <= len(full) and all(
-        a == b or same_message(a, b) for a, b in zip(prefix, full, strict=False)
+        a == b or _same_message(a, b) for a, b in zip(prefix, full, strict=False)
     )
 
 
-def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two messages say the same thing, however the client spelled them.
 
     SDKs and agent frameworks echo an assistant message back in their own shape: the OpenAI
@@ -130,9 +130,9 @@ def check_chat_messages(messages: list[dict[str, Any]]) -> None:
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = message.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in _CHAT_ROLES:
             raise CompletionRequestError(
-                f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r:.80}"
+                f"{where}.role must be one of {sorted(_CHAT_ROLES)}, got {role!r:.80}"
             )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):

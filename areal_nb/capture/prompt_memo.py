@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-MAX_ENTRIES = 512  # a step's distinct prompts (16-128) with room for the eval twin's
+_MAX_ENTRIES = 512  # a step's distinct prompts (16-128) with room for the eval twin's
 MAX_KEY_BYTES = 8 * 1024
 _SCALARS = (str, int, bool, type(None))
 
@@ -37,7 +37,7 @@ class PromptMemo:
     """Recent {input: prompt ids} of one tokenizer; thread-safe (renders run on several loops and
     in worker threads)."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int = _MAX_ENTRIES) -> None:
         self.max_entries = max_entries
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()

@@ -159,7 +159,7 @@ def _previous_conversation(cache: InteractionCache | None, previous_response_id:
     ]  # copies: nothing shared with the earlier call
 
 
-def count_reasoning_tokens(tokenizer: Any, text: str) -> int:
+def _count_reasoning_tokens(tokenizer: Any, text: str) -> int:
     start = text.find(THINK_OPEN)
     if start < 0:
         return 0
@@ -251,7 +251,7 @@ async def create_response(
         max_output_tokens=max_output_tokens,
         temperature=temperature,
         top_p=top_p,
-        usage=_response_usage(model_response, count_reasoning_tokens(tokenizer, text)),
+        usage=_response_usage(model_response, _count_reasoning_tokens(tokenizer, text)),
     )
     interaction.response = response
     interaction.output_message_list = response_items_to_messages(

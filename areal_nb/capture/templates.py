@@ -82,7 +82,7 @@ def _render_prompt_ids(
     return [int(t) for t in ids]
 
 
-def parent_prefix_tokens(parent: InteractionWithTokenLogpReward, eos_token_id: int) -> list[int]:
+def _parent_prefix_tokens(parent: InteractionWithTokenLogpReward, eos_token_id: int) -> list[int]:
     """The parent's tokens as a child's prompt starts: trailing EOS/pad stripped, one EOS added."""
     mr = parent.model_response
     if mr is None:
@@ -105,7 +105,7 @@ def concat_prompt_token_ids_with_parent(
         raise InvalidArgumentError("concat chat template mode needs a tokenizer with an eos_token_id")
     if parent.output_message_list is None:
         raise IncompleteInteractionError(f"Parent interaction {parent.interaction_id} has no output yet.")
-    parent_tokens = parent_prefix_tokens(parent, eos)
+    parent_tokens = _parent_prefix_tokens(parent, eos)
     all_messages = parent.messages + parent.output_message_list + list(message_list)
     all_tokens = render_prompt_ids(tokenizer, all_messages, tools, chat_template_kwargs)
     n_eos = parent_tokens.count(eos)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 # What right padding holds: no attention, no turn, no policy version; everything else gets the
 # caller's pad value (0 by default).
-PAD_FILL: dict[str, bool | int] = {"attention_mask": False, "turn_ids": -1, "versions": -1}
+_PAD_FILL: dict[str, bool | int] = {"attention_mask": False, "turn_ids": -1, "versions": -1}
 
 
 def stack_token_rows(
@@ -28,7 +28,7 @@ def stack_token_rows(
     width = max(len(r) for r in rows)
 
     def padded(key: str, values: list[list], dtype: torch.dtype) -> torch.Tensor:
-        fill = PAD_FILL.get(key, 0)
+        fill = _PAD_FILL.get(key, 0)
         return torch.tensor([v + [fill] * (width - len(v)) for v in values], dtype=dtype)
 
     return {
@@ -92,7 +92,7 @@ def concat_padded_tensors(
             raise TrainBatchError(
                 f"{key!r}: expected [1, L] tensors, got shapes {[tuple(t.shape) for t in tensors]}"
             )
-        fill = PAD_FILL.get(key, pad_value)
+        fill = _PAD_FILL.get(key, pad_value)
         padded = torch.full((len(tensors), max_len), fill, dtype=tensors[0].dtype)
         for i, t in enumerate(tensors):
             padded[i, : t.shape[1]] = t[0]

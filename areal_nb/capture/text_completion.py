@@ -43,8 +43,8 @@ from .request_limits import check_max_tokens, check_prompt_tokens, context_token
 from .settings import CompletionSettings, TokenBudget, resolve_token_budget, sampling_config
 from .tokens import check_text_fits, check_token_ids, decode_ids, encode_text
 
-MAX_GENERATIONS = 64  # len(prompts) × n in one call; each is a full generation and a row
-PROMPT_ROLE = "prompt"  # the recorded `messages` of a text completion: [{"role": "prompt", ...}]
+_MAX_GENERATIONS = 64  # len(prompts) × n in one call; each is a full generation and a row
+_PROMPT_ROLE = "prompt"  # the recorded `messages` of a text completion: [{"role": "prompt", ...}]
 
 
 def _prompts(prompt: Any, tokenizer: Any) -> list[str | list[int]]:
@@ -92,7 +92,7 @@ def _check_flag(name: str, value: Any) -> bool:
     return value
 
 
-def history_text(interaction: InteractionWithTokenLogpReward) -> str:
+def _history_text(interaction: InteractionWithTokenLogpReward) -> str:
     """What a text completion's agent saw: its prompt and then the text it got back."""
     prompt = interaction.messages[0]["content"] if interaction.messages else ""
     reply = (interaction.output_message_list or [{}])[0].get("content") or ""
@@ -110,7 +110,7 @@ def find_text_parent(
     for candidate in cache.snapshot():
         if not candidate.is_complete or not candidate.is_text_completion or candidate.agent != agent:
             continue
-        history = history_text(candidate)
+        history = _history_text(candidate)
         if prompt_text.startswith(history) and len(history) > best_len:
             best, best_len = candidate, len(history)
     if best is None or not concat:
@@ -160,10 +160,10 @@ async def create_text_completion(
     # before anything is generated, which a batch of prompts needs all of before the first sample.
     prompts = _prompts(prompt, tokenizer)
     n_choices = check_choices(n)
-    if len(prompts) * n_choices > MAX_GENERATIONS:
+    if len(prompts) * n_choices > _MAX_GENERATIONS:
         raise CompletionRequestError(
             f"{len(prompts)} prompts × n={n_choices} are {len(prompts) * n_choices} generations, more "
-            f"than {MAX_GENERATIONS} in one call; make several calls instead"
+            f"than {_MAX_GENERATIONS} in one call; make several calls instead"
         )
     with_logprobs = _check_logprobs(logprobs)
     with_echo = _check_flag("echo", echo)
@@ -194,7 +194,7 @@ async def create_text_completion(
         )
         gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
         interaction = InteractionWithTokenLogpReward(
-            messages=[{"role": PROMPT_ROLE, "content": text}],
+            messages=[{"role": _PROMPT_ROLE, "content": text}],
             parent=find_text_parent(record, text, ids, agent, settings.chat_template_type == "concat"),
             chat_template_type=settings.chat_template_type,
             input_data=prompt,

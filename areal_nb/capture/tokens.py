@@ -16,10 +16,10 @@ from .request_limits import max_chars_per_token
 
 # Text up to this many characters is encoded on the event loop, longer text in a worker thread
 # (the same bound, and the same reason, as chat rendering's INLINE_RENDER_CHARS).
-INLINE_ENCODE_CHARS = 2 * 1024
+_INLINE_ENCODE_CHARS = 2 * 1024
 
 
-def vocabulary_size(tokenizer: Any) -> int:
+def _vocabulary_size(tokenizer: Any) -> int:
     """How many ids the tokenizer knows: its vocabulary plus added tokens."""
     return len(tokenizer)
 
@@ -28,7 +28,7 @@ def check_token_ids(ids: Any, tokenizer: Any, where: str) -> list[int]:
     """`ids` as a list of ints, each an id of the tokenizer's vocabulary; a clear 400 otherwise."""
     if not isinstance(ids, list):
         raise CompletionRequestError(f"{where} must be a list of token ids, got {type(ids).__name__}")
-    size = vocabulary_size(tokenizer)
+    size = _vocabulary_size(tokenizer)
     for i, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, int):
             raise CompletionRequestError(f"{where}[{i}] must be an integer token id, got {token!r:.40}")
@@ -65,7 +65,7 @@ async def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True
     def encode() -> list[int]:
         return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
-    return await asyncio.to_thread(encode) if len(text) > INLINE_ENCODE_CHARS else encode()
+    return await asyncio.to_thread(encode) if len(text) > _INLINE_ENCODE_CHARS else encode()
 
 
 def decode_ids(tokenizer: Any, ids: list[int]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from areal_nb.errors import InvalidArgumentError
 
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SUPPORTED_TOOL_CALL_PARSERS = ("qwen", "qwen25", "qwen3", "hermes")
 SUPPORTED_REASONING_PARSERS = ("qwen3", "deepseek-r1", "none")
@@ -28,7 +28,7 @@ class ParsedToolCall:
     arguments: str  # JSON text, as in the OpenAI API
 
 
-def split_reasoning(text: str, reasoning_parser: str = "qwen3") -> tuple[str, str]:
+def _split_reasoning(text: str, reasoning_parser: str = "qwen3") -> tuple[str, str]:
     """(reasoning part incl. tags, content part); without a closing tag all is reasoning."""
     if reasoning_parser == "none":
         return "", text
@@ -58,11 +58,11 @@ def parse_tool_calls(
         raise InvalidArgumentError(
             f"unknown reasoning_parser {reasoning_parser!r}; supported: {SUPPORTED_REASONING_PARSERS}"
         )
-    reasoning, content = split_reasoning(text, reasoning_parser)
+    reasoning, content = _split_reasoning(text, reasoning_parser)
     if reasoning and THINK_CLOSE not in reasoning:  # unfinished thinking: no content to scan
         return [], text
     calls: list[ParsedToolCall] = []
-    for block in TOOL_CALL_RE.findall(content):
+    for block in _TOOL_CALL_RE.findall(content):
         try:
             obj = json.loads(block)
         except json.JSONDecodeError:
@@ -74,7 +74,7 @@ def parse_tool_calls(
         calls.append(ParsedToolCall(id=_new_call_id(), name=obj["name"], arguments=arguments))
     if not calls:
         return [], text
-    remaining = TOOL_CALL_RE.sub("", content).rstrip()
+    remaining = _TOOL_CALL_RE.sub("", content).rstrip()
     # keep the separator the model wrote after </think>; without reasoning, trim both ends
     return calls, reasoning + remaining if reasoning else remaining.lstrip()
 

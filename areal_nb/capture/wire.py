@@ -9,7 +9,7 @@ from areal_nb.errors import ExportError
 
 from .interaction import InteractionWithTokenLogpReward, TokenRow
 
-WIRE_VERSION = 1
+_WIRE_VERSION = 1
 _ROW_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids")
 
 
@@ -23,7 +23,7 @@ def _stop_ids(mr: ModelResponse) -> list[int]:
 def interaction_to_wire(it: InteractionWithTokenLogpReward) -> dict[str, Any]:
     mr = it.model_response
     data: dict[str, Any] = {
-        "wire_version": WIRE_VERSION,
+        "wire_version": _WIRE_VERSION,
         "interaction_id": it.interaction_id,
         "parent_id": it.parent_id,
         "reward": it.reward,
@@ -63,7 +63,7 @@ def interaction_from_wire(
 ) -> InteractionWithTokenLogpReward:
     from openai.types.responses import Response
 
-    if data.get("wire_version") != WIRE_VERSION:
+    if data.get("wire_version") != _WIRE_VERSION:
         raise ExportError(f"unsupported interaction wire version {data.get('wire_version')!r}")
     mr_data = data.get("model_response")
     mr = ModelResponse(**mr_data) if mr_data is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: areal-nb <command> [options]
+_USAGE = """usage: areal-nb <command> [options]
 
 commands:
   demo     train the multi-turn math agent on the built-in tiny model (the main job)
@@ -28,7 +28,7 @@ commands:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(_USAGE)
         return 0
     command, rest = argv[0], argv[1:]
     if command == "demo":
@@ -59,5 +59,5 @@ def main(argv: list[str] | None = None) -> int:
         from areal_nb.cli.build_models import main as build_models_main
 
         return build_models_main(rest) or 0
-    print(f"areal-nb: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    print(f"areal-nb: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
     return 2

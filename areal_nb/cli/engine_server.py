@@ -47,12 +47,12 @@ if TYPE_CHECKING:
 # (1, 0.5, 0.2, 0.1 ms) measured no steadier win on the 2-core development machine (0.1 ms split
 # bursts into more prefills: the engine thread grabbed the GIL between arrivals), so the default
 # stays Python's; the flag is there to measure it on other machines.
-DEFAULT_SWITCH_INTERVAL = 0.005
+_DEFAULT_SWITCH_INTERVAL = 0.005
 
 
 # SGLang's `--dtype` names (its "auto" casts float32 checkpoints to float16 on GPUs; here "auto"
 # keeps the saved dtype: float16 matmuls are slow on CPUs, where this server mostly runs)
-SERVING_DTYPES = {
+_SERVING_DTYPES = {
     "auto": None,
     "half": "float16",
     "float16": "float16",
@@ -67,7 +67,7 @@ def serving_dtype(name: str, model_path: str) -> torch.dtype:
     id) in; "auto" reads the dtype its config was saved with."""
     import torch
 
-    chosen = SERVING_DTYPES[name]
+    chosen = _SERVING_DTYPES[name]
     if chosen is not None:
         return getattr(torch, chosen)
     from transformers import AutoConfig
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=sorted(SERVING_DTYPES),
+        choices=sorted(_SERVING_DTYPES),
         help="the dtype the model is served in (SGLang's names; auto: the checkpoint's saved dtype, "
         "float32 when it names none)",
     )
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--switch-interval",
         type=float,
-        default=DEFAULT_SWITCH_INTERVAL,
+        default=_DEFAULT_SWITCH_INTERVAL,
         help="this process's sys.setswitchinterval, in seconds (default: %(default)s; "
         "Python's own is 0.005): how long the engine thread or the HTTP thread may "
         "wait for the other to hand over the GIL",
@@ -211,7 +211,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def api_key_of(args: argparse.Namespace) -> str | None:
+def _api_key_of(args: argparse.Namespace) -> str | None:
     """--api-key, else the contents of --api-key-file, else $AREAL_NB_API_KEY, else None."""
     if args.api_key and args.api_key_file:
         raise InvalidArgumentError("give --api-key or --api-key-file, not both")
@@ -229,7 +229,7 @@ def api_key_of(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        api_key = api_key_of(args)
+        api_key = _api_key_of(args)
     except ValueError as exc:
         print(f"areal-nb engine-server: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from areal_nb.errors import DatasetError, DatasetUnavailableError, InvalidArgume
 from .problems import make_problem, split_of
 from .rows import jsonl_objects
 
-HUB_NAMES = ("openai/gsm8k", "gsm8k")
+_HUB_NAMES = ("openai/gsm8k", "gsm8k")
 
 
 def load_gsm8k(path_or_name: str, split: str = "train") -> list[dict]:
@@ -25,11 +25,11 @@ def load_gsm8k(path_or_name: str, split: str = "train") -> list[dict]:
             raise FileNotFoundError(f"no {split}.jsonl in GSM8K folder {path_or_name!r}")
     if path.is_file():
         return _load_jsonl(path)
-    if path_or_name in HUB_NAMES:
+    if path_or_name in _HUB_NAMES:
         return _load_from_hub(split)
     raise FileNotFoundError(
         f"{path_or_name!r} is neither a local JSONL file, a folder with {split}.jsonl, "
-        f"nor one of the hub names {HUB_NAMES}"
+        f"nor one of the hub names {_HUB_NAMES}"
     )
 
 

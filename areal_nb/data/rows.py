@@ -30,12 +30,12 @@ from areal_nb.errors import (
     InvalidArgumentError,
 )
 
-ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
+_ROW_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def is_row_file(source: Any) -> bool:
-    return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in ROW_FILE_SUFFIXES
+    return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in _ROW_FILE_SUFFIXES
 
 
 def is_row_factory(source: Any) -> bool:
@@ -43,7 +43,7 @@ def is_row_factory(source: Any) -> bool:
     return isinstance(source, str) and bool(_FACTORY_RE.match(source))
 
 
-def call_row_factory(source: str, *, name: str = "dataset") -> Any:
+def _call_row_factory(source: str, *, name: str = "dataset") -> Any:
     """What the "package.module:function" `source` returns when called with no arguments."""
     module_name, attr = source.split(":")
     try:
@@ -60,7 +60,7 @@ def call_row_factory(source: str, *, name: str = "dataset") -> Any:
 def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
     """The rows of `source` (see the module doc) as a new list; `name` is used in errors."""
     if is_row_factory(source):
-        return load_rows(call_row_factory(source, name=name), name=name)
+        return load_rows(_call_row_factory(source, name=name), name=name)
     if isinstance(source, (str, os.PathLike)):
         return read_row_file(source, name=name)
     module = type(source).__module__.split(".")[0]
@@ -84,7 +84,7 @@ def load_rows(source: Any, *, name: str = "dataset") -> list[dict]:
         return list(source)
     raise DatasetError(
         f"{name} must be a list of dicts, a pandas DataFrame, a datasets.Dataset or a "
-        f"path to a {'/'.join(ROW_FILE_SUFFIXES)} file; got {type(source).__name__}"
+        f"path to a {'/'.join(_ROW_FILE_SUFFIXES)} file; got {type(source).__name__}"
     )
 
 
@@ -108,7 +108,7 @@ def read_row_file(path: str | os.PathLike, *, name: str = "dataset") -> list[dic
         return table_records(pd.read_parquet(path))
     if suffix in (".csv", ".tsv"):  # pandas reads the types ("5" is the number 5); empty cells are None
         return table_records(pd.read_csv(path, sep="," if suffix == ".csv" else "\t"))
-    raise DatasetError(f"{name}: {str(path)!r} is not a {'/'.join(ROW_FILE_SUFFIXES)} file")
+    raise DatasetError(f"{name}: {str(path)!r} is not a {'/'.join(_ROW_FILE_SUFFIXES)} file")
 
 
 def _read_jsonl(path: Path) -> list[dict]:

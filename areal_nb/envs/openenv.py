@@ -56,7 +56,7 @@ def observation_text(observation: Mapping[str, Any]) -> str:
     return json.dumps(dict(observation), sort_keys=True, default=str)
 
 
-def jsonable_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _jsonable_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row as reset data: the keys whose values JSON can carry (the server keeps those its
     `reset()` accepts)."""
     out = {}
@@ -283,7 +283,7 @@ class OpenEnvAgent(SDKAgent):
         client = openai_client(**extra_kwargs)
         rewards: dict[str, float] = {}
         async with ws:
-            result = await self._call(ws, url, {"type": "reset", "data": jsonable_row(data)})
+            result = await self._call(ws, url, {"type": "reset", "data": _jsonable_row(data)})
             messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             messages.append({"role": "user", "content": self.observation_fn(result.get("observation") or {})})
             for _ in range(self.max_turns):

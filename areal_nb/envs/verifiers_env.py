@@ -54,9 +54,9 @@ from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .errors import EnvironmentServerError
 
-KEY_VARIABLE_PREFIX = "AREAL_NB_VERIFIERS_KEY_"
+_KEY_VARIABLE_PREFIX = "AREAL_NB_VERIFIERS_KEY_"
 # the proxy's doors that answer a call without recording it when the body says `store: false`
-UNRECORDED_PATHS = frozenset({"/chat/completions", "/responses", "/v1/messages"})
+_UNRECORDED_PATHS = frozenset({"/chat/completions", "/responses", "/v1/messages"})
 
 
 def _verifiers():
@@ -134,7 +134,7 @@ class VerifiersAgent:
         task = self.task(data)
         # verifiers reads the endpoint's key from an environment variable by name: one name per
         # episode, so concurrent episodes each reach the proxy with their own session key.
-        variable = KEY_VARIABLE_PREFIX + uuid.uuid4().hex
+        variable = _KEY_VARIABLE_PREFIX + uuid.uuid4().hex
         os.environ[variable] = api_key
         try:
             client = vf.EvalClientConfig(base_url=base_url, api_key_var=variable)
@@ -255,7 +255,7 @@ def _episode_reward(episode: Any, model: str) -> float | AgentRewards:
 
 def _reaches_proxy(client: Any) -> bool:
     """Whether a seat's client is the run's: the proxy, with an episode's key."""
-    return client is not None and client.api_key_var.startswith(KEY_VARIABLE_PREFIX)
+    return client is not None and client.api_key_var.startswith(_KEY_VARIABLE_PREFIX)
 
 
 def _check_untrainable_unrecorded(episode: Any) -> None:
@@ -273,12 +273,12 @@ def _check_untrainable_unrecorded(episode: Any) -> None:
                 "training: it was marked untrainable after Env.setup(); set `trainable = False` "
                 "in the environment's setup()"
             )
-        recorded = sorted({call.endpoint for call in trace.calls if call.endpoint not in UNRECORDED_PATHS})
+        recorded = sorted({call.endpoint for call in trace.calls if call.endpoint not in _UNRECORDED_PATHS})
         if recorded:
             raise EnvironmentServerError(
                 f"the verifiers seat {seat!r} is not trainable but its harness called "
                 f"{', '.join(recorded)}, where the proxy may record its calls for training; give "
-                f"that seat a harness that calls one of {sorted(UNRECORDED_PATHS)}, or a client of its own"
+                f"that seat a harness that calls one of {sorted(_UNRECORDED_PATHS)}, or a client of its own"
             )
 
 

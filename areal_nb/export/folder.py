@@ -35,7 +35,7 @@ from .provenance import git_description, package_version, requirements
 if TYPE_CHECKING:
     from areal_nb.session import Session
 
-TEMPLATES = Path(__file__).parent / "templates"
+_TEMPLATES = Path(__file__).parent / "templates"
 # what an export writes (besides copies of the user's modules); the rest of a folder is not its own
 EXPORT_ENTRIES = frozenset(
     {
@@ -212,7 +212,7 @@ def _save_checkpoint(
 
 
 def _render(name: str, values: dict[str, Any]) -> str:
-    text = (TEMPLATES / name).read_text()
+    text = (_TEMPLATES / name).read_text()
     for key, value in values.items():
         text = text.replace(f"@{key}@", str(value))
     return "\n".join(line for line in text.split("\n") if line != "<drop>")
@@ -220,7 +220,7 @@ def _render(name: str, values: dict[str, Any]) -> str:
 
 def _write_launchers(folder: Path, cfg: SessionConfig) -> None:
     cluster = cfg.cluster
-    (folder / "train.py").write_text((TEMPLATES / "train.py").read_text())
+    (folder / "train.py").write_text((_TEMPLATES / "train.py").read_text())
     local = folder / "launch_local.sh"
     local.write_text(_render("launch_local.sh", {"NPROC": cluster.nproc_per_node}))
     sbatch = folder / "job.sbatch"

@@ -15,7 +15,7 @@ from .plain import ExportError, is_data_or_code, is_plain_data
 logger = logging.getLogger(__name__)
 
 
-def constructor_kwargs(instance: Any) -> dict[str, Any]:
+def _constructor_kwargs(instance: Any) -> dict[str, Any]:
     """An agent instance → the kwargs that rebuild it: every `__init__` parameter must be kept
     as an attribute of the same name, holding plain data or code (a function or class, or
     dicts/lists/tuples of those)."""
@@ -42,12 +42,12 @@ def constructor_kwargs(instance: Any) -> dict[str, Any]:
 
 
 def rebuild_kwargs(instance: Any) -> dict[str, Any]:
-    """The kwargs that rebuild `instance` (`constructor_kwargs`), checked by rebuilding it here:
+    """The kwargs that rebuild `instance` (`_constructor_kwargs`), checked by rebuilding it here:
     the copy must hold the same data. An argument a subclass passes on through `**kwargs`
     (`Sub(bonus=1, max_turns=2)`) is found that way and added; one that still differs (set after
     the agent was made, or stored changed) fails, naming it, instead of being lost."""
     cls = type(instance)
-    kwargs = constructor_kwargs(instance)
+    kwargs = _constructor_kwargs(instance)
     differ = _differences(instance, cls, kwargs)
     takes_more = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
     # what a constructor in the class's bases takes is configuration; other attributes are state

@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 # What every exported run imports, besides the agent's own modules.
-CORE = ("areal_nb", "torch", "transformers", "tokenizers", "openai", "httpx", "pyyaml", "cloudpickle")
+_CORE = ("areal_nb", "torch", "transformers", "tokenizers", "openai", "httpx", "pyyaml", "cloudpickle")
 
 
 def package_version(name: str) -> str:
@@ -43,7 +43,7 @@ def requirements(workflow: str, agent_modules: set[str]) -> str:
     modules the agent imports (stdlib and unknown modules are left out)."""
     providers = metadata.packages_distributions()
     modules = set(agent_modules) | {workflow.split(".")[0]}
-    names = list(CORE)
+    names = list(_CORE)
     for module in sorted(modules):
         if module in sys.stdlib_module_names:
             continue

@@ -31,11 +31,11 @@ def recipe_hash(recipe: dict[str, Any], source_files: list[Path]) -> str:
     h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     for path in source_files:
         h.update(path.name.encode())
-        h.update(source_fingerprint(path))
+        h.update(_source_fingerprint(path))
     return h.hexdigest()[:16]
 
 
-def source_fingerprint(path: Path) -> bytes:
+def _source_fingerprint(path: Path) -> bytes:
     """What of a source file can change a build: a Python file's syntax tree without docstrings
     (comments, docstrings and layout do not count; nor does a string standing alone as a statement
     anywhere, such as an attribute's docstring under a config field), written out the same way on

@@ -27,15 +27,15 @@ from areal_nb.errors import MissingPackageError, ModelFileError
 
 from .cache import cache_root, cached_build, recipe_hash
 
-GGUF_MAGIC = b"GGUF"
-GGUF_SUFFIX = ".gguf"
-BUILD_INFO = "build_info.json"
+_GGUF_MAGIC = b"GGUF"
+_GGUF_SUFFIX = ".gguf"
+_BUILD_INFO = "build_info.json"
 _hashes: dict[tuple[str, int, int], str] = {}
 
 
 def is_gguf_path(name_or_path: str) -> bool:
     """Whether `model.path` names a GGUF file (by its suffix: a hub id never ends in .gguf)."""
-    return str(name_or_path).lower().endswith(GGUF_SUFFIX)
+    return str(name_or_path).lower().endswith(_GGUF_SUFFIX)
 
 
 def gguf_model_dir(path: str | Path) -> Path:
@@ -48,7 +48,7 @@ def gguf_model_dir(path: str | Path) -> Path:
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    return cached_build(final, lambda tmp: convert_gguf(file, tmp))
+    return cached_build(final, lambda tmp: _convert_gguf(file, tmp))
 
 
 def _checked_file(file: Path) -> Path:
@@ -58,9 +58,9 @@ def _checked_file(file: Path) -> Path:
         raise ModelFileError(f"model.path {str(file)!r} ends in .gguf but is not a file")
     with open(file, "rb") as f:
         magic = f.read(4)
-    if magic != GGUF_MAGIC:
+    if magic != _GGUF_MAGIC:
         raise ModelFileError(
-            f"model.path {str(file)!r} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})"
+            f"model.path {str(file)!r} is not a GGUF file (it starts with {magic!r}, not {_GGUF_MAGIC!r})"
         )
     return file.resolve()
 
@@ -105,7 +105,7 @@ def supported_architectures() -> list[str]:
     return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
 
 
-def convert_gguf(file: Path, out_dir: Path) -> None:
+def _convert_gguf(file: Path, out_dir: Path) -> None:
     """Dequantize `file` into a float32 model and save it with its tokenizer as a plain folder."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,7 +139,7 @@ def convert_gguf(file: Path, out_dir: Path) -> None:
         "parameters": sum(p.numel() for p in model.parameters()),
         "convert_seconds": round(time.perf_counter() - start, 1),
     }
-    (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=1))
+    (out_dir / _BUILD_INFO).write_text(json.dumps(info, indent=1))
 
 
 def _dequantized() -> dict:

@@ -88,11 +88,11 @@ logger.addFilter(RepeatFilter())  # one traceback per kind of failure per 10 s, 
 
 T = TypeVar("T")
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
 # A route of `app.state.direct_routes`: `await route(path, body, headers)` answers a request the
-# way the app would, or returns None when only the full ASGI stack can (see `direct_route`).
-DirectRoute = Callable[[str, bytes, Mapping[str, str]], Awaitable["Response | None"]]
+# way the app would, or returns None when only the full ASGI stack can (see `_direct_route`).
+_DirectRoute = Callable[[str, bytes, Mapping[str, str]], Awaitable["Response | None"]]
 
 
 def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings | None = None) -> FastAPI:
@@ -116,11 +116,11 @@ def create_app(engine: InferenceEngine, tokenizer: Any, settings: ProxySettings 
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(router)
     app.state.direct_routes = {
-        f"{prefix}{path}": functools.partial(direct_route, schema, respond, app.state)
+        f"{prefix}{path}": functools.partial(_direct_route, schema, respond, app.state)
         for prefix in ("/v1", "")
         for path, schema, respond in (
-            ("/chat/completions", ChatCompletionRequest, chat_completion_response),
-            ("/completions", CompletionRequest, text_completion_response),
+            ("/chat/completions", ChatCompletionRequest, _chat_completion_response),
+            ("/completions", CompletionRequest, _text_completion_response),
         )
     }
     return app
@@ -151,30 +151,30 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 # ---------------------------------------------------------------------- auth dependencies
 # async on purpose: FastAPI runs plain-def dependencies in a thread pool (two thread hops per
 # call), and these never block.
-def bearer_token(request: Request) -> str | None:
+def _bearer_token(request: Request) -> str | None:
     """The key from `Authorization: Bearer <t>` or, for the Anthropic SDK, `x-api-key`."""
     return bearer_token_of(request.headers)
 
 
 async def admin(request: Request) -> None:
-    request.app.state.proxy.check_admin(bearer_token(request))
+    request.app.state.proxy.check_admin(_bearer_token(request))
 
 
 async def session_key(request: Request) -> SessionData:
-    return request.app.state.proxy.session_for_key(bearer_token(request))
+    return request.app.state.proxy.session_for_key(_bearer_token(request))
 
 
-KeyedSession = Annotated[SessionData, Depends(session_key)]  # the session the caller's key names
+_KeyedSession = Annotated[SessionData, Depends(session_key)]  # the session the caller's key names
 
 
-async def open_session(session: KeyedSession) -> SessionData:
-    return check_open(session)
+async def _open_session(session: _KeyedSession) -> SessionData:
+    return _check_open(session)
 
 
-OpenSession = Annotated[SessionData, Depends(open_session)]  # ... that has not ended (409 otherwise)
+_OpenSession = Annotated[SessionData, Depends(_open_session)]  # ... that has not ended (409 otherwise)
 
 
-def check_open(session: SessionData) -> SessionData:
+def _check_open(session: SessionData) -> SessionData:
     if session.ended:
         raise ProxyError(
             409,
@@ -202,7 +202,7 @@ async def generate(call: Awaitable[T], request: Request | None = None) -> T:
         raise ProxyError(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed") from exc
 
 
-def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
+def _capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
     return {
         "engine": state.engine,
         "tokenizer": state.tokenizer,
@@ -211,7 +211,7 @@ def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
     }
 
 
-def extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
+def _extra_body_of(body: ChatCompletionRequest | ResponsesRequest) -> dict[str, Any] | None:
     """The server-specific options: a literal `extra_body` object, `chat_template_kwargs`, and the
     regex / choice / JSON options of vLLM and SGLang, which the OpenAI SDK's `extra_body=` puts at
     the top level of the body."""
@@ -335,13 +335,13 @@ def _export_json(session: SessionData, body: ExportTrajectoriesRequest) -> bytes
 
 # ---------------------------------------------------------------------- session endpoints
 @router.post("/rl/end_session")
-async def end_session(request: Request, session: KeyedSession) -> dict[str, Any]:
+async def end_session(request: Request, session: _KeyedSession) -> dict[str, Any]:
     count = request.app.state.proxy.end_session(session)
     return {"message": "success", "session_id": session.session_id, "interaction_count": count}
 
 
 @router.post("/rl/set_reward")
-async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str, Any]:
+async def set_reward(body: SetRewardRequest, session: _KeyedSession) -> dict[str, Any]:
     cache = session.cache
     if body.agent is not None and body.interaction_id is not None:
         raise ProxyError(400, "set_reward takes interaction_id or agent, not both", "invalid_request")
@@ -362,8 +362,8 @@ async def set_reward(body: SetRewardRequest, session: KeyedSession) -> dict[str,
 
 
 # ---------------------------------------------------------------------- generation endpoints
-async def chat_completions(body: ChatCompletionRequest, request: Request, session: OpenSession) -> Response:
-    return await chat_completion_response(request.app.state, body, session, request)
+async def chat_completions(body: ChatCompletionRequest, request: Request, session: _OpenSession) -> Response:
+    return await _chat_completion_response(request.app.state, body, session, request)
 
 
 # The request fields the capture layer takes under the same names, per door.
@@ -386,13 +386,13 @@ def _fields(body: BaseModel, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(body, name) for name in names}
 
 
-async def chat_completion_response(
+async def _chat_completion_response(
     state: State, body: ChatCompletionRequest, session: SessionData, request: Request | None = None
 ) -> Response:
     check_chat_options(body)
     completion = await generate(
         create_chat_completion(
-            **capture_kwargs(state, session), **_fields(body, _CHAT_FIELDS), extra_body=extra_body_of(body)
+            **_capture_kwargs(state, session), **_fields(body, _CHAT_FIELDS), extra_body=_extra_body_of(body)
         ),
         request,
     )
@@ -406,29 +406,29 @@ def _openai_reply(completion: M, stream: bool | None, chunks: Callable[[M], Iter
     error is then a proper status code instead of a broken stream."""
     if stream:
         text = "".join(f"data: {chunk.model_dump_json()}\n\n" for chunk in chunks(completion))
-        return Response(text + "data: [DONE]\n\n", media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(text + "data: [DONE]\n\n", media_type="text/event-stream", headers=_SSE_HEADERS)
     return Response(completion.model_dump_json(), media_type="application/json")
 
 
-async def completions(body: CompletionRequest, request: Request, session: OpenSession) -> Response:
-    return await text_completion_response(request.app.state, body, session, request)
+async def completions(body: CompletionRequest, request: Request, session: _OpenSession) -> Response:
+    return await _text_completion_response(request.app.state, body, session, request)
 
 
-async def text_completion_response(
+async def _text_completion_response(
     state: State, body: CompletionRequest, session: SessionData, request: Request | None = None
 ) -> Response:
     check_completion_options(body)
     completion = await generate(
-        create_text_completion(**capture_kwargs(state, session), **_fields(body, _TEXT_FIELDS)), request
+        create_text_completion(**_capture_kwargs(state, session), **_fields(body, _TEXT_FIELDS)), request
     )
     return _openai_reply(completion, body.stream, text_completion_stream_chunks)
 
 
-async def responses(body: ResponsesRequest, request: Request, session: OpenSession) -> Response:
+async def responses(body: ResponsesRequest, request: Request, session: _OpenSession) -> Response:
     check_responses_options(body)
     response = await generate(
         create_response(
-            **capture_kwargs(request.app.state, session),
+            **_capture_kwargs(request.app.state, session),
             input=body.input,
             instructions=body.instructions,
             tools=body.tools,
@@ -443,7 +443,7 @@ async def responses(body: ResponsesRequest, request: Request, session: OpenSessi
             text=body.text,
             store=body.store,
             model=body.model,
-            extra_body=extra_body_of(body),
+            extra_body=_extra_body_of(body),
         ),
         request,
     )
@@ -451,7 +451,7 @@ async def responses(body: ResponsesRequest, request: Request, session: OpenSessi
         return Response(
             format_response_sse(response_stream_events(response)),
             media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            headers=_SSE_HEADERS,
         )
     return Response(response.model_dump_json(), media_type="application/json")
 
@@ -467,14 +467,14 @@ for _prefix in ("/v1", ""):  # SDKs differ in where `/v1` goes
 
 
 @router.post("/v1/messages")
-async def messages(body: MessagesRequest, request: Request, session: OpenSession) -> Response:
+async def messages(body: MessagesRequest, request: Request, session: _OpenSession) -> Response:
     try:
         chat_kwargs = anthropic_request_to_chat(body.model_dump(), session.tool_arguments)
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
     completion = await generate(
         create_chat_completion(
-            **capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model, store=body.store
+            **_capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model, store=body.store
         ),
         request,
     )
@@ -482,14 +482,14 @@ async def messages(body: MessagesRequest, request: Request, session: OpenSession
     message = chat_completion_to_anthropic(completion, model=body.model)
     if body.stream:
         return Response(
-            format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=SSE_HEADERS
+            format_sse(anthropic_stream_events(message)), media_type="text/event-stream", headers=_SSE_HEADERS
         )
     return JSONResponse(message)
 
 
 # ---------------------------------------------------------------------- counting (nothing generated or recorded)
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, request: Request, session: KeyedSession) -> dict[str, int]:
+async def count_tokens(body: CountTokensRequest, request: Request, session: _KeyedSession) -> dict[str, int]:
     """Anthropic's token count: the prompt `/v1/messages` would send the engine for this body
     now (same conversion and rendering, the session's concat parent included)."""
     try:
@@ -497,7 +497,7 @@ async def count_tokens(body: CountTokensRequest, request: Request, session: Keye
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
     prompt = await generate(
-        chat_prompt_ids(**capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
+        chat_prompt_ids(**_capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
         request,
     )
     return {"input_tokens": len(prompt)}
@@ -505,7 +505,7 @@ async def count_tokens(body: CountTokensRequest, request: Request, session: Keye
 
 @router.post("/tokenize", response_model=None)
 async def tokenize(
-    body: TokenizeRequest, request: Request, session: KeyedSession
+    body: TokenizeRequest, request: Request, session: _KeyedSession
 ) -> dict[str, Any] | JSONResponse:
     """vLLM's `/tokenize`: a `prompt` as `/v1/completions` encodes it, or `messages` as
     `/v1/chat/completions` renders them (tools, template variables, the concat parent)."""
@@ -543,7 +543,7 @@ async def tokenize(
         extra = {"chat_template_kwargs": body.chat_template_kwargs} if body.chat_template_kwargs else None
         ids = await generate(
             chat_prompt_ids(
-                **capture_kwargs(state, session),
+                **_capture_kwargs(state, session),
                 messages=body.messages,
                 tools=body.tools,
                 extra_body=extra,
@@ -561,14 +561,14 @@ async def tokenize(
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request, session: KeyedSession) -> dict[str, str]:
+async def detokenize(body: DetokenizeRequest, request: Request, session: _KeyedSession) -> dict[str, str]:
     """vLLM's `/detokenize`: the text of token ids, special tokens included."""
     tokenizer = request.app.state.tokenizer
     return {"prompt": decode_ids(tokenizer, check_token_ids(body.tokens, tokenizer, "tokens"))}
 
 
 # ---------------------------------------------------------------------- the direct lane
-async def direct_route(
+async def _direct_route(
     schema: type[ChatCompletionRequest] | type[CompletionRequest],
     respond: Callable[..., Awaitable[Response]],
     state: State,
@@ -584,7 +584,7 @@ async def direct_route(
     body — returns None before anything happened, and the caller sends the request through the
     full stack, which answers it: the lane never has to reproduce an error it did not raise
     itself. `create_app` binds `schema`, `respond` (the route's handler) and `state` (the app's),
-    giving a `DirectRoute`."""
+    giving a `_DirectRoute`."""
     content_type = headers.get("content-type")
     if content_type is not None and content_type.split(";", 1)[0].strip().lower() != "application/json":
         return None
@@ -595,7 +595,7 @@ async def direct_route(
     except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
         return None
     try:
-        return await respond(state, body, check_open(state.proxy.session_for_key(bearer_token_of(headers))))
+        return await respond(state, body, _check_open(state.proxy.session_for_key(bearer_token_of(headers))))
     except HTTPError as exc:
         return http_error_response(path, exc)
     except Exception:  # what Starlette's ServerErrorMiddleware answers (and logs) for a bug

@@ -15,28 +15,28 @@ from fastapi.responses import JSONResponse
 from areal_nb.errors import Dialect, HTTPError, ProxyError
 from areal_nb.serving.errors import error_json
 
-ANTHROPIC_PATHS = ("/v1/messages",)
+_ANTHROPIC_PATHS = ("/v1/messages",)
 
 
-def is_anthropic_path(path: str) -> bool:
-    return path.startswith(ANTHROPIC_PATHS)
+def _is_anthropic_path(path: str) -> bool:
+    return path.startswith(_ANTHROPIC_PATHS)
 
 
-RESPONSES_PATHS = ("/v1/responses", "/responses")
-COMPLETIONS_PATHS = frozenset({"/v1/completions", "/completions"})
+_RESPONSES_PATHS = ("/v1/responses", "/responses")
+_COMPLETIONS_PATHS = frozenset({"/v1/completions", "/completions"})
 
 
-def dialect_of(path: str) -> Dialect:
-    if is_anthropic_path(path):
+def _dialect_of(path: str) -> Dialect:
+    if _is_anthropic_path(path):
         return "anthropic"
-    if path.rstrip("/") in COMPLETIONS_PATHS:
+    if path.rstrip("/") in _COMPLETIONS_PATHS:
         return "completions"
-    return "responses" if path.startswith(RESPONSES_PATHS) else "openai"
+    return "responses" if path.startswith(_RESPONSES_PATHS) else "openai"
 
 
 def http_error_response(path: str, error: HTTPError) -> JSONResponse:
     """`error` answered in the dialect of the route at `path`."""
-    return error_json(error, dialect_of(path))
+    return error_json(error, _dialect_of(path))
 
 
 def error_response(path: str, status: int, message: str, code: str | None = None) -> JSONResponse:

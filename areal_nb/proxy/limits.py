@@ -36,7 +36,7 @@ THREAD_BYTES = 256 * 1024
 # A prompt character costs at most 12 body bytes (a surrogate pair escaped as \uXXXX\uXXXX);
 # the rest of a body (tools' schemas, metadata) gets the same again, and never less than 1 MiB.
 _BODY_BYTES_PER_PROMPT_CHAR = 24
-MIN_CONTEXT_BODY_BYTES = 1024 * 1024
+_MIN_CONTEXT_BODY_BYTES = 1024 * 1024
 
 
 def body_limit(configured: int, context: int | None, chars_per_token: int | None) -> int:
@@ -44,7 +44,7 @@ def body_limit(configured: int, context: int | None, chars_per_token: int | None
     if context is None or chars_per_token is None:
         return configured
     return min(
-        configured, max(MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token)
+        configured, max(_MIN_CONTEXT_BODY_BYTES, _BODY_BYTES_PER_PROMPT_CHAR * context * chars_per_token)
     )
 
 
@@ -55,7 +55,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def json_depth(body: bytes, at_least: int = 0) -> int:
+def _json_depth(body: bytes, at_least: int = 0) -> int:
     """Deepest bracket nesting of a JSON text (strings skipped; exact for valid JSON).
 
     Bodies with at most `at_least` brackets in all are not scanned: 0 is returned.
@@ -68,7 +68,7 @@ def json_depth(body: bytes, at_least: int = 0) -> int:
     return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
-def lone_surrogate_path(body: bytes) -> str | None:
+def _lone_surrogate_path(body: bytes) -> str | None:
     """Where the first lone surrogate in a JSON body is (`messages[0].content`), or None."""
     if not _SURROGATE_ESCAPE.search(body):
         return None  # raw UTF-8 cannot hold surrogates; only \uD8xx..\uDFxx escapes can
@@ -93,7 +93,7 @@ def lone_surrogate_path(body: bytes) -> str | None:
 
 def body_problem(body: bytes) -> tuple[str, str] | None:
     """(message, code) for a body no route should parse, or None."""
-    depth = json_depth(body, at_least=MAX_JSON_DEPTH)
+    depth = _json_depth(body, at_least=MAX_JSON_DEPTH)
     if depth > MAX_JSON_DEPTH:
         return (
             f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted",
@@ -107,7 +107,7 @@ def body_problem(body: bytes) -> tuple[str, str] | None:
             "JSON must be sent as UTF-8",
             "invalid_utf8",
         )
-    where = lone_surrogate_path(body)
+    where = _lone_surrogate_path(body)
     if where is not None:
         return (
             f"invalid text in {where}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character; "

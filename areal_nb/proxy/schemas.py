@@ -15,8 +15,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from areal_nb.api import DiscountMode, ExportStyle
 
 # Larger than any model context; beyond this a token budget is a mistake, not a request.
-MAX_TOKENS_LIMIT = 2**31 - 1
-ToolChoiceMode = Literal["none", "auto", "required"]
+_MAX_TOKENS_LIMIT = 2**31 - 1
+_ToolChoiceMode = Literal["none", "auto", "required"]
 
 
 def _json_number(value: Any) -> Any:
@@ -30,7 +30,7 @@ def _json_number(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_json_number)]
 Count = Annotated[int, BeforeValidator(_json_number)]  # 4.0 is still 4; 4.5, true and "4" are not
-Flag = StrictBool
+_Flag = StrictBool
 
 
 class _Body(BaseModel):
@@ -73,17 +73,17 @@ class ExportTrajectoriesRequest(_Body):
 class ChatCompletionRequest(_Body):
     messages: list[dict[str, Any]] = Field(min_length=1)
     model: str | None = None
-    stream: Flag | None = None
+    stream: _Flag | None = None
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoiceMode | dict[str, Any] | None = None
+    tool_choice: _ToolChoiceMode | dict[str, Any] | None = None
     temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
     top_p: Number | None = Field(None, allow_inf_nan=False)
-    max_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_total_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: Count | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
+    max_completion_tokens: Count | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
+    max_total_tokens: Count | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
     stop: str | list[str] | None = None
-    store: Flag | None = None
+    store: _Flag | None = None
     n: Count | None = Field(None, ge=1)  # at most MAX_CHOICES (16): a 400 from the capture layer
     metadata: dict[str, Any] | None = None
     # accepted by the schema so that a non-zero value gets a 400 "not supported", not silence
@@ -94,8 +94,8 @@ class ChatCompletionRequest(_Body):
     # typed so a wrong type is a 422; `proxy/options.py` refuses the values the engine cannot honour
     seed: Count | None = None  # best effort in OpenAI's API too: accepted, not reproduced
     user: str | None = None
-    parallel_tool_calls: Flag | None = None
-    logprobs: Flag | None = None
+    parallel_tool_calls: _Flag | None = None
+    logprobs: _Flag | None = None
     top_logprobs: Count | None = Field(None, ge=0, le=20)
     best_of: Count | None = Field(None, ge=1)
     logit_bias: dict[str, Number] | None = None
@@ -111,16 +111,16 @@ class CompletionRequest(_Body):
 
     prompt: str | list[Any]
     model: str | None = None
-    stream: Flag | None = None
+    stream: _Flag | None = None
     stream_options: dict[str, Any] | None = None
-    max_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: Count | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
     temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
     top_p: Number | None = Field(None, allow_inf_nan=False)
     stop: str | list[str] | None = None
     logprobs: Count | None = Field(None, ge=0)  # only 0 is served: a 400 from the capture layer
-    echo: Flag | None = None
+    echo: _Flag | None = None
     n: Count | None = Field(None, ge=1)
-    store: Flag | None = None
+    store: _Flag | None = None
     seed: Count | None = None  # best effort in OpenAI's API too: accepted, not reproduced
     user: str | None = None
     frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
@@ -134,21 +134,21 @@ class CompletionRequest(_Body):
 class ResponsesRequest(_Body):
     input: str | list[dict[str, Any]]
     model: str | None = None
-    stream: Flag | None = None
+    stream: _Flag | None = None
     instructions: str | None = None
     previous_response_id: str | None = None  # a response of the same session
     conversation: str | dict[str, Any] | None = None  # declared to be refused clearly (400)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoiceMode | dict[str, Any] | None = None
+    tool_choice: _ToolChoiceMode | dict[str, Any] | None = None
     temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
     top_p: Number | None = Field(None, allow_inf_nan=False)
-    max_output_tokens: Count | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_output_tokens: Count | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     extra_body: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    store: Flag | None = None
-    parallel_tool_calls: Flag | None = None
+    store: _Flag | None = None
+    parallel_tool_calls: _Flag | None = None
     top_logprobs: Count | None = Field(None, ge=0, le=20)
     text: dict[str, Any] | None = None
 
@@ -158,9 +158,9 @@ class MessagesRequest(_Body):
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: Count = Field(ge=1, le=MAX_TOKENS_LIMIT)
+    max_tokens: Count = Field(ge=1, le=_MAX_TOKENS_LIMIT)
     system: str | list[dict[str, Any]] | None = None
-    stream: Flag | None = None
+    stream: _Flag | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     temperature: Number | None = Field(None, allow_inf_nan=False)  # range: GenerationConfig.check
@@ -169,7 +169,7 @@ class MessagesRequest(_Body):
     top_k: Count | None = None  # ≥ 1; honoured by the engine
     # not Anthropic's: OpenAI's flag, which harnesses relaying one sampling to every API send here
     # too (verifiers' untrainable seats): answered, not recorded
-    store: Flag | None = None
+    store: _Flag | None = None
 
 
 class CountTokensRequest(_Body):
@@ -189,12 +189,12 @@ class TokenizeRequest(_Body):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = Field(None, min_length=1)
     # vLLM's defaults: True for a prompt (a BOS where the tokenizer has one), False for messages
-    add_special_tokens: Flag | None = None
-    add_generation_prompt: Flag = True
-    continue_final_message: Flag = False  # declared to be refused clearly (400)
+    add_special_tokens: _Flag | None = None
+    add_generation_prompt: _Flag = True
+    continue_final_message: _Flag = False  # declared to be refused clearly (400)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: Flag = False
+    return_token_strs: _Flag = False
 
 
 class DetokenizeRequest(_Body):

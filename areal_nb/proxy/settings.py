@@ -10,7 +10,7 @@ from typing import Any
 from areal_nb.errors import InvalidArgumentError
 
 DEFAULT_ADMIN_API_KEY = "areal-admin-key"
-ALLOW_DEFAULT_KEY_ENV = "AREAL_ALLOW_DEFAULT_ADMIN_KEY"
+_ALLOW_DEFAULT_KEY_ENV = "AREAL_ALLOW_DEFAULT_ADMIN_KEY"
 DEFAULT_SESSION_TIMEOUT = 3600.0  # seconds without a call before a session is swept
 
 
@@ -59,10 +59,10 @@ def validate_admin_key(admin_api_key: str, host: str) -> None:
     """
     if admin_api_key != DEFAULT_ADMIN_API_KEY or is_loopback(host):
         return
-    if os.environ.get(ALLOW_DEFAULT_KEY_ENV) == "1":
+    if os.environ.get(_ALLOW_DEFAULT_KEY_ENV) == "1":
         return
     raise InvalidArgumentError(
         f"refusing to serve on non-loopback host {host!r} with the default admin key "
         f"{DEFAULT_ADMIN_API_KEY!r}: pass a secret admin key (--admin-key / "
-        f"ProxySettings(admin_api_key=...)) or set {ALLOW_DEFAULT_KEY_ENV}=1"
+        f"ProxySettings(admin_api_key=...)) or set {_ALLOW_DEFAULT_KEY_ENV}=1"
     )

@@ -34,7 +34,7 @@ RewardFn = Callable[[Mapping[str, Any], Any], "float | Awaitable[float]"]
 def resolve_reward(fn: RewardFn | str) -> RewardFn:
     """`fn` itself, or the function an import path (`pkg.mod.func` / `pkg.mod:func`) names."""
     if callable(fn):
-        check_reward_signature(fn)
+        _check_reward_signature(fn)
         return fn
     if not isinstance(fn, str) or not fn.strip():
         raise ArgumentTypeError(
@@ -50,11 +50,11 @@ def resolve_reward(fn: RewardFn | str) -> RewardFn:
         raise ImportError(f"reward {fn!r}: {e}") from e
     if not callable(target):
         raise ArgumentTypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
-    check_reward_signature(target)
+    _check_reward_signature(target)
     return target
 
 
-def check_reward_signature(fn: Callable[..., Any]) -> None:
+def _check_reward_signature(fn: Callable[..., Any]) -> None:
     """Raise TypeError now, not at the first episode, when `fn` cannot be called as `fn(row, completion)`
     (e.g. a TRL-style `fn(completions, **kwargs)` or AReaL's `fn(prompt, completions, ...)`)."""
     try:
@@ -78,7 +78,7 @@ async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) 
         value = await asyncio.to_thread(fn, row, completion)
         if inspect.isawaitable(value):
             value = await value
-    number = as_reward_number(value)
+    number = _as_reward_number(value)
     if number is None:
         raise RewardValueError(
             f"reward function {_name(fn)!r} returned {value!r:.200}; expected a finite number (or a bool)"
@@ -86,7 +86,7 @@ async def compute_reward(fn: RewardFn, row: Mapping[str, Any], completion: Any) 
     return number
 
 
-def as_reward_number(value: Any) -> float | None:
+def _as_reward_number(value: Any) -> float | None:
     """`value` as a finite float when it is a real number, a bool or a one-element array/tensor; else None."""
     if hasattr(value, "item") and getattr(value, "shape", None) in ((), (1,), [1]):  # NumPy / torch scalars
         value = value.item()

@@ -31,7 +31,7 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabledNotice())
 
 # How many digits after rounding must agree for floats (AReaL's `precision=6`).
-FLOAT_ROUNDING = 6
+_FLOAT_ROUNDING = 6
 _EXTRACTION = (ExprExtractionConfig(try_extract_without_anchor=True), LatexExtractionConfig())
 
 
@@ -70,7 +70,7 @@ def _score(result: str, gold_text: str) -> float:
         pred = _parse(result)
         if not pred:
             return 0.0
-        return 1.0 if verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None) else 0.0
+        return 1.0 if verify(gold, pred, float_rounding=_FLOAT_ROUNDING, timeout_seconds=None) else 0.0
     except Exception as exc:  # a reward must never take the rollout down
         logger.warning("math_verify failed on %r vs %r: %r; scoring 0.0", result, gold_text, exc)
         return 0.0

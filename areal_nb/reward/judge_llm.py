@@ -38,15 +38,15 @@ from typing import Any, Literal
 from areal_nb.api import GenerationConfig, InferenceEngine, ModelRequest
 from areal_nb.errors import InvalidArgumentError, JudgeError
 
-JudgeMode = Literal["pointwise", "group"]
-CACHE_SIZE = 4096  # judged trajectories remembered per judge
-SESSION_ENGINE = "initial"  # engine="initial": the Session binds a frozen copy of its initial policy
+_JudgeMode = Literal["pointwise", "group"]
+_CACHE_SIZE = 4096  # judged trajectories remembered per judge
+_SESSION_ENGINE = "initial"  # engine="initial": the Session binds a frozen copy of its initial policy
 
 POINTWISE_SYSTEM = (
     "You are a strict grader. Read the rubric, the task and the response, then grade the response "
     "against the rubric. End your answer with one line 'SCORE: <number from 0 to 1>'."
 )
-GROUP_SYSTEM = (
+_GROUP_SYSTEM = (
     "You are a strict grader. Read the rubric, the task and the numbered responses, then score every "
     "response against the rubric, relative to the others: better responses get higher scores. End your "
     "answer with one line per response, '[<number>]: <score from 0 to 1>'."
@@ -57,7 +57,7 @@ _NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*")
 _GROUP_LINE = re.compile(r"^\s*\[?(\d+)\]?\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.MULTILINE)
 
 
-def task_text(row: Mapping[str, Any] | str) -> str:
+def _task_text(row: Mapping[str, Any] | str) -> str:
     """What the judge is told the task was: the row's prompt, its chat messages, or the row as JSON."""
     if isinstance(row, str):
         return row
@@ -72,7 +72,7 @@ def task_text(row: Mapping[str, Any] | str) -> str:
     return json.dumps(dict(row), sort_keys=True, default=str)
 
 
-def completion_text(completion: Any) -> str:
+def _completion_text(completion: Any) -> str:
     """A reply as text: a string as is, a chat message list or a message dict as role-tagged lines."""
     if isinstance(completion, str):
         return completion
@@ -136,7 +136,7 @@ class Judge:
         self,
         rubric: str,
         *,
-        mode: JudgeMode = "pointwise",
+        mode: _JudgeMode = "pointwise",
         base_url: str | None = None,
         api_key: str | None = None,
         model: str = "default",
@@ -155,11 +155,11 @@ class Judge:
         if (base_url is None) == (engine is None):
             raise InvalidArgumentError(
                 "give the judge either base_url (an OpenAI-compatible endpoint) or engine "
-                f"(an inference engine with its tokenizer, or {SESSION_ENGINE!r} for the Session's own)"
+                f"(an inference engine with its tokenizer, or {_SESSION_ENGINE!r} for the Session's own)"
             )
-        if isinstance(engine, str) and engine != SESSION_ENGINE:
+        if isinstance(engine, str) and engine != _SESSION_ENGINE:
             raise InvalidArgumentError(
-                f"engine must be an inference engine or {SESSION_ENGINE!r}, got {engine!r}"
+                f"engine must be an inference engine or {_SESSION_ENGINE!r}, got {engine!r}"
             )
         if engine is not None and not isinstance(engine, str) and tokenizer is None:
             raise InvalidArgumentError("a judge on an engine needs the engine's tokenizer (tokenizer=...)")
@@ -182,14 +182,14 @@ class Judge:
         self.group_wait = group_wait
         self.parse = parse or parse_score
         self.calls = 0  # judge calls made (cache hits are not calls)
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # LRU, CACHE_SIZE entries
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # LRU, _CACHE_SIZE entries
         self._open: dict[str, _Gathering] = {}
         self._client: Any = None
 
     # ---------------------------------------------------------------- binding
     @property
     def needs_session_engine(self) -> bool:
-        return self.engine == SESSION_ENGINE
+        return self.engine == _SESSION_ENGINE
 
     def bind_engine(self, engine: InferenceEngine, tokenizer: Any) -> None:
         """Judge with `engine` from now on (the Session binds its frozen initial policy here)."""
@@ -200,7 +200,7 @@ class Judge:
         """One judge call, bounded by `timeout`: the reply's text."""
         if self.needs_session_engine:
             raise JudgeError(
-                f"this judge asks for the Session's engine ({SESSION_ENGINE!r}) but was not bound to "
+                f"this judge asks for the Session's engine ({_SESSION_ENGINE!r}) but was not bound to "
                 "one: use it inside a Session, or give it base_url or engine="
             )
         self.calls += 1
@@ -249,7 +249,7 @@ class Judge:
 
     async def score(self, row: Mapping[str, Any] | str, completion: Any) -> float:
         """One reply's score in [0, 1] (cached per rubric, task and reply)."""
-        task, reply = task_text(row), completion_text(completion)
+        task, reply = _task_text(row), _completion_text(completion)
         key = self._key("pointwise", task, reply)
         if key not in self._cache:
             answer = await self._ask(
@@ -267,8 +267,8 @@ class Judge:
 
     async def score_group(self, row: Mapping[str, Any] | str, completions: Sequence[Any]) -> list[float]:
         """Each reply's score in [0, 1], judged relative to the others in one call (cached per group)."""
-        task = task_text(row)
-        replies = [completion_text(c) for c in completions]
+        task = _task_text(row)
+        replies = [_completion_text(c) for c in completions]
         if not replies:
             return []
         key = self._key("group", task, replies)
@@ -276,7 +276,7 @@ class Judge:
             listing = "\n\n".join(f"[{i}]\n{reply}" for i, reply in enumerate(replies, 1))
             answer = await self._ask(
                 [
-                    {"role": "system", "content": GROUP_SYSTEM},
+                    {"role": "system", "content": _GROUP_SYSTEM},
                     {
                         "role": "user",
                         "content": f"Rubric:\n{self.rubric}\n\nTask:\n{task}\n\nResponses:\n\n{listing}",
@@ -305,7 +305,7 @@ class Judge:
 
     def _remember(self, key: str, value: Any) -> None:
         self._cache[key] = value
-        while len(self._cache) > CACHE_SIZE:
+        while len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
 
     async def __call__(self, row: Mapping[str, Any], completion: Any) -> float:
@@ -322,7 +322,7 @@ class Judge:
             gathering = self._open[key] = _Gathering(row)
             gathering.timer = loop.call_later(self.group_wait, self._close_group, key, gathering)
         future = loop.create_future()
-        gathering.completions.append(completion_text(completion))
+        gathering.completions.append(_completion_text(completion))
         gathering.futures.append(future)
         assert self.group_size is not None  # mode "group" checked it when the judge was made
         if len(gathering.futures) >= self.group_size:

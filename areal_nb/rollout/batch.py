@@ -86,7 +86,7 @@ class RolloutBatch:
     # Draws `show_tree` / `show_tokens` / `show_rewards`: `viewer(batch, name, i)`. The views live in
     # `areal_nb.widgets`, a layer above this one, so the batch is handed its viewer by whoever
     # builds it: the Session gives every batch `areal_nb.widgets.view_batch`.
-    viewer: BatchViewer | None = field(default=None, repr=False, compare=False)
+    viewer: _BatchViewer | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_export_style(self.style)
@@ -329,7 +329,7 @@ class RolloutBatch:
         """Reward propagation of episode `i` with its group's advantages and this batch's settings."""
         return self._view("rewards", i)
 
-    def _view(self, name: BatchViewName, i: int):
+    def _view(self, name: _BatchViewName, i: int):
         if self.viewer is None:
             raise CallOrderError(
                 f"batch.show_{name}() needs the widgets, and this batch was built without them (a Session's "
@@ -339,5 +339,5 @@ class RolloutBatch:
         return self.viewer(self, name, i)
 
 
-BatchViewName = Literal["tree", "tokens", "rewards"]
-BatchViewer = Callable[["RolloutBatch", BatchViewName, int], Any]
+_BatchViewName = Literal["tree", "tokens", "rewards"]
+_BatchViewer = Callable[["RolloutBatch", _BatchViewName, int], Any]

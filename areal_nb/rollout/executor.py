@@ -29,7 +29,7 @@ from .switch_interval import SwitchIntervalLease
 logger = logging.getLogger(__name__)
 
 
-def rejection_with_row(ep: Episode, describe_row: Callable[[dict], str | None]) -> str:
+def _rejection_with_row(ep: Episode, describe_row: Callable[[dict], str | None]) -> str:
     """`ep`'s rejection reason, prefixed with its row when `describe_row` can name it."""
     try:
         row = describe_row(ep.data)
@@ -191,7 +191,7 @@ class RolloutExecutor:
             if ep.rejection_reason != "cancelled":
                 self.staleness.on_finish(accepted)
                 if not accepted:
-                    reason = rejection_with_row(ep, self.describe_row)
+                    reason = _rejection_with_row(ep, self.describe_row)
                     self.rejection_reasons.append(reason)
                     logger.warning(
                         "episode rejected (group %d, sample %d): %s", ep.group_id, ep.sample_id, reason

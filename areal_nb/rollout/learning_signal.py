@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from .batch import RolloutBatch
 
 ZERO_SIGNAL = "zero_signal_groups"
-TRUNCATED = "truncated_share"
-REPLY_LEN = "reply_len_mean"
+_TRUNCATED = "truncated_share"
+_REPLY_LEN = "reply_len_mean"
 
-MOSTLY = 0.5  # "most groups" / "many replies": a share above this
+_MOSTLY = 0.5  # "most groups" / "many replies": a share above this
 
 
 def group_returns(batch: RolloutBatch) -> dict[tuple[int, str | None], list[float]]:
@@ -60,8 +60,8 @@ def signal_stats(batch: RolloutBatch) -> dict[str, float]:
     ]
     return {
         ZERO_SIGNAL: sum(not informative(g) for g in groups) / len(groups) if groups else math.nan,
-        TRUNCATED: sum(r.stop_reason == "length" for r in replies) / len(replies) if replies else math.nan,
-        REPLY_LEN: sum(r.output_len for r in replies) / len(replies) if replies else math.nan,
+        _TRUNCATED: sum(r.stop_reason == "length" for r in replies) / len(replies) if replies else math.nan,
+        _REPLY_LEN: sum(r.output_len for r in replies) / len(replies) if replies else math.nan,
     }
 
 
@@ -74,7 +74,7 @@ def _share(stats: Mapping[str, Any], column: str) -> float:
 
 def no_signal(stats: Mapping[str, Any]) -> bool:
     """Most groups of the step carried no signal (NaN, a missing column: no)."""
-    return _share(stats, ZERO_SIGNAL) > MOSTLY
+    return _share(stats, ZERO_SIGNAL) > _MOSTLY
 
 
 def no_signal_advice(stats: Mapping[str, Any]) -> str | None:
@@ -87,11 +87,11 @@ def no_signal_advice(stats: Mapping[str, Any]) -> str | None:
         "larger rollout.group_size, actor.dynamic_sampling=True (DAPO: such groups are dropped and "
         "refilled), or easier (or harder, if all succeed) prompts"
     )
-    truncated = _share(stats, TRUNCATED)
-    if truncated > MOSTLY:
+    truncated = _share(stats, _TRUNCATED)
+    if truncated > _MOSTLY:
         advice += (
             f"; {truncated:.0%} of the replies were cut at the token budget (mean length "
-            f"{_share(stats, REPLY_LEN):.1f} tokens): give them a larger rollout.max_new_tokens"
+            f"{_share(stats, _REPLY_LEN):.1f} tokens): give them a larger rollout.max_new_tokens"
         )
     return advice + "."
 
@@ -103,6 +103,6 @@ def progress_note(stats: Mapping[str, Any]) -> dict[str, str]:
     note = {
         "no_signal": f"{_share(stats, ZERO_SIGNAL):.0%} of groups: try a larger group_size or actor.dynamic_sampling"
     }
-    if _share(stats, TRUNCATED) > MOSTLY:
-        note["truncated"] = f"{_share(stats, TRUNCATED):.0%}: try a larger max_new_tokens"
+    if _share(stats, _TRUNCATED) > _MOSTLY:
+        note["truncated"] = f"{_share(stats, _TRUNCATED):.0%}: try a larger max_new_tokens"
     return note

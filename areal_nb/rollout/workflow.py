@@ -75,9 +75,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MODES = ("inline", "subproc")
+_MODES = ("inline", "subproc")
 # How long a subproc pool's worker processes may take to start (off the agent_timeout clock)
-WORKER_START_TIMEOUT_S = 300.0
+_WORKER_START_TIMEOUT_S = 300.0
 
 
 def _worker_started(barrier: Any) -> None:
@@ -89,7 +89,7 @@ def _worker_started(barrier: Any) -> None:
             importlib.import_module(sdk)
         except ImportError:
             pass
-    barrier.wait(WORKER_START_TIMEOUT_S)
+    barrier.wait(_WORKER_START_TIMEOUT_S)
 
 
 def _worker_ready() -> int:
@@ -208,8 +208,8 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         proxy_state: ProxyState | None = None,
         raw_calls: bool = False,
     ) -> None:
-        if mode not in MODES:
-            raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode not in _MODES:
+            raise InvalidArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
         if agent is None:
             raise InvalidArgumentError(
                 "OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)"
@@ -316,7 +316,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
             self._pool_ready = asyncio.gather(*jobs)
         try:
-            await asyncio.wait_for(asyncio.shield(self._pool_ready), WORKER_START_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(self._pool_ready), _WORKER_START_TIMEOUT_S)
         except (BrokenProcessPool, TimeoutError) as exc:
             if self._pool is pool:
                 self._kill_pool()

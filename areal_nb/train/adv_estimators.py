@@ -40,11 +40,11 @@ def estimate(score: Tensor, pools: Callable[[], Any], cfg: Any) -> Tensor:
     if estimator == "dr_grpo":
         return group_normalize(score, ids, level, None)
     if estimator == "rloo":
-        return leave_one_out(score, ids)
+        return _leave_one_out(score, ids)
     raise ConfigError(f"adv_estimator must be 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp', got {estimator!r}")
 
 
-def leave_one_out(score: Tensor, pool_ids: Any | None) -> Tensor:
+def _leave_one_out(score: Tensor, pool_ids: Any | None) -> Tensor:
     """r_i minus the mean of the other scores of its pool (None: the whole batch); 0 alone."""
     x = score.detach().double().flatten()
     n = x.numel()

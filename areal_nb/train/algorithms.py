@@ -1,7 +1,7 @@
 """The algorithms a researcher compares, as presets of the trainer's knobs.
 
 `actor.algorithm` names a preset; each preset is a set of values for the knobs marked "preset"
-in `GRPOConfig` (`PRESET_KNOBS`). A knob left at None takes its preset's value when the config is
+in `GRPOConfig` (`_PRESET_KNOBS`). A knob left at None takes its preset's value when the config is
 made; any explicit value wins. The variants themselves are pure functions beside this module:
 
 - advantages (`adv_estimators.py`): grpo, dr_grpo, rloo, reinforce_pp, on top of the credit and
@@ -51,7 +51,7 @@ _GRPO = {
     "eps_clip_higher": None,
 }
 
-# Each preset's knobs (the keys of every entry: PRESET_KNOBS) and where it comes from.
+# Each preset's knobs (the keys of every entry: _PRESET_KNOBS) and where it comes from.
 PRESETS: dict[str, dict[str, Any]] = {
     # GRPO (Shao et al. 2024, DeepSeekMath) as this trainer always ran it: token-level mean over
     # the minibatch, as AReaL does (the paper's own average is `loss_agg: seq_mean_token_mean`).
@@ -78,7 +78,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # REINFORCE++ (Hu 2025): no group baseline; returns normalised over the batch's tokens.
     "reinforce_pp": {**_GRPO, "adv_estimator": "reinforce_pp"},
 }
-PRESET_KNOBS = tuple(_GRPO)
+_PRESET_KNOBS = tuple(_GRPO)
 
 
 def resolve_preset(cfg: Any) -> None:
@@ -134,7 +134,7 @@ def configure(base: Any, algorithm: str | None = None, **overrides: Any) -> Any:
         raise ConfigError(f"unknown actor knob(s) {unknown}; GRPOConfig has {sorted(names)}")
     if algorithm == base.algorithm:
         return dataclasses.replace(base, **overrides)
-    reset = {knob: None for knob in PRESET_KNOBS}
+    reset = {knob: None for knob in _PRESET_KNOBS}
     return dataclasses.replace(base, **{**reset, "algorithm": algorithm, **overrides})
 
 

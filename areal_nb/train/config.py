@@ -18,8 +18,8 @@ from areal_nb.errors import ConfigError
 
 from .lora import LoraConfig
 
-LrSchedule = Literal["constant", "linear", "cosine"]
-ParallelMode = Literal["ddp", "fsdp"]
+_LrSchedule = Literal["constant", "linear", "cosine"]
+_ParallelMode = Literal["ddp", "fsdp"]
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"]
 AdvEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
@@ -27,8 +27,8 @@ ImportanceLevel = Literal["token", "sequence"]
 PolicyLoss = Literal["ppo", "cispo"]
 MismatchCorrection = Literal["tis", "mis"]
 MismatchLevel = Literal["token", "sequence"]
-RewardNorm = Literal["group", "batch"]
-KlEstimator = Literal["k1", "k2", "k3"]
+_RewardNorm = Literal["group", "batch"]
+_KlEstimator = Literal["k1", "k2", "k3"]
 
 
 @dataclass(config=ConfigDict(extra="forbid"))
@@ -48,7 +48,7 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     """Gradients are clipped to this total norm; <= 0: no clipping."""
     # learning-rate schedule over train steps (one train step = ppo_n_minibatches optimizer steps)
-    lr_schedule: LrSchedule = "constant"
+    lr_schedule: _LrSchedule = "constant"
     """"constant", "linear" or "cosine" (decay after the warm-up, over train steps)."""
     lr_warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Train steps of linear warm-up, from lr/(warmup+1) to lr."""
@@ -116,7 +116,7 @@ class GRPOConfig:
     """See `reward_scaling`."""
     reward_clip: Annotated[float, Field(gt=0)] = 20.0
     """See `reward_scaling`."""
-    reward_norm: RewardNorm | None = "group"
+    reward_norm: _RewardNorm | None = "group"
     """The pool the advantage's baseline is taken over: "group" (GRPO), "batch", or None (no baseline)."""
     adv_norm: Literal["batch"] | None = None
     """"batch": advantages normalised over the batch's generated tokens; None: not."""
@@ -133,7 +133,7 @@ class GRPOConfig:
     over whole episodes ("episode")."""
     kl_ctl: Annotated[float, Field(ge=0)] = 0.0
     """The weight of the KL-to-reference penalty folded into the token rewards; 0: no reference model."""
-    kl_estimator: KlEstimator = "k1"
+    kl_estimator: _KlEstimator = "k1"
     """The KL estimate: "k1", "k2" or "k3"."""
     # log-probabilities
     use_decoupled_loss: bool = False
@@ -169,7 +169,7 @@ class GRPOConfig:
     the nodes whose logits the loss reads (`head_forward.py`; Qwen2/Llama layouts, not under
     FSDP): every other node needs only its keys and values there. Same values; False runs the
     whole last layer (the A/B baseline of benchmarks/train_tokens.py)."""
-    parallel: ParallelMode = "ddp"
+    parallel: _ParallelMode = "ddp"
     """Under torchrun (WORLD_SIZE > 1): "ddp" keeps a full replica of the model and Adam state on
     every rank; "fsdp" shards them over the ranks (FSDP2 `fully_shard`, per decoder layer), for
     models whose weights + gradients + Adam state do not fit one GPU. Ignored in one process."""

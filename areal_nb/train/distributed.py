@@ -49,11 +49,11 @@ logger = logging.getLogger(__name__)
 # How long a rank waits in one collective. Ranks ≠ 0 wait while rank 0 rolls out and evaluates,
 # so this bounds the longest rank-0-only stretch; it is the backstop when rank 0 hangs (a rank 0
 # that fails sends an abort, and one that dies closes its sockets: both surface at once).
-DEFAULT_TIMEOUT_S = 1800.0
-TIMEOUT_ENV = "AREAL_NB_DIST_TIMEOUT_S"
+_DEFAULT_TIMEOUT_S = 1800.0
+_TIMEOUT_ENV = "AREAL_NB_DIST_TIMEOUT_S"
 
 
-def env_world_size() -> int:
+def _env_world_size() -> int:
     """WORLD_SIZE as torchrun sets it (1 outside torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -241,7 +241,7 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
     process has a GPU, else gloo) with a timeout (`AREAL_NB_DIST_TIMEOUT_S`, default 30 min),
     which lives until the process exits: a script may close one Session and start another.
     """
-    world_size = env_world_size()
+    world_size = _env_world_size()
     if world_size <= 1:
         return None
     missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
@@ -256,7 +256,7 @@ def init_from_env(timeout_s: float | None = None) -> DataParallel | None:
     if cuda:
         torch.cuda.set_device(device)  # "cuda" now means this rank's GPU (the model goes there)
     if not dist.is_initialized():
-        timeout = float(os.environ.get(TIMEOUT_ENV, timeout_s or DEFAULT_TIMEOUT_S))
+        timeout = float(os.environ.get(_TIMEOUT_ENV, timeout_s or _DEFAULT_TIMEOUT_S))
         dist.init_process_group(
             backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout)
         )

@@ -10,7 +10,7 @@ the same operations on the same inputs as the full forward's, so log-probs and g
 it up to float rounding (tests/train/test_tree_attention.py).
 
 It walks the decoder itself (embedding, rotary table, layers, final norm), so it runs only for
-the Llama-style models whose layers it knows (`HEAD_FORWARD_MODEL_TYPES`: pre-norm attention
+the Llama-style models whose layers it knows (`_HEAD_FORWARD_MODEL_TYPES`: pre-norm attention
 with q/k/v/o projections and rotary positions, then an MLP, no query/key norms) and not under FSDP;
 other models run the whole forward and read the heads' logits (`logits_to_keep`).
 """
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .tree_attention import TreePlan, tree_attention_forward
 
-HEAD_FORWARD_MODEL_TYPES = ("qwen2", "llama")
+_HEAD_FORWARD_MODEL_TYPES = ("qwen2", "llama")
 
 
 def supports_head_forward(model: torch.nn.Module) -> bool:
@@ -34,7 +34,7 @@ def supports_head_forward(model: torch.nn.Module) -> bool:
         return False
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
-    if getattr(config, "model_type", None) not in HEAD_FORWARD_MODEL_TYPES or inner is None:
+    if getattr(config, "model_type", None) not in _HEAD_FORWARD_MODEL_TYPES or inner is None:
         return False
     if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 # Per-token tensors in `row()` order; all [B, L].
-TOKEN_FIELDS = (
+_TOKEN_FIELDS = (
     "input_ids",
     "loss_mask",
     "turn_ids",
@@ -78,7 +78,7 @@ class LossInspection:
             "minibatch": int(self.minibatch[i]),
             "agent": None if self.agents is None else self.agents[i],
         }
-        for name in TOKEN_FIELDS:
+        for name in _TOKEN_FIELDS:
             value = getattr(self, name)
             out[name] = None if value is None else value[i, :length].tolist()
         return out

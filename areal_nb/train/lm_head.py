@@ -103,7 +103,7 @@ def _chunk_logprobs(
     logits = project(x) if project is not None else x
     scaled = logits.float() / temperature
     if allowed is not None:
-        scaled = scaled + masking_bias(allowed, scaled.shape)
+        scaled = scaled + _masking_bias(allowed, scaled.shape)
     log_probs = F.log_softmax(scaled, dim=-1)
     picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
@@ -116,7 +116,7 @@ def _chunk_logprobs(
         return picked, -terms.sum(-1)
 
 
-def masking_bias(allowed: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
+def _masking_bias(allowed: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
     """float32 `shape` = [n, V]: −inf outside the allowed set at the indexed rows, 0 elsewhere
     (an allowed set narrower than V, the engine's vocabulary, allows none of the extra ids)."""
     index, sets = allowed

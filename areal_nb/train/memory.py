@@ -17,7 +17,7 @@ of T tokens through L layers of hidden size h and MLP size i, vocabulary V):
   log-softmax and its exponential), for `logprob_chunk_size` tokens, or for all T unchunked.
 
 It is an estimate (attention kernels, allocator fragmentation and the engine's growth are not
-in it), so a config is refused only when it exceeds the free memory; `HEADROOM` is kept free.
+in it), so a config is refused only when it exceeds the free memory; `_HEADROOM` is kept free.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from areal_nb.errors import TrainMemoryError
 
-GIB = 1024**3
-HEADROOM = 0.9  # the fraction of free memory a step may plan to use
+_GIB = 1024**3
+_HEADROOM = 0.9  # the fraction of free memory a step may plan to use
 
 
 @dataclass
@@ -92,7 +92,7 @@ def estimate_train_memory(
 
 def check_fits(estimate: TrainMemoryEstimate, free_bytes: int) -> None:
     """Raise `TrainMemoryError` naming what to change when the estimate exceeds `free_bytes`."""
-    budget = int(free_bytes * HEADROOM)
+    budget = int(free_bytes * _HEADROOM)
     if estimate.optimizer > budget:
         raise TrainMemoryError(
             f"training needs ~{_gib(estimate.optimizer)} GiB for gradients and AdamW state, "
@@ -109,7 +109,7 @@ def check_fits(estimate: TrainMemoryEstimate, free_bytes: int) -> None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / GIB:.1f}"
+    return f"{n / _GIB:.1f}"
 
 
 def check_train_memory(model, cfg, compute_dtype, free_bytes: int, shards: int = 1) -> TrainMemoryEstimate:

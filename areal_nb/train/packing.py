@@ -41,7 +41,7 @@ from .lm_head import chunked_token_logprobs, split_head
 from .tree_attention import TreePlan, plan_tree_attention, tree_attention
 
 # Padding a batched forward may add to its real nodes (see `forward_groups`).
-PAD_SLACK = 0.125
+_PAD_SLACK = 0.125
 
 
 @dataclass
@@ -64,7 +64,7 @@ class PackedRows:
     def n_nodes(self) -> int:
         """Positions the model computes. Flat: the tries' nodes. Dense: each forward runs its
         sequences at the longest one's length, so this counts the few padding nodes that makes (at
-        most `PAD_SLACK` extra)."""
+        most `_PAD_SLACK` extra)."""
         if self.flat_nodes is not None:
             return len(self.flat_nodes)
         return sum(len(seqs) * self.lengths[seqs[0]] for seqs in self.forwards)
@@ -185,12 +185,12 @@ def _bins(members: dict[Any, list[int]], ids: list[list[int]], lengths: list[int
     return bins
 
 
-Trie = tuple[
+_Trie = tuple[
     list[int], list[int], list[int], list[list[int]]
 ]  # `build_trie`'s tokens, parents, depths, paths
 
 
-def _segments(tries: list[Trie], offsets: list[int]) -> list[tuple[list[int], int]]:
+def _segments(tries: list[_Trie], offsets: list[int]) -> list[tuple[list[int], int]]:
     """Each row's new nodes in its trie as (row path in flat node indices, index of the first new
     node): `build_trie` creates a row's new nodes after all earlier rows' nodes, as its path's tail."""
     segments = []
@@ -217,7 +217,7 @@ def _ancestor_mask(parents: Tensor, positions: Tensor) -> Tensor:
     return mask
 
 
-def forward_groups(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[list[int]]:
+def forward_groups(lengths: Sequence[int], slack: float = _PAD_SLACK) -> list[list[int]]:
     """Sequences (indices) to run as one batched forward each, longest first: a sequence joins the
     current forward while the padding to the longest one stays within `slack` of the real nodes.
 

@@ -27,26 +27,26 @@ from torch.utils.checkpoint import checkpoint
 
 from areal_nb.errors import InvalidArgumentError
 
-MASTER_DTYPE = torch.float32
+_MASTER_DTYPE = torch.float32
 
 
 def floating_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype of `model`'s floating-point parameters (float32 if it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), MASTER_DTYPE)
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), _MASTER_DTYPE)
 
 
 def to_master_weights(model: torch.nn.Module) -> None:
     """Keep `model`'s parameters and buffers in float32 (in place; a no-op for a float32 model)."""
     if any(
-        t.is_floating_point() and t.dtype != MASTER_DTYPE for t in [*model.parameters(), *model.buffers()]
+        t.is_floating_point() and t.dtype != _MASTER_DTYPE for t in [*model.parameters(), *model.buffers()]
     ):
-        model.to(MASTER_DTYPE)
+        model.to(_MASTER_DTYPE)
 
 
 @contextlib.contextmanager
 def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
     """Forwards inside compute in `dtype` (None or float32: as the weights are)."""
-    if dtype is None or dtype == MASTER_DTYPE:
+    if dtype is None or dtype == _MASTER_DTYPE:
         yield
         return
     with torch.autocast(device_type=device.type, dtype=dtype):

@@ -13,7 +13,7 @@ outputs equal the dense computation up to float rounding, gradients included (th
 sums each key's gradient over the chunks that read it).
 
 It plugs into Hugging Face models through their attention interface (`AttentionInterface`, the
-documented extension point): `tree_attention(model)` switches the model to `ATTENTION_NAME` for a
+documented extension point): `tree_attention(model)` switches the model to `_ATTENTION_NAME` for a
 forward that passes a `TreePlan` as the attention mask (`{"full_attention": plan}`: models take a
 prepared mask mapping as is) and as the `tree_plan` keyword, which the model hands down to its
 attention (a model that builds its own mask from the mapping, such as Llama's, passes None as the mask). Backward needs no switch (autograd kept the functions).
@@ -31,10 +31,10 @@ from torch import Tensor
 
 from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
-ATTENTION_NAME = "areal_nb_tree"
+_ATTENTION_NAME = "areal_nb_tree"
 CHUNK = 96  # queries per chunk: longer chunks pad more keys (a chunk's keys end at its last query)
-SLACK = 0.1  # padded work a batched call may add to the real (query, key) pairs of its chunks
-MIN_WORK = 16384  # pairs below which a call's overhead outweighs padding: chunks join regardless
+_SLACK = 0.1  # padded work a batched call may add to the real (query, key) pairs of its chunks
+_MIN_WORK = 16384  # pairs below which a call's overhead outweighs padding: chunks join regardless
 
 
 @dataclass
@@ -74,7 +74,7 @@ def plan_tree_attention(
     segments: Sequence[tuple[Sequence[int], int] | tuple[Sequence[int], int, int]],
     n_nodes: int,
     chunk: int = CHUNK,
-    slack: float = SLACK,
+    slack: float = _SLACK,
     queries: Sequence[int] | None = None,
 ) -> TreePlan:
     """The plan for `n_nodes` nodes from their segments: (path, start), where `path` lists the node
@@ -101,7 +101,7 @@ def plan_tree_attention(
         q, work = c[2] - c[1], (c[2] - c[1]) * c[2]
         for g, group in enumerate(groups):
             q_new = max(q_max[g], q)
-            if (len(group) + 1) * q_new * group[0][2] <= max((1 + slack) * (real[g] + work), MIN_WORK):
+            if (len(group) + 1) * q_new * group[0][2] <= max((1 + slack) * (real[g] + work), _MIN_WORK):
                 group.append(c)
                 real[g] += work
                 q_max[g] = q_new
@@ -169,15 +169,15 @@ def tree_attention_forward(
         attention_mask = kwargs.get("tree_plan")  # type: ignore[assignment]
     if not isinstance(attention_mask, TreePlan):
         raise ArgumentTypeError(
-            f"{ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}"
+            f"{_ATTENTION_NAME} attention needs a TreePlan mask, got {type(attention_mask).__name__}"
         )
     if kwargs.get("sliding_window") is not None:
-        raise InvalidArgumentError(f"{ATTENTION_NAME} attention has no sliding window")
+        raise InvalidArgumentError(f"{_ATTENTION_NAME} attention has no sliding window")
     if kwargs.get("softcap") is not None:
-        raise InvalidArgumentError(f"{ATTENTION_NAME} attention has no soft-capping")
+        raise InvalidArgumentError(f"{_ATTENTION_NAME} attention has no soft-capping")
     if dropout:
         raise InvalidArgumentError(
-            f"{ATTENTION_NAME} attention has no dropout (the actor trains in eval mode)"
+            f"{_ATTENTION_NAME} attention has no dropout (the actor trains in eval mode)"
         )
     plan = attention_mask
     # [T, H, D] views; one gather each, then every bucket's slots are views of it
@@ -222,10 +222,10 @@ def tree_attention(model: torch.nn.Module) -> Iterator[None]:
     """Run the forwards inside with `tree_attention_forward` (the previous implementation after)."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTENTION_NAME, tree_attention_forward)  # (idempotent)
+    AttentionInterface.register(_ATTENTION_NAME, tree_attention_forward)  # (idempotent)
     config = model.config
     previous = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
+    config._attn_implementation = _ATTENTION_NAME
     try:
         yield
     finally:

@@ -17,7 +17,7 @@ from areal_nb.errors import InvalidArgumentError
 
 from .token_model import VISIBLE_WHITESPACE
 
-ZERO = 1e-9  # |push| below this share of the row's largest counts as none
+_ZERO = 1e-9  # |push| below this share of the row's largest counts as none
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _visible(text: str) -> str:
 
 
 def _sign(weight: float, scale: float) -> int:
-    if abs(weight) <= ZERO * max(scale, 1e-30):
+    if abs(weight) <= _ZERO * max(scale, 1e-30):
         return 0
     return 1 if weight > 0 else -1
 

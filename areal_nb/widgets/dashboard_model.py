@@ -33,7 +33,7 @@ METRICS: tuple[tuple[str, str], ...] = (
 )
 
 # Per-agent reward columns of a multi-agent run (`reward_mean/solver`, ...).
-AGENT_REWARD_PREFIX = "reward_mean/"
+_AGENT_REWARD_PREFIX = "reward_mean/"
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _agent_columns(records: list[dict]) -> list[str]:
     seen: dict[str, None] = {}
     for r in records:
         for key in r:
-            if isinstance(key, str) and key.startswith(AGENT_REWARD_PREFIX):
+            if isinstance(key, str) and key.startswith(_AGENT_REWARD_PREFIX):
                 seen.setdefault(key, None)
     return list(seen)
 

@@ -107,7 +107,7 @@ class LossViewModel:
         return sum(r.contribution for r in self.rows)
 
 
-def resolve_loss_source(source: Any, tokenizer: Any | None) -> tuple[Any, Any]:
+def _resolve_loss_source(source: Any, tokenizer: Any | None) -> tuple[Any, Any]:
     """(LossInspection, tokenizer) from an inspection or an object holding `last_inspection`."""
     inspection = source
     if not hasattr(source, "contribution"):
@@ -122,7 +122,7 @@ def resolve_loss_source(source: Any, tokenizer: Any | None) -> tuple[Any, Any]:
     return inspection, tokenizer
 
 
-def zero_signal_rows(inspection: Any) -> set[int]:
+def _zero_signal_rows(inspection: Any) -> set[int]:
     """The rows of groups whose every trained token has advantage 0 (their rewards were all equal:
     nothing to learn); an inspection without groups: the rows whose own trained tokens all have."""
     silent = ((inspection.advantages.abs() <= ZERO_ADVANTAGE) | ~inspection.loss_mask.bool()).all(dim=1)
@@ -144,7 +144,7 @@ def _matches(chip: LossChip, loss_filter: LossFilter) -> bool:
     return chip.clipped or chip.dual_clipped or chip.capped
 
 
-def loss_row(
+def _loss_row(
     inspection: Any, tokenizer: Any, i: int, loss_filter: LossFilter = "all", specials: set[int] | None = None
 ) -> LossRow:
     r = inspection.row(i)
@@ -198,14 +198,14 @@ def build_loss_view(
     such tokens (and those tokens marked selected)."""
     if loss_filter not in LOSS_FILTERS:
         raise InvalidArgumentError(f"filter must be one of {LOSS_FILTERS}, got {loss_filter!r}")
-    inspection, tokenizer = resolve_loss_source(source, tokenizer)
+    inspection, tokenizer = _resolve_loss_source(source, tokenizer)
     indices = range(inspection.n_rows) if rows is None else rows
     specials = special_ids(tokenizer)
-    built = [loss_row(inspection, tokenizer, i, loss_filter, specials) for i in indices]
+    built = [_loss_row(inspection, tokenizer, i, loss_filter, specials) for i in indices]
     if loss_filter != "all":
         built = [r for r in built if any(c.selected for c in r.chips)]
     agents = list(dict.fromkeys(getattr(inspection, "agents", None) or []))
-    silent = zero_signal_rows(inspection)
+    silent = _zero_signal_rows(inspection)
     for row in built:
         row.agent_index = agents.index(row.agent) if len(agents) > 1 else None
         row.zero_signal = row.index in silent

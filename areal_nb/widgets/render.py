@@ -17,7 +17,7 @@ from .token_model import RowView, TokenViewModel
 from .tree_model import TreeModel, TreeNode
 
 NODE_W, NODE_H, COL_W, ROW_H, PAD = 176, 74, 192, 104, 12
-FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
+_FONT = "font-family:ui-monospace,Menlo,Consolas,monospace"
 
 
 def esc(text: Any) -> str:
@@ -31,14 +31,14 @@ def fmt(v: float | None, digits: int = 4) -> str:
 # ----------------------------------------------------------------------------------- agents
 # One colour per agent of a multi-agent episode (the agent's place in order of first appearance);
 # every coloured mark also names its agent in text.
-AGENT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+_AGENT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
 def agent_colour(index: int) -> str:
-    return AGENT_COLOURS[index % len(AGENT_COLOURS)]
+    return _AGENT_COLOURS[index % len(_AGENT_COLOURS)]
 
 
-def agents_legend_html(agents: list[str | None]) -> str:
+def _agents_legend_html(agents: list[str | None]) -> str:
     """The agents and their colours; empty for a single agent (nothing to tell apart)."""
     if len(agents) <= 1:
         return ""
@@ -67,7 +67,7 @@ def tree_svg(
     parts = [
         f'<svg class="anb-tree" data-nodes="{len(tree.nodes)}" data-pending="{tree.n_pending}" '
         f'xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" style="{FONT};font-size:11px">'
+        f'viewBox="0 0 {width} {height}" style="{_FONT};font-size:11px">'
     ]
     for parent, child in tree.edges:
         (px, py), (cx, cy) = pos[parent], pos[child]
@@ -80,7 +80,7 @@ def tree_svg(
         raw, now = rewards[n.id] if rewards and n.id in rewards else (n.reward_raw, n.reward)
         parts.append(_node_svg(n, x, y, n.id == selected, raw, now))
     parts.append("</svg>")
-    return agents_legend_html(tree.agents) + "".join(parts)
+    return _agents_legend_html(tree.agents) + "".join(parts)
 
 
 def _node_svg(n: TreeNode, x: float, y: float, selected: bool, raw: float | None, now: float | None) -> str:
@@ -141,7 +141,7 @@ def messages_html(interaction: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------- tokens
-TOKEN_LEGEND = (
+_TOKEN_LEGEND = (
     '<div class="anb-legend" style="font-size:11px;margin:4px 0"><b>Legend:</b> '
     '<span style="border:1.5px solid #222;padding:0 3px">solid chip</span> = trained (loss_mask=1), '
     "background = log-prob heat (white p=1 → red p≈0) · "
@@ -154,7 +154,7 @@ TOKEN_LEGEND = (
 )
 
 
-def chip_html(c: Any) -> str:
+def _chip_html(c: Any) -> str:
     if c.loss_mask:
         style = f"border:1.5px solid #222;background:{c.heat};color:#000"
     else:
@@ -173,7 +173,7 @@ def chip_html(c: Any) -> str:
     )
 
 
-def row_html(row: RowView, agent_index: int | None = None) -> str:
+def _row_html(row: RowView, agent_index: int | None = None) -> str:
     """One row; `agent_index` (several agents: the row's agent's place) names and colours its agent."""
     who = ""
     if agent_index is not None:
@@ -208,7 +208,7 @@ def row_html(row: RowView, agent_index: int | None = None) -> str:
                 f'<span class="anb-band" data-turn="{current}"{value} title="{esc(title)}" '
                 f'style="border-bottom:3px solid {border};margin-right:2px">'
                 f'<sup style="font-size:9px;color:#333">{esc(label)}</sup>'
-                + "".join(chip_html(x) for x in run)
+                + "".join(_chip_html(x) for x in run)
                 + "</span>"
             )
             run = []
@@ -216,11 +216,11 @@ def row_html(row: RowView, agent_index: int | None = None) -> str:
             current = turn
             run.append(c)
     agent_attr = f' data-agent="{esc(row.agent)}"' if agent_index is not None else ""
-    body = f'<div class="anb-row" data-style="{esc(row.style)}"{agent_attr} style="{FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
-    return head + body + turn_table_html(row) + drift_html(row)
+    body = f'<div class="anb-row" data-style="{esc(row.style)}"{agent_attr} style="{_FONT};font-size:12px;line-height:2">{"".join(bands)}</div>'
+    return head + body + _turn_table_html(row) + _drift_html(row)
 
 
-def turn_table_html(row: RowView) -> str:
+def _turn_table_html(row: RowView) -> str:
     """The row's turns and the return each trains on, as text (readable without colours)."""
     if not row.bands:
         return ""
@@ -236,7 +236,7 @@ def turn_table_html(row: RowView) -> str:
     )
 
 
-def drift_html(row: RowView) -> str:
+def _drift_html(row: RowView) -> str:
     d = row.drift
     if d is None:
         return ""
@@ -255,7 +255,7 @@ def drift_html(row: RowView) -> str:
         return f"<div><b>{label}</b> (from token {d.window_start}): {cells}</div>"
 
     return (
-        f'<div class="anb-drift-check" data-drift="{d.first_difference}" style="font-size:11px;{FONT}">'
+        f'<div class="anb-drift-check" data-drift="{d.first_difference}" style="font-size:11px;{_FONT}">'
         f"⚠ drift: a plain re-render differs from the trained tokens first at position {d.first_difference} "
         f"(trained {d.trained_len} prompt tokens, re-render {d.rendered_len})"
         + seq(d.trained, "trained on")
@@ -267,10 +267,10 @@ def drift_html(row: RowView) -> str:
 def token_view_html(model: TokenViewModel) -> str:
     return (
         f'<div class="anb-tokens" data-style="{esc(model.style)}" data-credit="{esc(model.credit)}">'
-        + TOKEN_LEGEND
-        + agents_legend_html(model.agents)
+        + _TOKEN_LEGEND
+        + _agents_legend_html(model.agents)
         + "".join(
-            row_html(
+            _row_html(
                 r, model.agents.index(r.agent) if model.multi_agent and r.agent in model.agents else None
             )
             for r in model.rows
@@ -333,7 +333,7 @@ def reward_html(state: RewardViewState) -> str:
 
 
 # ----------------------------------------------------------------------------------- dashboard
-def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
+def _sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
     pts = s.points
     label = f"{s.label}: {fmt(s.last)}" if pts else f"{s.label}: no data"
     head = (
@@ -374,7 +374,7 @@ def sparkline_svg(s: Series, width: int = 230, height: int = 96) -> str:
 
 def dashboard_html(series: list[Series], n_steps: int, table: str = "", warning: str | None = None) -> str:
     """The curves; `warning` (most groups of the latest step without signal, and what to try) above them."""
-    plots = "".join(f'<div style="display:inline-block;margin:2px">{sparkline_svg(s)}</div>' for s in series)
+    plots = "".join(f'<div style="display:inline-block;margin:2px">{_sparkline_svg(s)}</div>' for s in series)
     banner = (
         '<div class="anb-signal-warning" role="alert" style="font-size:12px;margin:4px 0;padding:4px 6px;'
         f'border:2px solid #e67e00;background:#fff4e0">⚠ <b>little to learn from</b>: {esc(warning)}</div>'
@@ -410,7 +410,7 @@ def batch_table_html(batch: Any, max_rows: int = 12) -> str:
 
 
 # ----------------------------------------------------------------------------------- loss
-LOSS_LEGEND = (
+_LOSS_LEGEND = (
     '<div class="anb-legend" style="font-size:11px;margin:4px 0"><b>Legend:</b> '
     "one chip per token, as in the token view · background = advantage sign "
     '(<span style="background:rgb(200,240,200);padding:0 3px">green</span> A&gt;0: pushed up, '
@@ -433,7 +433,7 @@ def _loss_background(c: Any, scale: float) -> str:
     return f"rgb({fade},240,{fade})" if c.advantage >= 0 else f"rgb(250,{fade},{fade})"
 
 
-def loss_chip_html(c: Any, scale: float) -> str:
+def _loss_chip_html(c: Any, scale: float) -> str:
     if c.trained:
         style = f"border:1.5px solid #222;background:{_loss_background(c, scale)};color:#000"
     else:
@@ -461,7 +461,7 @@ def loss_chip_html(c: Any, scale: float) -> str:
     )
 
 
-def loss_row_html(row: Any, scale: float) -> str:
+def _loss_row_html(row: Any, scale: float) -> str:
     agent_index = getattr(row, "agent_index", None)
     who, agent_attr, bar = "", "", ""
     if agent_index is not None:  # several agents: the row's agent by name and colour
@@ -481,9 +481,9 @@ def loss_row_html(row: Any, scale: float) -> str:
         )
         + "</div>"
     )
-    chips = "".join(loss_chip_html(c, scale) for c in row.chips)
+    chips = "".join(_loss_chip_html(c, scale) for c in row.chips)
     body = (
-        f'<div class="anb-row anb-loss-row" data-row="{row.index}"{agent_attr} style="{FONT};font-size:12px;line-height:2">'
+        f'<div class="anb-row anb-loss-row" data-row="{row.index}"{agent_attr} style="{_FONT};font-size:12px;line-height:2">'
         f"{chips}</div>"
     )
     cells = "".join(
@@ -518,12 +518,12 @@ def loss_view_html(model: Any) -> str:
         )
         + "</div>"
     )
-    rows = "".join(loss_row_html(r, scale) for r in model.rows) or "<i>no row has such tokens</i>"
+    rows = "".join(_loss_row_html(r, scale) for r in model.rows) or "<i>no row has such tokens</i>"
     return (
         f'<div class="anb-loss" data-filter="{esc(model.filter)}">'
         + summary
-        + LOSS_LEGEND
-        + agents_legend_html(getattr(model, "agents", []))
+        + _LOSS_LEGEND
+        + _agents_legend_html(getattr(model, "agents", []))
         + rows
         + "</div>"
     )

@@ -59,7 +59,7 @@ def group_normalised(rewards: list[float], eps: float = 1e-5) -> list[float]:
     ]
 
 
-def turn_normalised(pairs: list[tuple[int, float]], scope: str = "turn", eps: float = 1e-5) -> list[float]:
+def _turn_normalised(pairs: list[tuple[int, float]], scope: str = "turn", eps: float = 1e-5) -> list[float]:
     """Turn-credit advantages of one group's (turn index, return) pairs, by the trainer's rule
     (`train.advantages.turn_scores`): pooled per turn index (`scope="turn"`) or all together."""
     if not pairs:
@@ -89,7 +89,7 @@ class RowTurn:
         return f"turn {self.turn}: {self.trained_on:.4g} → {self.advantage:+.4f}"
 
 
-def row_turns(row: Any, value_of: Any, credit: str) -> list[RowTurn]:
+def _row_turns(row: Any, value_of: Any, credit: str) -> list[RowTurn]:
     """The turns a row trains, root first: the call itself and, in a concat row, its ancestors."""
     calls = list(reversed(row.row_calls())) if hasattr(row, "row_calls") else [row]
     token_row = row.token_row() if getattr(row, "has_tensor_data", False) else None
@@ -205,7 +205,7 @@ class RewardSource:
         return cls(per_episode, [getattr(e, "sample_id", None) for e in episodes], raw, focus)
 
 
-def default_style(src: RewardSource) -> ExportStyle:
+def _default_style(src: RewardSource) -> ExportStyle:
     every = [x for items in src.episodes for x in items]
     return "concat" if every and can_export_concat(x.chat_template_type for x in every) else "individual"
 
@@ -220,7 +220,7 @@ def reward_state(
 ) -> RewardViewState:
     """Rewards after discount, the group's rows and, per row and turn, the return each turn's
     tokens train on (`credit`) with its advantage (the trainer's group normalisation)."""
-    style = style or default_style(src)
+    style = style or _default_style(src)
     check_export_style(style)
     if credit not in CREDIT_MODES:
         raise InvalidArgumentError(f"credit must be one of {CREDIT_MODES}, got {credit!r}")
@@ -235,7 +235,7 @@ def reward_state(
             exported = style == "individual" or id(x) not in parents
             nodes.append(RewardNode(node_key(x, i), e, src.raw.get(id(x)), values[id(x)], exported))
             if exported:
-                turns = row_turns(x, lambda c, v=values: v.get(id(c), 0.0), credit)
+                turns = _row_turns(x, lambda c, v=values: v.get(id(c), 0.0), credit)
                 agent = getattr(x, "agent", None)
                 rows.append(
                     AdvantageRow(node_key(x, i), e, src.sample_ids[e], values[id(x)], 0.0, turns, agent)
@@ -257,7 +257,7 @@ def _normalise(rows: list[AdvantageRow], credit: CreditMode, credit_norm: Credit
         return
     pairs = [t for r in rows for t in r.turns]
     for t, adv in zip(
-        pairs, turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True
+        pairs, _turn_normalised([(t.turn, t.trained_on) for t in pairs], credit_norm), strict=True
     ):
         t.advantage = adv
     for row in rows:

@@ -14,7 +14,7 @@ from typing import Any
 from areal_nb.errors import ArgumentTypeError
 
 # Where the capture layer may keep the reward as it was set, before any discount.
-RAW_REWARD_ATTRS = ("raw_reward", "original_reward")
+_RAW_REWARD_ATTRS = ("raw_reward", "original_reward")
 
 
 def resolve_source(source: Any) -> Any:
@@ -70,7 +70,7 @@ def is_complete(interaction: Any) -> bool:
 
 def raw_reward(interaction: Any) -> float | None:
     """The reward as it was set (before discount), where the capture layer records it."""
-    for name in RAW_REWARD_ATTRS:
+    for name in _RAW_REWARD_ATTRS:
         value = getattr(interaction, name, None)
         if value is not None:
             return float(value)

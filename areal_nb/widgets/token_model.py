@@ -13,7 +13,7 @@ from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 from .sources import collect_interactions, is_complete
 
 VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
-DRIFT_CONTEXT = 6  # tokens shown before the first difference of a drift check
+_DRIFT_CONTEXT = 6  # tokens shown before the first difference of a drift check
 
 
 @dataclass
@@ -203,7 +203,7 @@ def tokenizer_of(interaction: Any, tokenizer: Any | None) -> Any:
     return tok
 
 
-def conversation_path(interaction: Any) -> list[Any]:
+def _conversation_path(interaction: Any) -> list[Any]:
     path = []
     node = interaction
     while node is not None:
@@ -212,7 +212,7 @@ def conversation_path(interaction: Any) -> list[Any]:
     return path[::-1]
 
 
-def leaf_of(interaction: Any, pool: list[Any]) -> Any:
+def _leaf_of(interaction: Any, pool: list[Any]) -> Any:
     """The deepest completed descendant of `interaction` (first child first)."""
     node = interaction
     while True:
@@ -222,7 +222,7 @@ def leaf_of(interaction: Any, pool: list[Any]) -> Any:
         node = kids[0]
 
 
-def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
+def _drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
     """The capture layer's retokenization check for this call, windowed for display."""
     try:
         from areal_nb.capture.templates import check_retokenization
@@ -233,8 +233,8 @@ def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
     check = check_retokenization(interaction, tokenizer)
     if check.matches:
         return DriftView(True, None, [], [], 0, len(check.prompt_ids), len(check.rendered_ids))
-    start = max(0, check.first_difference - DRIFT_CONTEXT)
-    end = check.first_difference + 3 * DRIFT_CONTEXT
+    start = max(0, check.first_difference - _DRIFT_CONTEXT)
+    end = check.first_difference + 3 * _DRIFT_CONTEXT
 
     def texts(ids: list[int]) -> list[str]:
         return [visible_text(tokenizer.decode([t], skip_special_tokens=False)) for t in ids[start:end]]
@@ -250,7 +250,7 @@ def drift_view(interaction: Any, tokenizer: Any) -> DriftView | None:
     )
 
 
-def row_view(
+def _row_view(
     interaction: Any,
     tokenizer: Any,
     style: str,
@@ -262,7 +262,7 @@ def row_view(
     override the calls' own rewards."""
     chips = build_chips(interaction.token_row(), tokenizer)
     drift = (
-        drift_view(interaction, tokenizer)
+        _drift_view(interaction, tokenizer)
         if with_drift and interaction.chat_template_type == "concat"
         else None
     )
@@ -376,14 +376,14 @@ def build_token_view(
         raise InvalidArgumentError("nothing to show: no completed interaction with token data")
     agents = list(dict.fromkeys(getattr(x, "agent", None) for x in complete))
     if hasattr(source, "model_response"):  # one interaction: its own row (children unknown)
-        targets, pool = [source], conversation_path(source)
+        targets, pool = [source], _conversation_path(source)
     else:  # a conversation: the first root, followed down to its leaf; one per agent
         roots = [x for x in complete if x.parent is None] or complete[:1]
         firsts = [next((x for x in roots if getattr(x, "agent", None) == a), None) for a in agents]
         targets = [t for t in firsts if t is not None] if len(agents) > 1 else roots[:1]
         pool = items
     tok = tokenizer_of(targets[0], tokenizer)
-    paths = [conversation_path(leaf_of(target, pool)) for target in targets]
+    paths = [_conversation_path(_leaf_of(target, pool)) for target in targets]
     available = (
         ("concat", "individual")
         if all(can_export_concat(x.chat_template_type for x in path) for path in paths)
@@ -399,10 +399,10 @@ def build_token_view(
     for path in paths:
         leaf = path[-1]
         if style == "concat":
-            rows.append(row_view(leaf, tok, "concat", credit=credit, rewards=rewards))
+            rows.append(_row_view(leaf, tok, "concat", credit=credit, rewards=rewards))
         else:
             rows.extend(
-                row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards)
+                _row_view(x, tok, "individual", with_drift=x is leaf, credit=credit, rewards=rewards)
                 for x in path
             )
     return TokenViewModel(style, rows, available, credit, agents)

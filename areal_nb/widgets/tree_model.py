@@ -7,7 +7,7 @@ from typing import Any
 
 from .sources import collect_interactions, is_complete, node_key, raw_reward
 
-PREVIEW_CHARS = 48
+_PREVIEW_CHARS = 48
 
 
 @dataclass
@@ -114,7 +114,7 @@ def reply_text(interaction: Any) -> str:
     return "\n".join(parts)
 
 
-def added_roles(interaction: Any) -> str:
+def _added_roles(interaction: Any) -> str:
     try:
         added = interaction.remaining_messages
     except (ValueError, AttributeError, TypeError):
@@ -138,7 +138,7 @@ def build_tree(source: Any) -> TreeModel:
             id=ids[id(x)],
             parent_id=parent_id,
             depth=0,
-            roles=added_roles(x),
+            roles=_added_roles(x),
             preview="…" if pending else _preview(text),
             reply=text,
             pending=pending,
@@ -186,4 +186,4 @@ def build_tree(source: Any) -> TreeModel:
 
 def _preview(text: str) -> str:
     flat = " ".join(text.split())
-    return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
+    return flat if len(flat) <= _PREVIEW_CHARS else flat[: _PREVIEW_CHARS - 1] + "…"
