@@ -7,6 +7,9 @@ CPU seconds (`time.process_time`: steadier than wall time on a shared machine), 
 --repeats rounds (best round counts):
   step       a decoding step as the engine runs it (mean over the --steps steps)
   linears    the step's projections alone, same shapes (the arithmetic floor of the step)
+  lm_head    the LM head alone (part of `linears`)
+  sampling   what the engine does with the step's logits at temperature 1 (`sample_next_tokens`:
+             log-softmax, the draw, the log-probs); not part of `step`
   attention  every layer's decoding attention over its whole buffer, as the engine does it: left
              padding and spare columns included (buffers as wide as the engine's, same mask)
   sliced     the same over views trimmed to the written columns (no spare columns; a view of a
@@ -38,6 +41,7 @@ import torch
 
 from areal_nb.engine.kv_batch import PaddedKVBatch
 from areal_nb.engine.lean_forward import _single_query_attention
+from areal_nb.engine.sampling import SamplingParams, sample_next_tokens
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -171,13 +175,29 @@ def measure(model, rows: int, steps: int, repeats: int, groups: int, seed: int) 
                 layer.qkv(x_hidden), layer.o(x_attn), layer.gate_up(x_hidden), layer.down(x_inter)
             fast._lm_head(x_hidden)
 
+        params = [SamplingParams(greedy=False)] * rows
+        draws = torch.Generator().manual_seed(0)
+
+        def lm_head():
+            fast._lm_head(x_hidden)
+
+        def sampling():
+            sample_next_tokens(logits, params, draws)
+
         reference = attention()
         diffs = {
             name: max(float((a - b).abs().max()) for a, b in zip(fn(), reference, strict=True))
             for name, fn in (("sliced", sliced), ("grouped", grouped))
         }
         assert all(d < 1e-5 for d in diffs.values()), diffs
-        ways = {"linears": linears, "attention": attention, "sliced": sliced, "grouped": grouped}
+        ways = {
+            "linears": linears,
+            "lm_head": lm_head,
+            "sampling": sampling,
+            "attention": attention,
+            "sliced": sliced,
+            "grouped": grouped,
+        }
         best = dict.fromkeys(ways, float("inf"))
         for _ in range(repeats):
             for name, fn in ways.items():
@@ -244,7 +264,8 @@ def main() -> None:
         r = measure(model, rows, args.steps, args.repeats, args.groups, args.seed)
         ms = r["ms"]
         print(
-            f"rows {rows:4d}: step {ms['step']:.2f} ms, linears {ms['linears']:.2f}, attention "
+            f"rows {rows:4d}: step {ms['step']:.2f} ms, linears {ms['linears']:.2f} (LM head "
+            f"{ms['lm_head']:.2f}), sampling {ms['sampling']:.2f}, attention "
             f"{ms['attention']:.2f} ({r['attention_share_of_step']:.0%} of the step) over {r['columns']} columns, "
             f"{r['valid']:.0%} of them valid; sliced {ms['sliced']:.2f} ({r['sliced_vs_attention']:.2f}x), "
             f"{args.groups} length groups {ms['grouped']:.2f} ({r['grouped_vs_attention']:.2f}x); "
