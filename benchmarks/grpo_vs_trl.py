@@ -19,18 +19,25 @@ threads spinning for work do not count as CPU time. Accuracy is
 measured identically for both: greedy HF `generate` on the first `--eval-size` held-out problems,
 scored by `math_reward`. TRL needs the `bench` extra (`pip install -e '.[bench]'`).
 
+`GrpoSetup`, `training_problems`, `run_ours`, `run_trl` and `greedy_accuracy` are also the GRPO
+half of `real_size.py` (SmolLM2, TRL in its own venv): `run_trl` and `greedy_accuracy` import
+only torch, datasets, transformers and TRL, so they run in a venv without areal_nb's dependencies.
+
 The last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +46,33 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
-PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 8, 16
-LR, CLIP = 2.5e-4, 0.4
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoSetup:
+    """What both sides share (the defaults: the tiny-math comparison of this file)."""
+
+    model: str = "tiny-math"  # a name or folder for ours; TRL gets the resolved folder
+    prompts: int = 16
+    group: int = 8
+    max_new_tokens: int = 16
+    lr: float = 2.5e-4
+    lr_schedule: str = "linear"  # "linear" (to 0 over the run) or "constant", on both sides
+    clip: float = 0.4
+    micro_batch: int | None = None  # rows per forward/backward, gradients summed over a step (None: all)
 
 
 class SingleTurnMathAgent:
     """One chat call, scored in-process by `math_reward` (as TRL's reward function is)."""
+
+    seen: list[str] = []  # the prompts it was given, in the order its calls began (per process)
 
     async def run(self, data: dict[str, Any], **kw: Any) -> float:
         from openai import AsyncOpenAI
 
         from areal_nb.reward import math_reward
 
+        SingleTurnMathAgent.seen.append(data["messages"][-1]["content"])
         client = AsyncOpenAI(
             base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0
         )
@@ -58,35 +80,66 @@ class SingleTurnMathAgent:
         return math_reward(completion.choices[0].message.content or "", data["answer"])
 
 
-def session_config(steps: int) -> Any:
+def session_config(steps: int, setup: GrpoSetup = GrpoSetup()) -> Any:
     from areal_nb.config import load_config
 
     return load_config(
         CONFIG,
         [
+            f"model.path={setup.model}",
             "agent.workflow=benchmarks.grpo_vs_trl.SingleTurnMathAgent",
             "agent.workflow_kwargs={}",
             "agent.chat_template_type=hf",
             "agent.export_style=individual",
-            f"rollout.batch_size={PROMPTS}",
-            f"rollout.group_size={GROUP}",
-            f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-            f"actor.lr={LR}",
-            f"actor.eps_clip={CLIP}",
+            f"rollout.batch_size={setup.prompts}",
+            f"rollout.group_size={setup.group}",
+            f"rollout.max_new_tokens={setup.max_new_tokens}",
+            f"actor.lr={setup.lr}",
+            f"actor.lr_schedule={setup.lr_schedule}",
+            f"actor.eps_clip={setup.clip}",
             f"total_steps={steps}",
             "logging.progress=false",
             "logging.eval_every=0",
             "rollout.prefetch=false",
+            *([f"actor.micro_batch_size={setup.micro_batch}"] if setup.micro_batch else []),
         ],
     )
 
 
+def training_problems(steps: int, setup: GrpoSetup = GrpoSetup()) -> list[dict]:
+    """The Session's training problems of `steps` steps, in the order it draws them."""
+    from areal_nb.session.data import DataStream, load_task_data
+
+    cfg = session_config(steps, setup)
+    stream = DataStream(cfg.data, rows=load_task_data(cfg.data).train)
+    return [next(stream) for _ in range(steps * setup.prompts)]
+
+
+def prompts_digest(prompts: list[str]) -> str:
+    """A short name of a step's set of prompts (the order of concurrent rollouts is not fixed)."""
+    return hashlib.sha256("\n".join(sorted(set(prompts))).encode()).hexdigest()[:12]
+
+
+def memory_gib() -> dict[str, float]:
+    """This process's resident memory now and its peak so far (VmRSS, VmHWM), GiB."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return {
+        "rss_gib": round(int(status["VmRSS"].split()[0]) / 2**20, 2),
+        "peak_rss_gib": round(int(status["VmHWM"].split()[0]) / 2**20, 2),
+    }
+
+
 # ----------------------------------------------------------------------------- shared evaluation
-def greedy_accuracy(model: Any, tokenizer: Any, problems: list[dict], batch: int = 64) -> float:
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    problems: list[dict],
+    reward: Callable[[str, str], float],
+    max_new_tokens: int,
+    batch: int = 64,
+) -> float:
     """Fraction of `problems` whose greedy reply (HF generate, chat template) scores 1."""
     import torch
-
-    from areal_nb.reward import math_reward
 
     was_training = model.training
     model.eval()
@@ -105,14 +158,14 @@ def greedy_accuracy(model: Any, tokenizer: Any, problems: list[dict], batch: int
                 )
                 out = model.generate(
                     **enc,
-                    max_new_tokens=MAX_NEW_TOKENS,
+                    max_new_tokens=max_new_tokens,
                     do_sample=False,
                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
                 )
                 replies = tokenizer.batch_decode(
                     out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                correct += sum(math_reward(r, p["answer"]) for r, p in zip(replies, chunk, strict=True))
+                correct += sum(reward(r, p["answer"]) for r, p in zip(replies, chunk, strict=True))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -120,87 +173,123 @@ def greedy_accuracy(model: Any, tokenizer: Any, problems: list[dict], batch: int
 
 
 # ----------------------------------------------------------------------------- ours
-def run_ours(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
+def step_line(side: str, step: int, **figures: Any) -> dict[str, Any]:
+    """One step's figures as both sides print them (one JSON line each)."""
+    line = {
+        "side": side,
+        "step": step,
+        **{k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()},
+        **memory_gib(),
+        "load": round(os.getloadavg()[0], 1),
+    }
+    print(json.dumps(line), flush=True)
+    return line
+
+
+def run_ours(steps: int, eval_problems: list[dict], setup: GrpoSetup = GrpoSetup()) -> dict[str, Any]:
+    from areal_nb.reward import math_reward
     from areal_nb.session import Session
 
-    with Session(session_config(steps)) as session:
+    # the class the Session imports by its configured name (as a script this file is `__main__`)
+    from benchmarks.grpo_vs_trl import SingleTurnMathAgent as agent
+
+    with Session(session_config(steps, setup)) as session:
         model, tokenizer = session.actor.model, session.tokenizer
-        before = greedy_accuracy(model, tokenizer, eval_problems)
-        times, cpu, rewards = [], [], []
-        for _ in range(steps):
+        before = greedy_accuracy(model, tokenizer, eval_problems, math_reward, setup.max_new_tokens)
+        lines = []
+        for step in range(steps):
+            agent.seen.clear()
             start, cpu_start = time.perf_counter(), time.process_time()
             row = session.step()
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - cpu_start)
-            rewards.append(row["reward_mean"])
-            print(
-                json.dumps(
-                    {
-                        "side": "ours",
-                        "step_s": round(times[-1], 3),
-                        "cpu_s": round(cpu[-1], 3),
-                        "reward_mean": row["reward_mean"],
-                        "rollout_s": round(row["rollout_s"], 3),
-                        "train_s": round(row["train_seconds"], 3),
-                    }
-                ),
-                flush=True,
+            lines.append(
+                step_line(
+                    "ours",
+                    step,
+                    step_s=time.perf_counter() - start,
+                    cpu_s=time.process_time() - cpu_start,
+                    rollout_s=float(row["rollout_s"]),
+                    train_s=float(row["train_seconds"]),
+                    reward_mean=float(row["reward_mean"]),
+                    prompts=prompts_digest(agent.seen),
+                )
             )
-        after = greedy_accuracy(model, tokenizer, eval_problems)
+        after = greedy_accuracy(model, tokenizer, eval_problems, math_reward, setup.max_new_tokens)
+    return summary(lines, before, after)
+
+
+def summary(lines: list[dict], before: float, after: float) -> dict[str, Any]:
     return {
-        "step_s": statistics.median(times),
-        "cpu_s": statistics.median(cpu),
-        "steps": steps,
+        "step_s": statistics.median(x["step_s"] for x in lines),
+        "cpu_s": statistics.median(x["cpu_s"] for x in lines),
+        "steps": len(lines),
         "acc_before": before,
         "acc_after": after,
-        "reward_first": rewards[0],
-        "reward_last": rewards[-1],
+        "reward_first": lines[0]["reward_mean"],
+        "reward_last": lines[-1]["reward_mean"],
+        "peak_rss_gib": max(x["peak_rss_gib"] for x in lines),
+        "per_step": lines,
     }
 
 
 # ----------------------------------------------------------------------------- TRL
-def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
+def run_trl(
+    model: Any,
+    tokenizer: Any,
+    problems: list[dict],
+    eval_problems: list[dict],
+    reward: Callable[[str, str], float],
+    seed: int,
+    setup: GrpoSetup = GrpoSetup(),
+) -> dict[str, Any]:
+    """TRL's `GRPOTrainer` over `problems` in their order, one step per `setup.prompts` of them.
+
+    Its step's generation time is the time in `_generate_and_score_completions` (HF `generate`,
+    the rewards and the old log-probs; our rollout time covers the same), its training time the
+    rest of the step."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from areal_nb.models import load_model, load_tokenizer
-    from areal_nb.reward import math_reward
-    from areal_nb.session.data import DataStream, load_task_data
-
-    cfg = session_config(steps)
-    torch.manual_seed(cfg.seed)
-    stream = DataStream(cfg.data, rows=load_task_data(cfg.data).train)  # the Session's prompts, in its order
-    problems = [next(stream) for _ in range(steps * PROMPTS)]
+    torch.manual_seed(seed)
+    steps = len(problems) // setup.prompts
     dataset = Dataset.from_list([{"prompt": p["messages"], "answer": p["answer"]} for p in problems])
-    tokenizer = load_tokenizer(cfg.model.path)
-    model = load_model(cfg.model.path, dtype=torch.float32, device="cpu")
+    seen: list[str] = []
+    rewards: list[float] = []
 
-    def reward(completions: list[list[dict]], answer: list[str], **_: Any) -> list[float]:
-        return [math_reward(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
+    def reward_fn(
+        prompts: list[list[dict]], completions: list[list[dict]], answer: list[str], **_: Any
+    ) -> list[float]:
+        seen.extend(p[-1]["content"] for p in prompts)
+        scores = [reward(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
+        rewards.extend(scores)
+        return scores
+
+    generation_s: list[float] = []
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
-            self.marks: list[float] = []
-            self.cpu_marks: list[float] = []
+            self.lines: list[dict] = []
 
-        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            self.marks.append(time.perf_counter())
-            self.cpu_marks.append(time.process_time())
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            seen.clear()
+            rewards.clear()
+            generation_s.clear()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            self.marks.append(time.perf_counter())
-            self.cpu_marks.append(time.process_time())
-            print(
-                json.dumps(
-                    {
-                        "side": "trl",
-                        "step_s": round(self.marks[-1] - self.marks[-2], 3),
-                        "cpu_s": round(self.cpu_marks[-1] - self.cpu_marks[-2], 3),
-                    }
-                ),
-                flush=True,
+            step_s = time.perf_counter() - self.start
+            self.lines.append(
+                step_line(
+                    "trl",
+                    len(self.lines),
+                    step_s=step_s,
+                    cpu_s=time.process_time() - self.cpu_start,
+                    rollout_s=sum(generation_s),
+                    train_s=step_s - sum(generation_s),
+                    reward_mean=statistics.fmean(rewards) if rewards else float("nan"),
+                    prompts=prompts_digest(seen),
+                )
             )
 
     timer = StepTimer()
@@ -211,22 +300,25 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
             report_to="none",
             save_strategy="no",
             logging_steps=1,
-            seed=cfg.seed,
+            seed=seed,
             max_steps=steps,
-            per_device_train_batch_size=PROMPTS * GROUP,
-            num_generations=GROUP,
-            gradient_accumulation_steps=1,
+            # one optimizer step per generation batch of prompts x group rows, in micro-batches
+            per_device_train_batch_size=setup.micro_batch or setup.prompts * setup.group,
+            num_generations=setup.group,
+            gradient_accumulation_steps=setup.prompts
+            * setup.group
+            // (setup.micro_batch or setup.prompts * setup.group),
             num_iterations=1,
             shuffle_dataset=False,
-            max_completion_length=MAX_NEW_TOKENS,
+            max_completion_length=setup.max_new_tokens,
             temperature=1.0,
             top_p=1.0,
-            learning_rate=LR,
-            lr_scheduler_type="linear",
+            learning_rate=setup.lr,
+            lr_scheduler_type=setup.lr_schedule,
             warmup_steps=0,
             weight_decay=0.0,
             max_grad_norm=1.0,
-            epsilon=CLIP,
+            epsilon=setup.clip,
             beta=0.0,
             scale_rewards="group",
             loss_type="dapo",
@@ -242,24 +334,26 @@ def run_trl(steps: int, eval_problems: list[dict]) -> dict[str, Any]:
         )
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=[reward],
+            reward_funcs=[reward_fn],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[timer],
         )
-        before = greedy_accuracy(model, tokenizer, eval_problems)
+        generate = trainer._generate_and_score_completions
+
+        def timed_generate(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return generate(*a, **kw)
+            finally:
+                generation_s.append(time.perf_counter() - start)
+
+        trainer._generate_and_score_completions = timed_generate
+        before = greedy_accuracy(model, tokenizer, eval_problems, reward, setup.max_new_tokens)
         trainer.train()
-        after = greedy_accuracy(trainer.model, tokenizer, eval_problems)
-    times = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
-    cpu = [b - a for a, b in zip(timer.cpu_marks, timer.cpu_marks[1:], strict=False)]
-    return {
-        "step_s": statistics.median(times),
-        "cpu_s": statistics.median(cpu),
-        "steps": len(times),
-        "acc_before": before,
-        "acc_after": after,
-    }
+        after = greedy_accuracy(trainer.model, tokenizer, eval_problems, reward, setup.max_new_tokens)
+    return summary(timer.lines, before, after)
 
 
 def main() -> None:
@@ -275,12 +369,21 @@ def main() -> None:
 
     from areal_nb.session.data import load_task_data
 
-    eval_problems = load_task_data(session_config(args.steps).data).held_out[: args.eval_size]
+    cfg = session_config(args.steps)
+    eval_problems = load_task_data(cfg.data).held_out[: args.eval_size]
     result: dict[str, Any] = {}
     if args.only in (None, "ours"):
         result["ours"] = run_ours(args.steps, eval_problems)
     if args.only in (None, "trl"):
-        result["trl"] = run_trl(args.steps, eval_problems)
+        import torch
+
+        from areal_nb.models import load_model, load_tokenizer
+        from areal_nb.reward import math_reward
+
+        model = load_model(cfg.model.path, dtype=torch.float32, device="cpu")
+        tokenizer = load_tokenizer(cfg.model.path)
+        problems = training_problems(args.steps)
+        result["trl"] = run_trl(model, tokenizer, problems, eval_problems, math_reward, cfg.seed)
     if "ours" in result and "trl" in result:
         result["ours_over_trl"] = result["ours"]["step_s"] / result["trl"]["step_s"]
         result["ours_over_trl_cpu"] = result["ours"]["cpu_s"] / result["trl"]["cpu_s"]
