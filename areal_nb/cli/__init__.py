@@ -8,6 +8,8 @@ builds an engine from a model name and serves it through the proxy).
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
 
 _USAGE = """usage: areal-nb <command> [options]
@@ -24,6 +26,17 @@ commands:
   build-models  rebuild the shipped built-in models from their recipe (areal-nb build-models --help)
 """
 
+# Each command's module, whose main(argv) runs it.
+_COMMANDS = {
+    "demo": "areal_nb.demo",
+    "proxy": "areal_nb.cli.proxy",
+    "train": "areal_nb.train_job",
+    "engine-server": "areal_nb.cli.engine_server",
+    "export": "areal_nb.cli.export",
+    "export-model": "areal_nb.cli.export_model",
+    "build-models": "areal_nb.cli.build_models",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -31,33 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "demo":
-        from areal_nb.demo import main as demo_main
-
-        return demo_main(rest) or 0
-    if command == "proxy":
-        from areal_nb.cli.proxy import main as proxy_main
-
-        return proxy_main(rest) or 0
-    if command == "train":
-        from areal_nb.train_job import main as train_main
-
-        return train_main(rest) or 0
-    if command == "engine-server":
-        from areal_nb.cli.engine_server import main as engine_server_main
-
-        return engine_server_main(rest) or 0
-    if command == "export":
-        from areal_nb.cli.export import main as export_main
-
-        return export_main(rest) or 0
-    if command == "export-model":
-        from areal_nb.cli.export_model import main as export_model_main
-
-        return export_model_main(rest) or 0
-    if command == "build-models":
-        from areal_nb.cli.build_models import main as build_models_main
-
-        return build_models_main(rest) or 0
+    if command in _COMMANDS:  # imported on use: `areal-nb proxy` loads no training code
+        return importlib.import_module(_COMMANDS[command]).main(rest) or 0
     print(f"areal-nb: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
     return 2
+
+
+def server_parser(prog: str, doc: str, port: int) -> argparse.ArgumentParser:
+    """A server command's parser, with the flags every server takes (`--model`, `--host`, `--port`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port, help="0 picks a free port")
+    return parser

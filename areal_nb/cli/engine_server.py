@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from areal_nb.cli import server_parser
 from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
 from areal_nb.engine.defaults import (
     DEFAULT_BODY_TIMEOUT,
@@ -80,10 +81,7 @@ def serving_dtype(name: str, model_path: str) -> torch.dtype:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="areal-nb engine-server", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    parser = server_parser("areal-nb engine-server", __doc__ or "", 30000)
     parser.add_argument(
         "--api-key",
         default=None,

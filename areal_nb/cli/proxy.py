@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from areal_nb.api import CHAT_TEMPLATE_TYPES
+from areal_nb.cli import server_parser
 from areal_nb.proxy.settings import (
     DEFAULT_ADMIN_API_KEY,
     DEFAULT_SESSION_TIMEOUT,
@@ -21,10 +22,7 @@ from areal_nb.proxy.settings import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="areal-nb proxy", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="tiny-math", help="model name or path (default: tiny-math)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser = server_parser("areal-nb proxy", __doc__ or "", 8000)
     parser.add_argument(
         "--admin-key", default=DEFAULT_ADMIN_API_KEY, help="refused as default on non-loopback hosts"
     )

@@ -54,21 +54,24 @@ def create_engine_app(engine: Any, settings: EngineServerSettings | None = None)
     app.add_exception_handler(BodyError, _body_error)
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(Exception, _internal_error)
-    for method, path, route in (
-        ("POST", "/abort_request", routes.abort_request),
-        ("POST", "/pause_generation", routes.pause_generation),
-        ("POST", "/continue_generation", routes.continue_generation),
-        ("POST", "/update_weights_from_disk", routes.update_weights_from_disk),
-        ("POST", "/update_weight_version", routes.update_weight_version),
-        ("POST", "/load_lora_adapter", routes.load_lora_adapter),
-        ("POST", "/unload_lora_adapter", routes.unload_lora_adapter),
-        ("GET", "/model_info", routes.model_info),
-        ("GET", "/get_model_info", routes.model_info),
-        ("GET", "/server_info", routes.server_info),
-        ("GET", "/health", routes.health),
-        ("GET", "/health_generate", routes.health),
+    for name in (  # SGLang's control routes: each path names its handler
+        "abort_request",
+        "pause_generation",
+        "continue_generation",
+        "update_weights_from_disk",
+        "update_weight_version",
+        "load_lora_adapter",
+        "unload_lora_adapter",
     ):
-        app.add_api_route(path, route, methods=[method])
+        app.add_api_route(f"/{name}", getattr(routes, name), methods=["POST"])
+    for path, route in (
+        ("/model_info", routes.model_info),
+        ("/get_model_info", routes.model_info),
+        ("/server_info", routes.server_info),
+        ("/health", routes.health),
+        ("/health_generate", routes.health),
+    ):
+        app.add_api_route(path, route, methods=["GET"])
 
     served: ASGIApp = GenerateRoute(
         app, functools.partial(routes.generate, shared), functools.partial(read_request_body, shared)
