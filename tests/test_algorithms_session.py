@@ -60,11 +60,9 @@ def test_compare_leaves_the_session_untouched_and_matches_each_variants_train_st
         table = comparison.table
         assert list(table.index) == list(variants)
         assert table["trial_kl"].notna().all() and (table["grad_norm"] > 0).all()
-        tensors = batch.to_tensors().tensors()
+        tensors = batch.to_tensors()
         for name, result in comparison.variants.items():
-            own = Actor(copy.deepcopy(actor.model), result.cfg).train_step(
-                tensors, tensors["group_ids"], credit=batch.credit
-            )
+            own = Actor(copy.deepcopy(actor.model), result.cfg).train_step(tensors, credit=batch.credit)
             assert table.loc[name, "loss"] == pytest.approx(own["loss"], abs=1e-6), name
         assert comparison.view().model.names == list(variants)
 
