@@ -474,3 +474,37 @@ def test_direct_arealopenai_workflow_is_trainable_too():
         # evaluation runs the same workflow on a greedy view of the engine
         result = s.evaluate(n=8)
         assert result.n == 8 and result.rejected == 0 and s.evaluate(n=8) == result
+
+
+def test_the_engine_serves_the_policys_parameters_and_its_record_replaces_the_recomputation():
+    """float32 on the CPU (the default): one copy of the weights, each push a version change; with
+    two minibatches (where π_prox would be a separate forward) the engine's record is π_prox
+    while every token is of the current version, and a stale batch is recomputed."""
+    with Session(config(actor__ppo_n_minibatches=2)) as s:
+        engine, policy = s.engine, s.actor.model
+        assert engine.shares_weights and s.actor.in_place_engine is engine
+        served = dict(engine.model.named_parameters())
+        assert all(served[name] is p for name, p in policy.named_parameters())
+        fresh, stale = s.rollout(), s.rollout()  # both sampled at version 0
+        stats = s.train_step(fresh)
+        assert stats["prox_from_engine"] == 1.0 and "logprob_abs_diff_max" not in stats
+        assert s.engine.get_version() == s.version == 1 and not engine.paused
+        stats = s.train_step(stale)  # sampled one version ago: recomputed, and compared
+        assert stats["prox_from_engine"] == 0.0 and stats["staleness_max"] == 1.0
+        assert stats["logprob_abs_diff_max"] > 0
+        # the engine serves the updated parameters: the record of a new batch is the trainer's again
+        stats = s.train_step(s.rollout(), inspect=True)
+        assert stats["prox_from_engine"] == 1.0
+    with Session(config(actor__ppo_n_minibatches=2, actor__skip_redundant_recompute=False)) as s:
+        stats = s.train_step(s.rollout())  # the knob forces the recomputation, and the drift check
+        assert stats["prox_from_engine"] == 0.0 and stats["logprob_abs_diff_max"] < 1e-4
+
+
+def test_a_bfloat16_engine_keeps_its_own_copy_and_the_trainer_recomputes():
+    with Session(config(model__dtype="bfloat16", actor__ppo_n_minibatches=2)) as s:
+        assert not s.engine.shares_weights and s.actor.in_place_engine is None
+        policy = dict(s.actor.model.named_parameters())
+        assert all(p is not policy[n] for n, p in s.engine.model.named_parameters())
+        stats = s.train_step(s.rollout())
+        assert stats["prox_from_engine"] == 0.0 and "logprob_abs_diff_max" in stats
+        assert s.engine.get_version() == 1

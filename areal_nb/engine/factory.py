@@ -54,6 +54,7 @@ def create_engine(
     lora: Any = None,
     lora_adapters: int | None = None,
     agents: Sequence[str] = (),
+    share_weights: bool = False,
 ) -> InferenceEngine:
     """An engine serving `model` (a loaded model, or a path for engines that load their own).
 
@@ -70,6 +71,8 @@ def create_engine(
     `agents`: with one adapter per agent, their names: the embedded engine can serve one merged
     policy at a time, so each agent gets an engine of its own (`AgentEngines`); servers apply
     each agent's adapter themselves (`lora`).
+    `share_weights`: the embedded engine serves `model`'s parameters themselves where they are
+    already on `device` in `dtype` (`LocalEngine(share_weights=)`); the other types ignore it.
     """
     if spec.type == "local":
         import torch
@@ -77,7 +80,7 @@ def create_engine(
         from .defaults import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
         from .local import LocalEngine
 
-        def local() -> LocalEngine:
+        def local(share: bool) -> LocalEngine:
             return LocalEngine(
                 model if model is not None else _need_path(model_path, spec.type),
                 tokenizer,
@@ -87,13 +90,14 @@ def create_engine(
                 seed=spec.seed,
                 prefix_cache_tokens=getattr(spec, "prefix_cache_tokens", DEFAULT_PREFIX_CACHE_TOKENS),
                 single_thread_rows=getattr(spec, "single_thread_rows", DEFAULT_SINGLE_THREAD_ROWS),
+                share_weights=share,
             )
 
         if agents:  # base + each agent's ΔW merged: an engine per agent
             from .agent_engines import AgentEngines
 
-            return AgentEngines({agent: local() for agent in agents})
-        return local()
+            return AgentEngines({agent: local(False) for agent in agents})  # (each its own merged weights)
+        return local(share_weights)
     if spec.type == "sglang":
         from .defaults import DEFAULT_SINGLE_THREAD_ROWS
         from .remote_launch import launch_remote_engine

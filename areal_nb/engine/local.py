@@ -59,7 +59,7 @@ from .kv_batch import PaddedKVBatch, compact_order
 from .prefix_cache import CachedPrefix, PrefixCache
 from .request_plan import RequestPlan, plan_request
 from .sampling import sample_masked, sample_next_tokens
-from .weights import check_weights, copy_weights_into, load_engine_model, read_weights_dir
+from .weights import can_share_weights, check_weights, copy_weights_into, load_engine_model, read_weights_dir
 
 logger = logging.getLogger(__name__)
 
@@ -185,17 +185,27 @@ class LocalEngine(InferenceEngine):
         fast_forward: bool = True,
         single_thread_rows: int = DEFAULT_SINGLE_THREAD_ROWS,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        share_weights: bool = False,
     ) -> None:
         """`fast_forward=False` forces transformers' stock forward even where the lean one applies;
         `single_thread_rows`: on CPU, decoding steps of at most this many rows run on one torch
         thread (see the comment on `DEFAULT_SINGLE_THREAD_ROWS` above; 0: never); `prefix_cache_tokens` bounds the prefix cache
-        (tokens of KV kept, 0: no cache)."""
+        (tokens of KV kept, 0: no cache).
+
+        `share_weights=True`, for a loaded `model` whose parameters already are `dtype` tensors on
+        `device`: serve those tensors themselves, no copy (`shares_weights` says whether it
+        does). Whoever changes them in place (a trainer's optimizer step) must do so while the
+        engine is paused and then `update_weights` with them (no copy: a version change between
+        two decoding steps), so every token carries the version of the weights that sampled it."""
         if max_batch_size < 1:
             raise InvalidArgumentError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if single_thread_rows < 0:
             raise InvalidArgumentError(f"single_thread_rows must be >= 0, got {single_thread_rows}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model, self.tokenizer = load_engine_model(model, tokenizer, self.device, dtype)
+        self.shares_weights = share_weights and can_share_weights(model, self.device, dtype)
+        self.model, self.tokenizer = load_engine_model(
+            model, tokenizer, self.device, dtype, share_weights=self.shares_weights
+        )
         self.max_batch_size = max_batch_size
         self.single_thread_rows = single_thread_rows if self.device.type == "cpu" else 0
         self.max_context = int(self.model.config.max_position_embeddings)

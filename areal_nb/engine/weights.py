@@ -14,22 +14,37 @@ from areal_nb.api.saved_tokenizer import load_saved_tokenizer
 from areal_nb.errors import ArgumentTypeError, ModelFileError, WeightUpdateError
 
 
+def can_share_weights(model: Any, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether an engine on `device` in `dtype` can serve `model`'s parameters themselves: a loaded
+    model whose floating parameters all are `dtype` tensors on `device`."""
+    if not isinstance(model, PreTrainedModel):
+        return False
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    same_device = lambda d: d.type == device.type and device.index in (None, d.index)  # noqa: E731
+    return bool(params) and all(p.dtype == dtype and same_device(p.device) for p in params)
+
+
 def load_engine_model(
     model: str | os.PathLike | PreTrainedModel,
     tokenizer: Any,
     device: torch.device,
     dtype: torch.dtype,
+    share_weights: bool = False,
 ) -> tuple[PreTrainedModel, Any]:
-    """The engine's own copy of the model (sdpa attention, or eager for soft-capped scores; eval mode) and its tokenizer.
+    """The engine's model (sdpa attention, or eager for soft-capped scores; eval mode) and its tokenizer.
 
     `model` is a loaded model, a local `save_pretrained` folder or a Hugging Face id. Built-in
     names such as `tiny-math` belong to `areal_nb.models` (a layer above the engine): resolve
     them first with `areal_nb.models.resolve_model_path` (the Session and the CLI do). Without a
     `tokenizer`, the folder's own is loaded as saved (`areal_nb.api.load_saved_tokenizer`).
+    `share_weights` (where `can_share_weights`): the modules are the engine's own (its attention
+    setting, eval mode, buffers), the parameters are the caller's tensors, not copies.
     """
     if isinstance(model, PreTrainedModel):
         # A deep copy: the trainer keeps updating its model; the engine changes only on update_weights.
-        engine_model = copy.deepcopy(model)
+        # Shared: the copy's memo maps every parameter to itself, so only the modules are new.
+        shared = {id(p): p for p in model.parameters()} if share_weights else {}
+        engine_model = copy.deepcopy(model, shared)
         if tokenizer is None:
             source = getattr(model.config, "_name_or_path", "")
             if source and Path(source).is_dir():
@@ -58,7 +73,10 @@ def load_engine_model(
     engine_model.set_attn_implementation("eager" if soft_capped else "sdpa")
     # transformers wraps PreTrainedModel.to in functools.wraps, whose stubs lose the bound self
     engine_model = engine_model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]
-    engine_model.requires_grad_(False)
+    if (
+        not share_weights
+    ):  # (shared parameters keep the trainer's requires_grad; the engine runs under inference_mode)
+        engine_model.requires_grad_(False)
     return engine_model, tokenizer
 
 
@@ -130,6 +148,19 @@ def check_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> N
 
 @torch.no_grad()
 def copy_weights_into(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> None:
+    """Copy `weights` into the model's own tensors (the engine never aliases a caller's tensor);
+    a tensor that already is the model's own (an engine serving the trainer's parameters) is left."""
     own = model.state_dict()
     for name, value in weights.items():
-        own[name].copy_(value)  # copy_: the engine never aliases the caller's tensors
+        if not _same_tensor(own[name], value):
+            own[name].copy_(value)
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )

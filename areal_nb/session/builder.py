@@ -62,6 +62,7 @@ def build_engine(
     policy: torch.nn.Module,
     tokenizer: Any,
     on_log: Callable[[int, str], None] | None = None,
+    share_weights: bool = False,
 ) -> InferenceEngine:
     """The engine `engine.type` names (`engine.create_engine` chooses; this passes what any type
     may need). The embedded engine serves `policy`; server engines load the model by path
@@ -70,7 +71,11 @@ def build_engine(
     `engine_logs/server-<i>.log` and to `on_log(server_index, line)`.
 
     Called from the notebook's main thread: launched servers get SIGTERM when the thread that
-    started them exits (launcher's parent-death signal), so not from a short-lived thread."""
+    started them exits (launcher's parent-death signal), so not from a short-lived thread.
+
+    `share_weights`: the embedded engine serves `policy`'s parameters themselves where it can
+    (same device and dtype: `model.dtype` float32, the master weights' dtype), not a copy; never
+    with adapters (it serves merged weights, or one policy per agent)."""
     from areal_nb.engine import create_engine
     from areal_nb.models import resolve_model_path
 
@@ -91,6 +96,7 @@ def build_engine(
         lora=lora,
         lora_adapters=lora_adapters,
         agents=list(cfg.agents),
+        share_weights=share_weights and not cfg.trains_adapters,
     )
 
 
@@ -113,6 +119,16 @@ def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:
     return LoraConfig(r=max(a.r for a in adapters), target_modules=targets), 2 * len(adapters)
 
 
+def serve_in_place(actor: Actor, engine: InferenceEngine) -> None:
+    """An embedded engine that serves the policy's parameters themselves (`build_engine`'s
+    `share_weights`) is paused by the actor around its in-place updates (`Actor.serve_in_place`)."""
+    from areal_nb.engine import LocalEngine
+
+    local = engine if isinstance(engine, LocalEngine) else None  # (a LocalEngine's own attribute)
+    if local is not None and local.shares_weights:
+        actor.serve_in_place(local)
+
+
 def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:
     """Servers that apply adapters get every agent's adapter at once, so each call names its
     agent's from the first one (and a call from another agent is refused from the start)."""
@@ -129,6 +145,21 @@ def sync_engine_weights(cfg: SessionConfig, policy: torch.nn.Module, engine: Inf
 
         weights = serving_weights(policy.state_dict(), getattr(torch, cfg.model.dtype))
         engine.update_weights(weights, version=engine.get_version())
+
+
+def engine_numerics(cfg: SessionConfig) -> Any:
+    """How the embedded engine computes the log-probs it records (`train.EngineNumerics`), so the
+    Actor can take them as π_prox where they are exactly its own (`train/engine_numerics.py`):
+    the engine serves in `model.dtype` on the policy's device at `rollout.temperature`. None for
+    server engines and for adapters (the engine serves merged weights). Every rank gets the same
+    answer: under torchrun they must all skip the recomputation, or none."""
+    from areal_nb.train.engine_numerics import EngineNumerics
+
+    if cfg.engine.type != "local" or cfg.trains_adapters:
+        return None
+    return EngineNumerics(
+        dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg), temperature=cfg.rollout.temperature
+    )
 
 
 def build_actor(
@@ -156,6 +187,7 @@ def build_actor(
         tokenizer=tokenizer,
         agent_lora=cfg.agent_lora or None,
         temperature=cfg.rollout.temperature,  # the trainer's log-probs are the sampler's
+        engine_numerics=engine_numerics(cfg),
     )
 
 
@@ -237,7 +269,9 @@ def bind_session_judges(
             f"with the engine type {cfg.engine.type!r} give the judge base_url= (a served copy) instead"
         )
     frozen = copy.deepcopy(policy).eval().requires_grad_(False)
-    judge_engine = build_engine(cfg, frozen, tokenizer)
+    judge_engine = build_engine(
+        cfg, frozen, tokenizer, share_weights=True
+    )  # (nothing changes the frozen copy)
     for judge in judges:
         judge.bind_engine(judge_engine, tokenizer)
     return judge_engine

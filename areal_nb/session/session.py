@@ -167,12 +167,17 @@ class Session:
             check_same_base(resumed.get("base_model"), self.lora_base, resumed.get("folder", "checkpoint"))
         self._engine_log = EngineLog()
         self.engine = engine = builder.build_engine(
-            cfg, policy, self.tokenizer, on_log=self._engine_log.append
+            cfg,
+            policy,
+            self.tokenizer,
+            on_log=self._engine_log.append,
+            share_weights=self._ranks.parallel is None,  # (data-parallel: replicas or shards)
         )
         builder.sync_engine_weights(cfg, policy, engine)
         self.actor = builder.build_actor(
             cfg, policy, version=engine.get_version(), parallel=self._ranks.parallel, tokenizer=self.tokenizer
         )
+        builder.serve_in_place(self.actor, engine)
         builder.sync_agent_adapters(cfg, self.actor, engine)
         self._proxy = proxy = builder.build_proxy(cfg, engine, self.tokenizer)
         self._runtime = runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)

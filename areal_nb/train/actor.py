@@ -144,6 +144,10 @@ class Actor:
         self.ref_model = ref_model
         self.engine_numerics = engine_numerics
         self.version = version
+        # an engine that serves this Actor's parameters themselves (`serve_in_place`), and whether
+        # this step paused it (from its first optimizer step until the engine's version moved)
+        self.in_place_engine: InferenceEngine | None = None
+        self._paused_engine = False
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
         # Mixed precision (`precision.py`): the forward and backward compute in `compute_dtype`
@@ -260,9 +264,16 @@ class Actor:
         lr = self._set_learning_rate()
         policies = self._policies_before_update(step)
         adv, kl_stats = self._advantages(step, policies.old, credit)
-        update = self._update(
-            step, adv["advantages"], policies, InspectionCollector(step.input_ids.shape) if inspect else None
-        )
+        try:
+            update = self._update(
+                step,
+                adv["advantages"],
+                policies,
+                InspectionCollector(step.input_ids.shape) if inspect else None,
+            )
+            self._publish_in_place(self.version + 1)
+        finally:
+            self._resume_in_place_engine()
         out = self._step_stats(step, adv, update, policies, kl_stats, lr, time.perf_counter() - start)
         if update.collector is not None:
             self.last_inspection = self._inspection(
@@ -382,8 +393,11 @@ class Actor:
         # π_old in the clipped ratio: the engine's record in decoupled mode or without
         # recomputation; otherwise the recomputed values (identical on-policy, but exact).
         engine_as_old = cfg.use_decoupled_loss or not cfg.recompute_logprob
-        if cfg.computes_prox_logprobs and self._engine_records_prox(step):
+        redundant = cfg.computes_prox_logprobs and self._recompute_is_redundant()
+        if cfg.computes_prox_logprobs and not redundant and self._engine_records_prox(step):
             # the engine sampled with these weights in this dtype: its record is the recomputation
+            # (where the training forward computes π_prox anyway, that exact value is kept instead,
+            # and with it the engine-vs-trainer drift check)
             recorded = step.engine_logprobs
             return _Policies(
                 recorded,
@@ -393,7 +407,7 @@ class Actor:
                 prox_from_engine=True,
             )
         prox = None
-        skipped = cfg.computes_prox_logprobs and self._recompute_is_redundant()
+        skipped = redundant
         if skipped:
             # filled micro-batch by micro-batch from the training forward (pre-update weights)
             prox = torch.zeros_like(step.engine_logprobs)
@@ -544,6 +558,7 @@ class Actor:
             norm = torch.stack(norms).norm()
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # (FSDP: a DTensor, the global norm)
+        self._pause_in_place_engine()  # the step writes the parameters the engine reads
         if self.grad_scaler is None:
             self.optimizer.step()
         else:
@@ -624,9 +639,11 @@ class Actor:
             use_adapter(self.model, step.row_agents[int(micro[0])])
 
     def _engine_records_prox(self, step: _StepBatch) -> bool:
-        """Whether the batch's recorded log-probs are this Actor's π_prox (`engine_numerics.py`)."""
+        """Whether the batch's recorded log-probs are this Actor's π_prox (`engine_numerics.py`);
+        never with `skip_redundant_recompute` off (it forces the recomputation)."""
         return (
-            not self.lora  # (the engine serves base + ΔW merged: another rounding than the adapters' forward)
+            self.cfg.skip_redundant_recompute
+            and not self.lora  # (the engine serves base + ΔW merged: another rounding than the adapters' forward)
             and not step.allowed  # (replayed masks renormalise the recomputation)
             and engine_logprobs_are_current(
                 self.engine_numerics,
@@ -765,15 +782,57 @@ class Actor:
         return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
 
     # ---------------------------------------------------------------- weights
+    def serve_in_place(self, engine: InferenceEngine) -> None:
+        """`engine` serves this Actor's parameters themselves (`LocalEngine(share_weights=True)`
+        on the policy): no copy per push. From then on each train step pauses it before its first
+        optimizer step (which writes the parameters in place; forwards and backwards only read
+        them) and resumes it once the engine's version is the step's new one, so a token is never
+        sampled by updated weights under the old version. Not with adapters (the engine serves
+        merged weights) nor data-parallel (the parameters are the ranks' replicas or shards)."""
+        if self.lora or self.parallel is not None:
+            raise InvalidArgumentError(
+                "an engine serves the Actor's parameters in place only without LoRA and without data "
+                "parallelism (it is pushed merged or gathered weights there)"
+            )
+        self.in_place_engine = engine
+
+    def _pause_in_place_engine(self) -> None:
+        engine = self.in_place_engine
+        if engine is not None and not self._paused_engine and not getattr(engine, "paused", False):
+            engine.pause()  # (returns once no decoding step runs)
+            self._paused_engine = True
+
+    def _publish_in_place(self, version: int) -> None:
+        """The in-place engine's version moves to `version` while it is paused (no copy: its
+        weights are these)."""
+        if self.in_place_engine is not None and self._paused_engine:
+            self.in_place_engine.update_weights(self._served_weights(), version=version)
+
+    def _resume_in_place_engine(self) -> None:
+        if self._paused_engine:
+            self._paused_engine = False
+            assert self.in_place_engine is not None
+            self.in_place_engine.resume()
+
+    def _served_weights(self) -> dict[str, Tensor]:
+        """What the in-place engine serves: the parameters themselves (`serving_weights` casts
+        nothing, they are in the engine's dtype)."""
+        return serving_weights(self.model.state_dict(), self.compute_dtype)
+
     def push_weights(self, engine: InferenceEngine | None, version: int | None = None) -> int:
         """Send the current weights, in the compute dtype the engine serves, to the engine;
         tokens sampled afterwards carry `version`. `engine` is None on the ranks ≠ 0 of a torchrun
         Session, which take part in gathering the weights (FSDP) but serve nothing.
 
         The engine must copy the tensors (they are the live parameters, which the next step
-        changes in place).
+        changes in place), unless it serves them in place (`serve_in_place`): then the train step
+        already moved its version, and a push to another version only moves it again.
         """
         version = self.version if version is None else version
+        if engine is not None and engine is self.in_place_engine:
+            if engine.get_version() != version:
+                engine.update_weights(self._served_weights(), version=version)
+            return version
         if self.agents:
             if engine is None:
                 return version

@@ -153,7 +153,9 @@ class GRPOConfig:
     one optimizer step per train step (ppo_n_minibatches == 1) every micro-batch's forward runs
     the pre-update weights, i.e. π_prox itself, so its detached log-probs are used (exact, for
     on- and off-policy tokens alike). Not skipped without the decoupled loss when kl_ctl > 0
-    (the KL penalty needs π_old before the forward). False: always recompute."""
+    (the KL penalty needs π_old before the forward). Where the separate pass would run, the
+    embedded engine's record is used instead when it is exactly π_prox (`Actor(engine_numerics=)`,
+    `engine_numerics.py`; stats: `prox_from_engine`). False: always recompute (and compare)."""
     pack: bool = True
     """Train on unique tokens: the rows of a group are merged into a token trie and each shared
     prefix (the group's prompt, earlier turns of concat rows) is computed once (`packing.py`);

@@ -1,7 +1,9 @@
 """The engine's record as π_prox (`train.engine_numerics`): where the embedded engine sampled every
 token with the trainer's current weights, in its dtype, on its device type, at its temperature,
 the no-grad recomputation is not run and the step equals the recomputing one to 1e-6 (loss,
-stats, gradients, update), on real LocalEngine samples; wherever one condition fails, it runs."""
+stats, gradients, update), on real LocalEngine samples; wherever one condition fails, it runs.
+Where the training forward computes π_prox anyway (one minibatch), that exact value is kept.
+`skip_redundant_recompute=False` forces the recomputation."""
 
 import copy
 
@@ -75,12 +77,17 @@ KEYS = ("loss", "grad_norm", "importance_weight_mean", "importance_weight_max", 
 def test_the_record_replaces_the_recomputation_to_1e6(engine_batch, cfg_kwargs):
     model, batch, group_ids = engine_batch
     used = step(model, batch, group_ids, EXACT, **cfg_kwargs)
-    forced = step(model, batch, group_ids, None, skip_redundant_recompute=False, **cfg_kwargs)
-    assert used[0]["prox_from_engine"] == 1.0 and forced[0]["prox_from_engine"] == 0.0
-    assert "logprob_abs_diff_max" not in used[0]  # nothing was recomputed to compare with
-    assert forced[0]["logprob_abs_diff_max"] < 1e-5  # the engine's record is the recomputation
-    assert used[3] < forced[3]  # the training forwards only: no recomputation before the update
+    forced = step(model, batch, group_ids, EXACT, skip_redundant_recompute=False, **cfg_kwargs)
     minibatches = cfg_kwargs.get("ppo_n_minibatches", 1)
+    assert forced[0]["prox_from_engine"] == forced[0]["recompute_skipped"] == 0.0  # the knob forces it
+    assert forced[0]["logprob_abs_diff_max"] < 1e-5  # the engine's record is the recomputation
+    if minibatches == 1:  # the training forward computes π_prox exactly: it is kept, drift check too
+        assert used[0]["prox_from_engine"] == 0.0 and used[0]["recompute_skipped"] == 1.0
+        assert "logprob_abs_diff_max" in used[0]
+    else:
+        assert used[0]["prox_from_engine"] == 1.0
+        assert "logprob_abs_diff_max" not in used[0]  # nothing was recomputed to compare with
+    assert used[3] < forced[3]  # the training forwards only: no recomputation before the update
     keys = KEYS + (("behave_imp_weight_mean",) if cfg_kwargs["use_decoupled_loss"] else ())
     for key in keys:
         assert used[0][key] == pytest.approx(forced[0][key], abs=TOL), key
@@ -129,11 +136,8 @@ def test_one_stale_token_is_enough_to_recompute(engine_batch):
     batch = dict(batch)
     gen = batch["loss_mask"].bool()
     batch["versions"] = torch.where(gen, 1, -1)  # as if sampled after one update ...
-    assert (
-        step(model, batch, group_ids, EXACT, version=1, use_decoupled_loss=True)[0]["prox_from_engine"] == 1.0
-    )
+    kwargs = {"version": 1, "use_decoupled_loss": True, "ppo_n_minibatches": 2}
+    assert step(model, batch, group_ids, EXACT, **kwargs)[0]["prox_from_engine"] == 1.0
     last = tuple(gen.nonzero()[-1])
     batch["versions"][last] = 0  # ... but for one token, sampled before it
-    assert (
-        step(model, batch, group_ids, EXACT, version=1, use_decoupled_loss=True)[0]["prox_from_engine"] == 0.0
-    )
+    assert step(model, batch, group_ids, EXACT, **kwargs)[0]["prox_from_engine"] == 0.0
