@@ -153,9 +153,10 @@ def engine_numerics(cfg: SessionConfig) -> Any:
     the engine serves in `model.dtype` on the policy's device at `rollout.temperature`. None for
     server engines and for adapters (the engine serves merged weights). Every rank gets the same
     answer: under torchrun they must all skip the recomputation, or none."""
+    from areal_nb.engine.factory import engine_class
     from areal_nb.train.engine_numerics import EngineNumerics
 
-    if cfg.engine.type != "local" or cfg.trains_adapters:
+    if not engine_class(cfg.engine.type).serves_models_in_process or cfg.trains_adapters:
         return None
     return EngineNumerics(
         dtype=getattr(torch, cfg.model.dtype), device=policy_device(cfg), temperature=cfg.rollout.temperature

@@ -788,7 +788,8 @@ class Actor:
         optimizer step (which writes the parameters in place; forwards and backwards only read
         them) and resumes it once the engine's version is the step's new one, so a token is never
         sampled by updated weights under the old version. Not with adapters (the engine serves
-        merged weights) nor data-parallel (the parameters are the ranks' replicas or shards)."""
+        merged weights) nor data-parallel (the parameters are the ranks' replicas or shards).
+        (Pausing is not counted: a train step resumes the engine it paused, even one paused before.)"""
         if self.lora or self.parallel is not None:
             raise InvalidArgumentError(
                 "an engine serves the Actor's parameters in place only without LoRA and without data "
@@ -798,7 +799,7 @@ class Actor:
 
     def _pause_in_place_engine(self) -> None:
         engine = self.in_place_engine
-        if engine is not None and not self._paused_engine and not getattr(engine, "paused", False):
+        if engine is not None and not self._paused_engine:
             engine.pause()  # (returns once no decoding step runs)
             self._paused_engine = True
 
