@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from areal_nb.api import GenerationConfig, ModelRequest
 from areal_nb.engine import LocalEngine
-from areal_nb.train import Actor, GRPOConfig
+from areal_nb.train import Actor, GRPOConfig, TrainBatch
 
 from ..train.conftest import make_tiny_qwen2
 from ..train.test_engine_roundtrip import rollout
@@ -104,7 +104,7 @@ def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each
             thread.start()
         for _ in range(4):
             time.sleep(0.05)
-            actor.train_step(batch, group_ids)
+            actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
             snapshots[actor.version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             time.sleep(0.05)  # what the Session does between the step and the push (stats, history)
             assert actor.push_weights(engine) == actor.version == engine.get_version()
