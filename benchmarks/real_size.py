@@ -435,13 +435,12 @@ def print_engines(engines: dict[str, dict]) -> None:
                 f"| {model} | {r['requests']} | {_cell(r, 'engine')} | {_cell(r, 'vllm')} | {_cell(r, 'static')} | "
                 f"{_ratio(r, 'vllm')} | {_ratio(r, 'static')} |"
             )
-    print(
-        "\n| model | peak RSS GiB (process tree) | "
-        + " | ".join(next(iter(engines.values()))["peak_rss_gib"])
-        + " |"
-    )
+    names = list(next(iter(engines.values()))["peak_rss_gib"])
+    print("\nPeak resident memory of each contender's process tree, GiB:")
+    print("| model | " + " | ".join(names) + " |")
+    print("|---" * (1 + len(names)) + "|")
     for model, part in engines.items():
-        print(f"| {model} | | " + " | ".join(f"{v:.2f}" for v in part["peak_rss_gib"].values()) + " |")
+        print(f"| {model} | " + " | ".join(f"{v:.2f}" for v in part["peak_rss_gib"].values()) + " |")
 
 
 def main() -> None:
