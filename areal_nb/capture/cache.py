@@ -200,6 +200,13 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
 
     def _discount_tree(self, gamma: float) -> None:
         nodes = [v for v in self.values() if v.is_complete]
+        self.warn_unrewarded_leaves(stacklevel=5)
+        self._store_discounted(nodes, discounted_rewards(nodes, gamma, "tree"))
+
+    def warn_unrewarded_leaves(self, stacklevel: int = 4) -> None:
+        """`MissingRewardWarning` when a conversation's last call (a leaf of its tree) has no
+        reward: a discount counts it 0.0, which is rarely what the agent meant."""
+        nodes = [v for v in self.values() if v.is_complete]
         parents = {id(v.parent) for v in nodes if v.parent is not None}
         unset = [v.interaction_id for v in nodes if id(v) not in parents and v.reward is None]
         if unset:
@@ -207,9 +214,8 @@ class InteractionCache(OrderedDict[str, InteractionWithTokenLogpReward]):
                 f"{len(unset)} leaf interaction(s) have no reward set ({', '.join(map(str, unset[:3]))}"
                 f"{', ...' if len(unset) > 3 else ''}); using 0.0",
                 MissingRewardWarning,
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
-        self._store_discounted(nodes, discounted_rewards(nodes, gamma, "tree"))
 
     def undo_reward_discount(self) -> None:
         """Put back the rewards as the agent set them, so the discount can be applied again.

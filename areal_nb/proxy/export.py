@@ -30,6 +30,8 @@ def session_calls(session: SessionData) -> dict[str, InteractionWithTokenLogpRew
     `raw_reward` holds the agent's reward (unset: the 0.0 a discount counts), as
     `/export_trajectories` records it."""
     cache = session.cache
+    if len(cache):
+        cache.warn_unrewarded_leaves()  # as the discount of `/export_trajectories` does
     calls = cache.export_interactions("individual") if len(cache) else {}
     for call in calls.values():
         call.raw_reward = call.reward if call.reward is not None else 0.0
