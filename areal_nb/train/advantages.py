@@ -47,11 +47,11 @@ def group_index(group_ids: Tensor | Sequence[Any], n_rows: int) -> Tensor:
         if ids.numel() != n_rows:
             raise TrainBatchError(f"group_ids has {ids.numel()} entries for {n_rows} rows")
         return torch.unique(ids, return_inverse=True)[1]
-    ids = list(group_ids)
-    if len(ids) != n_rows:
-        raise TrainBatchError(f"group_ids has {len(ids)} entries for {n_rows} rows")
+    listed = list(group_ids)
+    if len(listed) != n_rows:
+        raise TrainBatchError(f"group_ids has {len(listed)} entries for {n_rows} rows")
     dense: dict[Any, int] = {}
-    return torch.tensor([dense.setdefault(g, len(dense)) for g in ids], dtype=torch.long)
+    return torch.tensor([dense.setdefault(g, len(dense)) for g in listed], dtype=torch.long)
 
 
 def group_normalize(
@@ -77,16 +77,14 @@ def group_normalize(
     for name, level in (("mean_level", mean_level), ("std_level", std_level)):
         if level not in ("group", "batch", None):
             raise InvalidArgumentError(f"{name} must be 'group', 'batch' or None, got {level!r}")
-    needs_groups = "group" in (mean_level, std_level)
-    if needs_groups and group_ids is None:
+    if "group" not in (mean_level, std_level):
+        gid = torch.zeros(n, dtype=torch.long, device=x.device)
+    elif group_ids is None:
         raise InvalidArgumentError(
             "group normalisation needs group_ids: one id per row (rows need not be contiguous)"
         )
-    gid = (
-        group_index(group_ids, n).to(x.device)
-        if needs_groups
-        else torch.zeros(n, dtype=torch.long, device=x.device)
-    )
+    else:
+        gid = group_index(group_ids, n).to(x.device)
     n_groups = int(gid.max()) + 1
     group_count = torch.bincount(gid, minlength=n_groups).double()
 

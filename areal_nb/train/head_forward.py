@@ -18,6 +18,7 @@ other models run the whole forward and read the heads' logits (`logits_to_keep`)
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -69,11 +70,12 @@ def head_hidden(
     `tokens` / `position_ids` `[T]` (`model.lm_head` of them: the logits there): every layer but
     the last over all nodes with `plan`, the last one's queries at the heads only (`head_plan`:
     `plan_tree_attention(..., queries=heads)`). Run inside `tree_attention(model)`."""
-    inner = model.model
+    causal_lm: Any = model  # a transformers *ForCausalLM: its modules and config by name
+    inner = causal_lm.model
     hidden = inner.embed_tokens(tokens[None])  # [1, T, D]
     positions = position_ids[None]
     cos_sin = inner.rotary_emb(hidden, positions)
-    *layers, last = inner.layers[: model.config.num_hidden_layers]
+    *layers, last = inner.layers[: causal_lm.config.num_hidden_layers]
     for layer in layers:  # the model's own layers, attention through the tree plan
         hidden = layer(
             hidden, attention_mask=plan, position_ids=positions, position_embeddings=cos_sin, use_cache=False
@@ -83,7 +85,7 @@ def head_hidden(
 
 
 def _last_layer_at(
-    layer: torch.nn.Module, hidden: Tensor, cos_sin: tuple[Tensor, Tensor], heads: Tensor, head_plan: TreePlan
+    layer: Any, hidden: Tensor, cos_sin: tuple[Tensor, Tensor], heads: Tensor, head_plan: TreePlan
 ) -> Tensor:
     """The decoder layer's output at `heads` only: keys and values of all nodes, the rest at the
     heads (the layer's own modules and its model's rotary function, in the layer's order)."""

@@ -84,8 +84,9 @@ class LossInspection:
         return out
 
     def to(self, device: str | torch.device) -> LossInspection:
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return LossInspection(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in moved.items()})
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in values.items()}
+        return LossInspection(**moved)
 
 
 class InspectionCollector:

@@ -49,8 +49,8 @@ class VariantResult:
     masked: Tensor  # bool: dropped from the loss (behaviour-weight cap, MIS)
     mismatch_weight: Tensor  # the TIS / MIS factor (1 without a correction)
     grad_norm: float
+    grad: Tensor = field(repr=False)  # the flattened gradient (device of the model)
     trial_kl: float | None = None  # with trial_step: KL(π_before ‖ π_after) on the batch's tokens (k3)
-    grad: Tensor | None = field(default=None, repr=False)  # the flattened gradient (device of the model)
 
 
 def compare_variants(

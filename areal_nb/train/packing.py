@@ -322,7 +322,7 @@ def _flat_logprobs(
             head_plan = plan_tree_attention(
                 _head_runs(compact, packed.node_of, heads), len(flat), queries=heads.tolist()
             )
-            logits = model.lm_head(
+            logits = model.get_submodule("lm_head")(
                 head_hidden(model, tokens, position_ids, packed.plan, heads, head_plan.to(device))
             )
         else:

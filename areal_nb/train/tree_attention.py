@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -125,11 +126,11 @@ def plan_tree_attention(
             query_nodes += [path[lo]] * (q_len - end + lo)  # padding queries (their output is dropped)
             query_slots.append(range(slots + i * q_len, slots + i * q_len + end - lo))
         key_nodes.append(torch.tensor(keys, dtype=torch.long))
-        lo = torch.tensor([c[1] for c in group])
-        end = torch.tensor([c[2] for c in group])
+        los = torch.tensor([c[1] for c in group])
+        ends = torch.tensor([c[2] for c in group])
         # query slot j of a chunk has depth lo + j (padding slots: the last real depth, so that they
         # see some key); key slot t has depth t and is seen from depth >= t
-        query_depth = torch.minimum(lo[:, None] + torch.arange(q_len), end[:, None] - 1)
+        query_depth = torch.minimum(los[:, None] + torch.arange(q_len), ends[:, None] - 1)
         mask = torch.arange(k_len) <= query_depth[:, :, None]
         buckets.append(Bucket(mask[:, None], n, q_len, k_len))
         slots += n * q_len
@@ -138,18 +139,18 @@ def plan_tree_attention(
     real_slots = torch.tensor([slot for chunk in query_slots for slot in chunk], dtype=torch.long)
     slot_of = torch.full((n_nodes,), -1, dtype=torch.long)
     slot_of[nodes[real_slots]] = real_slots
-    keys = torch.cat(key_nodes) if key_nodes else torch.zeros(0, dtype=torch.long)
+    all_keys = torch.cat(key_nodes) if key_nodes else torch.zeros(0, dtype=torch.long)
     if queries is None:
         if bool((slot_of < 0).any()):
             raise InvalidArgumentError("plan_tree_attention: some nodes are in no segment")
-        return TreePlan(buckets, nodes, keys, slot_of, pairs)
+        return TreePlan(buckets, nodes, all_keys, slot_of, pairs)
     wanted = torch.as_tensor(queries, dtype=torch.long)
     index_of = torch.full((n_nodes,), -1, dtype=torch.long)
     index_of[wanted] = torch.arange(len(wanted))
     output_slot, query_index = slot_of[wanted], index_of[nodes]
     if bool((output_slot < 0).any()) or bool((query_index < 0).any()):
         raise InvalidArgumentError("plan_tree_attention: the segments' queries are not exactly `queries`")
-    return TreePlan(buckets, query_index, keys, output_slot, pairs)
+    return TreePlan(buckets, query_index, all_keys, output_slot, pairs)
 
 
 def tree_attention_forward(
@@ -223,7 +224,7 @@ def tree_attention(model: torch.nn.Module) -> Iterator[None]:
     from transformers import AttentionInterface
 
     AttentionInterface.register(_ATTENTION_NAME, tree_attention_forward)  # (idempotent)
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     previous = config._attn_implementation
     config._attn_implementation = _ATTENTION_NAME
     try:
