@@ -38,7 +38,7 @@ def engine_greedy(session: Session, prompt_ids: list[int]) -> list[int]:
     request = ModelRequest(
         input_ids=prompt_ids, gconfig=GenerationConfig(greedy=True, max_new_tokens=NEW_TOKENS)
     )
-    return session._runtime.call(session.engine.agenerate(request)).output_tokens
+    return session._lead.runtime.call(session.engine.agenerate(request)).output_tokens
 
 
 def transformers_greedy(folder: Path, prompts: list[list[int]]) -> list[list[int]]:

@@ -20,7 +20,7 @@ def waiting_rows(session: Session) -> tuple[list[dict], int]:
     async def read():
         return [g.data for g in session.executor._groups], session.data.pos  # noqa: SLF001
 
-    return session._runtime.call(read())  # noqa: SLF001
+    return session._lead.runtime.call(read())  # noqa: SLF001
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_prefetched_rows_survive_checkpoints_and_interrupts_and_the_bound_holds_
         ahead, drawn = waiting_rows(a)
         assert len(ahead) >= a.config.rollout.batch_size
         ckpt = a.save(tmp_path / "ckpt")
-        a._runtime.call(a._runtime.on_interrupt())  # noqa: SLF001 - what LoopRuntime.call runs on Ctrl-C
+        a._lead.runtime.call(a._lead.runtime.on_interrupt())  # noqa: SLF001 - what LoopRuntime.call runs on Ctrl-C
         assert a.executor.n_waiting == 0 and a.data.pos == drawn - len(ahead)
         assert [episodes[0].data for episodes in a.rollout().groups.values()] == ahead[:2]
     with Session.load(ckpt, rollout__prefetch=True, rollout__max_head_offpolicyness=0) as b:

@@ -355,7 +355,7 @@ def test_config_reaches_the_parts(tmp_path, monkeypatch):
     with Session(
         config(experiment_name="tb-run", agent__subproc_max_workers=3, logging__backend="tensorboard")
     ) as s:
-        assert s.workflow.subproc_max_workers == 3 and s._eval_workflow.subproc_max_workers == 3
+        assert s.workflow.subproc_max_workers == 3 and s._lead.eval_workflow.subproc_max_workers == 3
         s.step()
         s.step()
         history = s.history
@@ -373,7 +373,7 @@ def test_wandb_backend_offline(tmp_path, monkeypatch):
     with Session(
         config(experiment_name="wb-run", logging__run_dir=str(tmp_path), logging__backend="wandb")
     ) as s:
-        run = s._metrics.run
+        run = s._lead.metrics.run
         assert run.project == "wb-run" and run.offline
         s.step()
         s.step()  # wandb keeps a step's row open until the next step starts; step 1 is now sent

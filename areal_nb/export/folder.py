@@ -197,14 +197,14 @@ def _save_checkpoint(
     the model folder where it will be (`final`), not in the temporary folder it is written to."""
     from areal_nb.session.checkpoint import save_checkpoint
 
-    waiting = getattr(session.executor, "n_waiting", 0)
+    waiting = session.executor.n_waiting if session.executor is not None else 0
     if waiting:  # the checkpoint's data position is before them (session/checkpoint.py): no row is lost
         logger.info(
             "%d prefetched rollout group(s) were not trained on: the exported run generates them "
             "again from their rows, at its own policy version",
             waiting,
         )
-    run = session._run_state()  # noqa: SLF001 - the run's progress, as its save() records it
+    run = session.run_state()  # the run's progress, as its save() records it
     save_checkpoint(session, path, *(gathered or ()), run=run, config=cfg, model_path=final / "model")
 
 
@@ -302,7 +302,7 @@ def _write_readme(
     cluster = cfg.cluster
     checkpoint = (
         f"step {session.step_count}, policy version {session.version}, data position "
-        f"{session._run_state().data_pos}"  # noqa: SLF001 - as the checkpoint records it
+        f"{session.run_state().data_pos}"  # as the checkpoint records it
         if saved
         else "none (training starts from `model.path`)"
     )

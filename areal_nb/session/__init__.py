@@ -1,6 +1,9 @@
-"""The Session (`session.py`, the user-facing API) and its parts: `builder.py` (components from
-the config), `runtime.py` (background loop, Ctrl-C), `data.py` (task data), `evaluation.py`
-(greedy evaluation episodes), `checkpoint.py` (save/load), `metrics.py` (TensorBoard/wandb)."""
+"""The Session (`session.py`, the user-facing API) and its parts: `leader.py` (what rank 0 builds
+and releases), `builder.py` (each component from the config), `parallel.py` (the ranks under
+torchrun) and `rank_writes.py` (rank 0's writes), `runtime.py` (background loop, Ctrl-C),
+`data.py` (task data), `run_loop.py` (`run()`'s cadence), `step_stats.py` (history rows),
+`evaluation.py` (greedy evaluation episodes), `checkpoint.py` (save/load) with `run_state.py`
+(the progress it records), `metrics.py` (TensorBoard/wandb)."""
 
 from .evaluation import EvalResult
 from .session import Session

@@ -43,7 +43,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import yaml
@@ -57,6 +57,9 @@ from .base_model import BASE_FILE, read_base_file, read_json_file, write_base_fi
 from .run_state import RunState
 
 if TYPE_CHECKING:
+    from areal_nb.api import InferenceEngine
+    from areal_nb.train import Actor
+
     from .session import Session
 
 logger = logging.getLogger(__name__)
@@ -97,7 +100,7 @@ def save_checkpoint(
 ) -> Path:
     """Write the checkpoint folder (rank 0), replacing an earlier checkpoint at `path` only once
     the new one is complete. `run`: the run's progress (version, steps, data position, RNG
-    states, history; the Session's `_run_state()`). `actor_state` / `ref_weights`: the actor's full state and its KL
+    states, history; the Session's `run_state()`). `actor_state` / `ref_weights`: the actor's full state and its KL
     reference's full weights when the caller already gathered them (under FSDP every rank takes
     part in those gathers; see `Session.save`). `model_path`: what config.yaml's `model.path`
     says (default: `path/model` resolved; an export names where its folder will be). `config`:
@@ -122,7 +125,7 @@ def save_checkpoint(
         _write_model(session, actor_state, tmp)
         _write_tokenizer(session, tmp)
         if session.actor.lora:  # the base the adapter needs: named, not copied
-            cfg.model.path = session.lora_base["path"]
+            cfg.model.path = _lora_base(session)["path"]
         else:
             cfg.model.path = str(model_path) if model_path is not None else str(final.resolve() / "model")
         _write_config(cfg, tmp)
@@ -164,14 +167,23 @@ def _write_data(cfg: SessionConfig, tmp: Path, final: Path) -> None:
 def _write_model(session: Session, actor_state: dict[str, Any], tmp: Path) -> None:
     folder = tmp / "model"
     actor = session.actor
+    model: Any = actor.model  # (a transformers or peft model: its methods are not nn.Module's)
     if actor.lora:  # the base's config (for the checks) and a reference to its weights; no weights
-        lora_base(actor.model).config.save_pretrained(folder)
-        write_base_file(session.lora_base, tmp)
+        cast(Any, lora_base(model)).config.save_pretrained(folder)
+        write_base_file(_lora_base(session), tmp)
         return
     # (a copy: save_pretrained drops tied weights' duplicate keys from the dict it is given)
-    actor.model.save_pretrained(folder, state_dict=dict(actor_state["model"]))
+    model.save_pretrained(folder, state_dict=dict(actor_state["model"]))
     if not _weight_files(folder):  # save_pretrained logs, rather than raises, some failures
         raise CheckpointError(f"saving the model wrote no weights into {folder}")
+
+
+def _lora_base(session: Session) -> dict[str, Any]:
+    """The base a LoRA run's adapter goes on (set by `start()` whenever `actor.lora` is)."""
+    base = session.lora_base
+    if base is None:
+        raise CheckpointError("this LoRA run has no reference to its base model; it was not started")
+    return base
 
 
 def _write_tokenizer(session: Session, tmp: Path) -> None:
@@ -611,12 +623,11 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
-def restore(session: Session, state: dict[str, Any]) -> RunState:
-    """Put a started Session's actor and engine where the checkpoint's run was (weights,
-    optimizer, version, steps, RNGs) and return the run's state; the Session takes its data
-    position and history from it."""
+def restore(actor: Actor, engine: InferenceEngine, state: dict[str, Any]) -> RunState:
+    """Put rank 0's actor and engine where the checkpoint's run was (weights, optimizer, version,
+    steps, RNGs) and return the run's state; the Session takes its data position and history
+    from it."""
     run = RunState.from_saved(state)
-    actor, engine = session.actor, session.engine
     actor.load_state_dict(state["actor"])
     if actor.ref_model is not None and state.get("ref_model") is not None:
         actor.load_ref_weights(state["ref_model"])  # (sharded: rank 0's shards; the others' come in "start")

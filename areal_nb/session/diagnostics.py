@@ -24,12 +24,12 @@ class SignalWatch:
     def __init__(self) -> None:
         self.silent = False  # inside such a stretch (it was said)
 
-    def observe(self, row: Mapping[str, Any]) -> None:
+    def observe(self, row: Mapping[str, Any], stacklevel: int = 4) -> None:
         share = row.get(ZERO_SIGNAL)
         if share is None or math.isnan(share):  # not measured (no accepted episode, a rank ≠ 0)
             return
         advice = no_signal_advice(row)
         if advice is not None and not self.silent:
             # (the step in the text: Python shows a repeated warning from one place only once)
-            warnings.warn(NoLearningSignalWarning(f"step {row.get('step')}: {advice}"), stacklevel=4)
+            warnings.warn(NoLearningSignalWarning(f"step {row.get('step')}: {advice}"), stacklevel=stacklevel)
         self.silent = advice is not None

@@ -7,15 +7,19 @@ interleave their data draws, rollouts and weight versions in an order neither ch
 stream and the staleness budget are the Session's single state), and waiting silently would hide
 that. Calls nested inside a call of the same thread (`step` → `rollout`, `run` → `save`) are the
 same call. `close()` is the exception: any thread may call it, at any time, any number of times.
+Sessions still open when the interpreter exits are closed then (`live`): no engine server or
+proxy port outlives the notebook.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from areal_nb.errors import SessionBusyError, SessionClosedError
 
@@ -67,3 +71,41 @@ def one_call(method: F) -> F:
             return method(self, *args, **kwargs)
 
     return guarded  # type: ignore[return-value]
+
+
+class Closing:
+    """The lifecycle plumbing of a Session: `with Session(...) as s:` starts it and closes it, and
+    a Session dropped without `close()` is closed (its threads, ports and servers released)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - (at garbage collection: nowhere to report to)
+            pass
+
+
+class _LiveSessions(weakref.WeakSet):
+    """The Sessions started and not closed yet: `close()`d at the interpreter's exit."""
+
+    def close_all(self) -> None:
+        for session in list(self):
+            try:
+                session.close()
+            except Exception:  # noqa: BLE001 - the others must close too
+                pass
+
+
+live = _LiveSessions()
+atexit.register(live.close_all)

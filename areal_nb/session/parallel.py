@@ -16,9 +16,10 @@ point, `(kind, payload)`:
 - "abort": instead of any of these, when rank 0 failed: the other ranks raise `LeaderFailed` with its
   message instead of waiting for the process-group timeout.
 
-`Ranks` is what the Session holds: this process's rank and the steps of that protocol (joining at
-start, sharing each step's batch, rank-0-only writes, following `run`). In one process it is rank 0
-of 1 and every step is local.
+`Ranks` is what the Session holds: this process's rank and the steps of that protocol (a replica's
+start and joining, each training step with rank 0's batch, rank-0-only writes: `rank_writes.py`).
+Rank 0's own parts are its `Leader` (`leader.py`). In one process it is rank 0 of 1 and every step
+is local.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from areal_nb.train.distributed import DataParallel
 
 if TYPE_CHECKING:
     from areal_nb.api import InferenceEngine
+    from areal_nb.config import SessionConfig
     from areal_nb.rollout.batch import RolloutBatch
     from areal_nb.train import Actor
 
@@ -66,6 +68,15 @@ class Ranks:
     @property
     def world_size(self) -> int:
         return 1 if self.parallel is None else self.parallel.world_size
+
+    def build_replica(self, config: SessionConfig) -> tuple[Any, Actor]:
+        """A rank ≠ 0's part of `start()`: the tokenizer and the actor on this rank's device,
+        which `join` then sets to rank 0's state."""
+        from . import builder
+
+        builder.seed_everything(config.seed)
+        tokenizer, policy = builder.build_policy(config)
+        return tokenizer, builder.build_actor(config, policy, parallel=self.parallel, tokenizer=tokenizer)
 
     def abort(self, error: BaseException) -> None:
         """Rank 0 failed where the others wait for its next message: they raise `LeaderFailed`."""
@@ -127,6 +138,25 @@ class Ranks:
             step = self.channel.send("train", step)  # ranks ≠ 0 receive rank 0's
         assert step is not None, "a rank ≠ 0 runs under torchrun, so with a channel"
         return step
+
+    def train_step(
+        self, actor: Actor, batch: RolloutBatch | None, inspect: bool, engine: InferenceEngine | None
+    ) -> tuple[dict[str, float], bool]:
+        """One training step on every rank (rank 0's `batch`, `share_batch`), the new weights then
+        pushed (every rank takes part in FSDP's gathers; rank 0's `engine` gets them). Returns the
+        whole batch's stats and whether the step kept its per-token values (rank 0's `inspect`:
+        `actor.last_inspection`, its rows tagged with their agents when the batch has several)."""
+        step = self.share_batch(batch, inspect)
+        self.in_train_step = True  # a failure from here on is inside the ranks' collectives
+        stats = dict(
+            actor.train_step(step.batch, credit=step.credit, inspect=step.inspect, agents=step.agents)
+        )
+        self.in_train_step = False
+        inspection = actor.last_inspection if step.inspect else None
+        if inspection is not None and batch is not None and len(batch.agents) > 1:
+            inspection.agents = [row.agent for row in batch.rows()]  # to_tensors' order
+        actor.push_weights(engine)  # every rank: FSDP gathers the weights
+        return stats, step.inspect
 
     def written_by_rank_0(self, write: Callable[[], str | Path]) -> Path:
         """`write()` on rank 0 and its path on every rank: the others wait for it (a "saved"

@@ -14,39 +14,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from areal_nb.config import SessionConfig
 from areal_nb.rollout.learning_signal import progress_note
 
 if TYPE_CHECKING:
-    from areal_nb.rollout.executor import RolloutExecutor
-
-    from .data import DataStream
-    from .runtime import LoopRuntime
+    from .leader import Leader
     from .session import Session
 
 logger = logging.getLogger(__name__)
 
 
-def lead(
-    session: Session,
-    steps: int,
-    *,
-    show: bool,
-    runtime: LoopRuntime,
-    executor: RolloutExecutor,
-    data: DataStream,
-    log_metrics: Callable[[int, dict[str, Any]], None],
-    still_open: Callable[[], bool],
-) -> None:
-    """Rank 0: `steps` steps of `session` (the first episode was checked and any staleness note
-    said before this)."""
+def lead(session: Session, steps: int, *, show: bool, leader: Leader, still_open: Callable[[], bool]) -> None:
+    """Rank 0: `steps` steps of `session`, after checking the first episode (and saying, once,
+    `uncorrected_staleness_note`); `leader`: its parts (the loop, the executor, the data, the metrics)."""
     from tqdm.auto import tqdm
 
-    cfg = session.config
+    cfg, runtime, executor = session.config, leader.runtime, leader.executor
+    runtime.call(leader.check_first_episode())  # before background rollouts start
+    note = uncorrected_staleness_note(cfg)
+    if note is not None and not leader.staleness_noted:
+        logger.warning(note)
+        leader.staleness_noted = True
     if cfg.rollout.prefetch:
-        runtime.call_soon(executor.set_feeder, data)
+        runtime.call_soon(executor.set_feeder, leader.data)
     bar = tqdm(total=steps, desc=f"GRPO {cfg.experiment_name}", disable=not show)
     try:
         for _ in range(steps):
@@ -54,7 +46,7 @@ def lead(
             if cfg.logging.eval_every and session.step_count % cfg.logging.eval_every == 0:
                 figures = runtime.call(session.aevaluate()).as_dict()  # evaluate() on rank 0
                 row.update(figures)  # the history row is this dict
-                log_metrics(session.step_count, figures)
+                leader.log_metrics(session.step_count, figures)
             if (due := checkpoint_due(cfg, session.step_count)) is not None:
                 session.save(due)
             bar.update(1)

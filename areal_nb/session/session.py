@@ -1,11 +1,7 @@
 """The Session: engine, proxy, rollouts and GRPO training inside one notebook kernel.
 
 This module is the notebook API only: each method checks its call and hands the work to the
-module that does it. `builder.py` makes the components from the config, `runtime.py` runs the
-background event loop (and Ctrl-C), `data.py` streams the task data, `step_stats.py` makes the
-history rows, `run_loop.py` is `run()`'s cadence (prefetch, evaluation and checkpoint steps, the
-progress bar), `evaluation.py` runs greedy evaluation episodes, `checkpoint.py` saves and restores
-runs (`run_state.py`: the progress it records), `metrics.py` sends stats to TensorBoard/wandb.
+module that does it (the package docstring lists them); `leader.py` holds what rank 0 builds.
 
 Threads (docs/design.md §3): the engine decodes in its own worker thread; the proxy server runs
 uvicorn in its own thread; one background thread runs the Session's asyncio loop, where the
@@ -13,59 +9,44 @@ rollout executor and the agents' HTTP clients live. Notebook methods are sync fa
 that loop (`rollout`, `train_step`, `run`, ...), with `a`-prefixed async twins for `await`.
 Training runs in the calling thread.
 
-Under torchrun (WORLD_SIZE > 1) rank 0 is this whole Session and the other ranks hold only
-actor replicas that follow it (`parallel.py`'s `Ranks`): same user code on every rank,
-data-parallel updates.
+Under torchrun (WORLD_SIZE > 1) rank 0 is this whole Session (its `Leader`) and the other ranks
+hold only actor replicas that follow it (`parallel.py`'s `Ranks`): same user code on every rank,
+data-parallel updates; rank 0 alone writes (`rank_writes.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
-import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from areal_nb.api import InferenceEngine, RolloutWorkflow
 from areal_nb.config import SessionConfig, load_config
-from areal_nb.errors import CallOrderError, ExportError
+from areal_nb.errors import CallOrderError
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.train import distributed
-from areal_nb.widgets import EngineLog, view_batch
+from areal_nb.widgets import EngineLog
 
-from . import builder, run_loop
-from .base_model import base_reference, check_same_base
-from .checkpoint import CheckpointError, read_checkpoint, restore, save_checkpoint  # noqa: F401
-from .data import DataStream, load_task_data
-from .diagnostics import SignalWatch
+from . import guard, rank_writes, run_loop
+from .checkpoint import read_checkpoint
 from .dynamic_sampling import refill_informative
-from .evaluation import EvalResult, choose_problems, evaluate
-from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionBusyError, SessionClosedError, one_call  # noqa: F401
-from .metrics import MetricsSink, create_metrics_sink
-from .overrides import flatten_overrides, load_overrides, plain_config, with_datasets
+from .evaluation import EvalResult
+from .guard import CLOSED_MESSAGE, OneCallAtATime, SessionClosedError, one_call
+from .leader import Leader
+from .overrides import flatten_overrides, load_overrides, with_datasets
 from .parallel import Ranks
-from .preflight import check_first_episode
-from .rejections import rollout_until_accepted
 from .run_loop import uncorrected_staleness_note  # noqa: F401 (re-exported)
-from .run_state import RunState, rng_states, untrained_data_pos
-from .runtime import LoopRuntime
-from .step_stats import add_rollout_stats, history_row
+from .run_state import RunState
+from .step_stats import StepHistory, history_row
 
 if TYPE_CHECKING:
-    from areal_nb.rollout.executor import RolloutExecutor
     from areal_nb.train import Actor, LossInspection
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-_LIVE_SESSIONS: weakref.WeakSet = weakref.WeakSet()
-
-
-class Session:
+class Session(guard.Closing):
     """`Session(config | yaml_path | None, **overrides)`; see docs/getting-started.md for a tour.
 
     Overrides are dotted keys written with `__` (`actor__lr=1e-5`) or section dicts
@@ -78,6 +59,7 @@ class Session:
     Session raises `SessionClosedError` (`start()` too; `close()` may be called again, from any
     thread). `Session.load` checks the checkpoint's files before it starts anything
     (`CheckpointError` naming the file), and a load that fails after starting stops what it started.
+    `with Session(...) as s:` closes it at the end (`guard.Closing`).
     """
 
     # set by start() on every rank
@@ -94,29 +76,16 @@ class Session:
         **overrides: Any,
     ) -> None:
         self.config: SessionConfig = load_config(config, with_datasets(overrides, dataset, eval_dataset))
-        self._staleness_noted = False  # run()'s note on uncorrected off-policy tokens, said once
         self.last_batch: RolloutBatch | None = None
         self.last_inspection: LossInspection | None = None  # from train_step(batch, inspect=True)
-        self._history: list[dict[str, Any]] = []
-        self._callbacks: list[Callable[[dict[str, Any]], None]] = []
-        self._started = self._closed = self._first_episode_checked = False  # (preflight.py: the last)
+        self._steps = StepHistory()  # the history rows; the metrics and callbacks after each step
+        self._started = self._closed = False
         self._calls = OneCallAtATime()  # guard.py: one call at a time, refused from a second thread
         self._resume_state: dict[str, Any] | None = None  # Session.load's checkpoint, until start()
         self.lora_base: dict[str, Any] | None = None  # actor.lora: the base's reference (base_model.py)
-        self._signal_watch = SignalWatch()  # diagnostics.py: says when steps teach nothing
+        self.eval_problems: list[dict] = []  # the held-out rows evaluate() plays by default
         self._ranks = Ranks(None)  # under torchrun: this rank's place and rank 0's protocol (start())
-        # built by start() on rank 0 only (ranks ≠ 0 hold just the actor); the methods reach them
-        # through the `_rank0_*` accessors below, which name what is missing instead of failing on None
-        self.engine: InferenceEngine | None = None
-        self._proxy: builder.Proxy | None = None
-        self._runtime: LoopRuntime | None = None
-        self.executor: RolloutExecutor | None = None
-        self.data: DataStream | None = None
-        self._metrics: MetricsSink | None = None
-        self.workflow: RolloutWorkflow | None = None
-        self._eval_workflow: RolloutWorkflow | None = None
-        self._judge_engine: Any = None
-        self.eval_problems: list[dict] = []
+        self._lead: Leader | None = None  # what start() builds on rank 0 (ranks ≠ 0 hold just the actor)
         if start:
             self.start()
 
@@ -128,23 +97,20 @@ class Session:
             raise SessionClosedError(CLOSED_MESSAGE)
         if self._started:
             return self
-        self._ranks = Ranks.from_env()
-        if self.rank == 0:
+        self._ranks = ranks = Ranks.from_env()
+        if ranks.rank == 0:
             try:
-                self._build()
-            except BaseException as e:
-                self._ranks.abort(e)  # the other ranks wait in Ranks.join
-                self._shutdown()  # what was built so far: no thread or port outlives a failed start
-                self._closed = True
+                self._lead = lead = Leader.start(self.config, self._resume_state, ranks)
+            except BaseException:
+                self._closed = True  # (Leader.start released what it built)
                 raise
-        else:  # only the actor, on this rank's device; rank 0 restores a checkpoint and sends its state
-            builder.seed_everything(self.config.seed)
-            self.tokenizer, policy = builder.build_policy(self.config)
-            self.actor = builder.build_actor(
-                self.config, policy, parallel=self._ranks.parallel, tokenizer=self.tokenizer
-            )
+            self.tokenizer, self.actor, self.lora_base = lead.tokenizer, lead.actor, lead.lora_base
+            self.eval_problems = lead.eval_problems
+            self._steps.rows = list(lead.restored.history) if lead.restored is not None else []
+        else:  # only the actor; rank 0 restores a checkpoint and sends its state (Ranks.join)
+            self.tokenizer, self.actor = ranks.build_replica(self.config)
         self._started = True
-        _LIVE_SESSIONS.add(self)
+        guard.live.add(self)
         try:
             self._ranks.join(self.actor, self._resume_state if self.rank == 0 else None, self.engine)
         except BaseException:
@@ -153,49 +119,16 @@ class Session:
         self._resume_state = None
         return self
 
-    def _build(self) -> None:
-        """Rank 0's start: every component, in the order each needs the others (a bad dataset
-        fails first), then the checkpoint's state after `Session.load`. Long, as the list of
-        parts is; each line is one builder call."""
-        cfg, resumed = self.config, self._resume_state
-        builder.seed_everything(cfg.seed)
-        task_data = load_task_data(cfg.data, picklable=cfg.agent.mode == "subproc")
-        self.tokenizer, policy = builder.build_policy(cfg)
-        if cfg.trains_adapters:  # what a checkpoint names instead of copying the base
-            self.lora_base = base_reference(cfg.model.path, policy)
-        if resumed is not None:  # an adapter goes on the base it was trained on only
-            check_same_base(resumed.get("base_model"), self.lora_base, resumed.get("folder", "checkpoint"))
-        self._engine_log = EngineLog()
-        self.engine = engine = builder.build_engine(
-            cfg,
-            policy,
-            self.tokenizer,
-            on_log=self._engine_log.append,
-            share_weights=self._ranks.parallel is None,  # (data-parallel: replicas or shards)
-        )
-        builder.sync_engine_weights(cfg, policy, engine)
-        self.actor = builder.build_actor(
-            cfg, policy, version=engine.get_version(), parallel=self._ranks.parallel, tokenizer=self.tokenizer
-        )
-        builder.serve_in_place(self.actor, engine)
-        builder.sync_agent_adapters(cfg, self.actor, engine)
-        self._proxy = proxy = builder.build_proxy(cfg, engine, self.tokenizer)
-        self._runtime = runtime = LoopRuntime(on_interrupt=self._cancel_rollouts)
-        self.workflow = workflow = builder.build_workflow(cfg, proxy)
-        self._eval_workflow = builder.build_eval_workflow(cfg, proxy, workflow)
-        agent = getattr(workflow, "agent", None)
-        self._judge_engine = builder.bind_session_judges(cfg, agent, policy, self.tokenizer, engine)
-        self.executor = runtime.call(self._make_executor())
-        self.eval_problems = task_data.held_out
-        self.data = DataStream(cfg.data, rows=task_data.train, index=task_data.train_index)
-        self.executor.describe_row = self._describe_row
-        self._metrics = create_metrics_sink(
-            cfg.logging.backend, run_dir=cfg.run_dir, project=cfg.experiment_name, config=plain_config(cfg)
-        )
-        if resumed is not None:  # (Session.load) inside start's guard: a failure stops all of it
-            run = restore(self, resumed)
-            self.data, self._history = self.data.at(run.data_pos), list(run.history)
+    def close(self) -> None:
+        """Stop rollouts, the proxy, the engine and the loop thread. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started and self._lead is not None:
+            self._lead.shutdown()
+        guard.live.discard(self)
 
+    # ------------------------------------------------------------------ what it holds
     @property
     def version(self) -> int:
         """The policy version the engine serves (the actor's: one more per training step)."""
@@ -218,67 +151,46 @@ class Session:
     def world_size(self) -> int:
         return self._ranks.world_size
 
-    def close(self) -> None:
-        """Stop rollouts, the proxy, the engine and the loop thread. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._started:
-            self._shutdown()
-        _LIVE_SESSIONS.discard(self)
-
-    def __enter__(self) -> Session:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    # rank 0's parts (None before start() and on ranks ≠ 0)
+    engine = property(lambda self: self._lead.engine if self._lead else None, doc="The inference engine.")
+    executor = property(lambda self: self._lead.executor if self._lead else None, doc="Rollout executor.")
+    workflow = property(lambda self: self._lead.workflow if self._lead else None, doc="The agent's workflow.")
+    data = property(lambda self: self._lead.data if self._lead else None, doc="The training data stream.")
 
     @property
     def proxy_url(self) -> str:
         """Agents point `base_url` here (+ "/v1")."""
-        return self._live_proxy().url
+        return self._leader(check_open=True).proxy.url
 
     @property
     def admin_key(self) -> str:
-        return self._live_proxy().admin_key
+        return self._leader(check_open=True).proxy.admin_key
 
     @property
     def app(self) -> Any:
         """The proxy's FastAPI app."""
-        return self._live_proxy().app
-
-    def _live_proxy(self) -> builder.Proxy:
-        self._check_open()
-        return self._rank0_proxy
+        return self._leader(check_open=True).proxy.app
 
     @one_call
     def proxy_caches(self) -> dict[str, Any]:
         """The live InteractionCache of every session currently open in the proxy (training only)."""
-        return self._rank0_proxy.live_caches()
+        return self._leader().proxy.live_caches()
 
     @one_call
     def engine_log(self) -> EngineLog:
         """The launched engine servers' log lines (`engine.type: sglang`) as a notebook view;
         the full logs are in `<run_dir>/engine_logs/` (or `engine.launch.log_dir`)."""
-        return self._engine_log
+        return self._leader().engine_log
 
     @one_call
     def add_step_callback(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """`fn(stats)` runs after every training step (the dashboard uses this)."""
-        self._callbacks.append(fn)
+        self._steps.callbacks.append(fn)
 
     @property
-    def history(self):
+    def history(self) -> Any:
         """One row of stats per training step, as a pandas DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame.from_records(self._history)
+        return self._steps.frame()
 
     # ------------------------------------------------------------------ rollout
     @one_call
@@ -292,19 +204,11 @@ class Session:
         self._check_open()
         if self.rank != 0:
             return None
-        return self._rank0_runtime.call(self.arollout(n_prompts))
+        return self._leader().runtime.call(self.arollout(n_prompts))
 
     async def arollout(self, n_prompts: int | None = None) -> RolloutBatch:
         self._check_open()
-        n = n_prompts or self.config.rollout.batch_size
-        await self._check_first_episode()
-        executor, data = self._rank0_executor, self._rank0_data
-        start = time.perf_counter()
-        for _ in range(max(0, n - executor.n_waiting)):
-            executor.submit(next(data))
-        groups = await executor.wait_groups(n)
-        batch = self._batch([ep for group in groups for ep in group])
-        add_rollout_stats(batch, time.perf_counter() - start)
+        batch = await self._leader().rollout(n_prompts or self.config.rollout.batch_size)
         self.last_batch = batch
         return batch
 
@@ -321,23 +225,13 @@ class Session:
         (None) and each trains its share of the rows; the stats are the whole batch's.
         """
         self._check_open()
-        step = self._ranks.share_batch(batch, inspect)
-        self._ranks.in_train_step = True  # a failure from here on is inside the ranks' collectives
-        stats = dict(
-            self.actor.train_step(step.batch, credit=step.credit, inspect=step.inspect, agents=step.agents)
-        )
-        self._ranks.in_train_step = False
-        if step.inspect:
+        stats, inspected = self._ranks.train_step(self.actor, batch, inspect, self.engine)
+        if inspected:
             self.last_inspection = self.actor.last_inspection
-            if batch is not None and self.last_inspection is not None and len(batch.agents) > 1:
-                self.last_inspection.agents = [row.agent for row in batch.rows()]  # to_tensors' order
-        self.actor.push_weights(self.engine)  # every rank: FSDP gathers the weights
-        if self.engine is not None:  # rank 0
-            self._rank0_runtime.call_soon(self._rank0_executor.on_version_change)
+        if self._lead is not None:  # rank 0
+            self._lead.on_new_version()
         row = history_row(self.step_count, self.version, batch if self.rank == 0 else None, stats)
-        self._history.append(row)
-        self._signal_watch.observe(row)
-        self._after_step(row)
+        self._steps.record(row, self._lead.log_metrics if self._lead is not None else None)
         return row
 
     async def atrain_step(self, batch: RolloutBatch, inspect: bool = False) -> dict[str, float]:
@@ -364,17 +258,11 @@ class Session:
         `RolloutRejectedError` listing the reasons and the rows they hit. With
         `actor.dynamic_sampling` (DAPO) groups whose rewards are all equal are dropped and the
         batch refilled (`dynamic_sampling.py`)."""
-        batch = self._rollout_with_accepted_episodes()
+        self._check_open()
+        batch = self._lead.accepted_batch(self.rollout) if self._lead else None  # (ranks ≠ 0: rank 0's)
         if batch is not None and self.config.actor.dynamic_sampling:
             batch = refill_informative(batch, self.rollout, self.config.actor.dynamic_sampling_max_rounds)
         return self.train_step(batch)
-
-    def _rollout_with_accepted_episodes(self) -> RolloutBatch | None:
-        def discard(batch: RolloutBatch) -> None:  # (before the next rollout, on the loop)
-            self._rank0_runtime.call_soon(self._rank0_executor.staleness.on_discard, len(batch.episodes))
-
-        source_index = lambda row: self._rank0_data.source_index(row)  # noqa: E731 - (rank 0 only)
-        return rollout_until_accepted(self.rollout, discard, source_index, logger)
 
     @one_call
     def run(self, steps: int | None = None, *, progress: bool | None = None) -> Any:
@@ -390,22 +278,8 @@ class Session:
             run_loop.follow(self, steps)
             return self.history
         try:
-            runtime = self._rank0_runtime
-            runtime.call(self._check_first_episode())  # before background rollouts start
-            note = uncorrected_staleness_note(self.config)
-            if note is not None and not self._staleness_noted:
-                logger.warning(note)
-                self._staleness_noted = True
-            run_loop.lead(
-                self,
-                steps,
-                show=self.config.logging.progress if progress is None else progress,
-                runtime=runtime,
-                executor=self._rank0_executor,
-                data=self._rank0_data,
-                log_metrics=self._log_metrics,
-                still_open=lambda: not self._closed,
-            )
+            show = self.config.logging.progress if progress is None else progress
+            run_loop.lead(self, steps, show=show, leader=self._leader(), still_open=lambda: not self._closed)
         except BaseException as e:
             self._ranks.abort_unless_in_step(e)  # the other ranks wait for the next step's batch
             raise
@@ -418,39 +292,22 @@ class Session:
     ) -> EvalResult | None:
         """Greedy episodes of the configured agent on the held-out split (or on `problems`).
 
-        The agent runs exactly as in training — same workflow, same engine and weights — except
-        that every generation is greedy. Returns an `EvalResult`: `reward_mean` (mean episode
-        return), `accuracy` (first call rewarded: first-reply accuracy for the math agent),
-        `agent_accuracy` (some call rewarded: success within the agent's turns), and the
-        episodes as `.batch`. Nothing is trained on and the policy version does not move.
-        With `pass_k=k` it also samples k episodes per problem at `rollout.temperature` and
-        reports `pass_at_k`, the share of problems solved (some call rewarded) at least once.
-        Only rank 0 evaluates (torchrun): other ranks get None.
+        The agent runs exactly as in training (same workflow, engine and weights) except that
+        every generation is greedy; nothing is trained on and the policy version does not move.
+        Returns an `EvalResult` (`reward_mean`, `accuracy`: first call rewarded, `agent_accuracy`:
+        some call rewarded, the episodes as `.batch`); `pass_k=k` adds `pass_at_k`, from k episodes
+        per problem sampled at `rollout.temperature`. Only rank 0 evaluates (torchrun): others get None.
         """
         self._check_open()
         if self.rank != 0:
             return None
-        return self._rank0_runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
+        return self._leader().runtime.call(self.aevaluate(n, problems=problems, pass_k=pass_k))
 
     async def aevaluate(
         self, n: int | None = None, *, problems: list[dict] | None = None, pass_k: int | None = None
     ) -> EvalResult:
         self._check_open()
-        picklable = self.config.agent.mode == "subproc"
-        rows, rows_name = choose_problems(problems, n, self.eval_problems, picklable=picklable)
-        rollout, eval_workflow = self.config.rollout, self._rank0_eval_workflow
-        return await evaluate(
-            rows,
-            rows_name=rows_name,
-            pass_k=pass_k,
-            max_concurrent=rollout.max_concurrent_rollouts,
-            episode_timeout=builder.episode_timeout(self.config, eval_workflow),
-            switch_interval=rollout.gil_switch_interval,
-            engine=self._rank0_engine,
-            eval_workflow=eval_workflow,
-            sample_workflow=self._rank0_workflow,
-            make_batch=self._batch,
-        )
+        return await self._leader().evaluate(n, problems, pass_k, held_out=self.eval_problems)
 
     # ------------------------------------------------------------------ checkpoints
     @one_call
@@ -460,11 +317,7 @@ class Session:
         Under torchrun every rank calls it and only rank 0 writes (the replicas are equal); the
         others return when the checkpoint is complete (so they may `Session.load` it next)."""
         self._check_open()
-        actor_state = self.actor.state_dict()  # every rank: FSDP gathers the full tensors
-        ref_weights = self.actor.ref_weights()  # (likewise; None without kl_ctl)
-        return self._ranks.written_by_rank_0(
-            lambda: save_checkpoint(self, path, actor_state, ref_weights, run=self._run_state())
-        )
+        return rank_writes.save(self, self._ranks, path)
 
     @one_call
     def save_pretrained(self, path: str | Path, *, merged: bool = True, agent: str | None = None) -> Path:
@@ -473,20 +326,8 @@ class Session:
         `actor.lora`, `merged=False` writes the adapter for `peft.PeftModel.from_pretrained`
         instead (`hf_export.py`). With one adapter per agent (`agents`), `agent` names whose
         policy to write. Under torchrun only rank 0 writes."""
-        from .hf_export import save_pretrained
-
         self._check_open()
-        write = self._ranks.written_by_rank_0
-        if self.config.agents or agent is not None:  # (agent adapters do not shard: nothing to gather)
-            return write(lambda: save_pretrained(self, path, merged=merged, agent=agent))
-        if not merged and not self.actor.lora:
-            raise ExportError(
-                "save_pretrained(merged=False) writes a LoRA adapter; this run trains full weights "
-                "(no actor.lora): use merged=True"
-            )
-        # every rank: FSDP gathers them (LoRA: base + ΔW merged, or the adapter alone)
-        weights = self.actor.policy_weights() if merged else self.actor.adapter_weights()
-        return write(lambda: save_pretrained(self, path, merged=merged, weights=weights))
+        return rank_writes.save_pretrained(self, self._ranks, path, merged=merged, agent=agent)
 
     @classmethod
     def load(
@@ -502,13 +343,11 @@ class Session:
         session._resume_state = state
         return session.start()
 
-    def _run_state(self) -> RunState:
-        """The run's progress now: what a checkpoint records besides the weights (`run_state.py`)."""
-        data_pos = untrained_data_pos(lambda: self._rank0_data, self.executor, self._runtime)
-        engine_rng = self._rank0_engine.rng_state()
-        return RunState(
-            self.version, self.step_count, data_pos, rng_states(), engine_rng, list(self._history)
-        )
+    @one_call
+    def run_state(self) -> RunState:
+        """The run's progress now, as `save()` records it besides the weights (`run_state.py`): version,
+        steps, data position (before rollouts fetched ahead, not trained on), RNGs, history. Rank 0 only."""
+        return self._leader().run_state(self._steps.rows)
 
     # ------------------------------------------------------------------ export
     @one_call
@@ -518,29 +357,17 @@ class Session:
         """Write a run folder that continues this run as a batch job: config.yaml (every override
         applied), train.py, the agent (its import path, or agent.py with its source taken from
         the notebook cells), requirements.txt, README.md, launch_local.sh (torchrun) and
-        job.sbatch (Slurm, from the `cluster` config section), and with `checkpoint` the current
-        state, so the job goes on from this step. Raises ExportError naming what cannot travel.
-        `overrides` change the job's config only (`total_steps=200, cluster__nodes=2`), as
-        `areal-nb export`'s key=value do; this Session keeps its own.
-
-        Under torchrun every rank calls it (the same script runs everywhere): each takes part in
-        gathering the weights (FSDP shards them), rank 0 writes the folder, the others return its path."""
-        from areal_nb.export import export_run
-
+        job.sbatch (Slurm, `cluster`), and with `checkpoint` the current state, so the job goes on
+        from this step; ExportError names what cannot travel. `overrides` change the job's config
+        only (`total_steps=200, cluster__nodes=2`). Under torchrun every rank calls it and takes
+        part in gathering the weights; rank 0 writes the folder (`rank_writes.py`)."""
         self._check_open()
         config = load_config(self.config, flatten_overrides(overrides)) if overrides else self.config
-        gathered = None
-        if checkpoint and self._ranks.channel is not None:
-            gathered = (self.actor.state_dict(), self.actor.ref_weights())  # every rank: the gathers
-        return self._ranks.written_by_rank_0(
-            lambda: export_run(
-                path, config, session=self, checkpoint=checkpoint, overwrite=overwrite, gathered=gathered
-            )
-        )
+        return rank_writes.export(self, self._ranks, path, config, checkpoint=checkpoint, overwrite=overwrite)
 
     # ------------------------------------------------------------------ widgets
     @one_call
-    def dashboard(self):
+    def dashboard(self) -> Any:
         """Live training curves, updated after every step."""
         from areal_nb.widgets import Dashboard
 
@@ -548,7 +375,7 @@ class Session:
 
     def __repr__(self) -> str:
         status = "closed" if self._closed else ("running" if self._started else "not started")
-        url = self._proxy.url if self._proxy is not None else None
+        url = self._lead.proxy.url if self._lead is not None else None
         return (
             f"Session({status}, model={self.config.model.path!r}, step={self.step_count}, "
             f"version={self.version}, proxy={url!r})"
@@ -561,97 +388,13 @@ class Session:
         if not self._started:
             self.start()
 
-    async def _check_first_episode(self) -> None:
-        """Once, before the first rollout: the agent must succeed on the first training row."""
-        if self._first_episode_checked:
-            return
-        data = self._rank0_data
-        first = data.first_row()
-        index = data.source_index(first)
-        await check_first_episode(
-            self._rank0_eval_workflow, self._rank0_engine, first, row_index=0 if index is None else index
-        )
-        self._first_episode_checked = True
-
-    def _describe_row(self, row: dict) -> str | None:
-        return self.data.describe(row) if self.data is not None else None
-
-    async def _make_executor(self) -> RolloutExecutor:
-        # Made on the loop that will drive it (it owns asyncio primitives).
-        return builder.build_executor(self.config, self._rank0_workflow, self._rank0_engine)
-
-    def _shutdown(self) -> None:
-        """Release whatever `start()` built, in reverse order (`builder.shutdown`)."""
-        builder.shutdown(
-            self._runtime,
-            self.executor,
-            [self.workflow, self._eval_workflow],
-            [
-                ("metrics", self._metrics, "close"),
-                ("proxy", self._proxy, "stop"),
-                ("engine", self.engine, "close"),
-                ("judge_engine", self._judge_engine, "close"),
-                ("runtime", self._runtime, "close"),
-            ],
-        )
-
-    async def _cancel_rollouts(self) -> None:
-        executor = self._rank0_executor
-        dropped = executor.n_waiting  # groups drawn and not handed out: the latest rows drawn
-        await executor.cancel_all()
-        if dropped:  # their rows come again (Ctrl-C must not skip data that was never trained on)
-            data = self._rank0_data
-            self.data = data.at(data.pos - dropped)
-
-    def _batch(self, episodes: list) -> RolloutBatch:
-        agent = self.config.agent
-        return RolloutBatch(
-            episodes,
-            style=agent.export_style,
-            discount=agent.turn_discount,
-            discount_mode=agent.discount_mode,
-            version=self._rank0_engine.get_version(),
-            tokenizer=self.tokenizer,
-            credit=self.config.actor.credit,
-            viewer=view_batch,
-        )
-
-    def _after_step(self, row: dict[str, Any]) -> None:
-        self._log_metrics(row["step"], row)
-        for fn in list(self._callbacks):
-            try:
-                fn(row)
-            except Exception as e:  # a broken widget must not stop training
-                logger.warning("step callback %r failed: %s", fn, e)
-
-    def _log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        if self._metrics is not None:
-            self._metrics.log(step, metrics)
-
-    # What start() builds on rank 0 only. The methods that use them run on rank 0 after start();
-    # None here means a call that rank (or a Session whose start failed) cannot serve.
-    _rank0_engine = property(lambda self: _built(self.engine, "engine"))
-    _rank0_proxy = property(lambda self: _built(self._proxy, "proxy"))
-    _rank0_runtime = property(lambda self: _built(self._runtime, "event loop"))
-    _rank0_executor = property(lambda self: _built(self.executor, "rollout executor"))
-    _rank0_data = property(lambda self: _built(self.data, "training data"))
-    _rank0_workflow = property(lambda self: _built(self.workflow, "workflow"))
-    _rank0_eval_workflow = property(lambda self: _built(self._eval_workflow, "evaluation workflow"))
-
-
-def _built(part: T | None, name: str) -> T:
-    if part is None:
-        raise CallOrderError(
-            f"this Session has no {name}: it is built by start(), on rank 0 only (under torchrun the "
-            "other ranks hold just the actor)"
-        )
-    return part
-
-
-@atexit.register
-def _close_all_sessions() -> None:
-    for session in list(_LIVE_SESSIONS):
-        try:
-            session.close()
-        except Exception:
-            pass
+    def _leader(self, check_open: bool = False) -> Leader:
+        """Rank 0's parts; a call that needs them elsewhere (another rank, before start()) is refused."""
+        if check_open:
+            self._check_open()
+        if self._lead is None:
+            raise CallOrderError(
+                "this Session has no engine, proxy or rollouts: they are built by start(), on rank 0 only "
+                "(under torchrun the other ranks hold just the actor)"
+            )
+        return self._lead

@@ -3,17 +3,50 @@
 A rollout's batch carries its own figures (`rollout_s`, `reward_mean` as the mean episode return,
 tokens per second, each agent's mean return when there are several); a training step's row
 joins them to the trainer's stats, the batch's learning signal (`learning_signal.py`) and the
-version the engine serves afterwards.
+version the engine serves afterwards. `StepHistory` keeps the rows and does what follows each
+step: the learning-signal watch, the metrics sink, the step callbacks.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from areal_nb.rollout.batch import RolloutBatch
 from areal_nb.rollout.learning_signal import signal_stats
 
+from .diagnostics import SignalWatch
 from .evaluation import EVAL_COLUMNS
+
+logger = logging.getLogger(__name__)
+
+
+class StepHistory:
+    """One row of stats per training step (`history_row`), and what runs after each step."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.callbacks: list[Callable[[dict[str, Any]], None]] = []  # Session.add_step_callback
+        self._signal_watch = SignalWatch()  # diagnostics.py: says when steps teach nothing
+
+    def record(self, row: dict[str, Any], log_metrics: Callable[[int, dict[str, Any]], None] | None) -> None:
+        """`row` joins the history; the metrics sink (rank 0's `log_metrics`) and the callbacks get it."""
+        self.rows.append(row)
+        self._signal_watch.observe(row, stacklevel=5)  # (the warning names the Session call's caller)
+        if log_metrics is not None:
+            log_metrics(row["step"], row)
+        for fn in list(self.callbacks):
+            try:
+                fn(row)
+            except Exception as e:  # a broken widget must not stop training
+                logger.warning("step callback %r failed: %s", fn, e)
+
+    def frame(self) -> Any:
+        """The rows as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self.rows)
 
 
 def add_rollout_stats(batch: RolloutBatch, elapsed: float) -> None:

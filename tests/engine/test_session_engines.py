@@ -245,7 +245,7 @@ def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish
     )
     with Session(cfg) as session:
         # the first turns spread over both servers; each second turn goes where its first was
-        batch = session._runtime.call(session.arollout(), timeout=300)  # a hang guard, not a timing
+        batch = session._lead.runtime.call(session.arollout(), timeout=300)  # a hang guard, not a timing
         assert agent.killed.is_set()
         reasons = [ep.rejection_reason for ep in batch.rejected]
         assert 0 < len(reasons) < 8 and len(batch.episodes) == 8
@@ -254,7 +254,7 @@ def test_killing_one_server_mid_rollout_rejects_its_episodes_and_the_rest_finish
         assert status[0]["down"] is not None and status[1]["down"] is None
         # training and the next rollout go on with the survivor alone
         session.train_step(batch)
-        again = session._runtime.call(session.arollout(), timeout=300)
+        again = session._lead.runtime.call(session.arollout(), timeout=300)
         assert not again.rejected and again.version == 1
 
 

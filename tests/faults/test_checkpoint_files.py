@@ -177,13 +177,22 @@ def test_weights_that_do_not_fit_the_model_config_are_refused(saved, tmp_path):
 
 
 def test_a_load_that_fails_after_starting_stops_everything(saved, leftovers, monkeypatch):
-    seen = {}
+    from areal_nb.session import builder
 
-    def failing_restore(session, state):
-        seen["url"] = session._proxy.url
+    seen = {}
+    build_proxy = builder.build_proxy
+
+    def recording_build_proxy(*args, **kwargs):
+        proxy = build_proxy(*args, **kwargs)
+        seen["url"] = proxy.url
+        return proxy
+
+    def failing_restore(actor, engine, state):
+        assert port_is_free(seen["url"]) is False  # the proxy is up when the restore fails
         raise RuntimeError("restore failed on purpose")
 
-    monkeypatch.setattr("areal_nb.session.session.restore", failing_restore)
+    monkeypatch.setattr(builder, "build_proxy", recording_build_proxy)
+    monkeypatch.setattr("areal_nb.session.leader.restore", failing_restore)
     with pytest.raises(RuntimeError, match="on purpose"):
         Session.load(saved)
     assert port_is_free(seen["url"])

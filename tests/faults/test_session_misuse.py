@@ -52,6 +52,7 @@ CALLS = {
     "app": lambda s, tmp: s.app,
     "__enter__": lambda s, tmp: s.__enter__(),
     "compare": lambda s, tmp: s.compare(None, {"grpo": {}}),
+    "run_state": lambda s, tmp: s.run_state(),
 }
 # what stays usable: reading what the run produced, and closing again
 READABLE = {
@@ -65,6 +66,11 @@ READABLE = {
     "config",
     "version",
     "step_count",
+    # rank 0's parts, as they were (closed)
+    "engine",
+    "executor",
+    "workflow",
+    "data",
 }
 
 

@@ -227,7 +227,7 @@ def test_a_judge_on_the_sessions_frozen_initial_policy_trains_two_steps_and_is_n
             # the reward is the frozen judge's verdict on this reply (greedy: the same answer again)
             reply = calls[0].completion.choices[0].message.content
             task = episode.data["prompt"]
-            answer = s._runtime.call(
+            answer = s._lead.runtime.call(
                 grader._generate(
                     [
                         {"role": "system", "content": POINTWISE_SYSTEM},
