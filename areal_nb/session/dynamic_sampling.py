@@ -44,10 +44,11 @@ def refill_informative(
     rounds, last = 0, batch
     while len({ep.group_id for ep in kept}) < target and rounds < max_rounds:
         missing = target - len({ep.group_id for ep in kept})
-        last = rollout(missing)
+        got = rollout(missing)
         rounds += 1
-        if last is None:
+        if got is None:  # (a rank ≠ 0: it never refills)
             break
+        last = got
         more, more_dropped = informative_episodes(last)
         kept += more
         dropped += more_dropped

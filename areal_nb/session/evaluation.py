@@ -109,7 +109,7 @@ class EvalResult:
         """The figures as `session.history` columns (plus `eval_pass@k` when it was measured, and
         `eval_reward/<agent>` with several agents)."""
         out = dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
-        if self.k is not None:
+        if self.k is not None and self.pass_at_k is not None:  # (measured together)
             out[f"eval_pass@{self.k}"] = self.pass_at_k
         out.update({f"{EVAL_COLUMNS[0]}/{agent}": mean for agent, mean in self.agent_rewards.items()})
         return out
@@ -234,7 +234,7 @@ async def evaluate(
     `pass_k` also k sampled episodes per problem with `sample_workflow` (the training one)."""
     if pass_k is not None and (isinstance(pass_k, bool) or not isinstance(pass_k, int) or pass_k < 1):
         raise InvalidArgumentError(f"pass_k must be an int >= 1, got {pass_k!r}")
-    limits = dict(
+    limits: dict[str, Any] = dict(
         rows_name=rows_name,
         max_concurrent=max_concurrent,
         episode_timeout=episode_timeout,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -87,16 +87,17 @@ def write_model_folder(
     in `dtype`. A LoRA model's weights are merged first (base names, no adapter tensors)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    hf: Any = model  # (a transformers or peft model: its methods are not nn.Module's)
     if is_lora_model(model):
         weights = merged_weights(model)
-        model = model.get_base_model()
+        hf = hf.get_base_model()
     # (a dict of its own: save_pretrained drops tied weights' duplicate keys from the dict it gets)
-    model.save_pretrained(path, state_dict=dict(serving_weights(weights, dtype)), safe_serialization=True)
-    config = copy.deepcopy(model.config)
+    hf.save_pretrained(path, state_dict=dict(serving_weights(weights, dtype)), safe_serialization=True)
+    config = copy.deepcopy(hf.config)
     config.dtype = dtype  # what from_pretrained(dtype="auto") loads in, and what the weights are
     config.save_pretrained(path)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(path)
+    if getattr(hf, "generation_config", None) is not None:
+        hf.generation_config.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)  # (with its chat template)
     return path
@@ -140,7 +141,7 @@ def write_adapter_folder(
     """The adapter alone, for `peft.PeftModel.from_pretrained(base_model, path)`. `adapters`: its
     full tensors when the caller gathered them (FSDP), else the model's own."""
     path = Path(path)
-    model.save_pretrained(path, safe_serialization=True, state_dict=adapters)
+    cast(Any, model).save_pretrained(path, safe_serialization=True, state_dict=adapters)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path

@@ -32,14 +32,12 @@ def rejection_summary(batches: list[Any], source_index: Callable[[dict], int | N
             if index is not None:
                 rows.add(index)
     lines = []
-    for reason in sorted(count, key=count.get, reverse=True):
-        rows = sorted(rows_by_reason[reason])
+    for reason in sorted(count, key=lambda r: count[r], reverse=True):
+        hit = sorted(rows_by_reason[reason])
         where = (
-            f" — data.source row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:20]))}"
-            if rows
-            else ""
+            f" — data.source row{'s' if len(hit) > 1 else ''} {', '.join(map(str, hit[:20]))}" if hit else ""
         )
-        more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
+        more = f" and {len(hit) - 20} more" if len(hit) > 20 else ""
         lines.append(f"  {count[reason]}× {reason}{where}{more}")
     return "\n".join(lines)
 
