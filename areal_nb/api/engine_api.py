@@ -56,6 +56,9 @@ class InferenceEngine(Protocol):
     # Generates in this process from a model object it is given (a frozen copy of the policy can
     # be served by another engine of its kind: `judge(engine="initial")`).
     serves_models_in_process: bool = False
+    # Serves the trainer's parameters themselves, not a copy (`LocalEngine(share_weights=True)`):
+    # the Actor pauses it around the optimizer's in-place writes (`Actor.serve_in_place`).
+    shares_weights: bool = False
     # The engine's counters (a dataclass the engine-server reports in /get_server_info), or None.
     stats: Any = None
 

@@ -30,6 +30,7 @@ class AgentEngines(InferenceEngine):
     # given); the others are what every agent's engine can do (set per instance)
     serves_lora_adapters = False
     weights_may_differ = False
+    shares_weights = False  # (each holds its own merged copy)
 
     def __init__(self, engines: Mapping[str, InferenceEngine]) -> None:
         if not engines:

@@ -167,7 +167,7 @@ class _WeightUpdate:
 class LocalEngine(InferenceEngine):
     """In-process engine; see the module docstring."""
 
-    # capabilities (`InferenceEngine`): max_context and stats are set per instance
+    # capabilities (`InferenceEngine`): max_context, stats and shares_weights are set per instance
     serves_lora_adapters = False  # a LoRA policy comes as base + ΔW merged into full weights
     weights_may_differ = False  # it serves the model it is given, then what the trainer pushes
     records_sampling_masks = True  # each token's allowed set (ModelResponse.sampling_masks)

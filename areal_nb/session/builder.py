@@ -122,11 +122,8 @@ def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:
 def serve_in_place(actor: Actor, engine: InferenceEngine) -> None:
     """An embedded engine that serves the policy's parameters themselves (`build_engine`'s
     `share_weights`) is paused by the actor around its in-place updates (`Actor.serve_in_place`)."""
-    from areal_nb.engine import LocalEngine
-
-    local = engine if isinstance(engine, LocalEngine) else None  # (a LocalEngine's own attribute)
-    if local is not None and local.shares_weights:
-        actor.serve_in_place(local)
+    if engine.shares_weights:
+        actor.serve_in_place(engine)
 
 
 def sync_agent_adapters(cfg: SessionConfig, actor: Actor, engine: InferenceEngine) -> None:

@@ -41,6 +41,7 @@ class GreedyEngine(InferenceEngine):
         self.serves_lora_adapters = engine.serves_lora_adapters
         self.records_sampling_masks = engine.records_sampling_masks
         self.serves_models_in_process = engine.serves_models_in_process
+        self.shares_weights = engine.shares_weights
         self.stats = engine.stats
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:

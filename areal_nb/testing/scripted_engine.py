@@ -29,6 +29,7 @@ class ScriptedEngine(InferenceEngine):
     weights_may_differ = False
     records_sampling_masks = False
     serves_models_in_process = False
+    shares_weights = False
     stats = None
 
     def __init__(self, tokenizer, script: Script, logprob: float = -0.5) -> None:

@@ -17,6 +17,7 @@ class ServedStub(InferenceEngine):
     weights_may_differ = False
     records_sampling_masks = False
     serves_models_in_process = False
+    shares_weights = False
     stats = None
 
     def get_version(self) -> int:

@@ -74,6 +74,7 @@ class SGLangEngine(AdapterUpdates, InferenceEngine):
     # are set per instance
     records_sampling_masks = False  # SGLang's replies do not say what each token was drawn among
     serves_models_in_process = False  # the servers load their model from a folder
+    shares_weights = False  # (the servers hold their own copy)
     stats = None  # the servers keep their own counters
 
     def __init__(
