@@ -114,6 +114,9 @@ def test_sglang_launch_path_streams_logs_trains_and_close_stops_the_servers(tmp_
         # Ctrl-C in the cell: the rollout's requests are cancelled, the servers keep serving.
         # The interrupt comes once requests are in flight (not after a fixed delay: a fast
         # machine could finish the rollout first and the signal would hit the test itself).
+        # Ctrl-C raises KeyboardInterrupt as in a kernel, whatever handler an earlier test left
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
         def interrupt_once_generating() -> None:
             for _ in range(3000):
                 if any(s["in_flight"] for s in session.engine.server_status()):

@@ -173,7 +173,7 @@ def _sbatch_sglang_argv() -> list[str]:
     match = re.search(r'server=\(("\$PYTHON" -m sglang\.launch_server.*?)\)\n\s*else', text, re.DOTALL)
     assert match, "job.sbatch has no sglang.launch_server command"
     script = (
-        "PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 i=1 DTYPE=bfloat16 MAX_BATCH=64\n"
+        "PYTHON=python MODEL=/models/qwen port=30001 API_KEY=k GPUS_PER_SERVER=2 TP_SIZE=2 DP_SIZE=1 i=1 DTYPE=bfloat16 MAX_BATCH=64\n"
         f'server=({match.group(1)})\nprintf "%s\\0" "${{server[@]}}"'
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
@@ -183,7 +183,7 @@ def _sbatch_sglang_argv() -> list[str]:
 def test_the_job_sbatch_launch_command_parses(sglang):
     args = _parses(sglang, _launch_args(_sbatch_sglang_argv()))
     assert (args["port"], args["tp_size"], args["base_gpu_id"], args["host"]) == (30001, 2, 2, "0.0.0.0")
-    assert (args["dtype"], args["max_running_requests"]) == ("bfloat16", 64)
+    assert (args["dtype"], args["max_running_requests"], args["dp_size"]) == ("bfloat16", 64, 1)
 
 
 def _benchmark_sglang_commands() -> list[tuple[str, list[str]]]:
