@@ -152,7 +152,9 @@ def test_the_mcp_agent_trains_and_its_rows_hold_the_call_and_the_servers_result(
                     runs[2][1]
                 )
                 assert "<tool_call>" in s.tokenizer.decode(runs[1][1])
-                assert call.reward == pytest.approx(0.9 * answer.reward)
+                # the batch discounts the agent's reward back to the tool call (γ 0.9)
+                discounted = batch.discounted(i)
+                assert discounted[call.interaction_id] == pytest.approx(0.9 * answer.reward)
             s.train_step(batch)
         assert tool_turns > 0, "the model called the calculator in none of 16 episodes"
         assert s.version == 2

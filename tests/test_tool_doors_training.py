@@ -113,8 +113,8 @@ def test_a_tool_agent_trains_through_its_own_door(agent_class):
                 assert result["content"] == calculator(
                     json.loads(tool_call["function"]["arguments"])["expression"]
                 )
-                # the reward (set on the answer) is discounted back onto the tool call
-                assert call.reward == pytest.approx(0.9 * answer.reward)
+                # the reward (set on the answer) is discounted back onto the tool call by the batch
+                assert batch.discounted(i)[call.interaction_id] == pytest.approx(0.9 * answer.reward)
             tree = build_tree(batch)
             assert len([n for n in tree.nodes if "tool" in n.roles.split(",")]) == sum(
                 len(batch.calls(i)) == 2 for i in range(len(batch.episodes))

@@ -57,7 +57,7 @@ loss_view"""
 # The lab: the same off-policy copy under three variants (no step); PPO's clip acts where the
 # engine's record is 0.5 nats off, CISPO's weight does not clip there, so the lanes disagree.
 COMPARE_CELL = """\
-cmp = session.compare(t, {"grpo": {"use_decoupled_loss": False, "recompute_logprob": False, "eps_clip": 0.2},
+cmp = session.compare(TrainBatch(**t), {"grpo": {"use_decoupled_loss": False, "recompute_logprob": False, "eps_clip": 0.2},
                           "cispo": {"use_decoupled_loss": False, "recompute_logprob": False},
                           "dr_grpo": {}})
 compare_view = cmp.view(row=1)  # the negative-advantage row, where PPO clips
