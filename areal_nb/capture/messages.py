@@ -121,6 +121,20 @@ def _call_link_form(call: Any) -> Any:
     return out
 
 
+def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """`messages` with `text` appended to the leading system (or developer) message after a blank
+    line; a system message of `text` is put first where there is none or its content is not plain
+    text. How a template that cannot show something (a schema, tools) is told it anyway."""
+    first = messages[0] if messages else None
+    if (
+        first is not None
+        and first.get("role") in ("system", "developer")
+        and isinstance(first.get("content"), str)
+    ):
+        return [{**first, "content": f"{first['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
 def check_chat_messages(messages: list[dict[str, Any]]) -> None:
     """Reject message shapes a chat template cannot render, naming the offending field.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from areal_nb.api import InvalidRequestError, OutputConstraint
 
-from .messages import CompletionRequestError
+from .messages import CompletionRequestError, with_system_text
 
 FORMAT_INSTRUCTION = "Respond only with a JSON value that matches this JSON schema:\n"
 
@@ -197,12 +197,4 @@ def with_format_instruction(
     added first if there is none, or if its content is not plain text)."""
     if constraint is None or constraint.kind != "json_schema":
         return messages
-    instruction = FORMAT_INSTRUCTION + json.dumps(constraint.schema)
-    first = messages[0] if messages else None
-    if (
-        first is not None
-        and first.get("role") in ("system", "developer")
-        and isinstance(first.get("content"), str)
-    ):
-        return [{**first, "content": f"{first['content']}\n\n{instruction}"}, *messages[1:]]
-    return [{"role": "system", "content": instruction}, *messages]
+    return with_system_text(messages, FORMAT_INSTRUCTION + json.dumps(constraint.schema))

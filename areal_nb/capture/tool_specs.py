@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .messages import CompletionRequestError
+from .messages import CompletionRequestError, with_system_text
 
 
 def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
@@ -91,14 +91,7 @@ def with_tools_section(messages: list[dict[str, Any]], tools: list[dict[str, Any
     shown = [
         _calls_as_text(m) if m.get("role") == "assistant" and m.get("tool_calls") else m for m in messages
     ]
-    first = shown[0] if shown else None
-    if (
-        first is not None
-        and first.get("role") in ("system", "developer")
-        and isinstance(first.get("content"), str)
-    ):
-        return [{**first, "content": f"{first['content']}\n\n{section}"}, *shown[1:]]
-    return [{"role": "system", "content": section}, *shown]
+    return with_system_text(shown, section)
 
 
 def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
