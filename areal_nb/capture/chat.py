@@ -19,6 +19,7 @@ from areal_nb.api import InferenceEngine, ModelResponse, OutputConstraint
 from .cache import InteractionCache
 from .generate import (
     MODEL_NAME,
+    CompletionBackend,
     agent_name,
     all_samples,
     chat_template_kwargs_of,
@@ -35,7 +36,7 @@ from .generate import (
 from .interaction import InteractionWithTokenLogpReward
 from .messages import normalize_messages
 from .request_limits import context_tokens
-from .settings import CompletionSettings
+from .settings import CompletionSettings, SamplingRequest
 from .structured import (
     constraint_of_format,
     constraint_of_guided,
@@ -83,15 +84,12 @@ async def create_chat_completion(
     n_choices = check_choices(n)
     tools_list = normalize_tools(tools)
     constraint = _chat_constraint(tools_list, tool_choice, response_format, extra_body)
-    record = cache if store is not False else None
+    backend = CompletionBackend(engine, tokenizer, settings, cache).recording(store)
     # Choice i is interaction `completion_id` (i = 0) or `f"{completion_id}-{i}"`: one row each.
     ids = [completion_id] + [f"{completion_id}-{i}" for i in range(1, n_choices)]
     generate = functools.partial(
         generate_for_messages,
-        engine=engine,
-        tokenizer=tokenizer,
-        settings=settings,
-        cache=record,
+        backend,
         messages=normalized,
         tools=tools_list,
         chat_template_kwargs=chat_template_kwargs_of(extra_body),
@@ -100,26 +98,26 @@ async def create_chat_completion(
             "max_completion_tokens": max_completion_tokens,
             "max_total_tokens": max_total_tokens,
         },
-        sampling_kwargs={
-            "temperature": temperature,
-            "top_p": top_p,
-            "frequency_penalty": frequency_penalty,
-            "stop": stop,
-            "presence_penalty": presence_penalty,
-            "top_k": top_k,
-            "constraint": constraint,
-        },
+        sampling=SamplingRequest(
+            temperature=temperature,
+            top_p=top_p,
+            frequency_penalty=frequency_penalty,
+            stop=stop,
+            presence_penalty=presence_penalty,
+            top_k=top_k,
+            constraint=constraint,
+        ),
         metadata=metadata,
         agent=agent_name(model),
     )
     if n_choices == 1:
         samples = [await generate(interaction_id=completion_id)]
     else:
-        samples = await all_samples([generate(interaction_id=iid) for iid in ids], record, ids)
+        samples = await all_samples([generate(interaction_id=iid) for iid in ids], backend.cache, ids)
     completion = _render_completion(
         completion_id, samples, tokenizer, settings, tools_list, tool_choice, logprobs, stop
     )
-    mark_completed_last_first(record, [interaction for interaction, _ in samples])
+    mark_completed_last_first(backend.cache, [interaction for interaction, _ in samples])
     return completion
 
 
@@ -200,9 +198,7 @@ async def chat_prompt_ids(
     tools_list = normalize_tools(tools)
     constraint = _chat_constraint(tools_list, tool_choice, response_format, extra_body)
     prompt, _ = await render_chat_prompt(
-        tokenizer=tokenizer,
-        settings=settings,
-        cache=cache,
+        CompletionBackend(engine, tokenizer, settings, cache),
         messages=normalized,
         tools=tools_list,
         chat_template_kwargs=checked_chat_input(normalized, tokenizer, chat_template_kwargs_of(extra_body)),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from dataclasses import dataclass, replace
 from typing import Any
 
 from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse, OutputConstraint
@@ -32,6 +33,7 @@ from .request_limits import (
 )
 from .settings import (
     CompletionSettings,
+    SamplingRequest,
     TokenBudget,
     check_positive_int,
     resolve_token_budget,
@@ -47,6 +49,22 @@ MODEL_NAME = "areal-nb"
 # over-context prompt held it 7 ms a time (tests/proxy/test_chaos.py's /health p99). A thread
 # hop costs the loop ~0.03 ms, small next to rendering 2 KiB; tiny-math prompts stay inline.
 INLINE_RENDER_CHARS = 2 * 1024
+
+
+@dataclass(frozen=True)
+class CompletionBackend:
+    """What a door's call runs on: the engine that generates, the tokenizer that renders and
+    decodes, the client's or proxy's settings, and the cache that records the call (None: the
+    call is answered and not recorded)."""
+
+    engine: InferenceEngine
+    tokenizer: Any
+    settings: CompletionSettings
+    cache: InteractionCache | None
+
+    def recording(self, store: bool | None) -> CompletionBackend:
+        """This backend for a request's `store`: `store=False` is answered, not recorded."""
+        return self if store is not False else replace(self, cache=None)
 
 
 def build_prompt_ids(
@@ -108,42 +126,36 @@ def _check_engine_response(resp: ModelResponse, prompt: list[int]) -> None:
 
 
 async def generate_for_messages(
+    backend: CompletionBackend,
     *,
-    engine: InferenceEngine,
-    tokenizer: Any,
-    settings: CompletionSettings,
-    cache: InteractionCache | None,
     interaction_id: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     chat_template_kwargs: dict[str, Any] | None,
     budget_kwargs: dict[str, Any],
-    sampling_kwargs: dict[str, Any],
+    sampling: SamplingRequest,
     metadata: Any,
     input_data: Any = "",
     agent: str | None = None,
 ) -> tuple[InteractionWithTokenLogpReward, ModelResponse]:
     """Template → budget → cache insert → engine; shared by chat completions and responses.
 
-    The returned interaction is in `cache` (when given) but not yet complete: the caller fills
-    in its output and calls `cache.mark_completed`. If the engine fails it is removed.
+    The returned interaction is in `backend.cache` (when given) but not yet complete: the caller
+    fills in its output and calls `cache.mark_completed`. If the engine fails it is removed.
     """
+    engine, tokenizer, settings, cache = backend.engine, backend.tokenizer, backend.settings, backend.cache
     if cache is not None and interaction_id in cache:
         raise CompletionRequestError(f"interaction id {interaction_id} already exists in the cache")
     chat_template_kwargs = checked_chat_input(messages, tokenizer, chat_template_kwargs)
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens(budget_kwargs, context_tokens(engine, None))  # the model's own context only
-    sampling_config(
-        tokenizer=None, budget=TokenBudget(1, 2), **sampling_kwargs
-    )  # bad values fail before rendering
+    sampling_config(sampling, tokenizer=None, budget=TokenBudget(1, 2))  # bad values fail before rendering
     prompt, parent = await render_chat_prompt(
-        tokenizer=tokenizer,
-        settings=settings,
-        cache=cache,
+        backend,
         messages=messages,
         tools=tools,
         chat_template_kwargs=chat_template_kwargs,
-        constraint=sampling_kwargs.get("constraint"),
+        constraint=sampling.constraint,
         agent=agent,
         context=context,
     )
@@ -154,11 +166,7 @@ async def generate_for_messages(
         **budget_kwargs,
     )
     check_prompt_tokens(len(prompt), context)
-    sampling = dict(sampling_kwargs)
-    sampling["temperature"], sampling["top_p"] = settings.fill_sampling(
-        sampling.get("temperature"), sampling.get("top_p")
-    )
-    gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
+    gconfig = sampling_config(settings.fill_sampling(sampling), tokenizer=tokenizer, budget=budget)
     if metadata is not None and not isinstance(metadata, dict):
         raise CompletionRequestError(f"metadata must be a dict, got {type(metadata).__name__}")
     interaction = InteractionWithTokenLogpReward(
@@ -174,35 +182,25 @@ async def generate_for_messages(
     request = ModelRequest(
         input_ids=prompt, gconfig=gconfig, metadata=dict(metadata or {}), tokenizer=tokenizer, agent=agent
     )
-    response = await generate_recorded(
-        engine=engine,
-        settings=settings,
-        cache=cache,
-        interaction_id=interaction_id,
-        interaction=interaction,
-        request=request,
-    )
+    response = await generate_recorded(backend, interaction, request)
     return interaction, response
 
 
 async def generate_recorded(
-    *,
-    engine: InferenceEngine,
-    settings: CompletionSettings,
-    cache: InteractionCache | None,
-    interaction_id: str,
-    interaction: InteractionWithTokenLogpReward,
-    request: ModelRequest,
+    backend: CompletionBackend, interaction: InteractionWithTokenLogpReward, request: ModelRequest
 ) -> ModelResponse:
-    """Insert `interaction` in `cache` (its parent already found), ask the engine, and give the
-    interaction the response; an engine failure (or an aborted generation where `settings`
-    refuse those) removes the entry, so the cache never keeps an interaction that cannot complete."""
+    """Insert `interaction` in the backend's cache (its parent already found), ask the engine, and
+    give the interaction the response; an engine failure (or an aborted generation where the
+    settings refuse those) removes the entry, so the cache never keeps an interaction that cannot
+    complete."""
+    cache, interaction_id = backend.cache, interaction.interaction_id
+    assert interaction_id is not None, "the door names every call it records"
     if cache is not None:
         cache.insert(interaction_id, interaction, resolve_parent=False)
     try:
-        response = await engine.agenerate(request)
+        response = await backend.engine.agenerate(request)
         _check_engine_response(response, request.input_ids)
-        check_not_aborted(response, settings)
+        check_not_aborted(response, backend.settings)
     except BaseException:
         if cache is not None:
             cache.pop(interaction_id, None)
@@ -221,10 +219,8 @@ def checked_chat_input(
 
 
 async def render_chat_prompt(
+    backend: CompletionBackend,
     *,
-    tokenizer: Any,
-    settings: CompletionSettings,
-    cache: InteractionCache | None,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     chat_template_kwargs: dict[str, Any] | None,
@@ -233,8 +229,9 @@ async def render_chat_prompt(
     context: int | None,
     add_generation_prompt: bool = True,
 ) -> tuple[list[int], InteractionWithTokenLogpReward | None]:
-    """The prompt ids of a chat call and the call it continues (its parent in `cache`).
-    `add_generation_prompt=False` (`/tokenize`) renders the whole conversation, no parent."""
+    """The prompt ids of a chat call and the call it continues (its parent in the backend's
+    cache). `add_generation_prompt=False` (`/tokenize`) renders the whole conversation, no parent."""
+    tokenizer, settings, cache = backend.tokenizer, backend.settings, backend.cache
     parent = cache.find_parent(messages, agent) if cache is not None and add_generation_prompt else None
     if (
         parent is not None

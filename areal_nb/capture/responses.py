@@ -19,6 +19,7 @@ from areal_nb.api import InferenceEngine, ModelResponse, OutputConstraint
 from .cache import InteractionCache
 from .generate import (
     MODEL_NAME,
+    CompletionBackend,
     agent_name,
     chat_template_kwargs_of,
     cut_stop_string,
@@ -26,7 +27,7 @@ from .generate import (
     generate_for_messages,
 )
 from .messages import CompletionRequestError, MessageTypeError, normalize_message
-from .settings import CompletionSettings
+from .settings import CompletionSettings, SamplingRequest
 from .structured import (
     constraint_of_format,
     constraint_of_guided,
@@ -211,24 +212,17 @@ async def create_response(
     check_tools(chat_tools, tool_choice)
     constraint = _response_constraint(chat_tools, tool_choice, ignored.get("text"), extra_body)
     response_id = "resp-" + uuid.uuid4().hex[:29]
-    record = cache if store is not False else None
+    backend = CompletionBackend(engine, tokenizer, settings, cache).recording(store)
     interaction, model_response = await generate_for_messages(
-        engine=engine,
-        tokenizer=tokenizer,
-        settings=settings,
-        cache=record,
+        backend,
         interaction_id=response_id,
         messages=messages,
         tools=chat_tools,
         chat_template_kwargs=chat_template_kwargs_of(extra_body),
         budget_kwargs={"max_completion_tokens": max_output_tokens},
-        sampling_kwargs={
-            "temperature": temperature,
-            "top_p": top_p,
-            "frequency_penalty": None,
-            "stop": ignored.get("stop"),
-            "constraint": constraint,
-        },
+        sampling=SamplingRequest(
+            temperature=temperature, top_p=top_p, stop=ignored.get("stop"), constraint=constraint
+        ),
         metadata=metadata,
         input_data=input,
         agent=agent_name(model),
@@ -257,8 +251,8 @@ async def create_response(
     interaction.output_message_list = response_items_to_messages(
         [o.model_dump(exclude_none=True) for o in response.output]
     )
-    if record is not None:
-        record.mark_completed(response_id)
+    if backend.cache is not None:
+        backend.cache.mark_completed(response_id)
     return response
 
 

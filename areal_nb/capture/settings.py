@@ -9,7 +9,7 @@ request's fields and leaves the checking here.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from areal_nb.api import (
@@ -27,6 +27,7 @@ from .tool_calls import SUPPORTED_REASONING_PARSERS, SUPPORTED_TOOL_CALL_PARSERS
 
 __all__ = [
     "CompletionSettings",
+    "SamplingRequest",
     "TokenBudget",
     "check_positive_int",
     "resolve_token_budget",
@@ -78,11 +79,12 @@ class CompletionSettings:
         except InvalidRequestError as exc:
             raise InvalidArgumentError(f"default_temperature / default_top_p: {exc}") from None
 
-    def fill_sampling(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
-        """The request's temperature and top_p, or these settings' defaults where it has none."""
-        return (
-            self.default_temperature if temperature is None else temperature,
-            self.default_top_p if top_p is None else top_p,
+    def fill_sampling(self, request: SamplingRequest) -> SamplingRequest:
+        """The request with these settings' temperature and top_p where it has none."""
+        return replace(
+            request,
+            temperature=self.default_temperature if request.temperature is None else request.temperature,
+            top_p=self.default_top_p if request.top_p is None else request.top_p,
         )
 
 
@@ -152,31 +154,34 @@ def resolve_token_budget(
     )
 
 
-def sampling_config(
-    *,
-    temperature: float | None,
-    top_p: float | None,
-    frequency_penalty: float | None,
-    stop: Any,
-    tokenizer: Any,
-    budget: TokenBudget,
-    presence_penalty: float | None = None,
-    top_k: int | None = None,
-    constraint: OutputConstraint | None = None,
-) -> GenerationConfig:
+@dataclass(frozen=True)
+class SamplingRequest:
+    """A request's sampling fields as it sent them (None: left out), before any is checked."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    stop: Any = None
+    presence_penalty: float | None = None
+    top_k: int | None = None
+    constraint: OutputConstraint | None = None
+
+
+def sampling_config(request: SamplingRequest, *, tokenizer: Any, budget: TokenBudget) -> GenerationConfig:
     """The engine's `GenerationConfig`; ranges are checked by `GenerationConfig.check`.
 
     `tokenizer=None` checks the values only (no stop token ids): what the door check before
     rendering needs, without reading the tokenizer's special tokens twice per call."""
-    if presence_penalty:
+    if request.presence_penalty:
         raise CompletionRequestError(
-            f"presence_penalty is not supported (got {presence_penalty}); send 0 or omit it"
+            f"presence_penalty is not supported (got {request.presence_penalty}); send 0 or omit it"
         )
-    temp = 1.0 if temperature is None else temperature
-    top = 1.0 if top_p is None else top_p
+    temp = 1.0 if request.temperature is None else request.temperature
+    top = 1.0 if request.top_p is None else request.top_p
     for name, value in (("temperature", temp), ("top_p", top)):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise CompletionRequestError(f"{name} must be a number, got {value!r:.80}")
+    stop = request.stop
     if stop is None:
         stops = None
     elif isinstance(stop, str):
@@ -185,7 +190,7 @@ def sampling_config(
         stops = list(stop) or None
     else:
         raise CompletionRequestError(f"stop must be a string or a list of strings, got {stop!r:.80}")
-    top_k_option: dict[str, Any] = {} if top_k is None else {"top_k": top_k}
+    top_k_option: dict[str, Any] = {} if request.top_k is None else {"top_k": request.top_k}
     gconfig = GenerationConfig(
         n_samples=1,
         max_new_tokens=budget.max_new_tokens,
@@ -195,9 +200,9 @@ def sampling_config(
         top_p=float(top),
         **top_k_option,  # None: no top-k cut (GenerationConfig's default)
         stop=stops,
-        frequency_penalty=float(frequency_penalty or 0.0),
+        frequency_penalty=float(request.frequency_penalty or 0.0),
         stop_token_ids=[] if tokenizer is None else with_pad_and_eos_ids((), tokenizer),
-        constraint=constraint,
+        constraint=request.constraint,
     )
     try:
         gconfig.check()

@@ -28,6 +28,7 @@ from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
 from .cache import ConversationLinkWarning, InteractionCache
 from .generate import (
     MODEL_NAME,
+    CompletionBackend,
     agent_name,
     all_samples,
     check_choices,
@@ -40,7 +41,13 @@ from .generate import (
 from .interaction import InteractionWithTokenLogpReward
 from .messages import CompletionRequestError
 from .request_limits import check_max_tokens, check_prompt_tokens, context_tokens
-from .settings import CompletionSettings, TokenBudget, resolve_token_budget, sampling_config
+from .settings import (
+    CompletionSettings,
+    SamplingRequest,
+    TokenBudget,
+    resolve_token_budget,
+    sampling_config,
+)
 from .tokens import check_text_fits, check_token_ids, decode_ids, encode_text
 
 _MAX_GENERATIONS = 64  # len(prompts) × n in one call; each is a full generation and a row
@@ -167,18 +174,21 @@ async def create_text_completion(
         )
     with_logprobs = _check_logprobs(logprobs)
     with_echo = _check_flag("echo", echo)
-    sampling = {
-        "frequency_penalty": frequency_penalty,
-        "stop": stop,
-        "presence_penalty": presence_penalty,
-        "top_k": top_k,
-    }
-    sampling["temperature"], sampling["top_p"] = settings.fill_sampling(temperature, top_p)
-    sampling_config(tokenizer=None, budget=TokenBudget(1, 2), **sampling)  # bad values fail first
+    sampling = settings.fill_sampling(
+        SamplingRequest(
+            temperature=temperature,
+            top_p=top_p,
+            frequency_penalty=frequency_penalty,
+            stop=stop,
+            presence_penalty=presence_penalty,
+            top_k=top_k,
+        )
+    )
+    sampling_config(sampling, tokenizer=None, budget=TokenBudget(1, 2))  # bad values fail first
     context = context_tokens(engine, settings.engine_max_tokens)
     check_max_tokens({"max_tokens": max_tokens}, context_tokens(engine, None))
     agent = agent_name(model)
-    record = cache if store is not False else None
+    backend = CompletionBackend(engine, tokenizer, settings, cache).recording(store)
     encoded = await _encode_prompts(prompts, tokenizer, context)
 
     completion_id = "cmpl-" + uuid.uuid4().hex[:29]
@@ -192,34 +202,27 @@ async def create_text_completion(
             engine_max_tokens=settings.engine_max_tokens,
             default_max_new_tokens=settings.default_max_new_tokens,
         )
-        gconfig = sampling_config(tokenizer=tokenizer, budget=budget, **sampling)
+        gconfig = sampling_config(sampling, tokenizer=tokenizer, budget=budget)
         interaction = InteractionWithTokenLogpReward(
             messages=[{"role": _PROMPT_ROLE, "content": text}],
-            parent=find_text_parent(record, text, ids, agent, settings.chat_template_type == "concat"),
+            parent=find_text_parent(backend.cache, text, ids, agent, settings.chat_template_type == "concat"),
             chat_template_type=settings.chat_template_type,
             input_data=prompt,
             agent=agent,
             _interaction_id=ids_of_choices[index],
         )
         request = ModelRequest(input_ids=list(ids), gconfig=gconfig, tokenizer=tokenizer, agent=agent)
-        response = await generate_recorded(
-            engine=engine,
-            settings=settings,
-            cache=record,
-            interaction_id=ids_of_choices[index],
-            interaction=interaction,
-            request=request,
-        )
-        return interaction, response
+        return interaction, await generate_recorded(backend, interaction, request)
 
     if len(ids_of_choices) == 1:
         samples = [await sample(0)]
     else:
-        samples = await all_samples([sample(i) for i in range(len(ids_of_choices))], record, ids_of_choices)
+        calls = [sample(i) for i in range(len(ids_of_choices))]
+        samples = await all_samples(calls, backend.cache, ids_of_choices)
     completion = _render_completion(
         completion_id, samples, encoded, n_choices, tokenizer, stop, with_logprobs, with_echo
     )
-    mark_completed_last_first(record, [interaction for interaction, _ in samples])
+    mark_completed_last_first(backend.cache, [interaction for interaction, _ in samples])
     return completion
 
 
