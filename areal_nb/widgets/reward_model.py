@@ -25,7 +25,7 @@ from areal_nb.errors import InvalidArgumentError
 
 from .loss_model import ZERO_ADVANTAGE
 from .sources import collect_interactions, is_complete, node_key, raw_reward
-from .tree_model import TreeModel, build_tree
+from .tree_model import TreeModel, build_tree, node_by_id
 
 
 def discounted_rewards(
@@ -149,10 +149,7 @@ class RewardViewState:
         return bool(values) and all(abs(a) <= ZERO_ADVANTAGE for a in values)
 
     def node(self, node_id: str) -> RewardNode:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(f"no call {node_id!r} in this group")
+        return node_by_id(self.nodes, node_id, "call", "group")
 
 
 @dataclass

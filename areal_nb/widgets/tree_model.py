@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .sources import collect_interactions, is_complete, node_key, raw_reward
 
@@ -64,6 +65,22 @@ class TreeNode:
         return "\n".join(lines)
 
 
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+_Node = TypeVar("_Node", bound=_Identified)
+
+
+def node_by_id(nodes: Sequence[_Node], node_id: str, kind: str, place: str) -> _Node:
+    """The node of `nodes` with id `node_id`; a KeyError that lists the ids there otherwise."""
+    for n in nodes:
+        if n.id == node_id:
+            return n
+    raise KeyError(f"no {kind} {node_id!r} in this {place} ({kind}s: {[n.id for n in nodes]})")
+
+
 @dataclass
 class TreeModel:
     nodes: list[TreeNode]
@@ -79,10 +96,7 @@ class TreeModel:
         return len(self.agents) > 1
 
     def node(self, node_id: str) -> TreeNode:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(f"no node {node_id!r} in this tree (nodes: {[n.id for n in self.nodes]})")
+        return node_by_id(self.nodes, node_id, "node", "tree")
 
     @property
     def n_pending(self) -> int:

@@ -17,10 +17,10 @@ from areal_nb.api import CREDIT_MODES, DISCOUNT_MODES
 from . import render
 from .dashboard_model import history_length, history_series, signal_warning
 from .live import Refresher
-from .loss_model import LOSS_FILTERS, build_loss_view
-from .reward_model import RewardSource, reward_state
+from .loss_model import LOSS_FILTERS, LossViewModel, build_loss_view
+from .reward_model import RewardSource, RewardViewState, reward_state
 from .sources import collect_interactions, is_complete, node_key, resolve_source, snapshot_key
-from .token_model import build_token_view, tokenizer_of
+from .token_model import TokenViewModel, build_token_view, tokenizer_of
 from .tree_model import build_tree
 
 
@@ -62,6 +62,40 @@ class LiveView(w.VBox):
         data = super()._repr_mimebundle_(**kwargs) or {}
         data["text/html"] = self.to_html()
         return data
+
+
+class ModelView(LiveView):
+    """A live view whose `body` shows one model of its source: `_build()` reads the source into
+    the model (the one shown is `self.model`), `_draw(model)` is its HTML."""
+
+    body: w.HTML
+    model: Any
+
+    def _build(self) -> Any:
+        raise NotImplementedError
+
+    def _draw(self, model: Any) -> str:
+        raise NotImplementedError
+
+    def _render(self) -> None:
+        self.model = self._build()
+        self.body.value = self._draw(self.model)
+
+    def to_html(self) -> str:
+        return self._draw(self._build())
+
+
+def _credit_toggle(value: str) -> w.ToggleButtons:
+    """The toggle between the two credit modes, the views' same words for each."""
+    return w.ToggleButtons(
+        options=list(CREDIT_MODES),
+        value=value,
+        description="credit",
+        tooltips=[
+            "every turn trains on the row's (leaf's) reward",
+            "each turn trains on its own discounted return",
+        ],
+    )
 
 
 class TreeView(LiveView):
@@ -118,7 +152,7 @@ class TreeView(LiveView):
         return render.tree_svg(build_tree(self.source)) + render.TREE_LEGEND
 
 
-class TokenView(LiveView):
+class TokenView(ModelView):
     def __init__(
         self,
         source: Any,
@@ -144,15 +178,7 @@ class TokenView(LiveView):
                 for s in first.styles_available
             ],
         )
-        self.credit_toggle = w.ToggleButtons(
-            options=list(CREDIT_MODES),
-            value=first.credit,
-            description="credit",
-            tooltips=[
-                "every turn trains on the row's (leaf's) reward",
-                "each turn trains on its own discounted return",
-            ],
-        )
+        self.credit_toggle = _credit_toggle(first.credit)
         self.body = w.HTML()
         super().__init__([w.HBox([self.style_toggle, self.credit_toggle]), self.body])
         self.add_class("anb-token-view")
@@ -163,7 +189,7 @@ class TokenView(LiveView):
             (lambda: None) if is_row else (lambda: snapshot_key(self.source)), live and not is_row, interval
         )
 
-    def _model(self):
+    def _build(self) -> TokenViewModel:
         return build_token_view(
             resolve_source(self.source),
             self.style_toggle.value,
@@ -172,15 +198,11 @@ class TokenView(LiveView):
             self.index,
         )
 
-    def _render(self) -> None:
-        self.model = self._model()
-        self.body.value = render.token_view_html(self.model)
-
-    def to_html(self) -> str:
-        return render.token_view_html(self._model())
+    def _draw(self, model: TokenViewModel) -> str:
+        return render.token_view_html(model)
 
 
-class RewardView(LiveView):
+class RewardView(ModelView):
     def __init__(
         self,
         source: Any,
@@ -222,15 +244,7 @@ class RewardView(LiveView):
         state = reward_state(src, discount, mode, style, credit, credit_norm)
         styles = ["concat", "individual"] if state.style == "concat" else ["individual"]
         self.style_toggle = w.ToggleButtons(options=styles, value=state.style, description="export")
-        self.credit_toggle = w.ToggleButtons(
-            options=list(CREDIT_MODES),
-            value=credit,
-            description="credit",
-            tooltips=[
-                "every turn trains on the row's (leaf's) reward",
-                "each turn trains on its own discounted return",
-            ],
-        )
+        self.credit_toggle = _credit_toggle(credit)
         self.body = w.HTML()
         super().__init__(
             [
@@ -247,7 +261,12 @@ class RewardView(LiveView):
     def _reward_source(self) -> RewardSource:
         return RewardSource.from_any(resolve_source(self.source), self.index, self.group, self.raw_rewards)
 
-    def _state(self):
+    @property
+    def state(self) -> RewardViewState:
+        """The reward state shown (the view's model)."""
+        return self.model
+
+    def _build(self) -> RewardViewState:
         return reward_state(
             self._reward_source(),
             self.slider.value,
@@ -257,12 +276,8 @@ class RewardView(LiveView):
             self.credit_norm,
         )
 
-    def _render(self) -> None:
-        self.state = self._state()
-        self.body.value = render.reward_html(self.state)
-
-    def to_html(self) -> str:
-        return render.reward_html(self._state())
+    def _draw(self, model: RewardViewState) -> str:
+        return render.reward_html(model)
 
 
 class Dashboard(LiveView):
@@ -297,7 +312,7 @@ class Dashboard(LiveView):
         )
 
 
-class LossView(LiveView):
+class LossView(ModelView):
     """A train step's per-token loss terms on token chips, with a clipped/capped filter.
 
     Follows `session.last_inspection` when given a session: the next inspected step shows up.
@@ -334,12 +349,8 @@ class LossView(LiveView):
             lambda: id(getattr(self.source, "last_inspection", self.source)), live and follows, interval
         )
 
-    def _model(self):
+    def _build(self) -> LossViewModel:
         return build_loss_view(self.source, self.tokenizer, self.rows, self.filter_toggle.value)
 
-    def _render(self) -> None:
-        self.model = self._model()
-        self.body.value = render.loss_view_html(self.model)
-
-    def to_html(self) -> str:
-        return render.loss_view_html(self._model())
+    def _draw(self, model: LossViewModel) -> str:
+        return render.loss_view_html(model)
