@@ -3,7 +3,7 @@
 `CompletionSettings` is what a client or a proxy fixes for all its calls (template type, parsers,
 default sampling); `resolve_token_budget` and `sampling_config` apply the same rules to every
 door's request (chat, Responses, Anthropic Messages, text completions), so a door converts its
-request's fields and leaves the checking here.
+request's fields (the sampling ones into a `SamplingRequest`) and leaves the checking here.
 """
 
 from __future__ import annotations
