@@ -52,6 +52,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="default: the config's total_steps")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters instead of every weight")
     parser.add_argument("--lr", type=float, default=None, help="default: the config's (full) or 1e-4 (LoRA)")
+    parser.add_argument(
+        "--pass-k",
+        type=int,
+        default=4,
+        help="sampled episodes per held-out problem (rollout.temperature) besides the greedy one",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "overrides", nargs="*", help="dotted config overrides, e.g. rollout.max_new_tokens=96"
@@ -72,11 +78,11 @@ def main() -> None:
     with Session(load_config(CONFIG, overrides)) as session:
         steps = session.config.total_steps if args.steps is None else args.steps
         clock.append((time.perf_counter(), cpu_seconds()))
-        before = session.evaluate()
+        before = session.evaluate(pass_k=args.pass_k)
         clock.append((time.perf_counter(), cpu_seconds()))
         history = session.run(steps)
         clock.append((time.perf_counter(), cpu_seconds()))
-        after = session.evaluate()
+        after = session.evaluate(pass_k=args.pass_k)
         clock.append((time.perf_counter(), cpu_seconds()))
     phases = ("start", "eval_before", "train", "eval_after")
     wall = {p: round(clock[i + 1][0] - clock[i][0], 1) for i, p in enumerate(phases)}
@@ -87,8 +93,14 @@ def main() -> None:
         "overrides": {k: v for k, v in overrides.items() if k != "model.path"},
         "steps": steps,
         "eval_problems": len(before.batch.episodes),
+        # greedy: one reply a problem; sampled: pass_k replies a problem at rollout.temperature,
+        # the policy as trained (its first moves show there before they tip greedy choices)
         "accuracy_before": before.accuracy,
         "accuracy_after": after.accuracy,
+        "sampled_accuracy_before": before.sampled_accuracy,
+        "sampled_accuracy_after": after.sampled_accuracy,
+        "pass_at_k_before": before.pass_at_k,
+        "pass_at_k_after": after.pass_at_k,
         "reward_per_step": [round(float(r), 4) for r in history["reward_mean"]],
         "zero_signal_groups": [round(float(r), 3) for r in history["zero_signal_groups"]],
         "truncated_share": [round(float(r), 3) for r in history["truncated_share"]],

@@ -122,6 +122,10 @@ def test_evaluate_is_the_mean_reward_of_greedy_episodes_and_pass_at_k():
         solved = {samples.episodes[i].data["id"] for i in range(36) if samples.episode_return(i) > 0}
         assert result.pass_at_k == len(solved) / 12
         assert result.as_dict()["eval_pass@3"] == result.pass_at_k
+        # the sampled policy's accuracy: the share of the 36 episodes rewarded (one call each)
+        rewarded = sum(samples.episode_return(i) > 0 for i in range(36))
+        assert result.sampled_accuracy == rewarded / 36
+        assert result.as_dict()["eval_sampled_accuracy"] == result.sampled_accuracy
         assert s.version == 0 and s.data.pos == 0  # evaluation trains on nothing
         with pytest.raises(ValueError, match="pass_k must be an int >= 1"):
             s.evaluate(pass_k=0)

@@ -100,9 +100,12 @@ class EvalResult:
     version: int
     batch: RolloutBatch = field(repr=False, compare=False)
     # With `evaluate(pass_k=k)`: the share of problems that k sampled episodes (rollout.temperature)
-    # solved at least once (some call rewarded > 0), and those episodes.
+    # solved at least once (some call rewarded > 0), the share of those k·n episodes whose first
+    # call was rewarded (the sampled policy's accuracy, as `accuracy` is the greedy one's: the
+    # figure training moves first, and with k·n episodes a steadier one), and the episodes.
     k: int | None = None
     pass_at_k: float | None = None
+    sampled_accuracy: float | None = None
     samples: RolloutBatch | None = field(default=None, repr=False, compare=False)
     agent_rewards: dict[str | None, float] = field(default_factory=dict)
 
@@ -112,6 +115,8 @@ class EvalResult:
         out = dict(zip(EVAL_COLUMNS, (self.reward_mean, self.accuracy, self.agent_accuracy), strict=True))
         if self.k is not None and self.pass_at_k is not None:  # (measured together)
             out[f"eval_pass@{self.k}"] = self.pass_at_k
+        if self.sampled_accuracy is not None:
+            out["eval_sampled_accuracy"] = self.sampled_accuracy
         out.update({f"{EVAL_COLUMNS[0]}/{agent}": mean for agent, mean in self.agent_rewards.items()})
         return out
 
@@ -245,7 +250,13 @@ async def evaluate(
     if pass_k is None:
         return result
     samples = make_batch(await run_episodes(sample_workflow, engine, problems, group_size=pass_k, **limits))
-    return dataclasses.replace(result, k=pass_k, pass_at_k=pass_at_k(samples, pass_k), samples=samples)
+    return dataclasses.replace(
+        result,
+        k=pass_k,
+        pass_at_k=pass_at_k(samples, pass_k),
+        sampled_accuracy=summarize(samples).accuracy,
+        samples=samples,
+    )
 
 
 def choose_problems(

@@ -295,9 +295,8 @@ class Session(guard.Closing):
         The agent runs exactly as in training (same workflow, engine and weights) except that
         every generation is greedy; nothing is trained on and the policy version does not move.
         Returns an `EvalResult` (`reward_mean`, `accuracy`: first call rewarded, `agent_accuracy`:
-        some call rewarded, the episodes as `.batch`); `pass_k=k` adds `pass_at_k`, from k episodes
-        per problem sampled at `rollout.temperature`. Only rank 0 evaluates (torchrun): others get None.
-        """
+        some call rewarded, the episodes as `.batch`); `pass_k=k` adds `pass_at_k` and `sampled_accuracy`
+        from k episodes a problem at `rollout.temperature`. Only rank 0 evaluates (torchrun)."""
         self._check_open()
         if self.rank != 0:
             return None
