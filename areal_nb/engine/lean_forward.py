@@ -24,13 +24,15 @@ context, Qwen's sliding layers), RoPE types whose cos/sin depend on more than th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
+
+from areal_nb.errors import ModelFileError
 
 from ..api.attention_window import sliding_window
 
@@ -113,8 +115,8 @@ def _fuse(linears: tuple[torch.nn.Linear, ...], first_scale: float = 1.0) -> _Li
     """One `_Linear` computing the concatenated outputs of `linears` (same input), the first one's
     outputs times `first_scale` (the attention scale folded into q: one multiplication fewer per
     layer and step; exact when the scale is a power of two, as 1/sqrt(head_dim) is for 16, 64, 256)."""
-    weights = [lin.weight for lin in linears]
-    biases = [
+    weights: list[torch.Tensor] = [lin.weight for lin in linears]
+    biases: list[torch.Tensor] = [
         lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears
     ]
     if first_scale != 1.0:
@@ -125,14 +127,26 @@ def _fuse(linears: tuple[torch.nn.Linear, ...], first_scale: float = 1.0) -> _Li
     return _Linear(weight, torch.cat(biases))
 
 
+def _weight(norm: torch.nn.Module) -> torch.Tensor:
+    """A norm module's `weight` (`nn.Module` attributes are typed as tensor or module)."""
+    weight = norm.weight
+    if not isinstance(weight, torch.Tensor):
+        raise ModelFileError(f"{type(norm).__name__}.weight is a {type(weight).__name__}, not a tensor")
+    return weight.detach()
+
+
+def _epsilon(norm: torch.nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
 class _RMSNorm:
     """An RMSNorm module's arithmetic: `weight * normed.to(dtype)` (Llama, Qwen) or, for Gemma,
     `(normed * (1 + weight)).to(dtype)`, the normalisation in fp32 either way. In fp32 one fused
     kernel (`F.rms_norm`), bitwise the same as the three-step form."""
 
     def __init__(self, norm: torch.nn.Module, plus_one: bool) -> None:
-        weight = norm.weight.detach()
-        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        weight = _weight(norm)
+        self.eps = _epsilon(norm)
         self.plus_one = plus_one
         self.weight = 1.0 + weight.float() if plus_one else weight  # Gemma's: fp32, as it multiplies
         self.shape = tuple(weight.shape)
@@ -154,8 +168,8 @@ class _HeadNorm:
     attention scale, which the fused projection cannot carry here: a norm follows it)."""
 
     def __init__(self, q_norm: torch.nn.Module, k_norm: torch.nn.Module, n_q: int, n_kv: int, scale: float):
-        self.eps = float(q_norm.variance_epsilon)
-        q_weight, k_weight = q_norm.weight.detach() * scale, k_norm.weight.detach()
+        self.eps = _epsilon(q_norm)
+        q_weight, k_weight = _weight(q_norm) * scale, _weight(k_norm)
         self.weight = torch.cat([q_weight.expand(n_q, -1), k_weight.expand(n_kv, -1)])  # [heads, D]
 
     def __call__(self, qk: torch.Tensor) -> torch.Tensor:
@@ -165,6 +179,12 @@ class _HeadNorm:
         x = qk.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class ColumnCache(Protocol):
+    """A cache layer `LeanForward.decode` writes a decoding step's keys/values into."""
+
+    def append_column(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class _Layer(NamedTuple):
@@ -289,7 +309,11 @@ class LeanForward:
         return self._lm_head(self._final_norm(hidden))
 
     def decode(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, layers: list
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        layers: Sequence[ColumnCache],
     ) -> torch.Tensor:
         """Next-token logits [B, V] of one decoding step: the arithmetic of `packed_prefill.py` for
         one new token per row, written for that case (fewer operations per layer, no [B, 1, ...] axis).
