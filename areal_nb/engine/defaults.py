@@ -17,7 +17,7 @@ DEFAULT_PREFIX_CACHE_TOKENS = 32768
 
 # Decoding steps of up to this many rows run on one torch thread (CPU); 0: every step on torch's
 # threads. One thread leaves the other core to the Python threads beside the engine (the Session's
-# agents and proxy, a server's HTTP loop); engine/local.py says what was measured.
+# agents and proxy, a server's HTTP loop); engine/local_worker.py says what was measured.
 DEFAULT_SINGLE_THREAD_ROWS = 64
 
 # `areal-nb engine-server` started by hand runs alone on its machine: no agents or proxy beside
