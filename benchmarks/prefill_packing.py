@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from areal_nb.engine.kv_batch import PaddedKVBatch  # noqa: E402
+from areal_nb.engine.kv_batch import JoiningRows, PaddedKVBatch  # noqa: E402
 from areal_nb.engine.weights import load_engine_model  # noqa: E402
 from areal_nb.models.cache import cache_root  # noqa: E402
 from benchmarks.engine_throughput import BENCH_QWEN2, build_bench_qwen2  # noqa: E402
@@ -33,13 +33,8 @@ def prefill_cpu(batch: PaddedKVBatch, prompts: list[list[int]], packed: bool) ->
     batch.clear()
     fill = batch._prefill_packed if packed else batch._prefill_stock  # noqa: SLF001 - the two paths compared
     start = time.process_time()
-    fill(
-        prompts,
-        [None] * len(prompts),
-        [0] * len(prompts),
-        list(range(len(prompts))),
-        list(range(len(prompts))),
-    )
+    every = list(range(len(prompts)))
+    fill(JoiningRows(prompts, [None] * len(prompts), [0] * len(prompts), every, list(every)))
     return time.process_time() - start
 
 

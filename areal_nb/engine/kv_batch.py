@@ -40,13 +40,13 @@ from transformers import PreTrainedModel
 
 from areal_nb.errors import BatchShapeError, CallOrderError
 
-from .kv_slots import SPARE_COLUMNS, SlotCache, SlotLayer
+from .kv_slots import SPARE_COLUMNS, JoiningRows, SlotCache, SlotLayer
 from .lean_forward import LeanForward
 from .packed_prefill import packed_prefill
 from .prefix_cache import LayerKV
 from .stock_forward import StockForward, length_groups
 
-__all__ = ["SPARE_COLUMNS", "PaddedKVBatch", "compact_order", "length_groups", "token_chunks"]
+__all__ = ["SPARE_COLUMNS", "JoiningRows", "PaddedKVBatch", "compact_order", "length_groups", "token_chunks"]
 
 PREFILL_TOKENS = 1024  # tokens per packed prefill forward (see `token_chunks`)
 RESERVE_TOKENS = 16384  # a new buffer has rows for at least this many tokens (see `_row_capacity`)
@@ -128,23 +128,16 @@ class PaddedKVBatch:
         distinct = [0] * len(first)
         for row in reversed(range(len(prompts))):
             distinct[source[row]] = row  # the first row of each distinct prompt
-        if self.fast is not None:
-            return self._prefill_packed(prompts, prefixes, cached, distinct, source)
-        return self._prefill_stock(prompts, prefixes, cached, distinct, source)
+        rows = JoiningRows(prompts, prefixes, cached, distinct, source)
+        return self._prefill_packed(rows) if self.fast is not None else self._prefill_stock(rows)
 
-    def _prefill_packed(
-        self,
-        prompts: list[list[int]],
-        prefixes: list[list[LayerKV] | None],
-        cached: list[int],
-        distinct: list[int],
-        source: list[int],
-    ) -> torch.Tensor:
+    def _prefill_packed(self, rows: JoiningRows) -> torch.Tensor:
         """The lean forward: `packed_prefill` over every distinct prompt's uncached tokens, in
         forwards of at most `prefill_tokens` tokens (measured on the 6.4 M benchmark model, 128
         prompts: 0.78x the CPU of one forward over all 4,600 tokens, whose [T, intermediate]
         activations no longer stay in cache), writing their keys/values into the new rows' columns
         (a scratch buffer first when some prompts repeat, copied to every row that repeats them)."""
+        prompts, prefixes, cached, distinct, source = rows
         lean = self._lean()
         width = max(len(p) for p in prompts)
         start = self._make_room(len(prompts), width, lean.n_kv_heads, lean.head_dim)
@@ -191,18 +184,12 @@ class PaddedKVBatch:
         )
         return logits
 
-    def _prefill_stock(
-        self,
-        prompts: list[list[int]],
-        prefixes: list[list[LayerKV] | None],
-        cached: list[int],
-        distinct: list[int],
-        source: list[int],
-    ) -> torch.Tensor:
+    def _prefill_stock(self, rows: JoiningRows) -> torch.Tensor:
         """The stock forward (`StockForward.prefill`: padded forwards over groups of prompts of
         similar length); their keys/values are then copied into the new rows."""
+        prompts = rows.prompts
         width = max(len(p) for p in prompts)
-        keys, values, logits, computed = self.stock.prefill(prompts, prefixes, cached, distinct, source)
+        keys, values, logits, computed = self.stock.prefill(rows)
         self.last_prefill_computed += computed
         start = self._make_room(len(prompts), width, keys[0].shape[1], keys[0].shape[3])
         self._place(start, keys, values)

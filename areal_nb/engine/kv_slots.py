@@ -4,15 +4,18 @@ Each layer keeps its keys/values in buffers [row capacity, kv_heads, column capa
 The running rows are the buffers' first `rows` rows (a contiguous slice, which the decoding step's
 matmuls need), their valid columns the first `end`; a decoding step writes the next column in place
 (no re-concatenation of the whole cache, what the stock `DynamicLayer` does). The layout of rows
-and padding within the buffers is `PaddedKVBatch`'s (see its module docstring).
+and padding within the buffers is `PaddedKVBatch`'s (see its module docstring). `JoiningRows` are
+the rows one `PaddedKVBatch.prefill` adds to them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from .prefix_cache import LayerKV
 
 SPARE_COLUMNS = 32  # free columns allocated beyond the current length (a decoding step reads them too)
 
@@ -106,3 +109,16 @@ class SlotCache(Cache):
     def __init__(self, num_layers: int) -> None:
         self.slots = [SlotLayer() for _ in range(num_layers)]
         super().__init__(layers=list(self.slots))  # the same layer objects; the Cache never adds any
+
+
+class JoiningRows(NamedTuple):
+    """The rows one prefill adds: row i's prompt, the cached keys/values of its first `cached[i]`
+    tokens (None: none), and the prompts computed once for rows that repeat one (a GRPO group's
+    samples): `distinct` holds the first row of each distinct prompt, `source[i]` row i's index
+    into `distinct`."""
+
+    prompts: list[list[int]]
+    prefixes: list[list[LayerKV] | None]
+    cached: list[int]
+    distinct: list[int]
+    source: list[int]

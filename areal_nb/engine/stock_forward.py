@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from areal_nb.errors import BatchShapeError
 
 from ..api.attention_window import mask_by_layer_type, sliding_window
-from .kv_slots import SlotCache
+from .kv_slots import JoiningRows, SlotCache
 from .prefix_cache import LayerKV
 
 
@@ -92,18 +92,12 @@ class StockForward:
         positions = (length - pads)[:, None]
         return self.forward(last_tokens[:, None], mask, positions, cache)
 
-    def prefill(
-        self,
-        prompts: list[list[int]],
-        prefixes: list[list[LayerKV] | None],
-        cached: list[int],
-        distinct: list[int],
-        source: list[int],
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int]:
+    def prefill(self, rows: JoiningRows) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, int]:
         """Distinct prompts whose computed parts (suffixes) have very different lengths run as
         separate padded forwards over groups of similar length (`length_groups`), so padding costs
         little compute. Returns every row's keys and values (per layer [k, kv_heads, width, D],
         right-aligned), its next-token logits and the positions the forwards computed."""
+        prompts, prefixes, cached, distinct, source = rows
         width = max(len(p) for p in prompts)
         groups = length_groups([len(prompts[row]) - cached[row] for row in distinct])
         out_rows: list[list[int]] = [[] for _ in distinct]  # the rows of each distinct prompt
@@ -114,9 +108,9 @@ class StockForward:
         values: list[torch.Tensor] = []
         computed = 0
         for group in groups:
-            rows = [distinct[i] for i in group]
+            computed_rows = [distinct[i] for i in group]
             cache, _, group_width, group_logits, group_computed = self.padded(
-                [prompts[r] for r in rows], [prefixes[r] for r in rows]
+                [prompts[r] for r in computed_rows], [prefixes[r] for r in computed_rows]
             )
             computed += group_computed
             # every output row of each computed prompt, and where its values are in the group
