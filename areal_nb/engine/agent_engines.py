@@ -14,7 +14,7 @@ goes to every engine. All engines carry one policy version.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from areal_nb.api import AgentWeights, InferenceEngine, ModelRequest, ModelResponse
@@ -59,24 +59,24 @@ class AgentEngines(InferenceEngine):
     def get_version(self) -> int:
         return next(iter(self.engines.values())).get_version()
 
-    def set_version(self, version: int) -> None:
+    def _on_every_engine(self, call: Callable[[InferenceEngine], object]) -> None:
         for engine in self.engines.values():
-            engine.set_version(version)
+            call(engine)
+
+    def set_version(self, version: int) -> None:
+        self._on_every_engine(lambda engine: engine.set_version(version))
 
     def pause(self) -> None:
-        for engine in self.engines.values():
-            engine.pause()
+        self._on_every_engine(lambda engine: engine.pause())
 
     def resume(self) -> None:
-        for engine in self.engines.values():
-            engine.resume()
+        self._on_every_engine(lambda engine: engine.resume())
 
     def update_weights(self, weights: Any, version: int | None = None) -> None:
         """`AgentWeights`: each agent's engine gets its own (every agent must be named, and no
         other); anything else (the base's weights) goes to every engine."""
         if not isinstance(weights, AgentWeights):
-            for engine in self.engines.values():
-                engine.update_weights(weights, version=version)
+            self._on_every_engine(lambda engine: engine.update_weights(weights, version=version))
             return
         if set(weights.per_agent) != set(self.engines):
             raise WeightUpdateError(
@@ -87,12 +87,10 @@ class AgentEngines(InferenceEngine):
             engine.update_weights(weights.per_agent[agent], version=version)
 
     def abort(self, rid: str) -> None:
-        for engine in self.engines.values():
-            engine.abort(rid)
+        self._on_every_engine(lambda engine: engine.abort(rid))
 
     def abort_all(self) -> None:
-        for engine in self.engines.values():
-            engine.abort_all()
+        self._on_every_engine(lambda engine: engine.abort_all())
 
     def close(self) -> None:
         errors = []

@@ -37,6 +37,7 @@ from areal_nb.errors import (
     CallOrderError,
     ServerLaunchError,  # noqa: F401 (re-exported)
 )
+from areal_nb.serving.health import answers_health
 
 LogCallback = Callable[[str], None]
 
@@ -298,11 +299,8 @@ class ServerProcess:
                         f"server {self.url} exited with code {code} during start-up "
                         f"(command: {' '.join(self.command)}); last log lines:\n{self.log_tail()}"
                     )
-                try:
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
+                if answers_health(client.get, self.url):
+                    return
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ServerLaunchError(

@@ -31,12 +31,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Self
 
 import httpx
 
 from areal_nb.agents.sdk_agent import SDKAgent, echo, openai_client
 from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
+from areal_nb.serving.health import answers_health
 
 from .errors import EnvironmentServerError
 
@@ -139,11 +141,8 @@ class OpenEnvServer:
                         f"the OpenEnv server {self.app!r} exited with code {self.process.returncode} while "
                         f"starting:\n{err}"
                     )
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                        return self.url
-                except httpx.HTTPError:
-                    pass
+                if answers_health(partial(httpx.get, timeout=2.0), self.url):
+                    return self.url
                 if time.monotonic() > deadline:
                     self._stop()
                     raise EnvironmentServerError(
