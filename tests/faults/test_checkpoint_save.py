@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from areal_nb import Session
-from areal_nb.session import checkpoint
+from areal_nb.session import checkpoint, checkpoint_files
 from areal_nb.session.checkpoint import MANIFEST, SAVE_STEPS, CheckpointError, verify_checkpoint
 
 from .conftest import small_config
@@ -64,7 +64,7 @@ def test_a_save_failing_at_any_step_keeps_the_old_checkpoint(session, tmp_path, 
 def test_a_failed_rename_into_place_puts_the_old_checkpoint_back(session, tmp_path, monkeypatch):
     old = session.save(tmp_path / "ckpt")
     before = snapshot(old)
-    real_replace = checkpoint.os.replace
+    real_replace = checkpoint_files.os.replace
     calls = []
 
     def second_rename_fails(src, dst):
@@ -73,7 +73,7 @@ def test_a_failed_rename_into_place_puts_the_old_checkpoint_back(session, tmp_pa
             raise OSError(errno.EIO, "I/O error")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(checkpoint.os, "replace", second_rename_fails)
+    monkeypatch.setattr(checkpoint_files.os, "replace", second_rename_fails)  # (the rename into place)
     with pytest.raises(OSError, match="I/O error"):
         session.save(old)
     assert snapshot(old) == before and siblings(old) == []
