@@ -15,12 +15,11 @@ http_client=<shared httpx.AsyncClient>)` in the caller's loop. Given the proxy a
 (`asgi_app`, as the Session does), an inline episode costs no socket: the lifecycle calls go
 straight to the app's `ProxyState` and the agent's `http_client` calls the app in-process
 (`areal_nb.proxy.inprocess`); an agent that builds its own client still reaches `base_url`
-over HTTP. `subproc` `subproc` runs
-`asyncio.run(agent.run(data))` in a spawn-context process pool with `OPENAI_BASE_URL`,
-`OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` set, so sync SDK code works.
-The workers do not run the main program again (`areal_nb.api.spawn`); the agent and the row
-travel to the worker by value (cloudpickle, `areal_nb.api.by_value`): a class defined in a
-notebook cell or a script works; an agent holding something that cannot travel (a lock, a
+over HTTP. `subproc` runs `asyncio.run(agent.run(data))` in a spawn-context process pool
+(`agent_pool.py`) with `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
+`ANTHROPIC_API_KEY` set, so sync SDK code works. The workers do not run the main program again
+(`areal_nb.api.spawn`); the agent and the row travel to the worker by value (cloudpickle,
+`areal_nb.api.by_value`): a class defined in a notebook cell or a script works; an agent holding something that cannot travel (a lock, a
 socket) is refused at construction with `NotSerializableError` naming the attribute.
 
 Export: by default an episode returns the proxy's export (AReaL's: rewards discounted back through
@@ -34,17 +33,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import importlib
 import inspect
 import logging
 import math
 import numbers
-import os
 import uuid
 import weakref
 from collections.abc import Awaitable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -58,9 +53,8 @@ from areal_nb.api import (
     RolloutWorkflow,
     check_export_style,
 )
-from areal_nb.api.by_value import dumps_by_value, loads_by_value
+from areal_nb.api.by_value import dumps_by_value
 from areal_nb.api.deadline import TaskAbandoned, run_within
-from areal_nb.api.spawn import spawn_context, spawn_pool, why_spawn_fails
 from areal_nb.errors import (
     ArgumentTypeError,
     EpisodeRejected,  # noqa: F401 (re-exported)
@@ -70,52 +64,15 @@ from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
 from areal_nb.proxy.inprocess import InProcessProxyClient, asgi_http_client, proxy_state_of
 from areal_nb.proxy.state import ProxyState
 
+from .agent_pool import AgentProcessPool
+from .agent_pool import run_agent_in_subprocess as _run_agent_in_subprocess  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     from areal_nb.capture import InteractionWithTokenLogpReward
 
 logger = logging.getLogger(__name__)
 
 _MODES = ("inline", "subproc")
-# How long a subproc pool's worker processes may take to start (off the agent_timeout clock)
-_WORKER_START_TIMEOUT_S = 300.0
-
-
-def _worker_started(barrier: Any) -> None:
-    """Pool initializer: no worker takes a job before every worker of the pool is up, so the
-    warm-up (`_started_pool`) ends when all of them are and no episode's clock runs during a start-up.
-    The SDKs subproc agents call (their env vars are set per episode) are imported here, off the clock."""
-    for sdk in ("openai", "anthropic"):
-        try:
-            importlib.import_module(sdk)
-        except ImportError:
-            pass
-    barrier.wait(_WORKER_START_TIMEOUT_S)
-
-
-def _worker_ready() -> int:
-    return os.getpid()
-
-
-def _run_agent_in_subprocess(agent_payload: bytes, data_payload: bytes, env: dict[str, str]) -> Any:
-    """Pool worker entry: set the session's env, run a fresh copy of the agent, restore the env.
-
-    Workers are reused across episodes, so the previous episode's key must not linger.
-    """
-    agent = loads_by_value(agent_payload)
-    data = loads_by_value(data_payload)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        result = agent.run(data)
-        if inspect.isawaitable(result):
-            result = asyncio.run(_await(result))
-        return result
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _loop_running() -> bool:
@@ -124,10 +81,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _is_number(value: Any) -> bool:
@@ -269,10 +222,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         # Reason per asyncio task, so a caller awaiting arun_episode reads its own episode's
         # reason even while other episodes are rejected concurrently.
         self._task_reasons: weakref.WeakKeyDictionary[asyncio.Task, str | None] = weakref.WeakKeyDictionary()
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_ready: asyncio.Future | None = None  # the pool's workers all started
-        self._slots: asyncio.Semaphore | None = None  # one per worker (on the loop that runs episodes)
-        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._workers = AgentProcessPool(subproc_max_workers)  # subproc mode's; no process until used
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
@@ -292,55 +242,6 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             self._http_loop = loop
         return self._http
 
-    def _process_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            barrier = spawn_context().Barrier(self.subproc_max_workers)
-            self._pool = spawn_pool(self.subproc_max_workers, _worker_started, (barrier,))
-            self._pool_ready = None
-        return self._pool
-
-    async def _started_pool(self) -> ProcessPoolExecutor:
-        """The pool with all its workers started (agent_timeout measures the agent, not this);
-        EpisodeRejected with the workers' own traceback when they cannot start."""
-        pool = self._process_pool()
-        ready = self._pool_ready
-        if ready is not None and ready.get_loop() is not asyncio.get_running_loop():
-            # started from another event loop (asyncio.run per call): its future cannot be awaited
-            # here; a start that finished there stands, anything else starts over on this loop
-            if ready.done() and not ready.cancelled() and ready.exception() is None:
-                return pool
-            self._pool_ready = None
-        if self._pool_ready is None:
-            # one job per worker: a spawn pool starts a process per job it has no idle worker for,
-            # and the initializer's barrier holds every job until all the workers are up
-            jobs = [asyncio.wrap_future(pool.submit(_worker_ready)) for _ in range(self.subproc_max_workers)]
-            self._pool_ready = asyncio.gather(*jobs)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._pool_ready), _WORKER_START_TIMEOUT_S)
-        except (BrokenProcessPool, TimeoutError) as exc:
-            if self._pool is pool:
-                self._kill_pool()
-            reason = await asyncio.to_thread(why_spawn_fails)
-            raise EpisodeRejected(
-                "subproc_crash",
-                "the agent's worker processes cannot start"
-                + (f":\n{reason}" if reason else f" ({type(exc).__name__}: {exc})"),
-            ) from exc
-        return pool
-
-    def _kill_pool(self) -> None:
-        """A worker is stuck in agent code: kill the pool's processes; the next episode gets a new pool."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        for proc in processes:
-            if proc.is_alive():
-                proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in processes:
-            proc.join(timeout=5)
-
     def close(self) -> None:
         """Shut the process pool, drop the shared HTTP client and close the agent (its `close()`,
         if it has one: e.g. the math agent's reward worker processes)."""
@@ -350,9 +251,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
                 close_agent()
             except Exception:  # closing must go on
                 logger.warning("closing the agent %r failed", self.agent, exc_info=True)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self._workers.close()
         http, self._http = self._http, None
         if http is not None and not http.is_closed:
             loop = self._http_loop
@@ -405,44 +304,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
             "ANTHROPIC_BASE_URL": self.proxy_addr,
             "ANTHROPIC_API_KEY": session_api_key,
         }
-        pool = await self._started_pool()
-        payload = dumps_by_value(self.agent, "agent")  # per episode: the agent's current state
-        data_payload = dumps_by_value(data, "the episode's row")
-        # at most one episode per worker is handed to the pool: the clock runs from when a worker
-        # takes the episode, not while it waits in the pool's queue behind others
-        async with self._worker_slots():
-            return await self._run_in_pool(pool, payload, data_payload, env)
-
-    def _worker_slots(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots_loop is not loop:  # both are set together
-            self._slots, self._slots_loop = asyncio.Semaphore(self.subproc_max_workers), loop
-        return self._slots
-
-    async def _run_in_pool(
-        self, pool: ProcessPoolExecutor, payload: bytes, data_payload: bytes, env: dict[str, str]
-    ) -> Any:
-        future = asyncio.get_running_loop().run_in_executor(
-            pool, _run_agent_in_subprocess, payload, data_payload, env
-        )
-        try:
-            return await asyncio.wait_for(future, self.agent_timeout)
-        except TimeoutError as exc:
-            if self._pool is pool:
-                self._kill_pool()
-            raise EpisodeRejected(
-                "agent_timeout",
-                f"subprocess agent did not finish within agent_timeout={self.agent_timeout}s; its worker pool was killed",
-            ) from exc
-        except BrokenProcessPool as exc:
-            if self._pool is pool:
-                self._pool = None
-            raise EpisodeRejected("subproc_crash", f"agent worker process died: {exc}") from exc
-        except asyncio.CancelledError:
-            # The worker would go on running the abandoned agent; stop it with its pool.
-            if self._pool is pool:
-                self._kill_pool()
-            raise
+        return await self._workers.run(self.agent, data, env, self.agent_timeout)
 
     async def _assign_rewards(
         self,

@@ -91,7 +91,7 @@ def test_agent_hangs_past_timeout_subproc(proxy, caplog):
         with caplog.at_level(logging.WARNING, logger="areal_nb.rollout.workflow"):
             # First, a hang in synchronous code: the stuck worker is killed and the pool dropped.
             assert asyncio.run(hang()) is None
-        assert wf.rejections == {"agent_timeout": 1} and wf._pool is None
+        assert wf.rejections == {"agent_timeout": 1} and wf._workers.pool is None
         assert "its worker pool was killed" in caplog.text
         assert live_sessions(proxy.app) == ({}, {})
         # The next episode gets a fresh pool and succeeds.
