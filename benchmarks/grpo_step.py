@@ -136,13 +136,13 @@ def instrument_modules() -> None:
     import torch
 
     import areal_nb.capture.chat as chat
-    import areal_nb.train.actor as actor_module
+    import areal_nb.train.actor_forward as actor_forward
     from areal_nb.rollout.batch import RolloutBatch
 
     TIMERS.wrap(chat, "create_chat_completion", "capture")
     TIMERS.wrap(RolloutBatch, "to_tensors", "to_tensors")
-    TIMERS.wrap(actor_module, "compute_token_logprobs_and_entropy", "forward")  # padded rows
-    TIMERS.wrap(actor_module, "packed_token_logprobs_and_entropy", "forward")  # packed tries (actor.pack)
+    TIMERS.wrap(actor_forward, "compute_token_logprobs_and_entropy", "forward")  # padded rows
+    TIMERS.wrap(actor_forward, "packed_token_logprobs_and_entropy", "forward")  # packed tries (actor.pack)
     TIMERS.wrap(torch.Tensor, "backward", "backward")
 
 

@@ -14,6 +14,7 @@ import torch
 
 from areal_nb import Session
 from areal_nb.config import ConfigError, load_config
+from areal_nb.train.step_batch import prepare_step
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,7 @@ def test_replay_matches_the_sampled_distribution_and_trains():
         assert masked.sum() == sum(len(span.positions(10**9)) for span in spans)  # every masked token placed
 
         actor = s.actor
-        step = actor._prepare(tensors)
+        step = prepare_step(actor, tensors)
         assert torch.equal(step.engine_logprobs.cpu(), tensors.sampling_logprobs)
         replayed = actor._logprobs_no_grad(actor.model, step).cpu()
         gap = (replayed - tensors.sampling_logprobs).abs()
@@ -76,7 +77,7 @@ def test_replay_matches_the_sampled_distribution_and_trains():
 
         # without replay: the full-vocabulary log-prob of a top-2 token misses the other tokens' mass
         actor.cfg.replay_sampling_masks = False
-        full = actor._logprobs_no_grad(actor.model, actor._prepare(tensors)).cpu()
+        full = actor._logprobs_no_grad(actor.model, prepare_step(actor, tensors)).cpu()
         actor.cfg.replay_sampling_masks = True
         top_k_rows = [
             b

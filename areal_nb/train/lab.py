@@ -30,6 +30,7 @@ from torch import Tensor
 from areal_nb.api.train_batch import TrainBatch
 from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
+from .actor_forward import row_logprobs
 from .advantages import compute_advantages, group_index
 from .mismatch import mismatch_report
 from .policy_loss import loss_normalizer, variant_loss_terms
@@ -90,8 +91,8 @@ def _compare(
     )
     width = int(attention.sum(1).max())
     cols = slice(0, width)
-    logprobs, entropy, _ = actor._row_logprobs(
-        model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
+    logprobs, entropy, _ = row_logprobs(
+        actor, model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
     )
     prox = logprobs.detach()
     params = actor.params
@@ -104,8 +105,8 @@ def _compare(
             )
         with torch.no_grad():
             ref = torch.zeros_like(engine)
-            ref[:, cols] = actor._row_logprobs(
-                actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
+            ref[:, cols] = row_logprobs(
+                actor, actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
             )[0]
     results = []
     for name, cfg in configs.items():
@@ -197,7 +198,7 @@ def _trial_kl(actor, result: VariantResult, input_ids, attention, pack_ids, mask
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
     optimizer.step()
     with torch.no_grad():
-        after = actor._row_logprobs(model, input_ids, attention, pack_ids, mask)[0]
+        after = row_logprobs(actor, model, input_ids, attention, pack_ids, mask)[0]
     log_ratio = (after - before)[mask]
     return float((torch.expm1(log_ratio) - log_ratio).mean()) if log_ratio.numel() else 0.0
 

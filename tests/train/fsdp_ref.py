@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-import areal_nb.train.actor as actor_module
+import areal_nb.train.actor_policies as policies_module
 from areal_nb.api.train_batch import TrainBatch
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
@@ -49,19 +49,19 @@ def build_actor(parallel: DataParallel | None, case: str, ref_scale: float = 0.9
 def train_case(case: str, parallel: DataParallel | None) -> dict:
     actor = build_actor(parallel, case)
     seen: dict[str, torch.Tensor] = {}
-    compute_advantages = actor_module.compute_advantages
+    compute_advantages = policies_module.compute_advantages
 
     def spy(inputs, *args, **kwargs):  # the reference log-probs the KL penalty is computed from
         seen["ref_logprobs"] = inputs["ref_logprobs"].clone()
         return compute_advantages(inputs, *args, **kwargs)
 
-    actor_module.compute_advantages = spy
+    policies_module.compute_advantages = spy
     try:
         stats = actor.train_step(
             TrainBatch(**fixed_batch(actor.model.config.vocab_size), group_ids=torch.as_tensor(GROUPS))
         )
     finally:
-        actor_module.compute_advantages = compute_advantages
+        policies_module.compute_advantages = compute_advantages
     ref_params = list(actor.ref_model.parameters())
     trained = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
     return {

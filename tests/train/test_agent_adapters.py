@@ -10,7 +10,9 @@ import torch
 from areal_nb.api.train_batch import TrainBatch
 from areal_nb.models import load_model
 from areal_nb.train import Actor, GRPOConfig
+from areal_nb.train.actor_policies import reference_logprobs
 from areal_nb.train.lora import LoraConfig, adapter_name, lora_base, merged_weights
+from areal_nb.train.step_batch import prepare_step, row_agents
 
 AGENTS = ["solver", "checker.v2"]  # a dot: adapter names replace it (peft keys split on dots)
 
@@ -106,9 +108,9 @@ def test_the_kl_reference_is_the_base_with_every_adapter_off():
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.05)
     batch = TrainBatch(**_batch([0, 1, 0, 1], [1.0, 0.0, 0.0, 1.0]))
-    step = actor._prepare(batch)
-    step.row_agents = actor._row_agents(batch, AGENTS)
-    reference = actor._reference_logprobs(step)
+    step = prepare_step(actor, batch)
+    step.row_agents = row_agents(actor, batch, AGENTS)
+    reference = reference_logprobs(actor, step)
     plain = load_model("tiny-math", dtype=torch.float32, device="cpu")
     with torch.no_grad():
         logits = plain(input_ids=batch.input_ids).logits.float().log_softmax(-1)

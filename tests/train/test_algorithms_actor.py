@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from areal_nb.api.train_batch import TrainBatch
-from areal_nb.train import Actor, GRPOConfig
-from areal_nb.train import actor as actor_module
+from areal_nb.train import Actor, GRPOConfig, actor_update
 from areal_nb.train.algorithms import ALGORITHMS
 from areal_nb.train.loss import ppo_loss_terms
 
@@ -64,8 +63,8 @@ def test_grpo_preset_is_bit_identical_to_the_trainer_before_presets(monkeypatch,
     batch = make_batch(make_tiny_qwen2(), versions=[0, 0, 0, 0])
     batch["logprobs"] = batch["logprobs"] + 0.05 * batch["loss_mask"]  # an engine that differs a little
     ours = train_and_record(Actor(make_tiny_qwen2(), GRPOConfig(algorithm="grpo", lr=1e-2, **kwargs)), batch)
-    monkeypatch.setattr(actor_module, "variant_loss_terms", todays_loss_terms)
-    monkeypatch.setattr(actor_module, "loss_normalizer", lambda mask, rows, *a: max(int(mask[rows].sum()), 1))
+    monkeypatch.setattr(actor_update, "variant_loss_terms", todays_loss_terms)
+    monkeypatch.setattr(actor_update, "loss_normalizer", lambda mask, rows, *a: max(int(mask[rows].sum()), 1))
     today = train_and_record(Actor(make_tiny_qwen2(), GRPOConfig(lr=1e-2, **kwargs)), batch)
     assert ours[0] == today[0]
     for ours_step, today_step in zip(ours[1], today[1], strict=True):

@@ -105,10 +105,10 @@ def test_leaf_credit_loss_and_gradients_equal_the_pre_credit_trainer(name, monke
     new_actor = Actor(make_tiny_qwen2(0), cfg, ref_model=ref)
     new_stats = new_actor.train_step(TrainBatch(**tensors))
 
-    import areal_nb.train.actor as actor_module
+    import areal_nb.train.actor_policies as policies_module
 
     monkeypatch.setattr(
-        actor_module,
+        policies_module,
         "compute_advantages",
         lambda batch, c, g, credit=None: leaf_reference.compute_advantages(batch, c, g),
     )
