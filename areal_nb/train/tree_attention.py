@@ -1,6 +1,6 @@
 """Attention over a token trie in one flat sequence, computing only the (query, key) pairs it needs.
 
-The prefix-shared forward (`packing.py`) lays the nodes of its tries out as one `[1, T]` sequence.
+The prefix-shared forward (`packed_logprobs.py`) lays the nodes of its tries out as one `[1, T]` sequence.
 A dense tree mask would make attention O(T²) over mostly masked pairs: a node sees only its
 ancestors (its row's earlier tokens), a few hundred of the thousands of nodes. Here the nodes are
 split into *segments*: the nodes a row added to the trie, consecutive in trie order. A segment's
