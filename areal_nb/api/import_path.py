@@ -1,7 +1,8 @@
 """`import_object`: an import path a config names ("pkg.mod.name" or "pkg.mod:Name.attr") → the object.
 
 Workflows (`rollout.resolve_workflow`) and reward functions (`reward.resolve_reward`) are named
-this way in YAML configs; both spellings and the errors are the same for each.
+this way in YAML configs; both spellings and the errors are the same for each
+(`import_named_object` words the errors for what the path names).
 """
 
 from __future__ import annotations
@@ -36,3 +37,16 @@ def import_object(path: str) -> Any:
         except AttributeError:
             raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
     return found
+
+
+def import_named_object(
+    path: str, *, not_a_path: str, import_error: type[Exception], cannot_import: str
+) -> Any:
+    """`import_object(path)` with errors in the caller's words: InvalidArgumentError(`not_a_path`)
+    when `path` is not an import path, `import_error(f"{cannot_import}: <why>")` when the import fails."""
+    try:
+        return import_object(path)
+    except ValueError:
+        raise InvalidArgumentError(not_a_path) from None
+    except ImportError as exc:
+        raise import_error(f"{cannot_import}: {exc}") from exc

@@ -21,10 +21,9 @@ import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-from areal_nb.api import import_object
+from areal_nb.api.import_path import import_named_object
 from areal_nb.errors import (
     ArgumentTypeError,
-    InvalidArgumentError,
     RewardValueError,  # noqa: F401 (re-exported)
 )
 
@@ -40,14 +39,12 @@ def resolve_reward(fn: RewardFn | str) -> RewardFn:
         raise ArgumentTypeError(
             f"a reward must be a callable or an import path string, got {type(fn).__name__}"
         )
-    try:
-        target = import_object(fn)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'"
-        ) from None
-    except ImportError as e:
-        raise ImportError(f"reward {fn!r}: {e}") from e
+    target = import_named_object(
+        fn,
+        not_a_path=f"reward {fn!r} is not an import path like 'my_pkg.rewards.exact_match'",
+        import_error=ImportError,
+        cannot_import=f"reward {fn!r}",
+    )
     if not callable(target):
         raise ArgumentTypeError(f"reward {fn!r} is a {type(target).__name__}, not a function")
     _check_reward_signature(target)

@@ -17,7 +17,8 @@ import inspect
 import logging
 from typing import Any
 
-from areal_nb.api import RolloutWorkflow, import_object
+from areal_nb.api import RolloutWorkflow
+from areal_nb.api.import_path import import_named_object
 from areal_nb.errors import ArgumentTypeError, InvalidArgumentError
 
 from .grouped import GroupedRolloutWorkflow
@@ -27,14 +28,12 @@ logger = logging.getLogger(__name__)
 
 def import_from_string(path: str) -> Any:
     """`"pkg.mod.Name"` or `"pkg.mod:Name"` → the object; ValueError saying what failed."""
-    try:
-        return import_object(path)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"workflow string {path!r} is not of the form 'package.module.Name'"
-        ) from None
-    except ImportError as exc:
-        raise InvalidArgumentError(f"Failed to import workflow from string {path!r}: {exc}") from exc
+    return import_named_object(
+        path,
+        not_a_path=f"workflow string {path!r} is not of the form 'package.module.Name'",
+        import_error=InvalidArgumentError,
+        cannot_import=f"Failed to import workflow from string {path!r}",
+    )
 
 
 def _wrap_agent(agent: Any, proxy_addr: str | None, admin_api_key: str | None, **proxy_workflow_kwargs: Any):
