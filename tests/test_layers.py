@@ -48,7 +48,7 @@ FORBIDDEN_IMPORTS = [
     ),
     # the error tree sits below everything: it imports nothing of areal_nb
     (
-        "errors.py",
+        "errors/__init__.py",
         "areal_nb.api",
         "areal_nb layers",
         "areal_nb.errors is not allowed to import areal_nb.api",
