@@ -55,7 +55,7 @@ FORBIDDEN_IMPORTS = [
     ),
     # product code importing the test helpers
     (
-        "config.py",
+        "config/__init__.py",
         "areal_nb.testing",
         "the product never imports areal_nb.testing",
         "areal_nb.config is not allowed to import areal_nb.testing",
