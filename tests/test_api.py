@@ -191,7 +191,8 @@ def test_no_caller_probes_an_engine_for_what_it_can_do():
 
 def test_every_engine_states_its_capabilities():
     """Each engine class of the package subclasses `InferenceEngine` and states every capability
-    itself (a class attribute, or set per instance where it depends on how the engine was made)."""
+    itself (a class attribute, or set per instance where it depends on how the engine was made),
+    or inherits it from a package base that states it (the test engines share `StubEngine`)."""
     import inspect
     import re
 
@@ -213,7 +214,8 @@ def test_every_engine_states_its_capabilities():
     }  # fmt: skip
     for cls in (LocalEngine, SGLangEngine, AgentEngines, GreedyEngine, ScriptedEngine, ServedStub):
         assert InferenceEngine in cls.__mro__, cls
-        source = inspect.getsource(cls)
+        own_classes = cls.__mro__[: cls.__mro__.index(InferenceEngine)]  # the class and its package bases
+        source = "".join(inspect.getsource(c) for c in own_classes)
         unstated = {c for c in capabilities if not re.search(rf"\b{c}\b\s*(?::[^=\n]*)?=|def {c}\(", source)}
         assert not unstated, f"{cls.__name__} leaves {sorted(unstated)} to the default"
     assert LocalEngine.records_sampling_masks and LocalEngine.serves_models_in_process

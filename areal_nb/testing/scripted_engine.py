@@ -10,27 +10,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
+from areal_nb.api import ModelRequest, ModelResponse
+
+from .stub_engine import StubEngine
 
 Script = str | Sequence[int] | Callable[[ModelRequest], "str | Sequence[int]"]
 
 
-class ScriptedEngine(InferenceEngine):
+class ScriptedEngine(StubEngine):
     """Replies to every request with `script` (text, token ids, or a function of the request).
 
     Text is encoded with the tokenizer and the EOS token appended; token ids are used as
     given. Log-probs are a fixed `logprob` per token; versions are the engine's version.
-    `max_new_tokens` truncates the reply (stop_reason "length").
+    `max_new_tokens` truncates the reply (stop_reason "length"). Capabilities: `StubEngine`'s.
     """
-
-    # capabilities (`InferenceEngine`)
-    max_context: int | None = None  # no context limit unless a test sets one
-    serves_lora_adapters = False
-    weights_may_differ = False
-    records_sampling_masks = False
-    serves_models_in_process = False
-    shares_weights = False
-    stats = None
 
     def __init__(self, tokenizer, script: Script, logprob: float = -0.5) -> None:
         self.tokenizer = tokenizer
@@ -78,12 +71,6 @@ class ScriptedEngine(InferenceEngine):
     def update_weights(self, weights, version: int | None = None) -> None:
         if version is not None:
             self._version = version
-
-    def abort(self, rid: str) -> None:  # replies are instant: nothing in flight to stop
-        pass
-
-    def abort_all(self) -> None:
-        pass
 
     def close(self) -> None:
         pass
