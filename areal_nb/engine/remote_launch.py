@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,26 +73,26 @@ def launch_remote_engine(
         raise InvalidArgumentError(f"{len(ports)} ports for {n_servers} servers")
     if lora is not None and server in ("sglang", "engine-server") and "--enable-lora" not in extra_args:
         extra_args = [*lora_server_args(lora.r, lora.target_modules, lora_adapters), *extra_args]
+    commands = ServerCommands(
+        server,
+        model_path,
+        host=host,
+        tp_size=tp_size,
+        dp_size=dp_size,
+        mem_fraction_static=mem_fraction_static,
+        api_key=api_key,
+        weights_dir=weights_dir,
+        extra_args=extra_args,
+        n_servers=n_servers,
+        max_batch_size=max_batch_size,
+        single_thread_rows=single_thread_rows,
+        dtype=dtype,
+    )
     procs: list[ServerProcess] = []
     try:
         for i in range(n_servers):
             port = ports[i] if ports is not None else free_port(host)
-            cmd = _command(
-                server,
-                model_path,
-                host=host,
-                port=port,
-                tp_size=tp_size,
-                dp_size=dp_size,
-                mem_fraction_static=mem_fraction_static,
-                api_key=api_key,
-                weights_dir=weights_dir,
-                extra_args=extra_args,
-                n_servers=n_servers,
-                max_batch_size=max_batch_size,
-                single_thread_rows=single_thread_rows,
-                dtype=dtype,
-            )
+            cmd = commands.line(port)
             connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # noqa: S104 - where we connect
             log_path = Path(log_dir) / f"server-{i}.log" if log_dir is not None else None
             callback = (lambda line, i=i: on_log(i, line)) if on_log is not None else None
@@ -128,62 +129,71 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _command(
-    server: str | Sequence[str],
-    model_path: str,
-    *,
-    host: str,
-    port: int,
-    tp_size: int = 1,
-    dp_size: int = 1,
-    mem_fraction_static: float | None = None,
-    api_key: str | None = None,
-    weights_dir: str | os.PathLike | None = None,
-    extra_args: Sequence[str] = (),
-    n_servers: int = 1,
-    max_batch_size: int | None = None,
-    single_thread_rows: int | None = None,
-    dtype: str | None = None,
-) -> list[str]:
-    """One server's command line (`launch_remote_engine`'s settings; the port is this server's)."""
-    if server == "sglang":
-        return sglang_command(
-            model_path,
-            host=host,
-            port=port,
-            tp_size=tp_size,
-            dp_size=dp_size,
-            mem_fraction_static=mem_fraction_static,
-            api_key=api_key,
-            max_running_requests=_unless_given(extra_args, "--max-running-requests", max_batch_size),
-            dtype=_unless_given(extra_args, "--dtype", dtype),
-            extra_args=extra_args,
-        )
-    if server == "engine-server":
-        # the servers run on this machine, beside each other and the trainer: each gets its share of
-        # the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a
-        # loaded machine, against ~11 s with 1 each)
-        threads = max(1, (os.cpu_count() or 1) // n_servers)
-        for flag, value in (
-            ("--max-batch-size", max_batch_size),
-            ("--dtype", dtype),
-            ("--single-thread-rows", single_thread_rows),
-            ("--torch-threads", threads),
-        ):
-            if _unless_given(extra_args, flag, value) is not None:
-                extra_args = [*extra_args, flag, str(value)]
-        return engine_server_command(
-            model_path, host=host, port=port, api_key=api_key, weights_dir=weights_dir, extra_args=extra_args
-        )
-    if isinstance(server, str):
-        raise InvalidArgumentError(
-            f"server must be 'sglang', 'engine-server' or a command list, got {server!r}"
-        )
-    fields = {
-        "model": model_path,
-        "host": host,
-        "port": port,
-        "api_key": api_key or "",
-        "weights_dir": weights_dir or "",
-    }
-    return [part.format(**fields) for part in server] + list(extra_args)
+@dataclass(frozen=True)
+class ServerCommands:
+    """The settings every server of one launch shares (`launch_remote_engine`'s); `line(port)`
+    is one server's command line."""
+
+    server: str | Sequence[str]
+    model_path: str
+    host: str = "127.0.0.1"
+    tp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: float | None = None
+    api_key: str | None = None
+    weights_dir: str | os.PathLike | None = None
+    extra_args: Sequence[str] = ()
+    n_servers: int = 1
+    max_batch_size: int | None = None
+    single_thread_rows: int | None = None
+    dtype: str | None = None
+
+    def line(self, port: int) -> list[str]:
+        """The command line of the server listening on `port`."""
+        server, extra_args = self.server, self.extra_args
+        if server == "sglang":
+            return sglang_command(
+                self.model_path,
+                host=self.host,
+                port=port,
+                tp_size=self.tp_size,
+                dp_size=self.dp_size,
+                mem_fraction_static=self.mem_fraction_static,
+                api_key=self.api_key,
+                max_running_requests=_unless_given(extra_args, "--max-running-requests", self.max_batch_size),
+                dtype=_unless_given(extra_args, "--dtype", self.dtype),
+                extra_args=extra_args,
+            )
+        if server == "engine-server":
+            # the servers run on this machine, beside each other and the trainer: each gets its share of
+            # the cores (two servers with 2 OpenMP threads each on 2 cores: ~45 s per demo step on a
+            # loaded machine, against ~11 s with 1 each)
+            threads = max(1, (os.cpu_count() or 1) // self.n_servers)
+            for flag, value in (
+                ("--max-batch-size", self.max_batch_size),
+                ("--dtype", self.dtype),
+                ("--single-thread-rows", self.single_thread_rows),
+                ("--torch-threads", threads),
+            ):
+                if _unless_given(extra_args, flag, value) is not None:
+                    extra_args = [*extra_args, flag, str(value)]
+            return engine_server_command(
+                self.model_path,
+                host=self.host,
+                port=port,
+                api_key=self.api_key,
+                weights_dir=self.weights_dir,
+                extra_args=extra_args,
+            )
+        if isinstance(server, str):
+            raise InvalidArgumentError(
+                f"server must be 'sglang', 'engine-server' or a command list, got {server!r}"
+            )
+        fields = {
+            "model": self.model_path,
+            "host": self.host,
+            "port": port,
+            "api_key": self.api_key or "",
+            "weights_dir": self.weights_dir or "",
+        }
+        return [part.format(**fields) for part in server] + list(extra_args)

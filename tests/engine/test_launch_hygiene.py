@@ -29,7 +29,7 @@ from areal_nb.config import EngineConfig
 from areal_nb.engine.defaults import DEFAULT_SINGLE_THREAD_ROWS
 from areal_nb.engine.launcher import TORCHRUN_PREFIXES, TORCHRUN_VARIABLES, server_environment
 from areal_nb.engine.remote import server_rid
-from areal_nb.engine.remote_launch import _command
+from areal_nb.engine.remote_launch import ServerCommands
 
 # Run under torchrun: write this rank's environment, then start a "server" (a Python process that
 # writes its own environment) through ServerProcess, as the Session's launcher would.
@@ -104,19 +104,17 @@ def test_no_server_rid_is_a_prefix_of_another():
 
 
 def test_max_batch_size_and_threading_reach_the_servers_command_lines():
-    at = {"host": "127.0.0.1", "port": 30000}
-    sglang = _command("sglang", "/m", **at, max_batch_size=48, single_thread_rows=64)
+    sglang = ServerCommands("sglang", "/m", max_batch_size=48, single_thread_rows=64).line(30000)
     assert sglang[sglang.index("--max-running-requests") + 1] == "48"
-    mine = _command(
+    mine = ServerCommands(
         "sglang",
         "/m",
-        **at,
         extra_args=["--max-running-requests", "7"],
         max_batch_size=48,
         single_thread_rows=64,
-    )
+    ).line(30000)
     assert mine.count("--max-running-requests") == 1 and mine[mine.index("--max-running-requests") + 1] == "7"
-    cpu = _command("engine-server", "/m", **at, max_batch_size=48, single_thread_rows=64)
+    cpu = ServerCommands("engine-server", "/m", max_batch_size=48, single_thread_rows=64).line(30000)
     assert cpu[cpu.index("--max-batch-size") + 1] == "48"
     # servers beside the Session's trainer: the Session's threading; a server alone: every core
     assert cpu[cpu.index("--single-thread-rows") + 1] == str(DEFAULT_SINGLE_THREAD_ROWS)
@@ -125,13 +123,12 @@ def test_max_batch_size_and_threading_reach_the_servers_command_lines():
 
 
 def test_the_serving_dtype_reaches_the_servers_command_lines_unless_the_user_gives_one():
-    at = {"host": "127.0.0.1", "port": 30000}
     for server, flag in (("sglang", "--dtype"), ("engine-server", "--dtype")):
-        cmd = _command(server, "/m", **at, dtype="bfloat16")
+        cmd = ServerCommands(server, "/m", dtype="bfloat16").line(30000)
         assert cmd[cmd.index(flag) + 1] == "bfloat16"
-        mine = _command(server, "/m", **at, extra_args=[flag, "float16"], dtype="bfloat16")
+        mine = ServerCommands(server, "/m", extra_args=[flag, "float16"], dtype="bfloat16").line(30000)
         assert mine.count(flag) == 1 and mine[mine.index(flag) + 1] == "float16"
-    remote = _command(["serve", "{model}"], "/m", **at, dtype="bfloat16")
+    remote = ServerCommands(["serve", "{model}"], "/m", dtype="bfloat16").line(30000)
     assert "--dtype" not in remote  # a command of the user's own gets only what it names
 
 
