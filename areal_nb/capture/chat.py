@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from areal_nb.api import InferenceEngine, ModelResponse, OutputConstraint
@@ -115,7 +116,7 @@ async def create_chat_completion(
     else:
         samples = await all_samples([generate(interaction_id=iid) for iid in ids], backend.cache, ids)
     completion = _render_completion(
-        completion_id, samples, tokenizer, settings, tools_list, tool_choice, logprobs, stop
+        completion_id, samples, _ChoiceRendering(tokenizer, settings, tools_list, tool_choice, logprobs, stop)
     )
     mark_completed_last_first(backend.cache, [interaction for interaction, _ in samples])
     return completion
@@ -124,12 +125,7 @@ async def create_chat_completion(
 def _render_completion(
     completion_id: str,
     samples: list[tuple[InteractionWithTokenLogpReward, ModelResponse]],
-    tokenizer: Any,
-    settings: CompletionSettings,
-    tools_list: list[dict[str, Any]] | None,
-    tool_choice: Any,
-    logprobs: bool | None,
-    stop: Any,
+    rendering: _ChoiceRendering,
 ) -> Any:
     """The `ChatCompletion` of all choices; each choice's interaction gets its own one-choice
     `ChatCompletion` and the reply as its output message (what a next call echoes back)."""
@@ -138,7 +134,7 @@ def _render_completion(
     created = int(time.time())
     choices = []
     for index, (interaction, response) in enumerate(samples):
-        choice = _choice(index, response, tokenizer, settings, tools_list, tool_choice, logprobs, stop)
+        choice = rendering.choice(index, response)
         choices.append(choice)
         interaction.completion = ChatCompletion(
             id=interaction.interaction_id,
@@ -176,11 +172,8 @@ def _chat_constraint(
 
 
 async def chat_prompt_ids(
+    backend: CompletionBackend,
     *,
-    engine: InferenceEngine,
-    tokenizer: Any,
-    settings: CompletionSettings,
-    cache: InteractionCache | None,
     messages: Any,
     tools: Any = None,
     tool_choice: Any = None,
@@ -190,67 +183,73 @@ async def chat_prompt_ids(
     add_generation_prompt: bool = True,
     **ignored: Any,
 ) -> list[int]:
-    """The prompt ids `create_chat_completion` with these arguments would give the engine now
-    (in `concat` mode its parent's tokens first, as `cache` stands): the same checks and
+    """The prompt ids `create_chat_completion` with these arguments would give `backend.engine`
+    now (in `concat` mode its parent's tokens first, as `backend.cache` stands): the same checks and
     rendering, nothing generated, nothing recorded. The proxy counts and tokenizes with it.
     `add_generation_prompt=False`: the conversation alone, without the assistant's opening."""
     normalized = normalize_messages(messages)
     tools_list = normalize_tools(tools)
     constraint = _chat_constraint(tools_list, tool_choice, response_format, extra_body)
     prompt, _ = await render_chat_prompt(
-        CompletionBackend(engine, tokenizer, settings, cache),
+        backend,
         messages=normalized,
         tools=tools_list,
-        chat_template_kwargs=checked_chat_input(normalized, tokenizer, chat_template_kwargs_of(extra_body)),
+        chat_template_kwargs=checked_chat_input(
+            normalized, backend.tokenizer, chat_template_kwargs_of(extra_body)
+        ),
         constraint=constraint,
         agent=agent_name(model),
-        context=context_tokens(engine, settings.engine_max_tokens),
+        context=context_tokens(backend.engine, backend.settings.engine_max_tokens),
         add_generation_prompt=add_generation_prompt,
     )
     return prompt
 
 
-def _choice(
-    index: int,
-    response: ModelResponse,
-    tokenizer: Any,
-    settings: CompletionSettings,
-    tools_list: list[dict[str, Any]] | None,
-    tool_choice: Any,
-    logprobs: bool | None,
-    stop: Any,
-) -> Any:
-    """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason; a
-    matched stop string is `choice.stop_reason` (an extra field, as vLLM's server reports it)."""
-    from openai.types.chat import ChatCompletionMessage
-    from openai.types.chat.chat_completion import Choice
+@dataclass(frozen=True)
+class _ChoiceRendering:
+    """What turns each engine response of one request into its OpenAI `Choice`: the request's
+    tools, `tool_choice`, `logprobs` and `stop`, and the client's parsers."""
 
-    whole = decode_output(tokenizer, response)
-    text, matched_stop = cut_stop_string(whole, response, stop)
-    finish_reason = (
-        response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
-    )
-    tool_calls = None
-    if tools_list and tool_choice != "none":
-        calls, new_text = parse_tool_calls(text, settings.tool_call_parser, settings.reasoning_parser)
-        if not calls and matched_stop is not None:  # the stop string closed a call (stop=["</tool_call>"])
-            calls, new_text = parse_tool_calls(whole, settings.tool_call_parser, settings.reasoning_parser)
-        if calls:
-            tool_calls, text = tool_calls_to_openai(calls), new_text
-            if finish_reason == "stop":
-                finish_reason = "tool_calls"
-    message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
-    choice = Choice(
-        index=index,
-        finish_reason=finish_reason,
-        message=message,
-        logprobs=sampled_logprobs(tokenizer, response) if logprobs else None,
-    )
-    if matched_stop is not None:
-        # vLLM's extra field (the stop string that ended the reply): the openai model keeps extras
-        # but does not declare this one
-        setattr(choice, "stop_reason", matched_stop)  # noqa: B010
-    return choice
+    tokenizer: Any
+    settings: CompletionSettings
+    tools_list: list[dict[str, Any]] | None
+    tool_choice: Any
+    logprobs: bool | None
+    stop: Any
+
+    def choice(self, index: int, response: ModelResponse) -> Any:
+        """One OpenAI `Choice` from an engine response: text, parsed tool calls, finish reason; a
+        matched stop string is `choice.stop_reason` (an extra field, as vLLM's server reports it)."""
+        from openai.types.chat import ChatCompletionMessage
+        from openai.types.chat.chat_completion import Choice
+
+        whole = decode_output(self.tokenizer, response)
+        text, matched_stop = cut_stop_string(whole, response, self.stop)
+        finish_reason = (
+            response.stop_reason if response.stop_reason in ("stop", "length", "tool_calls") else "stop"
+        )
+        tool_calls = None
+        if self.tools_list and self.tool_choice != "none":
+            parser, reasoning_parser = self.settings.tool_call_parser, self.settings.reasoning_parser
+            calls, new_text = parse_tool_calls(text, parser, reasoning_parser)
+            if not calls and matched_stop is not None:  # the stop string closed a call ("</tool_call>")
+                calls, new_text = parse_tool_calls(whole, parser, reasoning_parser)
+            if calls:
+                tool_calls, text = tool_calls_to_openai(calls), new_text
+                if finish_reason == "stop":
+                    finish_reason = "tool_calls"
+        message = ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls)
+        choice = Choice(
+            index=index,
+            finish_reason=finish_reason,
+            message=message,
+            logprobs=sampled_logprobs(self.tokenizer, response) if self.logprobs else None,
+        )
+        if matched_stop is not None:
+            # vLLM's extra field (the stop string that ended the reply): the openai model keeps extras
+            # but does not declare this one
+            setattr(choice, "stop_reason", matched_stop)  # noqa: B010
+        return choice
 
 
 def sampled_logprobs(tokenizer: Any, response: ModelResponse) -> Any:

@@ -19,7 +19,7 @@ from areal_nb.capture.tokens import check_text_fits, check_token_ids, decode_ids
 from areal_nb.errors import ContextLengthExceeded
 from areal_nb.serving import error_json
 
-from .dependencies import KeyedSession, capture_kwargs, generate
+from .dependencies import KeyedSession, capture_backend, generate
 from .errors import ProxyError
 from .schemas import CountTokensRequest, DetokenizeRequest, TokenizeRequest
 
@@ -35,7 +35,7 @@ async def count_tokens(body: CountTokensRequest, request: Request, session: Keye
     except AnthropicRequestError as exc:
         raise ProxyError(400, f"invalid Anthropic request: {exc}", "invalid_request") from exc
     prompt = await generate(
-        chat_prompt_ids(**capture_kwargs(request.app.state, session), **chat_kwargs, model=body.model),
+        chat_prompt_ids(capture_backend(request.app.state, session), **chat_kwargs, model=body.model),
         request,
     )
     return {"input_tokens": len(prompt)}
@@ -81,7 +81,7 @@ async def tokenize(
         extra = {"chat_template_kwargs": body.chat_template_kwargs} if body.chat_template_kwargs else None
         ids = await generate(
             chat_prompt_ids(
-                **capture_kwargs(state, session),
+                capture_backend(state, session),
                 messages=body.messages,
                 tools=body.tools,
                 extra_body=extra,

@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Request
 from starlette.datastructures import State
 
+from areal_nb.capture.generate import CompletionBackend
 from areal_nb.errors import HTTPError
 from areal_nb.serving import ClientGone, bearer_token_of, unless_client_leaves
 
@@ -91,3 +92,8 @@ def capture_kwargs(state: State, session: SessionData) -> dict[str, Any]:
         "settings": state.completion,
         "cache": session.cache,
     }
+
+
+def capture_backend(state: State, session: SessionData) -> CompletionBackend:
+    """`capture_kwargs` as the `CompletionBackend` a capture-layer call runs on."""
+    return CompletionBackend(**capture_kwargs(state, session))
