@@ -32,7 +32,7 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
 from areal_nb.api import GenerationConfig, InferenceEngine, ModelRequest
@@ -129,30 +129,35 @@ class _Gathering:
     timer: asyncio.TimerHandle | None = None
 
 
+@dataclass(eq=False, repr=False)
 class Judge:
     """A reward function `judge(row, completion) -> float` that asks an LLM. Build it with `judge(...)`."""
 
-    def __init__(
-        self,
-        rubric: str,
-        *,
-        mode: _JudgeMode = "pointwise",
-        base_url: str | None = None,
-        api_key: str | None = None,
-        model: str = "default",
-        engine: InferenceEngine | str | None = None,
-        tokenizer: Any = None,
-        timeout: float = 60.0,
-        max_tokens: int = 256,
-        group_size: int | None = None,
-        group_wait: float = 10.0,
-        parse: Callable[[str], float] | None = None,
-    ) -> None:
+    rubric: str
+    _: KW_ONLY
+    mode: _JudgeMode = "pointwise"
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = "default"
+    engine: InferenceEngine | str | None = None
+    tokenizer: Any = None
+    timeout: float = 60.0
+    max_tokens: int = 256
+    group_size: int | None = None
+    group_wait: float = 10.0
+    parse: Callable[[str], float] | None = None  # None: `parse_score`
+    calls: int = field(default=0, init=False)  # judge calls made (cache hits are not calls)
+    _cache: OrderedDict[str, Any] = field(default_factory=OrderedDict, init=False)  # LRU, _CACHE_SIZE entries
+    _open: dict[str, _Gathering] = field(default_factory=dict, init=False)
+    _client: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        rubric, mode, engine, group_size = self.rubric, self.mode, self.engine, self.group_size
         if not isinstance(rubric, str) or not rubric.strip():
             raise InvalidArgumentError("a judge needs a rubric: what a good response is, in words")
         if mode not in ("pointwise", "group"):
             raise InvalidArgumentError(f"mode must be 'pointwise' or 'group', got {mode!r}")
-        if (base_url is None) == (engine is None):
+        if (self.base_url is None) == (engine is None):
             raise InvalidArgumentError(
                 "give the judge either base_url (an OpenAI-compatible endpoint) or engine "
                 f"(an inference engine with its tokenizer, or {_SESSION_ENGINE!r} for the Session's own)"
@@ -161,30 +166,14 @@ class Judge:
             raise InvalidArgumentError(
                 f"engine must be an inference engine or {_SESSION_ENGINE!r}, got {engine!r}"
             )
-        if engine is not None and not isinstance(engine, str) and tokenizer is None:
+        if engine is not None and not isinstance(engine, str) and self.tokenizer is None:
             raise InvalidArgumentError("a judge on an engine needs the engine's tokenizer (tokenizer=...)")
         if mode == "group" and (group_size is None or group_size < 1):
             raise InvalidArgumentError(
                 "mode='group' needs group_size (the Session's rollout.group_size) >= 1"
             )
-        if timeout <= 0:
-            raise InvalidArgumentError(f"timeout must be positive, got {timeout}")
-        self.rubric = rubric
-        self.mode = mode
-        self.base_url = base_url
-        self.api_key = api_key
-        self.model = model
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.timeout = timeout
-        self.max_tokens = max_tokens
-        self.group_size = group_size
-        self.group_wait = group_wait
-        self.parse = parse or parse_score
-        self.calls = 0  # judge calls made (cache hits are not calls)
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # LRU, _CACHE_SIZE entries
-        self._open: dict[str, _Gathering] = {}
-        self._client: Any = None
+        if self.timeout <= 0:
+            raise InvalidArgumentError(f"timeout must be positive, got {self.timeout}")
 
     # ---------------------------------------------------------------- binding
     @property
@@ -290,7 +279,7 @@ class Judge:
     def _read_score(self, answer: str) -> float:
         """The pointwise score `parse` reads from the answer; anything it cannot read is a JudgeError."""
         try:
-            value = self.parse(answer)
+            value = (self.parse or parse_score)(answer)
         except JudgeError:
             raise
         except Exception as exc:
