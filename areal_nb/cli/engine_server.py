@@ -19,7 +19,7 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_nb.cli import server_parser
 from areal_nb.engine.admission import DEFAULT_ADMISSION_GAP, DEFAULT_ADMISSION_MAX_WAIT
@@ -78,6 +78,16 @@ def serving_dtype(name: str, model_path: str) -> torch.dtype:
     except (AttributeError, OSError, ValueError) as exc:  # AttributeError: a dtype torch lacks
         raise ModelFileError(f"the saved dtype of {model_path} cannot be read: {exc}") from exc
     return saved if isinstance(saved, torch.dtype) else torch.float32
+
+
+# The flags passed on as they are, by their own names: `LocalEngine`'s keywords and
+# `EngineServerSettings`' fields (a test checks that each name is both a flag and a keyword).
+ENGINE_FLAGS = ("device", "max_batch_size", "seed", "prefix_cache_tokens", "single_thread_rows")
+SETTINGS_FLAGS = ("weights_dir", "admission_gap", "admission_max_wait", "max_body_bytes", "body_timeout")
+
+
+def flags_named(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in names}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,26 +290,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"areal-nb engine-server: --dtype {args.dtype}: {exc}", file=sys.stderr)
         return 2
     engine = LocalEngine(
-        model_path,
-        load_tokenizer(args.model),
-        device=args.device,
-        dtype=dtype,
-        max_batch_size=args.max_batch_size,
-        seed=args.seed,
-        prefix_cache_tokens=args.prefix_cache_tokens,
-        single_thread_rows=args.single_thread_rows,
+        model_path, load_tokenizer(args.model), dtype=dtype, **flags_named(args, ENGINE_FLAGS)
     )
     engine.set_version(args.weight_version)
     settings = EngineServerSettings(
         model_path=str(model_path),
         served_model_name=args.model,
         api_key=api_key,
-        weights_dir=args.weights_dir,
-        admission_gap=args.admission_gap,
-        admission_max_wait=args.admission_max_wait,
-        max_body_bytes=args.max_body_bytes,
-        body_timeout=args.body_timeout,
         lora=lora,
+        **flags_named(args, SETTINGS_FLAGS),
     )
     try:
         app = create_engine_app(engine, settings)

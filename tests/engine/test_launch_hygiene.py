@@ -132,6 +132,21 @@ def test_the_serving_dtype_reaches_the_servers_command_lines_unless_the_user_giv
     assert "--dtype" not in remote  # a command of the user's own gets only what it names
 
 
+def test_engine_server_passes_each_named_flag_to_a_keyword_of_that_name():
+    import dataclasses
+    import inspect
+
+    from areal_nb.cli.engine_server import ENGINE_FLAGS, SETTINGS_FLAGS, flags_named
+    from areal_nb.engine.local import LocalEngine
+    from areal_nb.engine.server import EngineServerSettings
+
+    args = build_parser().parse_args(["--seed", "7", "--body-timeout", "3.5"])
+    assert set(ENGINE_FLAGS) <= set(inspect.signature(LocalEngine).parameters)
+    assert set(SETTINGS_FLAGS) <= {f.name for f in dataclasses.fields(EngineServerSettings)}
+    assert flags_named(args, ENGINE_FLAGS)["seed"] == 7
+    assert flags_named(args, SETTINGS_FLAGS)["body_timeout"] == 3.5
+
+
 def test_engine_server_dtype_names_are_sglangs_and_auto_keeps_the_saved_dtype(tmp_path, tiny_model_path):
     import torch
 
