@@ -1,192 +1,115 @@
-"""The pre-credit `compute_advantages` (main at 0eb7582), kept verbatim as the reference that
-`credit="leaf"` must reproduce exactly (tests/train/test_credit.py). Do not edit."""
+"""`credit="leaf"` advantages written out from their definition, one row and one token at a time
+in plain Python floats: the oracle of tests/train/test_credit.py. It shares no code with
+`areal_nb.train.advantages` (no tensor ops, no group index, no reverse cumsum), so a slip in the
+trainer's vectorised version shows up as a difference instead of being copied into the oracle.
+
+The definition (AReaL's rule, `compute_advantages`' docstring), for row b with reward r_b:
+  score_b = clip((r_b + bias) · scaling, ±clip), then with `reward_norm` "group" / "batch"
+            (score_b − mean) / (std + eps) over the row's group / the batch (std unbiased;
+            a pool of one has std 1);
+  kl_t    = −kl_ctl · clamp(KL estimate of (old or sampled log-prob − reference log-prob), ±10)
+            on generated tokens (loss_mask ∧ attention_mask), 0 elsewhere;
+  reward_t = kl_t, plus score_b on the row's last generated token;
+  advantage_t = Σ_{t' ≥ t} reward_t' on generated tokens, 0 elsewhere; with `adv_norm="batch"`
+            (advantage − mean) / (std + eps) over all generated tokens of the batch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-Level = Literal["group", "batch"] | None
+
+def _normalized(values: list[float], pools: list[Any], eps: float) -> list[float]:
+    """Each value minus its pool's mean, over the pool's unbiased std plus eps (std 1 alone)."""
+    out = []
+    for value, pool in zip(values, pools, strict=True):
+        members = [v for v, p in zip(values, pools, strict=True) if p == pool]
+        mean = sum(members) / len(members)
+        spread = sum((v - mean) ** 2 for v in members)
+        std = math.sqrt(spread / (len(members) - 1)) if len(members) > 1 else 1.0
+        out.append((value - mean) / (std + eps))
+    return out
 
 
-@dataclass
-class RewardShaping:
-    """score = clip((reward + bias) * scaling, -clip, clip) (AReaL's order: bias first)."""
-
-    scaling: float = 1.0
-    bias: float = 0.0
-    clip: float = 20.0
-
-    def __call__(self, rewards: Tensor) -> Tensor:
-        return ((rewards.float() + self.bias) * self.scaling).clamp(-self.clip, self.clip)
-
-
-def group_index(group_ids: Tensor | Sequence[Any], n_rows: int) -> Tensor:
-    """Dense ids 0..G-1, one per row, from arbitrary ids (ints, strings; any order)."""
-    if isinstance(group_ids, Tensor):
-        ids = group_ids.flatten()
-        if ids.numel() != n_rows:
-            raise ValueError(f"group_ids has {ids.numel()} entries for {n_rows} rows")
-        return torch.unique(ids, return_inverse=True)[1]
-    ids = list(group_ids)
-    if len(ids) != n_rows:
-        raise ValueError(f"group_ids has {len(ids)} entries for {n_rows} rows")
-    dense: dict[Any, int] = {}
-    return torch.tensor([dense.setdefault(g, len(dense)) for g in ids], dtype=torch.long)
-
-
-def group_normalize(
-    rewards: Tensor,
-    group_ids: Tensor | Sequence[Any] | None = None,
-    mean_level: Level = "group",
-    std_level: Level = "group",
-    eps: float = 1e-5,
-    std_unbiased: bool = True,
-) -> Tensor:
-    """(r − mean) / (std + eps) with mean and std taken per group, over the batch, or not at all.
-
-    - `mean_level=None`: mean 0. `std_level=None`: std 1 and eps 0 (only centring).
-    - The std is taken around the chosen mean (AReaL's definition).
-    - A group of one row has std 1 (there is no spread to measure), so with a group mean its
-      advantage is exactly 0: a prompt sampled once teaches nothing relative to itself.
-    Returns float32 `[B]`.
-    """
-    x = rewards.detach().double().flatten()
-    n = x.numel()
-    if n == 0:
-        return rewards.float().flatten()
-    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
-        if level not in ("group", "batch", None):
-            raise ValueError(f"{name} must be 'group', 'batch' or None, got {level!r}")
-    needs_groups = "group" in (mean_level, std_level)
-    if needs_groups and group_ids is None:
-        raise ValueError("group normalisation needs group_ids: one id per row (rows need not be contiguous)")
-    gid = (
-        group_index(group_ids, n).to(x.device)
-        if needs_groups
-        else torch.zeros(n, dtype=torch.long, device=x.device)
-    )
-    n_groups = int(gid.max()) + 1
-    group_count = torch.bincount(gid, minlength=n_groups).double()
-
-    def per_row_sum(values: Tensor, level: str) -> Tensor:
-        if level == "batch":
-            return values.sum().expand(n)
-        return torch.zeros(n_groups, dtype=values.dtype, device=x.device).index_add(0, gid, values)[gid]
-
-    def per_row_count(level: str) -> Tensor:
-        return (
-            torch.full((n,), float(n), dtype=torch.double, device=x.device)
-            if level == "batch"
-            else group_count[gid]
-        )
-
-    mean = (
-        torch.zeros_like(x) if mean_level is None else per_row_sum(x, mean_level) / per_row_count(mean_level)
-    )
-    if std_level is None:
-        std, eps = torch.ones_like(x), 0.0
-    else:
-        count = per_row_count(std_level)
-        denom = count - 1 if std_unbiased else count
-        sq = per_row_sum((x - mean) ** 2, std_level)
-        std = torch.where(count > 1, (sq / denom.clamp(min=1)).sqrt(), torch.ones_like(x))
-    return ((x - mean) / (std + eps)).float()
-
-
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") -> Tensor:
-    """Per-token KL(π‖π_ref) estimate from sampled-token log-probs, clamped to ±10.
-
-    k1 = log r, k2 = ½ (log r)², k3 = exp(−log r) − 1 + log r, with log r = logp − ref_logp.
-    """
-    log_ratio = logprobs.float() - ref_logprobs.float()
+def _kl(logprob: float, ref_logprob: float, estimator: str) -> float:
+    log_ratio = logprob - ref_logprob
     if estimator == "k1":
         kl = log_ratio
     elif estimator == "k2":
         kl = 0.5 * log_ratio**2
-    elif estimator == "k3":
-        kl = torch.expm1(-log_ratio) + log_ratio
-    else:
-        raise ValueError(f"kl estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
-    return kl.clamp(-10.0, 10.0)
+    else:  # k3
+        kl = math.exp(-log_ratio) - 1.0 + log_ratio
+    return min(max(kl, -10.0), 10.0)
 
 
-def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    count = mask.sum()
-    mean = (x * mask).sum() / count.clamp(min=1)
-    var = (((x - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
-    return mean, var.sqrt() if count > 1 else torch.ones_like(mean)
-
-
-def compute_advantages(
-    batch: dict[str, Tensor], cfg: Any, group_ids: Tensor | Sequence[Any] | None = None
-) -> dict[str, Tensor]:
-    """Per-token advantages for a `[B, L]` batch.
-
-    Reads `rewards [B]`, `loss_mask [B,L]`, optional `attention_mask [B,L]`; with
-    `cfg.kl_ctl > 0` also `ref_logprobs [B,L]` and the behaviour log-probs `old_logprobs`
-    (falls back to `logprobs`). `group_ids` (or `batch["group_ids"]`) names each row's group.
-    `cfg` is a `GRPOConfig` (any object with its reward/adv fields).
-
-    Steps: shape the reward; normalise it (`cfg.reward_norm`); token reward = −kl_ctl·KL on
-    generated tokens plus the score on each row's last generated token; advantage at a
-    generated token = sum of the token rewards from it to the end of its row (γ = λ = 1, no
-    critic) — with kl_ctl = 0 every generated token of a row gets that row's score, across all
-    of its turns; then optionally normalise over generated tokens of the batch (`cfg.adv_norm`).
-    """
-    rewards = batch["rewards"].float().flatten()
-    mask = batch["loss_mask"].bool()
+def compute_advantages(batch: dict[str, Tensor], cfg: Any, group_ids: Any = None) -> dict[str, Tensor]:
+    """`advantages`, `scores`, `token_rewards`, `kl_rewards`, `loss_mask` of a `[B, L]` batch
+    under the leaf rule above, as float32 tensors; `group_ids` (or the batch's) name the groups."""
+    rewards = batch["rewards"].flatten().tolist()
+    generated = batch["loss_mask"].bool()
     if "attention_mask" in batch:
-        mask = mask & batch["attention_mask"].bool()
-    if mask.dim() != 2 or mask.shape[0] != rewards.numel():
-        raise ValueError(
-            f"loss_mask must be [B, L] with B = len(rewards) = {rewards.numel()}, got {tuple(mask.shape)}"
-        )
-    n_rows, length = mask.shape
-    if group_ids is None:
-        group_ids = batch.get("group_ids")
+        generated = generated & batch["attention_mask"].bool()
+    mask: list[list[bool]] = generated.tolist()
+    ids = batch.get("group_ids") if group_ids is None else group_ids
+    groups = ids.flatten().tolist() if isinstance(ids, Tensor) else ids  # read by "group" only
 
-    score = RewardShaping(cfg.reward_scaling, cfg.reward_bias, cfg.reward_clip)(rewards)
+    scores = [
+        min(max((r + cfg.reward_bias) * cfg.reward_scaling, -cfg.reward_clip), cfg.reward_clip)
+        for r in rewards
+    ]
     if cfg.reward_norm == "group":
-        score = group_normalize(score, group_ids, "group", "group", eps=cfg.norm_eps)
+        scores = _normalized(scores, groups, cfg.norm_eps)
     elif cfg.reward_norm == "batch":
-        score = group_normalize(score, None, "batch", "batch", eps=cfg.norm_eps)
-    elif cfg.reward_norm is not None:
-        raise ValueError(f"reward_norm must be 'group', 'batch' or None, got {cfg.reward_norm!r}")
-    score = score.to(mask.device)
+        scores = _normalized(scores, [0] * len(scores), cfg.norm_eps)
 
-    kl_rewards = torch.zeros(n_rows, length, dtype=torch.float32, device=mask.device)
+    kl_rewards = [[0.0] * len(row) for row in mask]
     if cfg.kl_ctl > 0:
-        if "ref_logprobs" not in batch:
-            raise ValueError("kl_ctl > 0 needs batch['ref_logprobs'] (log-probs of a reference model)")
-        logp = batch.get("old_logprobs", batch["logprobs"])
-        kl_rewards = -cfg.kl_ctl * kl_estimate(logp, batch["ref_logprobs"], cfg.kl_estimator) * mask
+        logprobs = batch.get("old_logprobs", batch["logprobs"]).tolist()
+        ref = batch["ref_logprobs"].tolist()
+        for b, row in enumerate(mask):
+            for t, is_generated in enumerate(row):
+                if is_generated:
+                    kl_rewards[b][t] = -cfg.kl_ctl * _kl(logprobs[b][t], ref[b][t], cfg.kl_estimator)
 
-    positions = torch.arange(length, device=mask.device).expand(n_rows, length)
-    last_generated = torch.where(mask, positions, -1).max(dim=1).values  # -1: row has nothing to train
-    has_tokens = last_generated >= 0
-    token_rewards = kl_rewards.clone()
-    rows = torch.arange(n_rows, device=mask.device)[has_tokens]
-    token_rewards[rows, last_generated[has_tokens]] += score[has_tokens]
-
-    # Reverse cumulative sum: the return from each position to the end of the row. Prompt and
-    # tool-output positions hold zero reward, so earlier turns see later turns' rewards.
-    advantages = token_rewards.flip(1).cumsum(1).flip(1) * mask
+    token_rewards = [list(row) for row in kl_rewards]
+    advantages = []
+    for b, row in enumerate(mask):
+        positions = [t for t, is_generated in enumerate(row) if is_generated]
+        if positions:
+            token_rewards[b][positions[-1]] += scores[b]
+        to_go, row_advantages = 0.0, [0.0] * len(row)
+        for t in reversed(range(len(row))):
+            to_go += token_rewards[b][t]
+            if row[t]:
+                row_advantages[t] = to_go
+        advantages.append(row_advantages)
 
     if cfg.adv_norm == "batch":
-        mean, std = _masked_mean_std(advantages, mask)
-        advantages = (advantages - mean) / (std + cfg.norm_eps) * mask
-    elif cfg.adv_norm is not None:
-        raise ValueError(f"adv_norm must be 'batch' or None, got {cfg.adv_norm!r}")
+        trained = [
+            a
+            for row, flags in zip(advantages, mask, strict=True)
+            for a, f in zip(row, flags, strict=True)
+            if f
+        ]
+        mean = sum(trained) / len(trained)
+        spread = sum((a - mean) ** 2 for a in trained)
+        std = math.sqrt(spread / (len(trained) - 1)) if len(trained) > 1 else 1.0
+        advantages = [
+            [(a - mean) / (std + cfg.norm_eps) if f else 0.0 for a, f in zip(row, flags, strict=True)]
+            for row, flags in zip(advantages, mask, strict=True)
+        ]
+
+    def tensor(values: list[Any]) -> Tensor:
+        return torch.tensor(values, dtype=torch.float32)
 
     return {
-        "advantages": advantages,
-        "scores": score,
-        "token_rewards": token_rewards,
-        "kl_rewards": kl_rewards,
-        "loss_mask": mask,
+        "advantages": tensor(advantages),
+        "scores": tensor(scores),
+        "token_rewards": tensor(token_rewards),
+        "kl_rewards": tensor(kl_rewards),
+        "loss_mask": generated,
     }
