@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import pickle
 import pkgutil
 import re
 
@@ -455,3 +456,49 @@ def test_the_capture_layer_raises_typed_errors_that_are_still_their_builtins():
     cache.apply_reward_discount(1.0)
     with pytest.raises(errors.CallOrderError, match="only be called once"):
         cache.apply_reward_discount(1.0)
+
+
+# Representative arguments for the classes whose constructor is not `cls(message)`.
+_PICKLE_ARGUMENTS: dict[str, tuple[tuple[object, ...], dict[str, object]]] = {
+    "BodyOverLimit": ((2048,), {}),
+    "BodyTimedOut": ((512,), {}),
+    "BodyError": ((408, "body not complete in time"), {}),
+    "BodyTooLarge": ((1024,), {}),
+    "ContextLengthExceeded": ((5000, 4096), {"at_least": True, "detail": "counted before tokenizing"}),
+    "EpisodeRejected": (("timeout", "the agent ran past its deadline"), {}),
+    "HTTPError": (("teapot",), {"status": 418, "code": "teapot"}),
+    "ProxyError": ((409, "session already finished", "conflict"), {"retry_after": 3}),
+    "ProxyRequestError": (("/rl/end_session", 503, "server busy"), {}),
+}
+
+
+def _exported_exception_classes() -> list[type[BaseException]]:
+    return [
+        value
+        for name in errors.__all__
+        if inspect.isclass(value := getattr(errors, name)) and issubclass(value, BaseException)
+    ]
+
+
+@pytest.mark.parametrize("cls", _exported_exception_classes(), ids=lambda cls: cls.__name__)
+def test_every_error_survives_pickling(cls):
+    # errors cross process boundaries: an agent's in a process-pool worker, a rank's in a job
+    args, kwargs = _PICKLE_ARGUMENTS.get(cls.__name__, (("something failed",), {}))
+    error = cls(*args, **kwargs)
+    error.add_note("a note added while it propagated")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert str(copy) == str(error) and copy.args == error.args
+    assert vars(copy) == vars(error)
+    for attribute in ("status", "code", "retry_after", "message"):
+        if hasattr(error, attribute):
+            assert getattr(copy, attribute) == getattr(error, attribute)
+    if isinstance(error, errors.HTTPError):
+        for dialect in errors.DIALECTS:
+            assert render_error(copy, dialect) == render_error(error, dialect)
+
+
+def test_a_missing_package_error_keeps_its_import_error_fields_through_pickling():
+    error = errors.MissingPackageError("pip install areal-nb[server]", name="uvicorn")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.name) == (errors.MissingPackageError, str(error), "uvicorn")

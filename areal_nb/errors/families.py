@@ -11,6 +11,19 @@ from __future__ import annotations
 class ArealError(Exception):
     """The base of every exception areal_nb raises on purpose."""
 
+    # Errors cross process boundaries (agents in a process pool, the ranks of a job). Pickle's
+    # default rebuilds one as `cls(*error.args)`, which fails or rewords the message for the
+    # classes whose constructor takes other arguments (`ContextLengthExceeded(tokens, context)`):
+    # rebuild from what the error holds instead, without calling the constructor again.
+    def __reduce__(self) -> tuple[object, ...]:
+        reduced = super().__reduce__()  # (cls, args[, state]); ImportError's state keeps `name`
+        return (_unpickled, (type(self), reduced[1]), *reduced[2:])
+
+
+def _unpickled(cls: type[ArealError], args: tuple[object, ...]) -> ArealError:
+    """An error of `cls` holding `args`; pickle then restores its attributes."""
+    return cls.__new__(cls, *args)
+
 
 class RequestError(ArealError):
     """A request over HTTP failed: an answer a server gives, a body or client that broke off, a
