@@ -90,6 +90,7 @@ def flags_named(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, A
     return {name: getattr(args, name) for name in names}
 
 
+# One declaration list, flag by flag as `--help` shows them: splitting it would only scatter them.
 def build_parser() -> argparse.ArgumentParser:
     parser = server_parser("areal-nb engine-server", __doc__ or "", 30000)
     parser.add_argument(
@@ -234,19 +235,40 @@ def _api_key_of(args: argparse.Namespace) -> str | None:
     return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
+def _checked_api_key(args: argparse.Namespace) -> str | None:
+    """The API key (`_api_key_of`); InvalidArgumentError when there is none off loopback."""
+    api_key = _api_key_of(args)
+    if not api_key and not is_loopback(args.host):
+        raise InvalidArgumentError(
+            f"an API key is required to listen on {args.host} (not loopback): "
+            f"--api-key-file FILE, ${API_KEY_ENV} or --api-key"
+        )
+    return api_key
+
+
+def _apply_process_flags(args: argparse.Namespace) -> None:
+    """Check the flags that tune this process and set them (InvalidArgumentError on a bad one)."""
+    if args.single_thread_rows < 0:
+        raise InvalidArgumentError(f"--single-thread-rows must be >= 0, got {args.single_thread_rows}")
+    if args.switch_interval <= 0:
+        raise InvalidArgumentError(f"--switch-interval must be > 0, got {args.switch_interval}")
+    sys.setswitchinterval(args.switch_interval)  # our own process: a process-wide setting is fine here
+    if args.torch_threads is not None:
+        if args.torch_threads < 1:
+            raise InvalidArgumentError(f"--torch-threads must be >= 1, got {args.torch_threads}")
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        api_key = _api_key_of(args)
+        api_key = _checked_api_key(args)
+        _apply_process_flags(args)
+        lora = lora_settings(args)
     except ValueError as exc:
         print(f"areal-nb engine-server: {exc}", file=sys.stderr)
-        return 2
-    if not api_key and not is_loopback(args.host):
-        print(
-            f"areal-nb engine-server: an API key is required to listen on {args.host} (not loopback): "
-            f"--api-key-file FILE, ${API_KEY_ENV} or --api-key",
-            file=sys.stderr,
-        )
         return 2
 
     from areal_nb.cli.serving import serve_until_signal
@@ -255,34 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     from areal_nb.models import load_tokenizer, resolve_model_path
     from areal_nb.proxy.server import ProxyServer  # a plain uvicorn-in-a-thread runner
 
-    if args.single_thread_rows < 0:
-        print(
-            f"areal-nb engine-server: --single-thread-rows must be >= 0, got {args.single_thread_rows}",
-            file=sys.stderr,
-        )
-        return 2
-    if args.switch_interval <= 0:
-        print(
-            f"areal-nb engine-server: --switch-interval must be > 0, got {args.switch_interval}",
-            file=sys.stderr,
-        )
-        return 2
-    sys.setswitchinterval(args.switch_interval)  # our own process: a process-wide setting is fine here
-    if args.torch_threads is not None:
-        if args.torch_threads < 1:
-            print(
-                f"areal-nb engine-server: --torch-threads must be >= 1, got {args.torch_threads}",
-                file=sys.stderr,
-            )
-            return 2
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
-    try:
-        lora = lora_settings(args)
-    except ValueError as exc:
-        print(f"areal-nb engine-server: {exc}", file=sys.stderr)
-        return 2
     model_path = resolve_model_path(args.model)
     try:
         dtype = serving_dtype(args.dtype, str(model_path))
