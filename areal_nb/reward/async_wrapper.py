@@ -247,22 +247,7 @@ class AsyncRewardWrapper:
             await slots.acquire()
             pool = shared.acquire()
             try:
-                # A by-value function (notebook cell, `__main__`) has no module to import there;
-                # warming up this module still starts the interpreters off the clock.
-                module = getattr(self.reward_fn, "__module__", None)
-                if not module or module == "__main__":
-                    module = __name__
-                try:
-                    await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
-                except BrokenProcessPool:
-                    # the workers died before running anything: say why, once, instead of retrying
-                    reason = await asyncio.to_thread(why_spawn_fails)
-                    if reason is not None:
-                        shared.retire(pool)
-                        raise RewardWorkerCrashedError(
-                            f"reward function {self._name}: its worker processes cannot start:\n{reason}"
-                        ) from None
-                    raise
+                await self._warm_up(shared, pool)
                 future = loop.run_in_executor(pool.executor, job)
                 return float(await asyncio.wait_for(future, self.timeout_seconds))
             except TimeoutError as exc:
@@ -294,6 +279,30 @@ class AsyncRewardWrapper:
                 shared.release(pool)
                 slots.release()
 
+        return self._after_every_attempt_failed(last, attempts)
+
+    async def _warm_up(self, shared: _SharedPool, pool: _Pool) -> None:
+        """Start `pool`'s interpreters off the reward's clock (RewardWorkerCrashedError, with the
+        reason, when they cannot start at all)."""
+        # A by-value function (notebook cell, `__main__`) has no module to import there;
+        # warming up this module still starts the interpreters off the clock.
+        module = getattr(self.reward_fn, "__module__", None)
+        if not module or module == "__main__":
+            module = __name__
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(pool.warm_up(module)), self.startup_timeout)
+        except BrokenProcessPool:
+            # the workers died before running anything: say why, once, instead of retrying
+            reason = await asyncio.to_thread(why_spawn_fails)
+            if reason is not None:
+                shared.retire(pool)
+                raise RewardWorkerCrashedError(
+                    f"reward function {self._name}: its worker processes cannot start:\n{reason}"
+                ) from None
+            raise
+
+    def _after_every_attempt_failed(self, last: BaseException | None, attempts: int) -> float:
+        """0.0 when every attempt timed out and `on_timeout` says so; else the error for `last`."""
         if isinstance(last, TimeoutError):
             if self.on_timeout == "zero":
                 logger.warning("reward %s timed out on all %d attempts; returning 0.0", self._name, attempts)
