@@ -78,6 +78,8 @@ def compare_variants(
         _restore_rng(rng)
 
 
+# One forward shared by every variant: the graph of `logprobs` is kept across the loop (each variant
+# differentiates through it) and freed at its end, so the loop and its inputs stay one function.
 def _compare(
     actor: Any, batch: TrainBatch, configs: Mapping[str, Any], credit: str | None, trial_step: bool
 ) -> list[VariantResult]:
@@ -99,15 +101,7 @@ def _compare(
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     ref = batch.ref_logprobs
     if any(cfg.kl_ctl > 0 for cfg in configs.values()) and ref is None:
-        if actor.ref_model is None:
-            raise InvalidArgumentError(
-                "a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)"
-            )
-        with torch.no_grad():
-            ref = torch.zeros_like(engine)
-            ref[:, cols] = row_logprobs(
-                actor, actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
-            )[0]
+        ref = _reference_logprobs(actor, batch, pack_ids, mask, cols)
     results = []
     for name, cfg in configs.items():
         old = engine[:, cols] if cfg.use_decoupled_loss or not cfg.recompute_logprob else prox
@@ -128,12 +122,7 @@ def _compare(
             normalizer if isinstance(normalizer, int) else normalizer[:, cols],
         )
         grads = torch.autograd.grad(terms.loss, [logprobs, *params], retain_graph=True, allow_unused=True)
-        flat = torch.cat(
-            [
-                (torch.zeros_like(p) if g is None else g).flatten().float()
-                for p, g in zip(params, grads[1:], strict=True)
-            ]
-        )
+        flat = _flat_gradient(params, grads[1:])
         stats = {**terms.stats, **mismatch_report(cfg, prox, engine[:, cols], mask[:, cols])}
         masked = terms.behave_capped | (
             mismatch.masked if mismatch is not None else torch.zeros_like(terms.clipped)
@@ -162,6 +151,33 @@ def _compare(
                 actor, result, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols], prox
             )
     return results
+
+
+def _reference_logprobs(
+    actor: Any, batch: TrainBatch, pack_ids: Tensor | None, mask: Tensor, cols: slice
+) -> Tensor:
+    """The reference model's log-probs of the batch, for variants with kl_ctl > 0."""
+    if actor.ref_model is None:
+        raise InvalidArgumentError(
+            "a variant has kl_ctl > 0: the Session needs a reference model (its own actor.kl_ctl > 0)"
+        )
+    input_ids, attention = batch.input_ids, batch.attention_mask
+    with torch.no_grad():
+        ref = torch.zeros_like(batch.logprobs.float())
+        ref[:, cols] = row_logprobs(
+            actor, actor.ref_model, input_ids[:, cols], attention[:, cols], pack_ids, mask[:, cols]
+        )[0]
+    return ref
+
+
+def _flat_gradient(params: list[Tensor], grads: Sequence[Tensor | None]) -> Tensor:
+    """The gradients of `params` as one float vector (zeros for a parameter the loss does not reach)."""
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if g is None else g).flatten().float()
+            for p, g in zip(params, grads, strict=True)
+        ]
+    )
 
 
 def _full(values: Tensor, like: Tensor, fill: float = 0.0) -> Tensor:

@@ -86,32 +86,7 @@ def plan_tree_attention(
     segments are then (path, start, end), the queries path[start:end], each query in exactly one
     segment; the plan's query tensor holds the queries in `queries` order (its `query_nodes` and
     `output_slot` index that order), its keys and values stay those of all `n_nodes` nodes."""
-    chunks: list[tuple[Sequence[int], int, int]] = []  # (path, first query depth, end depth)
-    for segment in segments:
-        path, start = segment[0], segment[1]
-        stop = segment[2] if len(segment) > 2 else len(path)
-        for lo in range(start, stop, chunk):
-            chunks.append((path, lo, min(lo + chunk, stop)))
-    # longest keys first (a group's first chunk sets its key length); a chunk joins the first group
-    # whose padded work stays within `slack` of its real work (or is small anyway)
-    chunks.sort(key=lambda c: -c[2])
-    groups: list[list[tuple[Sequence[int], int, int]]] = []
-    real: list[int] = []  # real (query, key) pairs of each group
-    q_max: list[int] = []
-    for c in chunks:
-        q, work = c[2] - c[1], (c[2] - c[1]) * c[2]
-        for g, group in enumerate(groups):
-            q_new = max(q_max[g], q)
-            if (len(group) + 1) * q_new * group[0][2] <= max((1 + slack) * (real[g] + work), _MIN_WORK):
-                group.append(c)
-                real[g] += work
-                q_max[g] = q_new
-                break
-        else:
-            groups.append([c])
-            real.append(work)
-            q_max.append(q)
-
+    groups = _grouped(_chunks(segments, chunk), slack)
     buckets, key_nodes, query_slots = [], [], []
     query_nodes: list[int] = []
     slots = pairs = 0
@@ -151,6 +126,46 @@ def plan_tree_attention(
     if bool((output_slot < 0).any()) or bool((query_index < 0).any()):
         raise InvalidArgumentError("plan_tree_attention: the segments' queries are not exactly `queries`")
     return TreePlan(buckets, query_index, all_keys, output_slot, pairs)
+
+
+_Chunk = tuple[Sequence[int], int, int]  # (path, first query depth, end depth)
+
+
+def _chunks(
+    segments: Sequence[tuple[Sequence[int], int] | tuple[Sequence[int], int, int]], chunk: int
+) -> list[_Chunk]:
+    """Each segment's queries cut into chunks of at most `chunk` consecutive depths."""
+    chunks: list[_Chunk] = []
+    for segment in segments:
+        path, start = segment[0], segment[1]
+        stop = segment[2] if len(segment) > 2 else len(path)
+        for lo in range(start, stop, chunk):
+            chunks.append((path, lo, min(lo + chunk, stop)))
+    return chunks
+
+
+def _grouped(chunks: list[_Chunk], slack: float) -> list[list[_Chunk]]:
+    """The chunks in groups, one batched attention call each (a group's first chunk has its longest keys)."""
+    # longest keys first (a group's first chunk sets its key length); a chunk joins the first group
+    # whose padded work stays within `slack` of its real work (or is small anyway)
+    chunks = sorted(chunks, key=lambda c: -c[2])
+    groups: list[list[_Chunk]] = []
+    real: list[int] = []  # real (query, key) pairs of each group
+    q_max: list[int] = []
+    for c in chunks:
+        q, work = c[2] - c[1], (c[2] - c[1]) * c[2]
+        for g, group in enumerate(groups):
+            q_new = max(q_max[g], q)
+            if (len(group) + 1) * q_new * group[0][2] <= max((1 + slack) * (real[g] + work), _MIN_WORK):
+                group.append(c)
+                real[g] += work
+                q_max[g] = q_new
+                break
+        else:
+            groups.append([c])
+            real.append(work)
+            q_max.append(q)
+    return groups
 
 
 def tree_attention_forward(
