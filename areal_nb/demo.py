@@ -11,6 +11,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 _DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "multi_turn_math.yaml"
 
@@ -106,27 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 .to_string(index=False)
             )
     wall = time.perf_counter() - t0
-    rewards = [float(r) for r in history["reward_mean"]]
-    k = min(5, len(rewards))
-    summary = {
-        "steps": len(rewards),
-        "reward_per_step": rewards,
-        "reward_first5": sum(rewards[:k]) / k if k else None,
-        "reward_last5": sum(rewards[-k:]) / k if k else None,
-        "accuracy_before": before,  # greedy, first reply only
-        "accuracy_after": after,
-        "agent_turns": turns,
-        "agent_accuracy_before": agent_before,  # greedy, the agent's loop: solved within agent_turns
-        "agent_accuracy_after": agent_after,
-        "eval_problems": first.n,
-        "eval_reward_before": first.reward_mean,  # mean episode return of the greedy agent
-        "eval_reward_after": last.reward_mean,
-        # engine-recorded vs the trainer's recomputed log-probs of the same tokens, worst step
-        "logprob_abs_diff_max": _column_max(history, "logprob_abs_diff_max"),
-        "wall_s": wall,
-        "config": str(args.config),
-        "overrides": args.overrides,
-    }
+    summary = _summary(history, first, last, turns, wall, args)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot_curve(
         history,
@@ -145,6 +126,34 @@ def main(argv: list[str] | None = None) -> int:
         f"{out / 'reward_curve.png'}"
     )
     return 0
+
+
+def _summary(
+    history: Any, first: Any, last: Any, turns: int, wall: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """What `summary.json` records: the reward per step, the greedy evaluations before (`first`)
+    and after (`last`) training, the worst log-prob gap and the run's wall time and config."""
+    rewards = [float(r) for r in history["reward_mean"]]
+    k = min(5, len(rewards))
+    return {
+        "steps": len(rewards),
+        "reward_per_step": rewards,
+        "reward_first5": sum(rewards[:k]) / k if k else None,
+        "reward_last5": sum(rewards[-k:]) / k if k else None,
+        "accuracy_before": first.accuracy,  # greedy, first reply only
+        "accuracy_after": last.accuracy,
+        "agent_turns": turns,
+        "agent_accuracy_before": first.agent_accuracy,  # greedy, the agent's loop: solved within agent_turns
+        "agent_accuracy_after": last.agent_accuracy,
+        "eval_problems": first.n,
+        "eval_reward_before": first.reward_mean,  # mean episode return of the greedy agent
+        "eval_reward_after": last.reward_mean,
+        # engine-recorded vs the trainer's recomputed log-probs of the same tokens, worst step
+        "logprob_abs_diff_max": _column_max(history, "logprob_abs_diff_max"),
+        "wall_s": wall,
+        "config": str(args.config),
+        "overrides": args.overrides,
+    }
 
 
 def _column_max(history, column: str) -> float | None:

@@ -11,7 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from areal_nb.api import InvalidRequestError, ModelRequest, OutputConstraint
+from areal_nb.api import GenerationConfig, InvalidRequestError, ModelRequest, OutputConstraint
 
 from .sampling import SamplingParams
 
@@ -26,6 +26,42 @@ class RequestPlan:
     min_new_tokens: int
     sampling: SamplingParams
     constraint: OutputConstraint | None = None  # structured output: sample only what it allows
+
+
+def _check_prompt(prompt: list[int], g: GenerationConfig, vocab_size: int, max_context: int) -> None:
+    """InvalidRequestError unless `prompt` is in the vocabulary and leaves room for an output token."""
+    if not prompt:
+        raise InvalidRequestError("empty prompt: input_ids must contain at least one token")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+    if len(prompt) >= max_context:
+        raise InvalidRequestError(
+            f"prompt of {len(prompt)} tokens is too long for the model context of {max_context} "
+            f"tokens (at most {max_context - 1} prompt tokens leave room for one output token)"
+        )
+    if g.max_tokens - len(prompt) <= 0:
+        raise InvalidRequestError(
+            f"max_tokens={g.max_tokens} leaves no room to generate after a prompt of {len(prompt)} tokens"
+        )
+
+
+def _check_generation_config(g: GenerationConfig, vocab_size: int, tokenizer: Any) -> None:
+    """InvalidRequestError for sampling settings this engine cannot honour (ranges, stop tokens
+    outside the vocabulary, stop strings or structured output without a tokenizer)."""
+    if not g.checked:  # a config from a door (capture layer, engine-server) was checked there
+        g.check()  # sampling ranges, stop strings, unsupported penalties
+    unknown_stops = [t for t in g.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if unknown_stops:
+        raise InvalidRequestError(
+            f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})"
+        )
+    if g.stop and tokenizer is None:
+        raise InvalidRequestError("stop strings need a tokenizer; this LocalEngine was built without one")
+    if g.constraint is not None and tokenizer is None:
+        raise InvalidRequestError(
+            "structured output needs a tokenizer; this LocalEngine was built without one"
+        )
 
 
 def plan_request(
@@ -46,35 +82,9 @@ def plan_request(
             f"LocalEngine generates one sample per request, got n_samples={g.n_samples}; "
             "send n_samples separate requests instead"
         )
-    if not prompt:
-        raise InvalidRequestError("empty prompt: input_ids must contain at least one token")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidRequestError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
-    if len(prompt) >= max_context:
-        raise InvalidRequestError(
-            f"prompt of {len(prompt)} tokens is too long for the model context of {max_context} "
-            f"tokens (at most {max_context - 1} prompt tokens leave room for one output token)"
-        )
-    if g.max_tokens - len(prompt) <= 0:
-        raise InvalidRequestError(
-            f"max_tokens={g.max_tokens} leaves no room to generate after a prompt of {len(prompt)} tokens"
-        )
-    if not g.checked:  # a config from a door (capture layer, engine-server) was checked there
-        g.check()  # sampling ranges, stop strings, unsupported penalties
-    unknown_stops = [t for t in g.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if unknown_stops:
-        raise InvalidRequestError(
-            f"unknown stop token ids {unknown_stops}: the vocabulary is [0, {vocab_size})"
-        )
+    _check_prompt(prompt, g, vocab_size, max_context)
+    _check_generation_config(g, vocab_size, tokenizer)
     stop_strings = tuple(g.stop or ())
-    if stop_strings and tokenizer is None:
-        raise InvalidRequestError("stop strings need a tokenizer; this LocalEngine was built without one")
-    if g.constraint is not None and tokenizer is None:
-        raise InvalidRequestError(
-            "structured output needs a tokenizer; this LocalEngine was built without one"
-        )
-
     greedy = g.greedy or g.temperature == 0
 
     # "ignore_eos" means generate to the length limit: the model's EOS never ends a request.

@@ -145,6 +145,21 @@ async def _assigned_or_rejected(assignment: Awaitable[None], what: str | None = 
         ) from exc
 
 
+def _check_agent(agent: Any, mode: str) -> None:
+    """InvalidArgumentError / ArgumentTypeError unless `agent` has a `run` method `mode` can call."""
+    if agent is None:
+        raise InvalidArgumentError(
+            "OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)"
+        )
+    run = getattr(agent, "run", None)
+    if not callable(run):
+        raise ArgumentTypeError(f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method")
+    if mode == "inline" and not inspect.iscoroutinefunction(run):
+        raise ArgumentTypeError(
+            f"{type(agent).__name__}.run must be `async def` in inline mode (use mode='subproc' for sync code)"
+        )
+
+
 class OpenAIProxyWorkflow(RolloutWorkflow):
     def __init__(
         self,
@@ -163,19 +178,7 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
     ) -> None:
         if mode not in _MODES:
             raise InvalidArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
-        if agent is None:
-            raise InvalidArgumentError(
-                "OpenAIProxyWorkflow needs an agent (an object with `async def run(data, **kwargs)`)"
-            )
-        run = getattr(agent, "run", None)
-        if not callable(run):
-            raise ArgumentTypeError(
-                f"agent {type(agent).__name__} has no callable `run(data, **kwargs)` method"
-            )
-        if mode == "inline" and not inspect.iscoroutinefunction(run):
-            raise ArgumentTypeError(
-                f"{type(agent).__name__}.run must be `async def` in inline mode (use mode='subproc' for sync code)"
-            )
+        _check_agent(agent, mode)
         if not proxy_addr:
             raise InvalidArgumentError(
                 "OpenAIProxyWorkflow needs proxy_addr (the proxy root, e.g. http://127.0.0.1:8000)"
