@@ -103,9 +103,9 @@ def _loads_or_none(text: str) -> Any:
         return None
 
 
+# One pass over the blocks, in order, since their order decides the chat messages' order
+# (tool results before the user's text); long because each block kind is checked where met.
 def _convert_message(message: Any, index: int, tool_arguments: Mapping[str, str]) -> list[dict[str, Any]]:
-    # One pass over the blocks, in order, since their order decides the chat messages' order
-    # (tool results before the user's text); long because each block kind is checked where met.
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
         raise AnthropicRequestError(f"{where} must be an object, got {type(message).__name__}")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 
+# Long on purpose: the events are the API's fixed sequence, kept in one place to read in order.
 def response_stream_events(response: Any) -> list[Any]:
     """The `ResponseStreamEvent`s (pydantic objects) that replay `response`."""
-    # Long on purpose: the events are the API's fixed sequence, kept in one place to read in order.
     from openai.types.responses import (
         ResponseCompletedEvent,
         ResponseContentPartAddedEvent,

@@ -39,6 +39,8 @@ class EngineSpec(Protocol):
     # dp_size, mem_fraction_static, extra_args, ready_timeout
 
 
+# One dispatch on `spec.type`, each branch the constructor call of one engine type with the
+# arguments it reads: split per type, each branch would only restate its argument list.
 def create_engine(
     spec: EngineSpec,
     model: Any,

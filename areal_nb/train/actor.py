@@ -66,6 +66,8 @@ __all__ = ["Actor", "GRPOConfig"]
 class Actor:
     """Owns the trainable model, its AdamW optimizer and its policy version."""
 
+    # The constructor wires the parts in the one order that works (LoRA wrap, then sharding, then
+    # the optimizer over what is left trainable): one sequence, read top to bottom.
     def __init__(
         self,
         model: torch.nn.Module,

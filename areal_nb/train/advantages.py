@@ -148,6 +148,8 @@ def shape_and_normalize(values: Tensor, pools: Callable[[], Any], cfg: Any) -> T
     return estimate(score, pools, cfg)
 
 
+# The docstring's rule step by step (score, KL rewards, credit, normalisation) for both credits:
+# kept as one function so that each line can be checked against that rule in order.
 def compute_advantages(
     batch: Mapping[str, Tensor] | TrainBatch,
     cfg: Any,

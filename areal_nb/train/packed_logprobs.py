@@ -52,6 +52,8 @@ def packed_token_logprobs_and_entropy(
     return logprobs, entropy
 
 
+# One forward of the flat layout, from the index maps it needs to the per-row log-probs: the maps
+# (`compact`, `children`, `heads`) are read by every step after them, so it stays one function.
 def _flat_logprobs(
     model: torch.nn.Module,
     packed: PackedRows,
@@ -214,6 +216,8 @@ def _head_runs(compact: Tensor, node_of: Tensor, heads: Tensor) -> list[tuple[li
     return runs
 
 
+# The dense layout's loop over its forwards, each turned into node log-probs and entropies, then
+# put back in pack order: one pass whose lists (`node_lp`, `order`) tie the steps together.
 def _dense_logprobs(
     model: torch.nn.Module,
     packed: PackedRows,

@@ -85,6 +85,8 @@ def loss_normalizer(
     return per_row.unsqueeze(1).expand(mask.shape)
 
 
+# The loss term by term as the module docstring writes it (checks, ratio, objective, behaviour
+# weight, mismatch, stats): one function, so that it reads against the formula in one pass.
 def policy_loss_terms(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -339,9 +339,9 @@ class SGLangEngine(AdapterUpdates, InferenceEngine):
 
     # ------------------------------------------------------------------ generation (engine loop)
 
+    # Long: AReaL's interruption loop (send → aborted by a pause → re-send the rest) reads best
+    # as one piece, its bookkeeping of tokens, versions and attempts beside it.
     async def _agenerate(self, req: ModelRequest) -> ModelResponse:
-        # (long: AReaL's interruption loop, send → aborted by a pause → re-send the rest, reads
-        # best as one piece, its bookkeeping of tokens, versions and attempts beside it)
         g = req.gconfig
         if g.n_samples != 1:
             raise InvalidArgumentError(
