@@ -6,6 +6,7 @@ from .by_value import NotSerializableError
 from .constraints import CONSTRAINT_KINDS, OutputConstraint, SamplingMasks, SamplingSpan
 from .engine_api import InferenceEngine
 from .import_path import import_object
+from .in_place_adapters import InPlaceAdapters, LowRankAdapter
 from .io_struct import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -60,7 +61,9 @@ __all__ = [
     "InvalidRequestError",
     "GenerationConfig",
     "InferenceEngine",
+    "InPlaceAdapters",
     "LoraAdapter",
+    "LowRankAdapter",
     "ModelRequest",
     "ModelResponse",
     "NotSerializableError",

@@ -68,7 +68,8 @@ def create_engine(
     `dtype` too. `lora` (`actor.lora`: `r`,
     `target_modules`): the servers serve LoRA adapters ("sglang" launches them with the LoRA flags,
     "remote" expects them started so) and the trainer pushes its adapter to them; the embedded
-    engine ignores it (it is pushed merged weights). `lora_adapters`: adapters the launched
+    engine ignores it (it serves the trainer's adapter tensors in place, or is pushed merged
+    weights). `lora_adapters`: adapters the launched
     servers hold per batch (one adapter per agent: two per agent; None: the launcher's default).
     `agents`: with one adapter per agent, their names: the embedded engine can serve one merged
     policy at a time, so each agent gets an engine of its own (`AgentEngines`); servers apply

@@ -15,6 +15,8 @@ machinery. On small models a decoding step is dominated by that fixed overhead, 
 removing it is what lets continuous batching profit from rows leaving the batch. The projection
 matrices are copied once (fused, and on CPU prepacked for oneDNN, see `_Linear`): after the
 model's weights change, `refresh()` must be called (the engine does so after every weight update).
+A LoRA policy served in place (`in_place_lora`) adds one low-rank product per fused projection
+(`set_adapters`, at every push of adapters: the base's copies stay, the base is frozen).
 
 Models of any other shape go through the stock forward (`supports` says which): other classes, a
 sliding window that can bite within the model's positions (Mistral's default 4096 under a longer
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,8 @@ from transformers import PreTrainedModel
 from areal_nb.errors import ModelFileError
 
 from ..api.attention_window import sliding_window
+from ..api.in_place_adapters import LowRankAdapter
+from .in_place_lora import LowRank, fused_low_rank
 
 # class -> whether its RMSNorm multiplies by (1 + weight) (Gemma) rather than by weight
 _FAMILIES = {
@@ -104,11 +108,14 @@ class _Linear:
         self.packed = None
         if _ONEDNN_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.float32:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+        self.low_rank: LowRank | None = None  # a LoRA adapter served in place (`in_place_lora`)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        else:
+            out = F.linear(x, self.weight, self.bias)
+        return out if self.low_rank is None else self.low_rank.add_to(out, x)
 
 
 def _fuse(linears: tuple[torch.nn.Linear, ...], first_scale: float = 1.0) -> _Linear:
@@ -181,6 +188,14 @@ class _HeadNorm:
         return self.weight * x.to(dtype)
 
 
+def _attention_linears(attn: Any) -> tuple[torch.nn.Linear, ...]:
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+
+
+def _mlp_linears(mlp: Any) -> tuple[torch.nn.Linear, ...]:
+    return mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
 class ColumnCache(Protocol):
     """A cache layer `LeanForward.decode` writes a decoding step's keys/values into."""
 
@@ -230,10 +245,48 @@ class LeanForward:
         self._plus_one = _FAMILIES[type(model).__name__]
         self._layers: list[_Layer] | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.adapters: dict[str, LowRankAdapter] = {}  # by module name: LoRA served in place
 
     def refresh(self) -> None:
         """Forget the copied weights; call after the model's weights changed."""
         self._layers = None
+
+    def set_adapters(self, adapters: dict[str, LowRankAdapter]) -> None:
+        """Add each adapter's low-rank term to its module's projection (`in_place_lora`); call at
+        every push of adapters. Only the low-rank terms are rebuilt: the base's fused and packed
+        copies stay (the base is frozen)."""
+        self.adapters = adapters
+        if self._layers is not None:
+            self._attach_low_rank(self._layers)
+
+    def projection_modules(self) -> set[str]:
+        """The names of the linear modules whose outputs the layers compute (what an adapter may
+        be on)."""
+        linears = {
+            id(linear)
+            for layer in self.inner.layers
+            for linear in (*_attention_linears(layer.self_attn), *_mlp_linears(layer.mlp))
+        }
+        return {name for name, module in self.model.named_modules() if id(module) in linears}
+
+    def _attach_low_rank(self, layers: list[_Layer]) -> None:
+        names = {id(module): name for name, module in self.model.named_modules()}
+        for fused, module in zip(layers, self.inner.layers, strict=True):
+            attn, mlp = module.self_attn, module.mlp
+            q_scale = attn.scaling if fused.head_norm is None else 1.0  # as the fused q weight
+            q, k, v, o = _attention_linears(attn)
+            gate, up, down = _mlp_linears(mlp)
+            for projection, linears, scale in (
+                (fused.qkv, (q, k, v), q_scale),
+                (fused.o, (o,), 1.0),
+                (fused.gate_up, (gate, up), 1.0),
+                (fused.down, (down,), 1.0),
+            ):
+                projection.low_rank = fused_low_rank(
+                    [self.adapters.get(names[id(linear)]) for linear in linears],
+                    [linear.out_features for linear in linears],
+                    scale,
+                )
 
     def weights(self) -> list[_Layer]:
         # One matmul for q|k|v and one for gate|up instead of five: on a small model each
@@ -265,6 +318,7 @@ class LeanForward:
             embed = self.inner.embed_tokens
             scale = getattr(embed, "embed_scale", None)  # Gemma's sqrt(hidden_size), in the weights' dtype
             self._embed_scale = None if scale is None else scale.to(embed.weight.dtype)
+            self._attach_low_rank(layers)
             self._layers = layers
         return self._layers
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from areal_nb.api import InferenceEngine, ModelRequest, ModelResponse
+from areal_nb.api import InferenceEngine, InPlaceAdapters, ModelRequest, ModelResponse
 from areal_nb.api.constraints import TokenGrammar
 from areal_nb.errors import (
     CallOrderError,
@@ -52,6 +52,7 @@ from areal_nb.errors import (
 )
 
 from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_SINGLE_THREAD_ROWS
+from .in_place_lora import AdapterHooks, check_in_place_adapters
 from .kv_batch import PaddedKVBatch
 from .local_state import Delivery, EngineStats, RateLimitedLog, Row, WeightUpdate
 from .local_worker import EngineWorker
@@ -69,7 +70,9 @@ class LocalEngine(EngineWorker, InferenceEngine):
     max_context: int  # the model's, always known
 
     # capabilities (`InferenceEngine`): max_context, stats and shares_weights are set per instance
-    serves_lora_adapters = False  # a LoRA policy comes as base + ΔW merged into full weights
+    # a LoRA policy comes as base + ΔW merged into full weights, or, sharing the trainer's
+    # weights, as its adapter tensors themselves (`InPlaceAdapters`), not as peft's saved adapter
+    serves_lora_adapters = False
     weights_may_differ = False  # it serves the model it is given, then what the trainer pushes
     records_sampling_masks = True  # each token's allowed set (ModelResponse.sampling_masks)
     serves_models_in_process = True
@@ -97,7 +100,10 @@ class LocalEngine(EngineWorker, InferenceEngine):
         `device`: serve those tensors themselves, no copy (`shares_weights` says whether it
         does). Whoever changes them in place (a trainer's optimizer step) must do so while the
         engine is paused and then `update_weights` with them (no copy: a version change between
-        two decoding steps), so every token carries the version of the weights that sampled it."""
+        two decoding steps), so every token carries the version of the weights that sampled it.
+        A LoRA trainer's model (peft injects its layers into it after this copy of the modules):
+        the engine runs the frozen base, and `update_weights(InPlaceAdapters)` gives it the
+        adapter tensors themselves, under the same rule (`in_place_lora`)."""
         if max_batch_size < 1:
             raise InvalidArgumentError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if single_thread_rows < 0:
@@ -117,6 +123,7 @@ class LocalEngine(EngineWorker, InferenceEngine):
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = 0
         self._batch = PaddedKVBatch(self.model, fast_forward=fast_forward, max_rows=max_batch_size)
+        self._adapter_hooks = AdapterHooks()  # the stock forward's LoRA served in place; worker-only
         self._active: list[Row] = []  # aligned with the rows of self._batch; worker-only
         self.prefix_cache = PrefixCache(prefix_cache_tokens)  # worker-only
         self._epoch = 0  # +1 on every weight update: KV of an older epoch is not kept
@@ -224,19 +231,31 @@ class LocalEngine(EngineWorker, InferenceEngine):
         self._generator.set_state(state)
 
     def update_weights(
-        self, weights: dict[str, torch.Tensor] | str | os.PathLike, version: int | None = None
+        self,
+        weights: dict[str, torch.Tensor] | str | os.PathLike | InPlaceAdapters,
+        version: int | None = None,
     ) -> None:
         """Load new weights between two decoding steps; tokens sampled afterwards carry `version`.
 
-        `weights` is a (possibly partial) state dict or a directory written by `save_pretrained`.
-        Blocks until applied. Bad names or shapes raise WeightUpdateError and change nothing.
+        `weights` is a (possibly partial) state dict or a directory written by `save_pretrained`;
+        or, for an engine that shares the trainer's weights, the trainer's LoRA adapter tensors
+        themselves (`InPlaceAdapters`: served as base + scaling·B(A(x)), no merged copy; see
+        `in_place_lora`). Blocks until applied. Bad names or shapes raise WeightUpdateError and
+        change nothing.
         """
-        if isinstance(weights, (str, os.PathLike)):
-            weights = read_weights_dir(weights)
-        check_weights(self.model, weights)
-        own = self.model.state_dict()
-        staged = {k: v.detach().to(device=own[k].device, dtype=own[k].dtype) for k, v in weights.items()}
-        update = WeightUpdate(staged, None if version is None else int(version))
+        version = None if version is None else int(version)
+        if isinstance(weights, InPlaceAdapters):
+            fast = self._batch.fast
+            covered = None if fast is None else fast.projection_modules()
+            check_in_place_adapters(self.model, weights, self.shares_weights, covered)
+            update = WeightUpdate({}, version, adapters=dict(weights.modules))
+        else:
+            if isinstance(weights, (str, os.PathLike)):
+                weights = read_weights_dir(weights)
+            check_weights(self.model, weights)
+            own = self.model.state_dict()
+            staged = {k: v.detach().to(device=own[k].device, dtype=own[k].dtype) for k, v in weights.items()}
+            update = WeightUpdate(staged, version)
         if threading.current_thread() is self._thread:
             self._apply_update(update)
         else:

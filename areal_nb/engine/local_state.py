@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from areal_nb.api import ModelResponse
+from areal_nb.api import LowRankAdapter, ModelResponse
 from areal_nb.api.constraints import TokenGrammar
 
 from .prefix_cache import CachedPrefix
@@ -88,5 +88,7 @@ class Row:
 class WeightUpdate:
     weights: dict[str, torch.Tensor]
     version: int | None
+    # a LoRA policy served in place (`in_place_lora`): the adapters by module name (`weights` empty)
+    adapters: dict[str, LowRankAdapter] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from areal_nb.api import ModelResponse, SamplingMasks
 from areal_nb.errors import EngineClosedError
 
+from .in_place_lora import AdapterHooks
 from .kv_batch import PaddedKVBatch, compact_order
 from .local_sampling import RowSampling
 from .local_state import Row, WeightUpdate, logger
@@ -72,6 +73,7 @@ class EngineWorker(RowSampling):
     eos_token_ids: list[int]
     prefix_cache: PrefixCache
     _batch: PaddedKVBatch
+    _adapter_hooks: AdapterHooks
     _active: list[Row]
     _epoch: int
     _cond: threading.Condition
@@ -130,15 +132,21 @@ class EngineWorker(RowSampling):
         self._shutdown()
 
     def _apply_update(self, update: WeightUpdate) -> None:
+        fast = self._batch.fast
         try:
-            copy_weights_into(self.model, update.weights)
+            if update.adapters is not None:  # LoRA in place: the base is unchanged (frozen)
+                self._adapter_hooks.attach(self.model, update.adapters)
+                if fast is not None:
+                    fast.set_adapters(update.adapters)
+            else:
+                copy_weights_into(self.model, update.weights)
             if update.version is not None:
                 self._version = update.version
         except BaseException as exc:  # noqa: BLE001 - reported to the caller of update_weights
             update.error = exc
         finally:
-            if self._batch.fast is not None:
-                self._batch.fast.refresh()  # its fused projections copy the old weights
+            if fast is not None and update.adapters is None:
+                fast.refresh()  # its fused projections copy the old weights
             # cached KV was computed by the old weights (even a failed copy may have changed some)
             self._epoch += 1
             self.prefix_cache.clear()
