@@ -68,6 +68,10 @@ def test_resuming_a_lora_checkpoint_gives_the_step_continuing_gave(lora_run):
             assert again[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-6), key
         for name, value in resumed.actor.state_dict()["model"].items():
             torch.testing.assert_close(value, adapters[name])
+        # the engine serves the frozen base and the loaded adapter tensors in place (no merged
+        # copy): what it records is the trainer's base + adapter
+        assert resumed.engine.shares_weights and resumed.actor.in_place_engine is resumed.engine
+        assert resumed.train_step(resumed.rollout())["logprob_abs_diff_max"] < 1e-4
 
 
 def test_a_base_with_other_weights_is_refused(lora_run, tmp_path):

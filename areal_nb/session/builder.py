@@ -74,8 +74,10 @@ def build_engine(
     started them exits (launcher's parent-death signal), so not from a short-lived thread.
 
     `share_weights`: the embedded engine serves `policy`'s parameters themselves where it can
-    (same device and dtype: `model.dtype` float32, the master weights' dtype), not a copy; never
-    with adapters (it serves merged weights, or one policy per agent)."""
+    (same device and dtype: `model.dtype` float32, the master weights' dtype), not a copy; with
+    `actor.lora` the frozen base and the adapter tensors (`Actor.serve_in_place`), where they
+    adapt linear layers only. Never with agent adapters (one engine per agent, each serving its
+    merged policy)."""
     from areal_nb.engine import create_engine
     from areal_nb.models import resolve_model_path
 
@@ -92,12 +94,25 @@ def build_engine(
         on_log=on_log,
         max_context=getattr(policy.config, "max_position_embeddings", None),
         # servers serve the policy's adapter, or each agent's (launched with the LoRA flags);
-        # the embedded engine serves base + ΔW merged, one engine per agent
+        # the embedded engine serves base + adapter in place, or base + ΔW merged (one engine
+        # per agent)
         lora=lora,
         lora_adapters=lora_adapters,
         agents=list(cfg.agents),
-        share_weights=share_weights and not cfg.trains_adapters,
+        share_weights=share_weights and adapters_shareable(cfg, policy),
     )
+
+
+def adapters_shareable(cfg: SessionConfig, policy: torch.nn.Module) -> bool:
+    """Whether an embedded engine sharing `policy`'s tensors can serve the policy cfg trains: full
+    fine-tuning, or one LoRA adapter on linear layers (served in place, `train.lora.in_place_adapters`)."""
+    if cfg.agents:
+        return False
+    if cfg.actor.lora is None:
+        return True
+    from areal_nb.train.lora import adapts_linear_layers_only
+
+    return adapts_linear_layers_only(policy, cfg.actor.lora)
 
 
 def servers_lora(cfg: SessionConfig) -> tuple[Any, int | None]:

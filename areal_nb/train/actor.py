@@ -103,6 +103,7 @@ class Actor:
         # this step paused it (from its first optimizer step until the engine's version moved)
         self.in_place_engine: InferenceEngine | None = None
         self._paused_engine = False
+        self.in_place_written: tuple[int, ...] | None = None  # LoRA in place: see `weight_push._writes`
         self.steps_done = 0  # train steps taken; drives the learning-rate schedule
         self.last_inspection: LossInspection | None = None  # set by train_step(inspect=True)
         # Mixed precision (`precision.py`): the forward and backward compute in `compute_dtype`
@@ -253,8 +254,11 @@ class Actor:
         on the policy): no copy per push. From then on each train step pauses it before its first
         optimizer step (which writes the parameters in place; forwards and backwards only read
         them) and resumes it once the engine's version is the step's new one, so a token is never
-        sampled by updated weights under the old version. Not with adapters (the engine serves
-        merged weights) nor data-parallel (the parameters are the ranks' replicas or shards).
+        sampled by updated weights under the old version. With LoRA (`cfg.lora`, linear layers)
+        the engine serves the frozen base and the adapter tensors themselves (base(x) +
+        scaling·B(A(x)) per adapted layer, no merged copy). Not with agent adapters (an engine per
+        agent, each its merged policy) nor data-parallel (the parameters are the ranks' replicas
+        or shards).
         (Pausing is not counted: a train step resumes the engine it paused, even one paused before.)"""
         weight_push.serve_in_place(self, engine)
 

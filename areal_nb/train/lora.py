@@ -10,9 +10,12 @@ computes base + adapter itself, so the trainer's forwards (and their fast paths 
 unwrapped base model unchanged. `disable_adapter()` on the wrapper turns the adapters off in
 those same layers: the KL reference is the base model that way, with no second copy.
 
-The embedded engine gets merged weights (`merged_weights`: base + ΔW under the base model's
-names) at each push: its forward stays the plain model's, and the pushed tensors are exactly
-those the trainer's base + adapter computes with. An engine that serves adapters itself
+The embedded engine, where it serves the trainer's parameters themselves (same device and
+dtype: `LocalEngine(share_weights=True)`), is given the adapter tensors themselves
+(`in_place_adapters`): its forward adds scaling·B(A(x)) to each adapted layer's output, as the
+trainer's does, and a push copies nothing. Otherwise it gets merged weights (`merged_weights`:
+base + ΔW under the base model's names) at each push: its forward stays the plain model's, and
+the pushed tensors are exactly those the trainer's base + adapter computes with. An engine that serves adapters itself
 (`serves_lora_adapters`: SGLang servers, `areal-nb engine-server`) gets the adapter alone
 (`lora_adapter`: peft's saved tensors and adapter_config.json), a few MB instead of the model.
 """
@@ -26,14 +29,16 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from areal_nb.api import LoraAdapter, agent_token
+from areal_nb.api import InPlaceAdapters, LoraAdapter, LowRankAdapter, agent_token
 from areal_nb.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
     "LoraConfig",
     "adapter_name",
     "adapter_state",
+    "adapts_linear_layers_only",
     "check_shardable",
+    "in_place_adapters",
     "is_lora_model",
     "load_adapter_state",
     "lora_adapter",
@@ -225,6 +230,44 @@ def _delta_weight(module: Any, name: str, adapter: str, state: dict[str, Tensor]
         return module.get_delta_weight(adapter)
     delta = state[f"{name}.lora_B.{adapter}.weight"] @ state[f"{name}.lora_A.{adapter}.weight"]
     return (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
+
+
+def adapts_linear_layers_only(model: torch.nn.Module, cfg: LoraConfig) -> bool:
+    """Whether `cfg` adapts only linear layers of `model` (not yet wrapped): what an engine serving
+    the trainer's tensors can serve in place (`in_place_adapters`)."""
+    if cfg.target_modules == "all-linear":  # (peft's expansion: the linear layers but the LM head)
+        return True
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    config = _peft_config(cfg)
+    return all(
+        type(module) is torch.nn.Linear
+        for name, module in model.named_modules()
+        if name and check_target_module_exists(config, name)
+    )
+
+
+def in_place_adapters(model: torch.nn.Module) -> InPlaceAdapters:
+    """The active adapter's tensors themselves (no copies) by adapted module, for an engine that
+    serves the trainer's parameters in place (`api.InPlaceAdapters`): one policy, linear layers."""
+    from peft.tuners.lora import Linear, LoraLayer
+
+    modules: dict[str, LowRankAdapter] = {}
+    for name, module in lora_base(model).named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        if not isinstance(module, Linear) or type(module.get_base_layer()) is not torch.nn.Linear:
+            raise InvalidArgumentError(
+                f"an engine serves LoRA adapters in place on linear layers only; {name!r} is not one"
+            )
+        active = [a for a in module.active_adapters if a in module.lora_A]
+        if len(active) != 1:
+            raise InvalidArgumentError(f"{name!r} runs {len(active)} adapters: one is served in place")
+        adapter = active[0]
+        modules[name] = LowRankAdapter(
+            a=module.lora_A[adapter].weight, b=module.lora_B[adapter].weight, scaling=module.scaling[adapter]
+        )
+    return InPlaceAdapters(modules)
 
 
 def check_shardable(model: torch.nn.Module) -> None:

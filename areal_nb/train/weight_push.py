@@ -1,6 +1,7 @@
 """Weights out of the Actor: pushed to the engine that samples (full, merged with the LoRA ΔW, or
-the adapters alone; one policy per agent with agent adapters), or served in place, the engine
-paused while an optimizer step writes the parameters it reads."""
+the adapters alone; one policy per agent with agent adapters), or served in place (the full
+parameters, or the frozen base and the LoRA adapter tensors), the engine paused while an
+optimizer step writes the parameters it reads."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from areal_nb.api import AgentWeights, InferenceEngine
+from areal_nb.api import AgentWeights, InferenceEngine, InPlaceAdapters
 from areal_nb.errors import InvalidArgumentError
 
 from .distributed import full_state_dict
-from .lora import adapter_state, lora_adapter, lora_base, merged_weights, use_adapter
+from .lora import (
+    adapter_state,
+    in_place_adapters,
+    lora_adapter,
+    lora_base,
+    merged_weights,
+    use_adapter,
+)
 from .precision import serving_weights
 
 if TYPE_CHECKING:
@@ -32,13 +40,18 @@ __all__ = [
 
 
 def serve_in_place(actor: Actor, engine: InferenceEngine) -> None:
-    """`Actor.serve_in_place`: the engine serves the parameters themselves, paused during each optimizer step."""
-    if actor.lora or actor.parallel is not None:
+    """`Actor.serve_in_place`: the engine serves the parameters themselves, paused during each
+    optimizer step. LoRA: the frozen base and the adapter tensors, attached here."""
+    if actor.agents or actor.parallel is not None:
         raise InvalidArgumentError(
-            "an engine serves the Actor's parameters in place only without LoRA and without data "
-            "parallelism (it is pushed merged or gathered weights there)"
+            "an engine serves the Actor's parameters in place only for one policy (no agent adapters: "
+            "an engine per agent, each pushed its merged weights) and without data parallelism "
+            "(it is pushed gathered weights there)"
         )
+    served = _served_weights(actor)  # (refuses adapters it cannot serve in place, before any change)
     actor.in_place_engine = engine
+    if actor.lora:
+        _update_in_place(actor, served, engine.get_version())
 
 
 def pause_in_place_engine(actor: Actor) -> None:
@@ -52,7 +65,7 @@ def publish_in_place(actor: Actor, version: int) -> None:
     """The in-place engine's version moves to `version` while it is paused (no copy: its
     weights are these)."""
     if actor.in_place_engine is not None and actor._paused_engine:
-        actor.in_place_engine.update_weights(_served_weights(actor), version=version)
+        _update_in_place(actor, _served_weights(actor), version)
 
 
 def resume_in_place_engine(actor: Actor) -> None:
@@ -62,9 +75,28 @@ def resume_in_place_engine(actor: Actor) -> None:
         actor.in_place_engine.resume()
 
 
-def _served_weights(actor: Actor) -> dict[str, Tensor]:
+def _update_in_place(actor: Actor, served: dict[str, Tensor] | InPlaceAdapters, version: int) -> None:
+    assert actor.in_place_engine is not None
+    actor.in_place_engine.update_weights(served, version=version)
+    actor.in_place_written = _writes(served)
+
+
+def _writes(served: dict[str, Tensor] | InPlaceAdapters) -> tuple[int, ...] | None:
+    """LoRA in place: the in-place write counts of the adapter tensors (an optimizer step or a
+    loaded checkpoint moves them), so a push at an unchanged version still reaches the engine's
+    copies of them where they changed. Full weights: None (a push at the same version changes
+    nothing there)."""
+    if not isinstance(served, InPlaceAdapters):
+        return None
+    return tuple(t._version for adapter in served.modules.values() for t in (adapter.a, adapter.b))
+
+
+def _served_weights(actor: Actor) -> dict[str, Tensor] | InPlaceAdapters:
     """What the in-place engine serves: the parameters themselves (`serving_weights` casts
-    nothing, they are in the engine's dtype)."""
+    nothing, they are in the engine's dtype); LoRA: the adapter tensors themselves (the engine
+    already holds the base)."""
+    if actor.lora:
+        return in_place_adapters(actor.model)
     return serving_weights(actor.model.state_dict(), actor.compute_dtype)
 
 
@@ -73,8 +105,9 @@ def push_weights(actor: Actor, engine: InferenceEngine | None, version: int | No
     its version moves)."""
     version = actor.version if version is None else version
     if engine is not None and engine is actor.in_place_engine:
-        if engine.get_version() != version:
-            engine.update_weights(_served_weights(actor), version=version)
+        served = _served_weights(actor)
+        if engine.get_version() != version or _writes(served) != actor.in_place_written:
+            _update_in_place(actor, served, version)
         return version
     if actor.agents:
         if engine is None:
@@ -99,7 +132,8 @@ def push_weights(actor: Actor, engine: InferenceEngine | None, version: int | No
         if engine is not None:
             engine.update_weights(adapter, version=version)
         return version
-    # LoRA otherwise: the engine serves base + ΔW merged (its forward stays the plain model's)
+    # LoRA otherwise: the engine serves base + ΔW merged (its forward stays the plain model's),
+    # where it cannot read the trainer's tensors: another device or dtype, or another process
     weights = serving_weights(actor.policy_weights(), actor.compute_dtype)
     if engine is not None:
         engine.update_weights(weights, version=version)

@@ -82,13 +82,12 @@ def replayed_logprobs(model, snapshots, prompt, output, versions, temperature):
     return out
 
 
-def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each_token():
-    model = make_tiny_qwen2()
-    temperature = 0.8
-    engine = LocalEngine(model, device="cpu", seed=0, share_weights=True)
-    actor = Actor(model, GRPOConfig(lr=3e-2), version=0, temperature=temperature)
-    actor.serve_in_place(engine)
-    snapshots = {0: {k: v.detach().clone() for k, v in model.state_dict().items()}}
+def train_while_generating(engine, actor, policy, replay_model, temperature):
+    """Three threads generate while the actor takes 4 train steps and pushes each; every
+    token's version is the one that sampled it, and its log-prob is the replay's with that
+    version's weights (`policy()`: the weights under the plain model's names, run by
+    `replay_model`)."""
+    snapshots = {0: {k: v.detach().clone() for k, v in policy().items()}}
     batch, group_ids = rollout(engine, temperature=temperature)
     responses, stop = [], threading.Event()
 
@@ -105,7 +104,7 @@ def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each
         for _ in range(4):
             time.sleep(0.05)
             actor.train_step(TrainBatch(**batch, group_ids=torch.as_tensor(group_ids)))
-            snapshots[actor.version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            snapshots[actor.version] = {k: v.detach().clone() for k, v in policy().items()}
             time.sleep(0.05)  # what the Session does between the step and the push (stats, history)
             assert actor.push_weights(engine) == actor.version == engine.get_version()
         time.sleep(0.05)
@@ -122,7 +121,7 @@ def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each
     for response in spanning[:8] + [r for r in responses if r not in spanning][:8]:
         assert response.output_versions == sorted(response.output_versions)
         expected = replayed_logprobs(
-            model,
+            replay_model,
             snapshots,
             response.input_tokens,
             response.output_tokens,
@@ -134,5 +133,16 @@ def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each
     # the same replay with each token's version one lower fails: the check tells versions apart
     shifted = spanning[0]
     wrong = [max(v - 1, 0) if v == max(shifted.output_versions) else v for v in shifted.output_versions]
-    off = replayed_logprobs(model, snapshots, shifted.input_tokens, shifted.output_tokens, wrong, temperature)
+    off = replayed_logprobs(
+        replay_model, snapshots, shifted.input_tokens, shifted.output_tokens, wrong, temperature
+    )
     assert max(abs(a - b) for a, b in zip(off, shifted.output_logprobs, strict=True)) > 1e-3
+
+
+def test_concurrent_generations_across_steps_carry_the_version_that_sampled_each_token():
+    model = make_tiny_qwen2()
+    temperature = 0.8
+    engine = LocalEngine(model, device="cpu", seed=0, share_weights=True)
+    actor = Actor(model, GRPOConfig(lr=3e-2), version=0, temperature=temperature)
+    actor.serve_in_place(engine)
+    train_while_generating(engine, actor, model.state_dict, model, temperature)
