@@ -115,9 +115,11 @@ slurm-packages:
 	fi
 
 # The unit tests (about a minute): the markers are declared in pyproject.toml, and
-# tests/conftest.py fails an unmarked test that starts a server.
+# tests/conftest.py fails an unmarked test that starts a server. Bytecode is written even where
+# PYTHONDONTWRITEBYTECODE is set: the next run reads the compiled package and the tests with their
+# asserts already rewritten (pytest caches those in __pycache__ too), seconds off every later run.
 test-fast: install
-	$(BIN)/python -m pytest -x -q -rs -m "not slow and not server and not browser" tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -x -q -rs -m "not slow and not server and not browser" tests
 
 # The documentation site (mkdocs.yml, pages under docs/) into site/; strict: a broken link, a page
 # missing from the navigation or an API reference that does not resolve fails the build.
