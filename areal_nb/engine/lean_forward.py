@@ -104,16 +104,21 @@ class _Linear:
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()  # no copies
+        self.bias = None if bias is None else bias.detach()  # (no copy)
+        self.weight: torch.Tensor | None = weight.detach()
         self.packed = None
         if _ONEDNN_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.float32:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            # the packed copy is all a call reads: a fused weight (`_fuse`'s concatenation, itself
+            # a copy of the model's) is not kept beside it
+            self.weight = None
         self.low_rank: LowRank | None = None  # a LoRA adapter served in place (`in_place_lora`)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         else:
+            assert self.weight is not None
             out = F.linear(x, self.weight, self.bias)
         return out if self.low_rank is None else self.low_rank.add_to(out, x)
 
@@ -244,12 +249,15 @@ class LeanForward:
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self._plus_one = _FAMILIES[type(model).__name__]
         self._layers: list[_Layer] | None = None
+        self._lm_head: _Linear | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self.adapters: dict[str, LowRankAdapter] = {}  # by module name: LoRA served in place
 
     def refresh(self) -> None:
-        """Forget the copied weights; call after the model's weights changed."""
+        """Forget the copied weights (their memory goes now, the next forward copies them again);
+        call after the model's weights changed."""
         self._layers = None
+        self._lm_head = None
 
     def set_adapters(self, adapters: dict[str, LowRankAdapter]) -> None:
         """Add each adapter's low-rank term to its module's projection (`in_place_lora`); call at
@@ -360,6 +368,7 @@ class LeanForward:
         return layer.down(self.act(gate) * up)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self._lm_head is not None, "weights() first"
         return self._lm_head(self._final_norm(hidden))
 
     def decode(
