@@ -100,19 +100,25 @@ def _chunk_logprobs(
     with_entropy: bool,
     allowed: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
+    # Each [n, V] tensor here is as large as the chunk's logits, so no more of them live at once
+    # than the arithmetic needs: no division at temperature 1 (x / 1 is x, bit for bit, and so
+    # is its gradient), the logits and the scaled copy dropped once the log-softmax (which keeps
+    # only its output for the backward) has read them, the entropy's terms computed in place.
     logits = project(x) if project is not None else x
-    scaled = logits.float() / temperature
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    del logits
     if allowed is not None:
         scaled = scaled + _masking_bias(allowed, scaled.shape)
     log_probs = F.log_softmax(scaled, dim=-1)
+    del scaled
     picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
         return picked, None
     with torch.no_grad():
         detached = log_probs.detach()
-        terms = detached.exp() * detached
+        terms = detached.exp().mul_(detached)
         if allowed is not None:  # 0 · (−inf) is 0 in the entropy, not NaN
-            terms = terms.nan_to_num(nan=0.0)
+            terms = terms.nan_to_num_(nan=0.0)
         return picked, -terms.sum(-1)
 
 
