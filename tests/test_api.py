@@ -210,7 +210,7 @@ def test_every_engine_states_its_capabilities():
     }  # fmt: skip
     assert capabilities == {
         "max_context", "serves_lora_adapters", "weights_may_differ", "records_sampling_masks",
-        "serves_models_in_process", "shares_weights", "stats", "abort", "abort_all",
+        "serves_models_in_process", "shares_weights", "stats", "abort", "abort_all", "drop_caches",
     }  # fmt: skip
     for cls in (LocalEngine, SGLangEngine, AgentEngines, GreedyEngine, ScriptedEngine, ServedStub):
         assert InferenceEngine in cls.__mro__, cls

@@ -67,6 +67,13 @@ class InferenceEngine(Protocol):
         stop a request lets it finish."""
         return None  # (a body, not `...`: the default is inherited, not left to implement)
 
+    def drop_caches(self) -> None:
+        """Free what the engine keeps only to be faster (copies of the weights laid out for its
+        kernels, finished requests' keys/values) if no request is in flight; they are rebuilt as
+        requests come. Called before a train step, whose weight update makes them stale anyway;
+        an engine with nothing to free does nothing."""
+        return None
+
     def abort_all(self) -> None:
         """Stop every request in flight (as `abort`); an engine that cannot lets them finish."""
         return None

@@ -72,6 +72,9 @@ class AgentEngines(InferenceEngine):
     def resume(self) -> None:
         self._on_every_engine(lambda engine: engine.resume())
 
+    def drop_caches(self) -> None:
+        self._on_every_engine(lambda engine: engine.drop_caches())
+
     def update_weights(self, weights: Any, version: int | None = None) -> None:
         """`AgentWeights`: each agent's engine gets its own (every agent must be named, and no
         other); anything else (the base's weights) goes to every engine."""

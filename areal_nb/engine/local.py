@@ -217,6 +217,23 @@ class LocalEngine(EngineWorker, InferenceEngine):
     def paused(self) -> bool:
         return self._paused
 
+    def drop_caches(self) -> None:
+        """Free, if no request is running or waiting, what the engine keeps only to be faster: its
+        lean forward's copies of the weights (fused and prepacked: about the model's size again;
+        not those of a frozen base whose LoRA adapters it serves in place, which stay valid)
+        and the prefix cache. Both are rebuilt as requests come; a weight update drops them anyway,
+        so a trainer calls this before a step whose update will follow, and its forwards and
+        backwards get that memory. Busy, it does nothing."""
+        with self._cond:  # (the worker takes work under the lock: no step starts meanwhile)
+            while self._in_step and threading.current_thread() is not self._thread:
+                self._cond.wait()  # (a step that delivered the last reply may still be ending)
+            if self._closed or self._in_step or self._active or self._waiting or self._updates:
+                return
+            fast = self._batch.fast
+            if fast is not None and not fast.adapters:  # (LoRA in place: copies of a frozen base, kept)
+                fast.refresh()
+            self.prefix_cache.clear()
+
     def get_version(self) -> int:
         return self._version
 

@@ -75,6 +75,9 @@ class GreedyEngine(InferenceEngine):
     def abort_all(self) -> None:
         self.engine.abort_all()
 
+    def drop_caches(self) -> None:
+        self.engine.drop_caches()
+
     def close(self) -> None:
         """Nothing to release: the view owns nothing."""
 

@@ -147,6 +147,8 @@ class Ranks:
         whole batch's stats and whether the step kept its per-token values (rank 0's `inspect`:
         `actor.last_inspection`, its rows tagged with their agents when the batch has several)."""
         step = self.share_batch(batch, inspect)
+        if engine is not None:  # its speed-ups go stale with this step's push: their memory is the step's
+            engine.drop_caches()
         self.in_train_step = True  # a failure from here on is inside the ranks' collectives
         stats = dict(
             actor.train_step(step.batch, credit=step.credit, inspect=step.inspect, agents=step.agents)

@@ -24,3 +24,6 @@ class StubEngine(InferenceEngine):
 
     def abort_all(self) -> None:
         pass
+
+    def drop_caches(self) -> None:  # no caches
+        pass

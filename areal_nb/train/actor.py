@@ -215,6 +215,9 @@ class Actor:
                 f"Actor.train_step takes a TrainBatch (RolloutBatch.to_tensors(), or "
                 f"areal_nb.api.train_batch.TrainBatch(**tensors)), got {type(batch).__name__}"
             )
+        # what was freed since the last step (the rollout's, an engine's dropped caches) goes back
+        # to the OS before this step's activations need memory (`heap.py`)
+        release_freed_memory()
         step = prepare_step(self, batch)
         step.row_agents = row_agents(self, batch, agents)
         lr = set_learning_rate(self)

@@ -235,3 +235,31 @@ def test_the_config_knob_sizes_the_cache_and_zero_turns_it_off(tiny_model_path):
         assert engine.stats.prefix_cache_hits == 0
     finally:
         engine.close()
+
+
+def test_drop_caches_frees_the_speed_ups_when_idle_and_nothing_while_busy(engine):
+    """`drop_caches` (what a train step calls first): idle, the prefix cache and the lean forward's
+    copies of the weights go, and the next request samples what it would have; with a request
+    waiting it does nothing."""
+    greedy = _req(PROMPT, 12, temperature=0.0)
+    first = engine.generate(greedy)
+    lean = engine._batch.fast
+    assert lean is not None and lean._layers is not None and len(engine.prefix_cache) == 1
+    engine.drop_caches()
+    assert lean._layers is None and lean._lm_head is None and len(engine.prefix_cache) == 0
+    again = engine.generate(greedy)
+    assert again.output_tokens == first.output_tokens
+    assert again.output_logprobs == pytest.approx(first.output_logprobs, abs=1e-6)
+    assert lean._layers is not None and len(engine.prefix_cache) == 1  # rebuilt as requests came
+
+    async def busy():
+        engine.pause()
+        task = asyncio.create_task(engine.agenerate(_req([3, 4, 5], 4)))
+        await wait_until(lambda: bool(engine._waiting))
+        engine.drop_caches()  # a request waits: nothing is dropped
+        kept = lean._layers is not None and len(engine.prefix_cache) == 1
+        engine.resume()
+        await task
+        return kept
+
+    assert asyncio.run(busy())

@@ -47,6 +47,10 @@ def test_the_engine_serves_the_trainers_base_and_adapters_and_a_push_copies_noth
         assert len(adapters) == 2 * 7  # two layers, every linear layer
         trained = {p for n, p in actor.model.named_parameters() if p.requires_grad}
         assert {id(t) for a in adapters.values() for t in (a.a, a.b)} == {id(p) for p in trained}
+        rollout(engine, temperature=0.8)
+        layers = engine._batch.fast._layers
+        engine.drop_caches()  # (before a train step) the frozen base's lean copies stay valid: kept
+        assert layers is not None and engine._batch.fast._layers is layers and len(engine.prefix_cache) == 0
     finally:
         engine.close()
 

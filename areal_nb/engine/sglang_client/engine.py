@@ -218,6 +218,10 @@ class SGLangEngine(AdapterUpdates, InferenceEngine):
         """Not offered by this client (the `InferenceEngine` default): requests in flight finish;
         `abort(rid)` stops one."""
 
+    def drop_caches(self) -> None:
+        """Nothing here (the `InferenceEngine` default): the servers hold their memory in their own
+        processes, and free their caches on a weight update themselves."""
+
     def close(self) -> None:
         """Fail in-flight requests, close the HTTP client, stop the loop and owned servers. Idempotent."""
         if not self._closed:
