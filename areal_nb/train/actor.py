@@ -164,12 +164,18 @@ class Actor:
             ]
             for agent in self.agents
         }
+        # On CPU torch's default AdamW loops over the parameters in Python, several passes and a
+        # temporary each (its multi-tensor path is for accelerators); the fused kernel updates a
+        # parameter in one pass with no temporary: on SmolLM2-135M's parameters 0.25-1.0 s a step
+        # instead of 3-9 s (benchmarks/RESULTS.md). The same update up to float32 rounding.
+        on_cpu = not self.sharded and all(p.device.type == "cpu" for p in self.params)
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=self.cfg.lr,
             betas=self.cfg.betas,
             eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
+            fused=True if on_cpu else None,
         )
         if self.device.type == "cuda":  # refuse a config that cannot fit before the first step, not in it
             free, _ = torch.cuda.mem_get_info(self.device)

@@ -252,3 +252,23 @@ def test_the_session_actor_recomputes_log_probs_at_the_rollout_temperature():
     assert actor.temperature == 0.7
     with pytest.raises(ValueError, match="temperature must be > 0"):
         Actor(make_tiny_qwen2(), GRPOConfig(), temperature=0.0)
+
+
+def test_on_cpu_the_fused_adamw_takes_the_for_loop_adamw_step_up_to_float32_rounding(tiny_qwen2):
+    """The Actor's AdamW on CPU is torch's fused kernel (one pass per parameter); on the same
+    gradients its step moves the weights as the default for-loop implementation does, to float32
+    rounding."""
+    batch = TrainBatch(**make_batch(tiny_qwen2), group_ids=torch.as_tensor([0, 0, 0, 0]))
+    fused = Actor(copy.deepcopy(tiny_qwen2), GRPOConfig(lr=1e-3))
+    loop = Actor(copy.deepcopy(tiny_qwen2), GRPOConfig(lr=1e-3))
+    assert fused.optimizer.defaults["fused"] is True
+    cfg = loop.cfg  # the default implementation (on CPU: the for-loop), same hyperparameters
+    loop.optimizer = torch.optim.AdamW(
+        loop.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+    )
+    stats = [actor.train_step(batch) for actor in (fused, loop)]
+    assert stats[0]["loss"] == stats[1]["loss"] and stats[0]["grad_norm"] == stats[1]["grad_norm"]
+    moved = [(a - b).abs().max() for a, b in zip(fused.params, tiny_qwen2.parameters(), strict=True)]
+    assert max(moved) > 1e-4  # (the steps moved the weights)
+    for a, b in zip(fused.params, loop.params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
