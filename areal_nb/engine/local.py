@@ -58,6 +58,7 @@ from .local_state import Delivery, EngineStats, RateLimitedLog, Row, WeightUpdat
 from .local_worker import EngineWorker
 from .prefix_cache import PrefixCache
 from .request_plan import RequestPlan, plan_request
+from .sampling import VocabScratch
 from .weights import can_share_weights, check_weights, load_engine_model, read_weights_dir
 
 __all__ = ["EngineClosedError", "EngineStats", "LocalEngine"]
@@ -121,6 +122,7 @@ class LocalEngine(EngineWorker, InferenceEngine):
         self.stats = EngineStats()
 
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._scratch = VocabScratch()  # the sampling's [rows, V] buffers, kept while rows run; worker-only
         self._version = 0
         self._batch = PaddedKVBatch(self.model, fast_forward=fast_forward, max_rows=max_batch_size)
         self._adapter_hooks = AdapterHooks()  # the stock forward's LoRA served in place; worker-only

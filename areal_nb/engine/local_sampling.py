@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .local_state import EngineStats, RateLimitedLog, Row
-from .sampling import sample_masked, sample_next_tokens
+from .sampling import VocabScratch, sample_masked, sample_next_tokens
 
 
 class RowSampling:
@@ -23,6 +23,7 @@ class RowSampling:
     tokenizer: Any
     stats: EngineStats
     _generator: torch.Generator
+    _scratch: VocabScratch
     _version: int
     _errors: RateLimitedLog
 
@@ -38,7 +39,7 @@ class RowSampling:
         picked: list[tuple[int, float] | None]
         try:
             tokens, logprobs = sample_next_tokens(
-                logits, [r.plan.sampling for r in rows], self._generator, banned
+                logits, [r.plan.sampling for r in rows], self._generator, banned, self._scratch
             )
             picked = list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
         except Exception:

@@ -171,6 +171,7 @@ class EngineWorker(RowSampling):
                 self._sample_and_record(logits, admitted)
                 self._retire()
         if not self._active:
+            self._scratch.clear()  # the batch ran dry: no sampling buffers held while idle
             return
         last = torch.tensor([r.output[-1] for r in self._active], dtype=torch.long, device=self.device)
         with torch_threads(self._small_work_threads(len(self._active))):
@@ -188,6 +189,8 @@ class EngineWorker(RowSampling):
             self.stats.max_active = max(self.stats.max_active, len(self._active))
             self._sample_and_record(logits, self._active)
         self._retire()
+        if not self._active:
+            self._scratch.clear()
 
     def _small_work_threads(self, rows: int) -> int | None:
         """1 for a decoding step of at most `single_thread_rows` rows, else None (unchanged)."""
@@ -312,4 +315,5 @@ class EngineWorker(RowSampling):
             update.done.set()
         self._active = []
         self._batch.clear()
+        self._scratch.clear()
         self.prefix_cache.clear()
