@@ -48,7 +48,9 @@ from .stock_forward import StockForward, length_groups
 
 __all__ = ["SPARE_COLUMNS", "JoiningRows", "PaddedKVBatch", "compact_order", "length_groups", "token_chunks"]
 
-PREFILL_TOKENS = 1024  # tokens per packed prefill forward (see `token_chunks`)
+PREFILL_TOKENS = 1024  # most tokens per packed prefill forward (see `token_chunks`, `prefill_token_budget`)
+# most bytes of a packed prefill's widest activation, the fused gate|up output [T, 2 x intermediate]
+PREFILL_ACTIVATION_BYTES = 20 * 2**20
 RESERVE_TOKENS = 16384  # a new buffer has rows for at least this many tokens (see `_row_capacity`)
 HEADROOM_COLUMNS = 16  # padding columns left of a joining prompt that made the batch wider (see `_make_room`)
 
@@ -74,7 +76,7 @@ class PaddedKVBatch:
         # (pads, width, length, mask, positions) of the latest decoding step, see `_step_inputs`
         self._last_step: tuple[torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None = None
         self.last_prefill_computed = 0  # positions the last `prefill`'s forwards computed (padding included)
-        self.prefill_tokens = PREFILL_TOKENS
+        self.prefill_tokens = prefill_token_budget(model.config, self.dtype)
         self.relayouts = 0  # copies of the running rows into new buffers (for tests and benchmarks)
 
     @property
@@ -396,6 +398,22 @@ class PaddedKVBatch:
         trim = int(self.pads.min())
         if trim >= max(SPARE_COLUMNS, self.length // 4):
             self._relayout(self._slots[0].row_capacity, trim, self.length - trim)
+
+
+def prefill_token_budget(config: object, dtype: torch.dtype) -> int:
+    """Tokens per packed prefill forward: `PREFILL_TOKENS`, fewer where the fused gate|up output of
+    that many tokens would pass `PREFILL_ACTIVATION_BYTES`.
+
+    glibc serves blocks over 32 MiB from fresh mmap'd pages, faulted in and zeroed at every layer
+    of every forward; below that the heap reuses them. Qwen2.5-0.5B's shape in float32 (38 KiB a
+    token) got 538 tokens: its prefill of 128 prompts took 0.85-0.9x the CPU of 1,024-token
+    forwards (one thread). Small models (SmolLM2: 12 KiB a token) keep 1,024.
+    """
+    intermediate = int(getattr(config, "intermediate_size", 0) or 0)
+    if intermediate <= 0:
+        return PREFILL_TOKENS
+    per_token = 2 * intermediate * dtype.itemsize
+    return max(1, min(PREFILL_TOKENS, PREFILL_ACTIVATION_BYTES // per_token))
 
 
 def token_chunks(counts: list[int], budget: int) -> list[tuple[int, int]]:

@@ -212,3 +212,19 @@ def test_the_window_changes_the_logits_in_that_check():
         narrow = make_family_model("mistral", 100, window=4)(row).logits[0, -1]
         wide = make_family_model("mistral", 100, window=4096)(row).logits[0, -1]
     assert (narrow - wide).abs().max() > 1e-3
+
+
+def test_prefill_token_budget_keeps_the_gate_up_output_under_its_byte_limit():
+    """Wide MLPs get fewer tokens per packed prefill forward; small models keep `PREFILL_TOKENS`."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from areal_nb.engine.kv_batch import PREFILL_ACTIVATION_BYTES, PREFILL_TOKENS, prefill_token_budget
+
+    qwen = prefill_token_budget(SimpleNamespace(intermediate_size=4864), torch.float32)
+    assert qwen == 538 and qwen * 2 * 4864 * 4 <= PREFILL_ACTIVATION_BYTES
+    assert prefill_token_budget(SimpleNamespace(intermediate_size=4864), torch.bfloat16) == PREFILL_TOKENS
+    assert prefill_token_budget(SimpleNamespace(intermediate_size=1536), torch.float32) == PREFILL_TOKENS
+    assert prefill_token_budget(SimpleNamespace(), torch.float32) == PREFILL_TOKENS
+    assert prefill_token_budget(SimpleNamespace(intermediate_size=10**9), torch.float32) == 1
