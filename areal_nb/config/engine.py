@@ -76,7 +76,8 @@ class EngineConfig(Section):
     (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.
     `areal-nb engine-server --prefix-cache-tokens` is the same knob for the CPU servers."""
     single_thread_rows: int = Field(DEFAULT_SINGLE_THREAD_ROWS, ge=0)
-    """engine.type local, CPU: decoding steps of at most this many rows run on one torch thread
+    """engine.type local, CPU: decoding steps of at most this many rows run on one torch thread,
+    fewer for models wider than the built-in ones (SmolLM2-135M: 18; `LocalEngine.single_thread_limit`)
     (0: all on torch's threads); `areal-nb engine-server --single-thread-rows` is the same knob."""
     addresses: list[str] = Field(default_factory=list)
     """engine.type remote: the servers' base URLs (`http://host:port`), one per server."""

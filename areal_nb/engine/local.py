@@ -55,7 +55,7 @@ from .defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_PREFIX_CACHE_TOKENS, DEFAU
 from .in_place_lora import AdapterHooks, check_in_place_adapters
 from .kv_batch import PaddedKVBatch
 from .local_state import Delivery, EngineStats, RateLimitedLog, Row, WeightUpdate
-from .local_worker import EngineWorker
+from .local_worker import EngineWorker, small_step_rows
 from .prefix_cache import PrefixCache
 from .request_plan import RequestPlan, plan_request
 from .sampling import VocabScratch
@@ -94,7 +94,8 @@ class LocalEngine(EngineWorker, InferenceEngine):
     ) -> None:
         """`fast_forward=False` forces transformers' stock forward even where the lean one applies;
         `single_thread_rows`: on CPU, decoding steps of at most this many rows run on one torch
-        thread (see the comment on `DEFAULT_SINGLE_THREAD_ROWS` in `local_worker`; 0: never); `prefix_cache_tokens` bounds the prefix cache
+        thread, fewer for models wider than tiny ones (`single_thread_limit`; see the comment on
+        `DEFAULT_SINGLE_THREAD_ROWS` in `local_worker`; 0: never); `prefix_cache_tokens` bounds the prefix cache
         (tokens of KV kept, 0: no cache).
 
         `share_weights=True`, for a loaded `model` whose parameters already are `dtype` tensors on
@@ -116,6 +117,7 @@ class LocalEngine(EngineWorker, InferenceEngine):
         )
         self.max_batch_size = max_batch_size
         self.single_thread_rows = single_thread_rows if self.device.type == "cpu" else 0
+        self.single_thread_limit = small_step_rows(self.model.config, self.single_thread_rows)
         self.max_context = int(self.model.config.max_position_embeddings)
         self.vocab_size = _vocabulary_rows(self.model)
         self.eos_token_ids = self._eos_ids()

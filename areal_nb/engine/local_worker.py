@@ -38,6 +38,24 @@ from .weights import copy_weights_into
 # is the other way round: with OpenMP's default spin-waiting, every step on both threads
 # (single_thread_rows=0) gave 2,065 vs 1,498 tok/s at 8 rows, 3,606 vs 2,756 at 32 and 4,571-5,030
 # vs 3,864-4,881 at 128 (benchmarks/engine_throughput.py's requests, load 1).
+#
+# What makes a step small is the size of its matmuls, not its rows alone: the rows cap holds for
+# models up to that Qwen2's width, and a wider model's steps count as small only while their
+# widest matmul (rows x hidden x MLP width multiply-adds) stays under the one of its 64 rows.
+# SmolLM2-135M (576 x 1,536) crosses it at 18 rows: a GRPO step's rollout of 32 rows on one thread
+# took 5.5-5.7 s, on both threads 4.1-4.3 s (the Session with its agents beside it, 4 steps each
+# way, quiet machine; `engine.single_thread_rows=0` against the cap of 64 rows).
+SMALL_STEP_MACS = 64 * 256 * 1024
+
+
+def small_step_rows(config: object, cap: int) -> int:
+    """The most rows a decoding step of a model with this config may have to run on one thread:
+    `cap` (`single_thread_rows`), lowered for models wider than the measured one."""
+    hidden = getattr(config, "hidden_size", None)  # (HF configs name these per family; a
+    width = getattr(config, "intermediate_size", None)  # model without them keeps the cap)
+    if not isinstance(hidden, int) or not isinstance(width, int) or hidden * width <= 0:
+        return cap
+    return min(cap, SMALL_STEP_MACS // (hidden * width))
 
 
 @contextmanager
@@ -70,6 +88,7 @@ class EngineWorker(RowSampling):
     model: PreTrainedModel
     max_batch_size: int
     single_thread_rows: int
+    single_thread_limit: int
     eos_token_ids: list[int]
     prefix_cache: PrefixCache
     _batch: PaddedKVBatch
@@ -193,8 +212,8 @@ class EngineWorker(RowSampling):
             self._scratch.clear()
 
     def _small_work_threads(self, rows: int) -> int | None:
-        """1 for a decoding step of at most `single_thread_rows` rows, else None (unchanged)."""
-        return 1 if rows <= self.single_thread_rows else None
+        """1 for a small decoding step (at most `single_thread_limit` rows), else None (unchanged)."""
+        return 1 if rows <= self.single_thread_limit else None
 
     def _prefill(self, admitted: list[Row]) -> torch.Tensor:
         """Prefill `admitted` into the batch, from the prefix cache where their prompts continue

@@ -289,3 +289,29 @@ def test_the_config_and_command_line_set_the_one_thread_rows(tiny_model_path):
     with pytest.raises(ValueError, match="single_thread_rows"):
         EngineConfig(single_thread_rows=-1)
     assert engine_server_main(["--model", str(tiny_model_path), "--single-thread-rows", "-1"]) == 2
+
+
+def test_wider_models_run_fewer_rows_on_one_thread():
+    # the rows cap holds up to the measured model's width (hidden 256, MLP 1,024); a wider model's
+    # steps count as small only while rows x hidden x MLP width stays under 64 of those rows
+    from types import SimpleNamespace
+
+    from areal_nb.engine.local_worker import small_step_rows
+
+    def config(hidden, width):
+        return SimpleNamespace(hidden_size=hidden, intermediate_size=width)
+
+    assert small_step_rows(config(128, 512), 64) == 64  # the built-in models: the cap
+    assert small_step_rows(config(256, 1024), 64) == 64
+    assert small_step_rows(config(576, 1536), 64) == 18  # SmolLM2-135M
+    assert small_step_rows(config(896, 4864), 64) == 3  # Qwen2.5-0.5B
+    assert small_step_rows(config(576, 1536), 0) == 0  # 0 keeps every step on torch's threads
+    assert small_step_rows(SimpleNamespace(hidden_size=576), 64) == 64  # no MLP width: the cap
+
+
+def test_the_engine_sets_its_one_thread_limit_from_its_model(tiny_model_path):
+    from areal_nb.engine import LocalEngine
+
+    with LocalEngine(tiny_model_path, single_thread_rows=8) as eng:
+        assert eng.single_thread_rows == 8 and eng.single_thread_limit == 8
+        assert eng._small_work_threads(8) == 1 and eng._small_work_threads(9) is None
