@@ -1,7 +1,7 @@
 """The proxy: OpenAI/Anthropic-compatible endpoints that record every call for training."""
 
 from .app import create_app
-from .client import OpenAIProxyClient, ProxyRequestError
+from .client import OpenAIProxyClient, ProxyRequestError, RetryPolicy
 from .server import ProxyServer
 from .settings import DEFAULT_ADMIN_API_KEY, ProxySettings
 
@@ -11,5 +11,6 @@ __all__ = [
     "ProxyRequestError",
     "ProxyServer",
     "ProxySettings",
+    "RetryPolicy",
     "create_app",
 ]

@@ -13,6 +13,7 @@ set_reward is an error, not a log line: a reward that does not land must not pas
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Self
 
@@ -48,6 +49,26 @@ def _error_detail(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How long the client waits for the proxy and how often it tries again.
+
+    `start_session` is tried up to `start_attempts` times (the proxy may still be starting, or
+    full), sleeping `retry_delay` seconds after the first failure and doubling up to
+    `max_retry_delay`; a request waits `request_timeout` seconds, an export `export_timeout`.
+    """
+
+    start_attempts: int = 6
+    retry_delay: float = 0.25
+    max_retry_delay: float = 2.0
+    request_timeout: float = 30.0
+    export_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.start_attempts < 1:
+            raise InvalidArgumentError(f"start_attempts must be >= 1, got {self.start_attempts}")
+
+
 class OpenAIProxyClient:
     """One session on a running proxy.
 
@@ -73,19 +94,15 @@ class OpenAIProxyClient:
             raise InvalidArgumentError("OpenAIProxyClient needs the proxy's admin_api_key")
         if not task_id:
             raise InvalidArgumentError("OpenAIProxyClient needs a non-empty task_id")
-        if start_attempts < 1:
-            raise InvalidArgumentError(f"start_attempts must be >= 1, got {start_attempts}")
         root = base_url.rstrip("/")
         self.base_url = root.removesuffix("/v1")
         self.admin_api_key = admin_api_key
         self.task_id = task_id
         self._http = http_client
         self._owns_http = http_client is None
-        self.start_attempts = start_attempts
-        self.retry_delay = retry_delay
-        self.max_retry_delay = max_retry_delay
-        self.request_timeout = request_timeout
-        self.export_timeout = export_timeout
+        self.retry = RetryPolicy(
+            start_attempts, retry_delay, max_retry_delay, request_timeout, export_timeout
+        )
         self._requested_key = session_api_key
         self._session_id: str | None = None
         self._session_api_key: str | None = None
@@ -121,7 +138,7 @@ class OpenAIProxyClient:
                 url,
                 json=body if body is not None else {},
                 headers={"Authorization": f"Bearer {key}"},
-                timeout=timeout if timeout is not None else self.request_timeout,
+                timeout=timeout if timeout is not None else self.retry.request_timeout,
             )
         except httpx.HTTPError as exc:  # connection refused, reset, timeout
             raise ProxyRequestError(endpoint, None, f"{type(exc).__name__}: {exc}") from exc
@@ -135,7 +152,7 @@ class OpenAIProxyClient:
     async def _post_with_retries(
         self, endpoint: str, key: str, body: dict[str, Any] | None, attempts: int
     ) -> dict[str, Any]:
-        delay = self.retry_delay
+        delay = self.retry.retry_delay
         for attempt in range(1, attempts + 1):
             try:
                 return await self._post(endpoint, key, body)
@@ -144,7 +161,7 @@ class OpenAIProxyClient:
                     raise
                 logger.warning("%s (attempt %d/%d), retrying in %.2fs", exc, attempt, attempts, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_retry_delay)
+                delay = min(delay * 2, self.retry.max_retry_delay)
         raise AssertionError("unreachable")
 
     # ----------------------------------------------------------------- lifecycle
@@ -159,7 +176,9 @@ class OpenAIProxyClient:
         body: dict[str, Any] = {"task_id": self.task_id}
         if self._requested_key is not None:
             body["api_key"] = self._requested_key
-        out = await self._post_with_retries("rl/start_session", self.admin_api_key, body, self.start_attempts)
+        out = await self._post_with_retries(
+            "rl/start_session", self.admin_api_key, body, self.retry.start_attempts
+        )
         self._session_id = str(out["session_id"])
         self._session_api_key = str(out["api_key"])
         self.session_ended = False
@@ -224,7 +243,7 @@ class OpenAIProxyClient:
                 "style": style,
                 "discount_mode": discount_mode,
             },
-            timeout=self.export_timeout,
+            timeout=self.retry.export_timeout,
         )
         wire = out.get("interactions")
         if not isinstance(wire, dict):

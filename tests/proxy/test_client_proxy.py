@@ -8,7 +8,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError
+from areal_nb.errors import InvalidArgumentError
+from areal_nb.proxy.client import OpenAIProxyClient, ProxyRequestError, RetryPolicy
 from areal_nb.testing import ScriptedEngine
 from tests.proxy.agents import ADMIN_KEY, live_sessions, serve_proxy
 
@@ -127,6 +128,15 @@ def test_unreachable_proxy_is_a_bounded_connection_error():
 
     err = asyncio.run(down())
     assert err.status is None and "ConnectError" in err.detail
+
+
+def test_retry_settings_are_checked_and_kept_together():
+    client = OpenAIProxyClient("http://127.0.0.1:9/v1", ADMIN_KEY, "x", start_attempts=2, export_timeout=5.0)
+    assert client.base_url == "http://127.0.0.1:9"
+    assert client.retry == RetryPolicy(start_attempts=2, export_timeout=5.0)
+    with pytest.raises(InvalidArgumentError, match="start_attempts must be >= 1, got 0"):
+        OpenAIProxyClient("http://127.0.0.1:9", ADMIN_KEY, "x", start_attempts=0)
+    assert isinstance(InvalidArgumentError("x"), ValueError)  # callers' `except ValueError` still holds
 
 
 def test_bad_rewards_and_second_export_are_errors(proxy):
