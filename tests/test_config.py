@@ -51,6 +51,19 @@ def test_missing_file_and_round_trip(tmp_path):
     assert load_config(path) == cfg
 
 
+def test_one_seed_seeds_the_data_and_the_engine_unless_they_are_given_their_own():
+    cfg = load_config(None, ["seed=7"])
+    assert (cfg.seed, cfg.data.seed, cfg.engine.seed) == (7, 7, 7)
+    own = load_config(None, ["seed=7", "data.seed=0", "engine.seed=3"])
+    assert (own.data.seed, own.engine.seed) == (0, 3)
+    # a copy with another run seed: what followed the old one follows the new one, the rest stays
+    again = load_config(load_config(None, ["seed=7", "data.seed=0"]), ["seed=2"])
+    assert (again.seed, again.data.seed, again.engine.seed) == (2, 0, 2)
+    # the demo's file seeds its problems apart (data.seed 0) and its engine with the run (seed 1)
+    demo = load_config("configs/multi_turn_math.yaml")
+    assert (demo.seed, demo.data.seed, demo.engine.seed) == (1, 0, 1)
+
+
 def test_a_config_saved_before_keys_were_removed_still_loads(tmp_path):
     # Checkpoints and run folders of earlier releases wrote actor.temperature (then required to
     # equal rollout.temperature) and lora.dropout (0.0, which never ran): they load as they were.

@@ -29,7 +29,7 @@ class DataConfig(Section):
     GSM8K (converted to chat prompts), any other file as rows; "rows" / "gsm8k" force one."""
     seed: int = 0
     """Seeds the generated problems, the training rows' shuffle (one per pass over the data) and the
-    `eval_fraction` split."""
+    `eval_fraction` split. Left out of a session's config, it is the run's `seed`."""
     eval_size: int | None = Field(None, ge=1)
     """Held-out problems evaluate() runs on: None is 200 of the generated or GSM8K test split, and
     every row of your own held-out rows (a number cuts those too)."""

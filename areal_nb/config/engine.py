@@ -70,7 +70,7 @@ class EngineConfig(Section):
     """Sequences decoded at once: the embedded engine's batch, or each launched server's
     `--max-running-requests`."""
     seed: int = 0
-    """The embedded engine's sampling seed."""
+    """The engine's sampling seed. Left out of a session's config, it is the run's `seed`."""
     prefix_cache_tokens: int = Field(DEFAULT_PREFIX_CACHE_TOKENS, ge=0)
     """engine.type local: tokens of finished sequences' KV kept, so that a prompt continuing one
     (a multi-turn agent's next turn) prefills only its new tokens; 0: no prefix cache.

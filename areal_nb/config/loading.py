@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from areal_nb.errors import ConfigError
 
-from .overrides import apply_overrides, to_dict, yaml_problem
+from .overrides import apply_overrides, yaml_problem
 from .removed_keys import without_retired_values
 from .session_config import SessionConfig
 from .validation_errors import config_error, field_types
@@ -29,7 +29,7 @@ def load_config(
     """A validated SessionConfig from a YAML path, a dict, an existing config, or defaults."""
     where = ""
     if isinstance(source, SessionConfig):
-        data = to_dict(source)
+        data = source.as_data()
     elif source is None:
         data = {}
     elif isinstance(source, dict):

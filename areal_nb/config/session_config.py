@@ -5,6 +5,7 @@ of knobs that depend on each other across sections.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -19,6 +20,7 @@ from .cluster import ClusterConfig
 from .data import DataConfig
 from .engine import EngineConfig
 from .model import ModelConfig
+from .overrides import to_dict
 from .rollout import RolloutConfig
 from .run_outputs import CheckpointConfig, LoggingConfig
 from .section import Section
@@ -30,7 +32,8 @@ class SessionConfig(Section):
     experiment_name: str = Field("areal_nb", min_length=1)
     """Names the run: its default folder (`runs/<experiment_name>`) and wandb project."""
     seed: int = 0
-    """Seeds Python's, NumPy's and torch's random generators when the Session starts."""
+    """Seeds Python's, NumPy's and torch's random generators when the Session starts, and is the
+    data's and the engine's seed where `data.seed` / `engine.seed` are left out."""
     total_steps: int = Field(20, ge=0)
     """Training steps of run() without an argument, of `areal-nb train` and of the demo."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -60,6 +63,12 @@ class SessionConfig(Section):
 
     @model_validator(mode="after")
     def _combinations(self) -> SessionConfig:
+        # One seed for the run: a part is seeded apart only where its own key is given. The value
+        # taken from `seed` stays unset, so a copy of this config with another `seed` follows it.
+        for part in (self.data, self.engine):
+            if "seed" not in part.model_fields_set:
+                part.seed = self.seed
+                part.model_fields_set.discard("seed")
         check_export_style(
             self.agent.export_style, {"agent.chat_template_type": self.agent.chat_template_type}
         )
@@ -88,6 +97,15 @@ class SessionConfig(Section):
         blank = [name for name in self.agents if not name.strip()]
         if blank:
             raise ConfigError("agents: an agent's name (the `model` its calls send) cannot be blank")
+
+    def as_data(self) -> dict[str, Any]:
+        """This config as the plain data `load_config` reads (Python objects kept), without the
+        keys it derived: validated again with other overrides, they are derived again."""
+        data = to_dict(self)
+        for name, part in (("data", self.data), ("engine", self.engine)):
+            if "seed" not in part.model_fields_set:
+                del data[name]["seed"]
+        return data
 
     @property
     def agent_lora(self) -> dict[str, LoraConfig]:
