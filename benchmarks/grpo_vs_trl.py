@@ -17,7 +17,9 @@ measures the neighbours (and a process with more threads gets a larger share of 
 is the figure that still compares the work; run with `OMP_NUM_THREADS=1` there, so idle OpenMP
 threads spinning for work do not count as CPU time. Accuracy is
 measured identically for both: greedy HF `generate` on the first `--eval-size` held-out problems,
-scored by `math_reward`. TRL needs the `bench` extra (`pip install -e '.[bench]'`).
+scored by `math_reward`. TRL runs in this process where it is installed here (the `bench` extra,
+`pip install -e '.[bench]'`), and otherwise in TRL's own venv (`make peer-venvs`; `--trl-python`), in a
+child process as `real_size.py` runs it.
 
 `GrpoSetup`, `training_problems`, `run_ours`, `run_trl` and `greedy_accuracy` are also the GRPO
 half of `real_size.py` (SmolLM2, TRL in its own venv): `run_trl` and `greedy_accuracy` import
@@ -60,6 +62,7 @@ class GrpoSetup:
     lr_schedule: str = "linear"  # "linear" (to 0 over the run) or "constant", on both sides
     clip: float = 0.4
     micro_batch: int | None = None  # rows per forward/backward, gradients summed over a step (None: all)
+    seed: int = 1  # the run's seed on both sides (ours: sampling and init; the problems stay the same)
 
 
 class SingleTurnMathAgent:
@@ -98,6 +101,7 @@ def session_config(steps: int, setup: GrpoSetup = GrpoSetup()) -> Any:
             f"actor.lr_schedule={setup.lr_schedule}",
             f"actor.eps_clip={setup.clip}",
             f"total_steps={steps}",
+            f"seed={setup.seed}",
             "logging.progress=false",
             "logging.eval_every=0",
             "rollout.prefetch=false",
@@ -356,6 +360,39 @@ def run_trl(
     return summary(timer.lines, before, after)
 
 
+def trl_side(args: argparse.Namespace, cfg: Any, eval_problems: list[dict]) -> dict[str, Any]:
+    """TRL's run: in this process where TRL is installed, else in a child in TRL's venv."""
+    import importlib.util
+
+    problems = training_problems(args.steps)
+    if importlib.util.find_spec("trl") is None:
+        if not Path(args.trl_python).exists():
+            raise SystemExit(
+                f"TRL is not installed here and {args.trl_python} does not exist: make peer-venvs"
+            )
+        from areal_nb.models import resolve_model_path
+        from benchmarks.real_size import run_child
+
+        # the child loads the model with stock transformers, from the built-in model's folder
+        setup = GrpoSetup(model=str(resolve_model_path(cfg.model.path)))
+        spec = {
+            "setup": dataclasses.asdict(setup),
+            "steps": args.steps,
+            "seed": cfg.seed,
+            "problems": problems,
+            "eval_problems": eval_problems,
+        }
+        return run_child(args.trl_python, "trl", spec)
+    import torch
+
+    from areal_nb.models import load_model, load_tokenizer
+    from areal_nb.reward import math_reward
+
+    model = load_model(cfg.model.path, dtype=torch.float32, device="cpu")
+    tokenizer = load_tokenizer(cfg.model.path)
+    return run_trl(model, tokenizer, problems, eval_problems, math_reward, cfg.seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -365,6 +402,11 @@ def main() -> None:
     )
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems for greedy accuracy")
     parser.add_argument("--only", choices=("ours", "trl"), help="run one side only")
+    parser.add_argument(
+        "--trl-python",
+        default=str(Path.home() / ".cache" / "areal_nb" / "peer-venvs" / "trl-venv" / "bin" / "python"),
+        help="python of TRL's venv, used where TRL is not installed in this one",
+    )
     args = parser.parse_args()
 
     from areal_nb.session.data import load_task_data
@@ -375,15 +417,7 @@ def main() -> None:
     if args.only in (None, "ours"):
         result["ours"] = run_ours(args.steps, eval_problems)
     if args.only in (None, "trl"):
-        import torch
-
-        from areal_nb.models import load_model, load_tokenizer
-        from areal_nb.reward import math_reward
-
-        model = load_model(cfg.model.path, dtype=torch.float32, device="cpu")
-        tokenizer = load_tokenizer(cfg.model.path)
-        problems = training_problems(args.steps)
-        result["trl"] = run_trl(model, tokenizer, problems, eval_problems, math_reward, cfg.seed)
+        result["trl"] = trl_side(args, cfg, eval_problems)
     if "ours" in result and "trl" in result:
         result["ours_over_trl"] = result["ours"]["step_s"] / result["trl"]["step_s"]
         result["ours_over_trl_cpu"] = result["ours"]["cpu_s"] / result["trl"]["cpu_s"]

