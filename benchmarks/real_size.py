@@ -277,7 +277,10 @@ def grpo_part(args: argparse.Namespace, folder: str) -> dict:
             for s in sides
             for k in ("before", "after")
         }
-        out["step_ratio_by_seed"] = [run.get("ours_over_trl_step") for run in runs]
+        out["ratios_by_seed"] = [
+            {"seed": seed, **{k: run[k] for k in run if k.startswith("ours_over_trl")}}
+            for seed, run in zip(args.seeds, runs, strict=True)
+        ]
     return out
 
 
@@ -369,7 +372,12 @@ def print_grpo(grpo: dict) -> None:
         for row in [*grpo["held_out"], {"seed": "mean", **grpo["held_out_mean"]}]:
             cells = [f"{row[f'{s}_before']:.3f} → {row[f'{s}_after']:.3f}" for s in sides]
             print(f"| {row['seed']} | " + " | ".join(cells) + " |")
-        print(f"ours / TRL step time by seed: {grpo['step_ratio_by_seed']}")
+        for row in grpo["ratios_by_seed"]:
+            if "ours_over_trl_step" in row:
+                print(
+                    f"seed {row['seed']}: ours / TRL step time {row['ours_over_trl_step']:.2f}x, CPU "
+                    f"{row['ours_over_trl_cpu']:.2f}x, peak RSS {row['ours_over_trl_peak_rss']:.2f}x"
+                )
 
 
 def model_folders(args: argparse.Namespace, smollm2: str) -> dict[str, str]:
