@@ -360,11 +360,13 @@ def run_trl(
     return summary(timer.lines, before, after)
 
 
-def trl_side(args: argparse.Namespace, cfg: Any, eval_problems: list[dict]) -> dict[str, Any]:
+def trl_side(
+    args: argparse.Namespace, cfg: Any, eval_problems: list[dict], setup: GrpoSetup
+) -> dict[str, Any]:
     """TRL's run: in this process where TRL is installed, else in a child in TRL's venv."""
     import importlib.util
 
-    problems = training_problems(args.steps)
+    problems = training_problems(args.steps, setup)
     if importlib.util.find_spec("trl") is None:
         if not Path(args.trl_python).exists():
             raise SystemExit(
@@ -374,9 +376,9 @@ def trl_side(args: argparse.Namespace, cfg: Any, eval_problems: list[dict]) -> d
         from benchmarks.real_size import run_child
 
         # the child loads the model with stock transformers, from the built-in model's folder
-        setup = GrpoSetup(model=str(resolve_model_path(cfg.model.path)))
+        folder = dataclasses.replace(setup, model=str(resolve_model_path(cfg.model.path)))
         spec = {
-            "setup": dataclasses.asdict(setup),
+            "setup": dataclasses.asdict(folder),
             "steps": args.steps,
             "seed": cfg.seed,
             "problems": problems,
@@ -390,7 +392,7 @@ def trl_side(args: argparse.Namespace, cfg: Any, eval_problems: list[dict]) -> d
 
     model = load_model(cfg.model.path, dtype=torch.float32, device="cpu")
     tokenizer = load_tokenizer(cfg.model.path)
-    return run_trl(model, tokenizer, problems, eval_problems, math_reward, cfg.seed)
+    return run_trl(model, tokenizer, problems, eval_problems, math_reward, cfg.seed, setup)
 
 
 def main() -> None:
@@ -402,6 +404,7 @@ def main() -> None:
     )
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems for greedy accuracy")
     parser.add_argument("--only", choices=("ours", "trl"), help="run one side only")
+    parser.add_argument("--seed", type=int, default=GrpoSetup.seed, help="the run's seed on both sides")
     parser.add_argument(
         "--trl-python",
         default=str(Path.home() / ".cache" / "areal_nb" / "peer-venvs" / "trl-venv" / "bin" / "python"),
@@ -411,13 +414,14 @@ def main() -> None:
 
     from areal_nb.session.data import load_task_data
 
-    cfg = session_config(args.steps)
+    setup = GrpoSetup(seed=args.seed)
+    cfg = session_config(args.steps, setup)
     eval_problems = load_task_data(cfg.data).held_out[: args.eval_size]
     result: dict[str, Any] = {}
     if args.only in (None, "ours"):
-        result["ours"] = run_ours(args.steps, eval_problems)
+        result["ours"] = run_ours(args.steps, eval_problems, setup)
     if args.only in (None, "trl"):
-        result["trl"] = trl_side(args, cfg, eval_problems)
+        result["trl"] = trl_side(args, cfg, eval_problems, setup)
     if "ours" in result and "trl" in result:
         result["ours_over_trl"] = result["ours"]["step_s"] / result["trl"]["step_s"]
         result["ours_over_trl_cpu"] = result["ours"]["cpu_s"] / result["trl"]["cpu_s"]
