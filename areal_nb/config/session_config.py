@@ -25,6 +25,9 @@ from .rollout import RolloutConfig
 from .run_outputs import CheckpointConfig, LoggingConfig
 from .section import Section
 
+# The sections whose `seed` is the run's `seed` unless their own is given.
+SEEDED_SECTIONS = ("data", "engine")
+
 
 class SessionConfig(Section):
     """The whole tree: a few run-wide keys and one section per part (each documented below)."""
@@ -65,7 +68,8 @@ class SessionConfig(Section):
     def _combinations(self) -> SessionConfig:
         # One seed for the run: a part is seeded apart only where its own key is given. The value
         # taken from `seed` stays unset, so a copy of this config with another `seed` follows it.
-        for part in (self.data, self.engine):
+        for name in SEEDED_SECTIONS:
+            part = getattr(self, name)
             if "seed" not in part.model_fields_set:
                 part.seed = self.seed
                 part.model_fields_set.discard("seed")
@@ -102,8 +106,8 @@ class SessionConfig(Section):
         """This config as the plain data `load_config` reads (Python objects kept), without the
         keys it derived: validated again with other overrides, they are derived again."""
         data = to_dict(self)
-        for name, part in (("data", self.data), ("engine", self.engine)):
-            if "seed" not in part.model_fields_set:
+        for name in SEEDED_SECTIONS:
+            if "seed" not in getattr(self, name).model_fields_set:
                 del data[name]["seed"]
         return data
 
