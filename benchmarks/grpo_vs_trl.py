@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIG = ROOT / "configs" / "multi_turn_math.yaml"
+PEER_VENVS = Path.home() / ".cache" / "areal_nb" / "peer-venvs"  # where `make peer-venvs` puts them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,19 @@ def training_problems(steps: int, setup: GrpoSetup = GrpoSetup()) -> list[dict]:
     cfg = session_config(steps, setup)
     stream = DataStream(cfg.data, rows=load_task_data(cfg.data).train)
     return [next(stream) for _ in range(steps * setup.prompts)]
+
+
+def child_spec(
+    setup: GrpoSetup, steps: int, seed: int, problems: list[dict], eval_problems: list[dict]
+) -> dict:
+    """What a side's child process reads (`real_size.py --child ours|trl --spec FILE`)."""
+    return {
+        "setup": dataclasses.asdict(setup),
+        "steps": steps,
+        "seed": seed,
+        "problems": problems,
+        "eval_problems": eval_problems,
+    }
 
 
 def prompts_digest(prompts: list[str]) -> str:
@@ -377,13 +391,7 @@ def trl_side(
 
         # the child loads the model with stock transformers, from the built-in model's folder
         folder = dataclasses.replace(setup, model=str(resolve_model_path(cfg.model.path)))
-        spec = {
-            "setup": dataclasses.asdict(folder),
-            "steps": args.steps,
-            "seed": cfg.seed,
-            "problems": problems,
-            "eval_problems": eval_problems,
-        }
+        spec = child_spec(folder, args.steps, cfg.seed, problems, eval_problems)
         return run_child(args.trl_python, "trl", spec)
     import torch
 
@@ -407,7 +415,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=GrpoSetup.seed, help="the run's seed on both sides")
     parser.add_argument(
         "--trl-python",
-        default=str(Path.home() / ".cache" / "areal_nb" / "peer-venvs" / "trl-venv" / "bin" / "python"),
+        default=str(PEER_VENVS / "trl-venv" / "bin" / "python"),
         help="python of TRL's venv, used where TRL is not installed in this one",
     )
     args = parser.parse_args()

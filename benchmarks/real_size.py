@@ -59,9 +59,8 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from grpo_vs_trl import GrpoSetup, memory_gib  # noqa: E402 (stdlib-only module: TRL's venv imports it too)
+from grpo_vs_trl import PEER_VENVS, GrpoSetup, memory_gib  # noqa: E402 (stdlib-only module: TRL's venv imports it too)
 
-PEER_VENVS = Path.home() / ".cache" / "areal_nb" / "peer-venvs"  # where `make peer-venvs` puts them
 RESULT = "@result "  # a child's answer: the only stdout line that starts with this
 SHAPE = SimpleNamespace(min_prompt=16, max_prompt=48, min_new=0, max_new=0)
 
@@ -285,7 +284,7 @@ def grpo_part(args: argparse.Namespace, folder: str) -> dict:
 
 
 def grpo_pair(args: argparse.Namespace, folder: str, seed: int) -> dict:
-    from grpo_vs_trl import session_config, training_problems
+    from grpo_vs_trl import child_spec, session_config, training_problems
 
     from areal_nb.session.data import load_task_data
 
@@ -301,13 +300,13 @@ def grpo_pair(args: argparse.Namespace, folder: str, seed: int) -> dict:
         seed=seed,
     )
     cfg = session_config(args.steps, setup)
-    spec = {
-        "setup": dataclasses.asdict(setup),
-        "steps": args.steps,
-        "seed": cfg.seed,
-        "problems": training_problems(args.steps, setup),
-        "eval_problems": load_task_data(cfg.data).held_out[: args.eval_size],
-    }
+    spec = child_spec(
+        setup,
+        args.steps,
+        cfg.seed,
+        training_problems(args.steps, setup),
+        load_task_data(cfg.data).held_out[: args.eval_size],
+    )
     sides = {}
     if "ours" in args.sides:
         sides["ours"] = run_child(sys.executable, "ours", spec)
